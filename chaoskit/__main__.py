@@ -1,0 +1,5 @@
+"""`python -m chaoskit` runs the CLI."""
+
+from chaoskit.cli import main
+
+main()

@@ -1,0 +1,151 @@
+"""The ledger: one append-only, fsync'd JSON-lines file per run listing every fault and its revert record.
+
+Lines: open (run identity), watchdog, intent (written before apply), applied, reverted, revert_failed,
+closed. A ledger without `closed` has faults that may still be in effect.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from chaoskit.paths import ledger_dir
+from chaoskit.targets.process import ProcessRef, is_alive, proc_ref
+
+
+@dataclass
+class Entry:
+    id: int
+    type: str
+    record: dict[str, Any]
+    plan: list[str] = field(default_factory=list)
+    applied: bool = False
+    reverted: bool = False
+    failures: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LedgerState:
+    run_id: str = ""
+    experiment: str = ""
+    owner: ProcessRef | None = None
+    watchdog: ProcessRef | None = None
+    entries: dict[int, Entry] = field(default_factory=dict)
+    closed: bool = False
+
+    def pending(self) -> list[Entry]:
+        """Entries that may be in effect (applied or only intended), newest first."""
+        return [e for e in sorted(self.entries.values(), key=lambda e: e.id, reverse=True) if not e.reverted]
+
+    def owner_alive(self) -> bool:
+        return self.owner is not None and is_alive(self.owner)
+
+
+class Ledger:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, run_id: str, experiment: str, directory: Path | None = None) -> "Ledger":
+        d = directory or ledger_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        ledger = cls(d / f"{run_id}.jsonl")
+        me = proc_ref(os.getpid())
+        ledger._append({"op": "open", "run_id": run_id, "experiment": experiment,
+                        "owner": me.to_json() if me else None})
+        _fsync_dir(d)
+        return ledger
+
+    def _append(self, obj: dict[str, Any]) -> None:
+        line = json.dumps({**obj, "t": time.time()}, separators=(",", ":")) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def set_watchdog(self, ref: ProcessRef) -> None:
+        self._append({"op": "watchdog", "proc": ref.to_json()})
+
+    def intent(self, type_name: str, record: dict[str, Any], plan: list[str]) -> int:
+        new_id = max(self.read().entries, default=0) + 1
+        self._append({"op": "intent", "id": new_id, "type": type_name, "record": record, "plan": plan})
+        return new_id
+
+    def applied(self, entry_id: int, record: dict[str, Any]) -> None:
+        self._append({"op": "applied", "id": entry_id, "record": record})
+
+    def reverted(self, entry_id: int) -> None:
+        self._append({"op": "reverted", "id": entry_id})
+
+    def revert_failed(self, entry_id: int, error: str) -> None:
+        self._append({"op": "revert_failed", "id": entry_id, "error": error})
+
+    def close(self) -> None:
+        self._append({"op": "closed"})
+
+    def read(self) -> LedgerState:
+        st = LedgerState()
+        try:
+            lines = self.path.read_text().splitlines()
+        except FileNotFoundError:
+            return st
+        for line in lines:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue  # a torn last line after a crash: everything before it is intact
+            op = obj.get("op")
+            if op == "open":
+                st.run_id, st.experiment = obj.get("run_id", ""), obj.get("experiment", "")
+                st.owner = ProcessRef.from_json(obj["owner"]) if obj.get("owner") else None
+            elif op == "watchdog":
+                st.watchdog = ProcessRef.from_json(obj["proc"])
+            elif op == "intent":
+                st.entries[obj["id"]] = Entry(obj["id"], obj["type"], obj["record"], obj.get("plan", []))
+            elif op in ("applied", "reverted", "revert_failed") and obj.get("id") in st.entries:
+                e = st.entries[obj["id"]]
+                if op == "applied":
+                    e.applied, e.record = True, obj["record"]
+                elif op == "reverted":
+                    e.reverted = True
+                else:
+                    e.failures.append(obj.get("error", ""))
+            elif op == "closed":
+                st.closed = True
+        return st
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Serialise reverts between the run, its watchdog and `chaoskit rollback`."""
+        fd = os.open(str(self.path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def remove_lockfile(self) -> None:
+        Path(str(self.path) + ".lock").unlink(missing_ok=True)
+
+
+def open_ledgers(directory: Path | None = None) -> list[Ledger]:
+    """Every ledger in the state directory that is not closed."""
+    d = directory or ledger_dir()
+    return [Ledger(p) for p in sorted(d.glob("*.jsonl")) if not Ledger(p).read().closed]
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

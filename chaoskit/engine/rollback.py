@@ -1,0 +1,68 @@
+"""Replay a ledger: revert what is pending, newest first, retrying; close the ledger only when all is undone."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from chaoskit.engine.ledger import Entry, Ledger
+from chaoskit.injectors import injector_class
+
+log = logging.getLogger(__name__)
+
+RETRIES = 3
+RETRY_DELAY_S = 0.2
+
+
+@dataclass
+class RollbackResult:
+    reverted: list[Entry] = field(default_factory=list)
+    failed: list[tuple[Entry, str]] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.failed
+
+
+def revert_entry(ledger: Ledger, entry: Entry, retries: int = RETRIES) -> str | None:
+    """Revert one entry with retries; returns None on success, else the last error (also in the ledger)."""
+    error = ""
+    for attempt in range(1, retries + 1):
+        try:
+            injector_class(entry.type).revert(entry.record)
+            ledger.reverted(entry.id)
+            return None
+        except KeyError:
+            error = f"unknown fault type '{entry.type}' (ledger written by a newer chaoskit?)"
+        except Exception as e:  # a revert must never crash the rollback of the others
+            error = f"{type(e).__name__}: {e}"
+        log.warning("revert of #%d %s failed (attempt %d/%d): %s", entry.id, entry.type, attempt, retries, error)
+        ledger.revert_failed(entry.id, error)
+        if attempt < retries:
+            time.sleep(RETRY_DELAY_S * attempt)
+    return error
+
+
+def rollback(ledger: Ledger, close: bool = True,
+             on_revert: Callable[[Entry, str | None], None] | None = None) -> RollbackResult:
+    """Revert every pending entry in reverse order; close the ledger if (and only if) all succeeded."""
+    result = RollbackResult()
+    with ledger.locked():
+        state = ledger.read()
+        if state.closed:
+            return result
+        for entry in state.pending():
+            error = revert_entry(ledger, entry)
+            if error is None:
+                result.reverted.append(entry)
+            else:
+                result.failed.append((entry, error))
+            if on_revert:
+                on_revert(entry, error)
+        if close and result.complete:
+            ledger.close()
+    if close and result.complete:
+        ledger.remove_lockfile()
+    return result

@@ -1,0 +1,19 @@
+"""Registry of injectors (fault families), keyed by their `type` string."""
+
+from __future__ import annotations
+
+from chaoskit.injectors.base import Injector
+from chaoskit.injectors.memory import MemoryPressure
+from chaoskit.injectors.process import ProcessSignal
+
+INJECTORS: tuple[type[Injector], ...] = (ProcessSignal, MemoryPressure)
+
+
+def injector_class(type_name: str) -> type[Injector]:
+    for cls in INJECTORS:
+        if cls.type == type_name:
+            return cls
+    raise KeyError(type_name)
+
+
+__all__ = ["INJECTORS", "Injector", "injector_class"]

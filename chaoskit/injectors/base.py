@@ -1,0 +1,46 @@
+"""The injector contract: plan / prepare / apply / revert / observe, one class per fault family."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+
+class Injector(ABC):
+    """One fault family. `revert` and `observe` are classmethods: they work from the record alone,
+    in a fresh process (the watchdog, `chaoskit rollback`)."""
+
+    type: ClassVar[str]
+    summary: ClassVar[str]
+    Spec: ClassVar[type[BaseModel]]
+
+    def __init__(self, spec: BaseModel):
+        self.spec = spec
+
+    def preflight(self) -> None:
+        """Raise PreflightError if this host cannot apply the fault (checked before anything is applied)."""
+
+    @abstractmethod
+    def plan(self) -> list[str]:
+        """The exact changes `apply` will make, in words (for --dry-run and the journal)."""
+
+    def prepare(self) -> dict[str, Any]:
+        """The revert record known before apply; written to the ledger (fsync) before `apply` runs.
+        It must be enough to undo a partially applied fault."""
+        return {}
+
+    @abstractmethod
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Apply the fault; return the final revert record (plain JSON data)."""
+
+    @classmethod
+    @abstractmethod
+    def revert(cls, record: dict[str, Any]) -> None:
+        """Undo from the record. Idempotent: reverting twice, or something already gone, succeeds."""
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        """Is the fault in effect right now?"""
+        return False

@@ -1,0 +1,19 @@
+"""Registry of probes (steady-state measurements), keyed by their `type` string."""
+
+from __future__ import annotations
+
+from chaoskit.probes.base import Probe
+from chaoskit.probes.command import CommandProbe
+from chaoskit.probes.http import HttpProbe
+
+PROBES: tuple[type[Probe], ...] = (HttpProbe, CommandProbe)
+
+
+def probe_class(type_name: str) -> type[Probe]:
+    for cls in PROBES:
+        if cls.type == type_name:
+            return cls
+    raise KeyError(type_name)
+
+
+__all__ = ["PROBES", "Probe", "probe_class"]

@@ -1,0 +1,68 @@
+"""The probe contract: measure() returns a flat dict of named values that `expect` tolerances judge."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field, model_validator
+
+from chaoskit.spec.types import Duration, StrictModel, ToleranceSpec
+
+
+class ProbeSpecBase(StrictModel):
+    """Fields every probe has."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="unique probe name")
+    timeout: Duration = Field(10.0, gt=0, description="a measurement slower than this is an error result")
+    phases: list[str] = Field(["before", "during", "after"],
+                              description="when the steady state uses it: before, during, after")
+    expect: dict[str, ToleranceSpec | dict[str, ToleranceSpec]] = Field(
+        default_factory=dict, description="tolerances on measured values; nested maps for headers/json")
+
+    expect_keys: ClassVar[tuple[str, ...]] = ()  # allowed keys; a trailing '.' allows a nested map
+
+    @model_validator(mode="after")
+    def _check(self) -> "ProbeSpecBase":
+        bad = [p for p in self.phases if p not in ("before", "during", "after")]
+        if bad:
+            raise ValueError(f"phases: unknown phase '{bad[0]}' (use before, during, after)")
+        for key, value in self.expect.items():
+            nested = key + "." in self.expect_keys
+            if key not in self.expect_keys and not nested:
+                allowed = ", ".join(k.rstrip(".") for k in self.expect_keys)
+                raise ValueError(f"expect: unknown key '{key}' for this probe (allowed: {allowed})")
+            if nested != isinstance(value, dict):
+                raise ValueError(f"expect.{key}: " + ("expected a map of name: tolerance" if nested
+                                                      else "expected a tolerance, not a map"))
+        return self
+
+    def flat_expect(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in self.expect.items():
+            if isinstance(value, dict):
+                out.update({f"{key}.{k}": v for k, v in value.items()})
+            else:
+                out[key] = value
+        return out
+
+
+class Probe(ABC):
+    """One kind of measurement. Instances live for the whole run (continuous probes keep state)."""
+
+    type: ClassVar[str]
+    summary: ClassVar[str]
+    Spec: ClassVar[type[BaseModel]]
+
+    def __init__(self, spec: Any):
+        self.spec = spec
+
+    def preflight(self) -> None:
+        """Raise PreflightError if this host cannot run the probe."""
+
+    @abstractmethod
+    async def measure(self) -> dict[str, Any]:
+        """Take one measurement. Exceptions become `error` results, never engine crashes."""
+
+    async def close(self) -> None:
+        """Release what the probe holds (sessions, BPF programs)."""

@@ -1,0 +1,233 @@
+"""Turn an experiment file into a validated Experiment: includes, {…} substitution, errors with file:line."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from chaoskit.errors import PreflightError, SpecError
+from chaoskit.spec.models import Experiment
+from chaoskit.spec.yamlsafe import Located, Path_, load_yaml, read_text
+
+_PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_][\w\-]*(?:\.[A-Za-z_][\w\-]*)*)\}(?!\})")
+_VAR_NAME = re.compile(r"^[A-Za-z_][\w\-]*$")
+
+
+@dataclass
+class Loaded:
+    experiment: Experiment
+    path: Path
+    located: Located
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_cli_vars(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not _VAR_NAME.match(key):
+            raise SpecError(f"--var {item!r}: expected NAME=VALUE")
+        out[key] = value
+    return out
+
+
+def probe_library_dirs(experiment_path: Path) -> list[Path]:
+    """Where `include:` looks: `probes/` beside the file and in its ancestors, then $CHAOSKIT_PROBES_PATH."""
+    dirs = [p / "probes" for p in [experiment_path.parent, *experiment_path.resolve().parent.parents]]
+    extra = os.environ.get("CHAOSKIT_PROBES_PATH", "")
+    dirs += [Path(p) for p in extra.split(":") if p]
+    dirs.append(Path(__file__).resolve().parents[2] / "probes")
+    seen, out = set(), []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in seen:
+            seen.add(d.resolve())
+            out.append(d)
+    return out
+
+
+def _include(entry: dict, where: str, experiment_path: Path) -> dict:
+    name = entry["include"]
+    if not isinstance(name, str) or not _VAR_NAME.match(name):
+        raise SpecError(f"{where}: include: expected a probe name like 'triton-ready' (got {name!r})")
+    for d in probe_library_dirs(experiment_path):
+        f = d / f"{name}.yaml"
+        if f.is_file():
+            base = load_yaml(read_text(f), str(f)).data
+            if not isinstance(base, dict):
+                raise SpecError(f"{f}: a probe definition must be a mapping")
+            merged = {**base, **{k: v for k, v in entry.items() if k != "include"}}
+            merged.setdefault("name", name)
+            return merged
+    raise SpecError(f"{where}: include: no probe definition '{name}.yaml' in "
+                    + (", ".join(str(d) for d in probe_library_dirs(experiment_path)) or "any probes/ directory"))
+
+
+def _resolve_includes(loc: Located, experiment_path: Path) -> None:
+    data = loc.data
+    ss = data.get("steadyState")
+    if isinstance(ss, dict) and isinstance(ss.get("probes"), list):
+        for i, entry in enumerate(ss["probes"]):
+            if isinstance(entry, dict) and "include" in entry:
+                ss["probes"][i] = _include(entry, loc.where(("steadyState", "probes", i)), experiment_path)
+    for i, sg in enumerate(data.get("safeguards") or []):
+        if isinstance(sg, dict) and isinstance(sg.get("probe"), dict) and "include" in sg["probe"]:
+            sg["probe"] = _include(sg["probe"], loc.where(("safeguards", i, "probe")), experiment_path)
+
+
+def reference_facts(engine: str) -> dict[str, Any]:
+    """Facts published by `chaoskit ref up` (state dir .chaoskit/ref or $CHAOSKIT_REF_DIR)."""
+    state = Path(os.environ.get("CHAOSKIT_REF_DIR", ".chaoskit/ref")) / "facts.json"
+    try:
+        facts = json.loads(state.read_text())
+    except (OSError, ValueError):
+        raise PreflightError(f"target.reference: {engine}: the reference deployment is not running "
+                             f"(no {state}); start it with `chaoskit ref up --engine {engine}`") from None
+    return facts
+
+
+def _facts(data: dict, variables: dict[str, Any], strict: bool) -> tuple[dict[str, Any], list[str]]:
+    facts: dict[str, Any] = {}
+    notes: list[str] = []
+    target = data.get("target") if isinstance(data.get("target"), dict) else {}
+    if isinstance(target.get("reference"), str):
+        try:
+            facts.update({f"target.{k}": v for k, v in reference_facts(target["reference"]).items()})
+        except PreflightError as e:
+            if strict:
+                raise
+            notes.append(str(e))
+    if isinstance(target.get("facts"), dict):
+        facts.update({f"target.{k}": v for k, v in target["facts"].items()})
+    if isinstance(target.get("url"), str):
+        facts["target.url"] = target["url"].rstrip("/")
+    for k, v in variables.items():
+        facts[k] = v
+        facts[f"var.{k}"] = v
+    return facts, notes
+
+
+def _substitute(loc: Located, facts: dict[str, Any], strict: bool, notes: list[str]) -> None:
+    def visit(value: Any, path: Path_) -> Any:
+        if isinstance(value, dict):
+            return {k: visit(v, path + (k,)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [visit(v, path + (i,)) for i, v in enumerate(value)]
+        if not isinstance(value, str) or "{" not in value:
+            return value
+
+        def repl(m: re.Match) -> str:
+            key = m.group(1)
+            if key in facts:
+                return str(facts[key])
+            if not strict and key.startswith("target."):
+                notes.append(f"{loc.where(path)}: {{{key}}} is resolved at run time")
+                return m.group(0)
+            known = ", ".join(sorted(k for k in facts if not k.startswith("var."))) or "none"
+            hint = difflib.get_close_matches(key, list(facts), n=1)
+            raise SpecError(f"{loc.where(path)}: {_dotted(path)}: unknown substitution {{{key}}}"
+                            + (f" (did you mean {{{hint[0]}}}?)" if hint else "")
+                            + f"; known: {known}; set variables with --var NAME=VALUE")
+
+        whole = _PLACEHOLDER.fullmatch(value)
+        if whole and whole.group(1) in facts and not isinstance(facts[whole.group(1)], str):
+            return facts[whole.group(1)]  # keep numbers numbers
+        return _PLACEHOLDER.sub(repl, value).replace("{{", "{").replace("}}", "}")
+
+    for key in list(loc.data):
+        if key not in ("vars", "metadata"):
+            loc.data[key] = visit(loc.data[key], (key,))
+
+
+def _dotted(path: Path_) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+@lru_cache(maxsize=1)
+def _known_field_names() -> tuple[str, ...]:
+    names: set[str] = set()
+
+    def walk(schema: Any) -> None:
+        if isinstance(schema, dict):
+            for k, v in schema.items():
+                if k == "properties" and isinstance(v, dict):
+                    names.update(v)
+                walk(v)
+        elif isinstance(schema, list):
+            for v in schema:
+                walk(v)
+
+    walk(Experiment.model_json_schema(by_alias=True))
+    return tuple(sorted(names))
+
+
+def _data_path(data: Any, loc: tuple) -> Path_:
+    """Map pydantic's error location onto the data (dropping union tags and validator labels)."""
+    path: list[str | int] = []
+    cur = data
+    for part in loc:
+        if isinstance(cur, dict) and part in cur:
+            path.append(part)
+            cur = cur[part]
+        elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
+            path.append(part)
+            cur = cur[part]
+        elif isinstance(cur, dict) and isinstance(part, str) and part == loc[-1] and part not in cur:
+            path.append(part)  # a missing or unknown field: name it
+            break
+    return tuple(path)
+
+
+def format_validation_error(err: ValidationError, loc: Located) -> list[str]:
+    problems = []
+    for e in err.errors(include_url=False):
+        path = _data_path(loc.data, tuple(e["loc"]))
+        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if e["type"] == "extra_forbidden":
+            key = path[-1] if path else "?"
+            hint = difflib.get_close_matches(str(key), _known_field_names(), n=1, cutoff=0.7)
+            msg = f"unknown field '{key}'" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        elif e["type"] == "union_tag_invalid":
+            given = e.get("ctx", {}).get("tag", "?")
+            choices = re.findall(r"'([^']+)'", str(e.get("ctx", {}).get("expected_tags", "")))
+            hint = difflib.get_close_matches(str(given), choices, n=1)
+            msg = f"unknown type '{given}'" + (f" (did you mean '{hint[0]}'?)" if hint else "") + \
+                f"; known: {', '.join(choices)}"
+            path = path + ("type",)
+        elif e["type"] == "union_tag_not_found":
+            msg = "needs a 'type' field"
+        problems.append(f"{loc.where(path)}: {_dotted(path)}: {msg}")
+    return problems
+
+
+def load_experiment(path: str | Path, cli_vars: dict[str, str] | None = None, strict: bool = True) -> Loaded:
+    """Load, include, substitute and validate. SpecError (exit 2) on any problem; PreflightError (exit 4)
+    when run-time facts are missing in strict mode."""
+    path = Path(path)
+    loc = load_yaml(read_text(path), str(path))
+    if not isinstance(loc.data, dict):
+        raise SpecError(f"{loc.where(())}: the top level must be a mapping (apiVersion, kind, metadata, ...)")
+    variables = dict(loc.data.get("vars") or {}) if isinstance(loc.data.get("vars"), dict) else {}
+    variables.update(cli_vars or {})
+    _resolve_includes(loc, path)
+    facts, notes = _facts(loc.data, variables, strict)
+    _substitute(loc, facts, strict, notes)
+    try:
+        exp = Experiment.model_validate(loc.data)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, loc)) from None
+    except RecursionError:
+        raise SpecError(f"{path}: nesting too deep") from None
+    return Loaded(exp, path, loc, notes)

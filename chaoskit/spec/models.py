@@ -1,0 +1,117 @@
+"""Pydantic models of the experiment file (apiVersion chaoskit/v1, kind Experiment)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, model_validator
+
+from chaoskit.injectors import INJECTORS
+from chaoskit.probes import PROBES
+from chaoskit.spec.types import Duration, RuleSpec, StrictModel
+
+InjectSpec = Annotated[Union[tuple(cls.Spec for cls in INJECTORS)], Field(discriminator="type")]  # type: ignore
+ProbeSpec = Annotated[Union[tuple(cls.Spec for cls in PROBES)], Field(discriminator="type")]  # type: ignore
+
+
+class Metadata(StrictModel):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="experiment name")
+    description: str = ""
+    tags: list[str] = Field(default_factory=list)
+
+
+class Target(StrictModel):
+    url: str | None = Field(None, pattern=r"^https?://", description="base URL of the service; {target.url}")
+    reference: Literal["triton", "vllm"] | None = Field(
+        None, description="use the bundled reference deployment's facts (`chaoskit ref up` first)")
+    facts: dict[str, str | int | float] = Field(default_factory=dict,
+                                                description="extra facts, usable as {target.NAME}")
+
+
+class During(StrictModel):
+    every: Duration = Field(2.0, gt=0, description="interval between samples of each probe during the method")
+
+
+class After(StrictModel):
+    within: Duration = Field(30.0, ge=0, description="how long after rollback the hypothesis may take to hold "
+                                                     "again (recovery time is measured up to this bound)")
+    every: Duration = Field(1.0, gt=0, description="interval between checks while waiting for recovery")
+
+
+class SteadyState(StrictModel):
+    probes: list[ProbeSpec] = Field(min_length=1)
+    during: During | None = Field(default_factory=During, description="continuous probing during the method; "
+                                                                      "null turns it off")
+    after: After = Field(default_factory=After)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "SteadyState":
+        seen: set[str] = set()
+        for p in self.probes:
+            if p.name in seen:
+                raise ValueError(f"probe name '{p.name}' is used twice")
+            seen.add(p.name)
+        return self
+
+
+class Step(StrictModel):
+    """One method step: exactly one of inject, pause or parallel."""
+
+    name: str | None = None
+    inject: InjectSpec | None = None
+    duration: Duration | None = Field(None, gt=0, description="how long the fault stays; omitted = until the "
+                                                                "end of the method")
+    pause: Duration | None = Field(None, ge=0, description="wait this long")
+    parallel: list["Step"] | None = Field(None, min_length=1, description="steps run at the same time")
+    timeout: Duration = Field(30.0, gt=0, description="limit for applying the fault")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Step":
+        given = [k for k in ("inject", "pause", "parallel") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("a step needs exactly one of 'inject', 'pause' or 'parallel'"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        if self.duration is not None and self.inject is None:
+            raise ValueError("'duration' only applies to an 'inject' step")
+        return self
+
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.inject is not None:
+            return self.inject.type
+        if self.pause is not None:
+            return f"pause {self.pause:g}s"
+        return "parallel"
+
+
+class Safeguard(StrictModel):
+    probe: str | ProbeSpec = Field(description="name of a steady-state probe, or a probe definition")
+    abort_when: RuleSpec | list[RuleSpec] = Field(description="abort when any rule is true, e.g. "
+                                                              "'error_rate > 0.5'")
+    on_error: Literal["ignore", "abort"] = Field("ignore", description="what a probe error means")
+    every: Duration | None = Field(None, gt=0, description="sampling interval (default: steadyState.during)")
+
+    def rules(self) -> list[Any]:
+        return self.abort_when if isinstance(self.abort_when, list) else [self.abort_when]
+
+
+class Experiment(StrictModel):
+    api_version: Literal["chaoskit/v1"] = Field(alias="apiVersion")
+    kind: Literal["Experiment"]
+    metadata: Metadata
+    vars: dict[str, str | int | float | bool] = Field(default_factory=dict,
+                                                      description="defaults for {NAME}; --var overrides")
+    target: Target = Field(default_factory=Target)
+    steady_state: SteadyState = Field(alias="steadyState")
+    method: list[Step] = Field(min_length=1)
+    safeguards: list[Safeguard] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _refs(self) -> "Experiment":
+        names = {p.name for p in self.steady_state.probes}
+        for i, sg in enumerate(self.safeguards):
+            if isinstance(sg.probe, str) and sg.probe not in names:
+                raise ValueError(f"safeguards[{i}].probe: no steady-state probe named '{sg.probe}' "
+                                 f"(have: {', '.join(sorted(names))})")
+        return self

@@ -1,0 +1,49 @@
+"""Annotated pydantic field types for the experiment file (durations, percents, tolerances, rules)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ConfigDict, BaseModel, PlainSerializer, PlainValidator, WithJsonSchema
+
+from chaoskit.engine.tolerance import Rule, Tolerance, parse_rule, parse_tolerance
+from chaoskit.spec.units import parse_duration, parse_percent
+
+
+class StrictModel(BaseModel):
+    """Base of every spec model: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    WithJsonSchema({"type": ["string", "number"], "pattern": r"^\d+(\.\d+)?(us|ms|s|m|h)?$",
+                    "description": "duration like '15ms', '2s', '5m' (bare numbers are seconds)"}),
+]
+Percent = Annotated[
+    float,
+    BeforeValidator(parse_percent),
+    WithJsonSchema({"type": ["string", "number"], "pattern": r"^\d+(\.\d+)?%$",
+                    "description": "percentage like '0.2%' (bare numbers are percent)"}),
+]
+
+
+def _tol(value: Any) -> Tolerance:
+    return parse_tolerance(value)
+
+
+ToleranceSpec = Annotated[
+    Tolerance,
+    PlainValidator(_tol),
+    PlainSerializer(str),
+    WithJsonSchema({"description": "tolerance: '< 950', '>= 0.99', '100..200', '== 0', '~ regex', "
+                                   "[low, high] or a plain value for equality"}),
+]
+RuleSpec = Annotated[
+    Rule,
+    PlainValidator(parse_rule),
+    PlainSerializer(str),
+    WithJsonSchema({"type": "string", "description": "rule 'metric op value', e.g. 'error_rate > 0.5'"}),
+]

@@ -1,0 +1,1 @@
+"""Resolve what a fault acts on: processes (and later netns, cgroups, block devices, pods)."""
