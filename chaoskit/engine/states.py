@@ -55,6 +55,7 @@ class RunStatus:
     reason: str = ""
     signal: int | None = None
     rollback_incomplete: bool = False
+    dry_run: bool = False
     history: list[tuple[str, float]] = field(default_factory=lambda: [(State.PENDING.value, time.time())])
     on_change: Callable[[State, State, str], None] | None = None
 
@@ -90,6 +91,8 @@ class RunStatus:
     def verdict(self) -> str:
         if self.rollback_incomplete:
             return "rollback_incomplete"
+        if self.state is State.DONE and self.dry_run:
+            return "planned"
         if self.state is State.DONE:
             return "deviated" if self.deviated else "held"
         return self.state.value

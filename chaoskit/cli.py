@@ -1,0 +1,236 @@
+"""The `chaoskit` command line: parse, call the engine, render. Errors become one clear message + exit code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from chaoskit import __version__, errors
+from chaoskit.errors import ChaoskitError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
+                  help="Chaos engineering and fault injection for LLM inference services.")
+out = Console()
+err = Console(stderr=True)
+
+
+def _fail(e: ChaoskitError) -> None:
+    for line in str(e).splitlines():
+        err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
+    raise typer.Exit(e.exit_code)
+
+
+@app.command()
+def run(
+    file: Path = typer.Argument(..., help="experiment YAML"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="validate, check the host, print the plan; apply nothing"),
+    var: list[str] = typer.Option([], "--var", help="NAME=VALUE for {NAME} substitution (repeatable)"),
+    journal: Optional[Path] = typer.Option(None, help="JSON-lines journal (default: OUT/journal.jsonl)"),
+    junit: Optional[Path] = typer.Option(None, help="write JUnit XML here"),
+    report: Optional[Path] = typer.Option(None, help="HTML report (default: OUT/report.html)"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="run directory (default: chaoskit-runs/RUN_ID)"),
+    live: Optional[bool] = typer.Option(None, "--live/--plain", help="live view (default: when stdout is a TTY)"),
+) -> None:
+    """Run an experiment: hypothesis before, faults, hypothesis during and after; always roll back."""
+    from chaoskit.engine.journal import Journal
+    from chaoskit.engine.reports import summary, write_html, write_junit, write_summary
+    from chaoskit.engine.runner import Runner, RunOptions, new_run_id
+    from chaoskit.spec.loader import load_experiment, parse_cli_vars
+    from chaoskit.ui import LiveView, PlainView
+
+    try:
+        loaded = load_experiment(file, parse_cli_vars(var), strict=not dry_run)
+    except ChaoskitError as e:
+        _fail(e)
+    exp = loaded.experiment
+    for note in loaded.notes:
+        err.print(f"[yellow]note:[/] {note}", highlight=False)
+    run_id = new_run_id(exp.metadata.name)
+    run_dir = out_dir or Path("chaoskit-runs") / run_id
+    journal_path = journal or run_dir / "journal.jsonl"
+    use_live = out.is_terminal if live is None else live
+    view = LiveView(out, exp.metadata.name) if use_live else PlainView(out)
+    jr = Journal(None if dry_run else journal_path, [view])
+    runner = Runner(exp, jr, RunOptions(dry_run=dry_run), run_id=run_id)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, runner.interrupt, sig)
+        await runner.execute()
+
+    if use_live:
+        with view:  # type: ignore[attr-defined]
+            asyncio.run(main())
+    else:
+        asyncio.run(main())
+    jr.close()
+    result = runner.result
+    code = result.exit_code
+    if dry_run:
+        out.print(f"[bold]plan for {exp.metadata.name}[/] (dry run: nothing applied)")
+        for p in result.plan:
+            dur = f" for {p['duration_s']:g}s" if p["duration_s"] else " until the end of the method"
+            out.print(f"  • {p['step']} ({p['type']}{dur})")
+            for change in p["changes"]:
+                out.print(f"      {change}", highlight=False)
+        if code != 0:
+            err.print(f"[red]preflight failed:[/] {result.status.reason}", highlight=False)
+        raise typer.Exit(code)
+    data = summary(result, exp)
+    write_summary(journal_path.with_name("summary.json"), data)
+    report_path = report or run_dir / "report.html"
+    write_html(report_path, data)
+    if junit:
+        write_junit(junit, data)
+    style = {0: "green", 1: "yellow"}.get(code, "red")
+    out.print(f"[bold {style}]{result.status.verdict}[/] (exit {code}) {exp.metadata.name}"
+              + (f" — {result.status.reason}" if result.status.reason else ""), highlight=False)
+    for d in result.status.deviations:
+        out.print(f"  deviation: {d}", highlight=False)
+    if result.recovery_s is not None:
+        out.print(f"  recovered {result.recovery_s:.2f}s after rollback")
+    out.print(f"  journal {journal_path}  report {report_path}" + (f"  junit {junit}" if junit else ""))
+    if result.status.rollback_incomplete:
+        err.print(f"[bold red]ROLLBACK INCOMPLETE[/]: faults may still be applied. Ledger: {result.ledger_path}\n"
+                  "  fix the cause, then run: chaoskit rollback --ledger " + str(result.ledger_path))
+    raise typer.Exit(code)
+
+
+@app.command()
+def validate(files: list[Path] = typer.Argument(..., help="experiment YAML files")) -> None:
+    """Check experiment files; errors name file:line:column and the field. Exit 2 if any is invalid."""
+    from chaoskit.spec.loader import load_experiment
+
+    bad = 0
+    for f in files:
+        try:
+            loaded = load_experiment(f, strict=False)
+        except ChaoskitError as e:
+            bad += 1
+            for line in str(e).splitlines():
+                err.print(f"[red]✗[/] {line}", highlight=False, soft_wrap=True)
+            continue
+        out.print(f"[green]✓[/] {f}: {loaded.experiment.metadata.name} "
+                  f"({len(loaded.experiment.method)} steps)", highlight=False)
+        for note in loaded.notes:
+            out.print(f"  [yellow]note:[/] {note}", highlight=False)
+    raise typer.Exit(errors.EXIT_INVALID if bad else 0)
+
+
+@app.command()
+def rollback(
+    ledger: Optional[Path] = typer.Option(None, help="one ledger file to replay"),
+    all_: bool = typer.Option(False, "--all", help="every unfinished ledger in the state directory"),
+    force: bool = typer.Option(False, help="also revert ledgers whose run still seems alive"),
+) -> None:
+    """Revert faults left behind by a run that could not (killed, host rebooted). Exit 5 if any revert fails."""
+    from chaoskit.engine.ledger import Ledger, open_ledgers
+    from chaoskit.engine.rollback import rollback as do_rollback
+    from chaoskit.paths import ledger_dir
+
+    if (ledger is None) == (not all_):
+        _fail(ChaoskitError("give exactly one of --ledger PATH or --all"))
+    if ledger is not None and not ledger.is_file():
+        _fail(ChaoskitError(f"{ledger}: no such ledger file"))
+    ledgers = [Ledger(ledger)] if ledger else open_ledgers()
+    if not ledgers:
+        out.print(f"nothing to roll back (no unfinished ledger in {ledger_dir()})")
+        raise typer.Exit(0)
+    failed = 0
+    for lg in ledgers:
+        st = lg.read()
+        if st.closed:
+            out.print(f"{lg.path}: already closed")
+            continue
+        if st.owner_alive() and not force:
+            out.print(f"[yellow]skip[/] {lg.path}: run {st.run_id} is still running (PID {st.owner.pid}); "
+                      "it rolls back itself (use --force to override)", highlight=False)
+            continue
+        result = do_rollback(lg)
+        for e in result.reverted:
+            out.print(f"[green]reverted[/] #{e.id} {e.type} ({st.run_id})", highlight=False)
+        for e, why in result.failed:
+            failed += 1
+            err.print(f"[bold red]FAILED[/] #{e.id} {e.type} ({st.run_id}): {why}", highlight=False)
+    raise typer.Exit(errors.EXIT_ROLLBACK_INCOMPLETE if failed else 0)
+
+
+@app.command()
+def doctor(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+    """What this host can do: fault families and probes, and why not."""
+    from chaoskit.doctor import python_info, run_checks
+
+    checks = run_checks()
+    if as_json:
+        print(json.dumps([c.__dict__ for c in checks], indent=2))
+        return
+    table = Table(title=f"chaoskit doctor — {python_info()}")
+    table.add_column("capability")
+    table.add_column("ok")
+    table.add_column("detail")
+    for c in checks:
+        table.add_row(c.area, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail)
+    out.print(table)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the experiment file."""
+    from chaoskit.spec.models import Experiment
+
+    print(json.dumps(Experiment.model_json_schema(by_alias=True), indent=2))
+
+
+@app.command("list")
+def list_() -> None:
+    """Injectors, probes and bundled experiments, one line each."""
+    from chaoskit.injectors import INJECTORS
+    from chaoskit.probes import PROBES
+    from chaoskit.spec.loader import load_experiment
+
+    for title, rows in (("injectors", [(c.type, c.summary) for c in INJECTORS]),
+                        ("probes", [(c.type, c.summary) for c in PROBES])):
+        table = Table(title=title, title_justify="left")
+        table.add_column("type")
+        table.add_column("what it does")
+        for row in rows:
+            table.add_row(*row)
+        out.print(table)
+    table = Table(title="bundled experiments", title_justify="left")
+    table.add_column("file")
+    table.add_column("description")
+    root = Path(__file__).resolve().parent.parent / "experiments"
+    for f in sorted(root.rglob("*.yaml")):
+        try:
+            desc = load_experiment(f, strict=False).experiment.metadata.description
+        except ChaoskitError as e:
+            desc = f"[red]invalid: {str(e).splitlines()[0]}[/]"
+        table.add_row(str(f.relative_to(root.parent)), desc)
+    out.print(table)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    print(f"chaoskit {__version__}")
+
+
+def main() -> None:
+    try:
+        app()
+    except ChaoskitError as e:  # pragma: no cover - commands catch their own
+        err.print(f"error: {e}")
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

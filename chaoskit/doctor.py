@@ -1,0 +1,146 @@
+"""Host capability checks: which fault families and probes this machine can do, and why not."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+BCC_PATH = "/usr/lib/python3/dist-packages"
+
+
+@dataclass(frozen=True)
+class Check:
+    area: str
+    ok: bool
+    detail: str
+
+
+def _root() -> Check:
+    ok = os.geteuid() == 0
+    return Check("root", ok, "running as root" if ok else "not root: kernel faults (netns, qdiscs, nftables, "
+                                                             "cgroups, eBPF) need root")
+
+
+def _process() -> Check:
+    return Check("process.signal", True, "signals to processes you own" + (" (any process: root)"
+                                                                           if os.geteuid() == 0 else ""))
+
+
+def _memory() -> Check:
+    from chaoskit.injectors.memory import meminfo
+    from chaoskit.spec.units import format_size
+
+    m = meminfo()
+    return Check("host.memory_pressure", True,
+                 f"{format_size(m['MemAvailable'])} available of {format_size(m['MemTotal'])}")
+
+
+def _netem() -> Check:
+    if os.geteuid() != 0:
+        return Check("network.netem (kernel)", False, "needs root to create a test namespace")
+    try:
+        from pyroute2 import NetNS, netns
+    except ImportError as e:
+        return Check("network.netem (kernel)", False, f"pyroute2 not importable: {e}")
+    name = f"chaoskit-doctor-{uuid.uuid4().hex[:8]}"
+    try:
+        netns.create(name)
+        with NetNS(name) as ns:
+            idx = ns.link_lookup(ifname="lo")[0]
+            ns.link("set", index=idx, state="up")
+            try:
+                ns.tc("add", "netem", idx, delay=1000)
+            except Exception as e:
+                code = getattr(e, "code", None)
+                if code == errno.ENOENT:
+                    return Check("network.netem (kernel)", False, "kernel has no sch_netem (modprobe sch_netem; "
+                                                                  "built-in on most distro kernels)")
+                return Check("network.netem (kernel)", False, f"netem qdisc refused: {e}")
+        return Check("network.netem (kernel)", True, "sch_netem available (checked in a throwaway netns)")
+    except Exception as e:
+        return Check("network.netem (kernel)", False, f"could not test in a namespace: {e}")
+    finally:
+        try:
+            netns.remove(name)
+        except Exception:
+            pass
+
+
+def _nft() -> Check:
+    nft = shutil.which("nft") or ("/usr/sbin/nft" if Path("/usr/sbin/nft").exists() else None)
+    if not nft:
+        return Check("nftables", False, "nft not installed (apt install nftables)")
+    try:
+        out = subprocess.run([nft, "--version"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return Check("nftables", False, str(e))
+    return Check("nftables", out.returncode == 0, out.stdout.strip() or out.stderr.strip())
+
+
+def _cgroup_io() -> Check:
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    unified = Path("/sys/fs/cgroup/unified/cgroup.controllers")
+    for f in (v2, unified):
+        if f.exists() and "io" in f.read_text().split():
+            return Check("block I/O throttling", True, f"cgroup v2 io controller ({f.parent})")
+    if Path("/sys/fs/cgroup/blkio/blkio.throttle.read_bps_device").exists():
+        return Check("block I/O throttling", True, "cgroup v1 blkio.throttle (no v2 io controller)")
+    return Check("block I/O throttling", False, "neither cgroup v2 io controller nor v1 blkio is mounted")
+
+
+def _ebpf() -> Check:
+    if os.geteuid() != 0:
+        return Check("eBPF probes (bcc)", False, "needs root")
+    if not Path("/sys/kernel/tracing/events").is_dir() and not Path("/sys/kernel/debug/tracing/events").is_dir():
+        return Check("eBPF probes (bcc)", False, "tracefs not mounted (mount -t tracefs nodev /sys/kernel/tracing)")
+    if not Path(f"/lib/modules/{os.uname().release}/build").exists():
+        return Check("eBPF probes (bcc)", False, f"no kernel headers at /lib/modules/{os.uname().release}/build "
+                                                 "(make setup links Debian's linux-headers-amd64)")
+    if not Path(BCC_PATH, "bcc", "__init__.py").exists():
+        return Check("eBPF probes (bcc)", False, "bcc not installed (apt install python3-bpfcc)")
+    if not Path("/sys/kernel/btf/vmlinux").exists():
+        return Check("eBPF probes (bcc)", True, "bcc, headers and tracefs present; no BTF (bpftrace limited)")
+    return Check("eBPF probes (bcc)", True, "bcc, headers, tracefs and BTF present")
+
+
+def _nvml() -> Check:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return Check("GPU (NVML)", n > 0, f"{n} GPU(s)")
+    except Exception as e:
+        return Check("GPU (NVML)", False, f"NVML unavailable: {type(e).__name__}: {e}".strip())
+
+
+def _kube() -> Check:
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return Check("Kubernetes", True, "in-cluster service account")
+    cfg = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
+    return Check("Kubernetes", cfg.exists(), f"kubeconfig {cfg}" if cfg.exists() else "no kubeconfig, not in a pod")
+
+
+CHECKS: tuple[Callable[[], Check], ...] = (_root, _process, _memory, _netem, _nft, _cgroup_io, _ebpf, _nvml, _kube)
+
+
+def run_checks() -> list[Check]:
+    out = []
+    for fn in CHECKS:
+        try:
+            out.append(fn())
+        except Exception as e:  # a broken check says so; doctor itself never crashes
+            out.append(Check(fn.__name__.strip("_"), False, f"check failed: {type(e).__name__}: {e}"))
+    return out
+
+
+def python_info() -> str:
+    return f"Python {sys.version.split()[0]} at {sys.executable}"

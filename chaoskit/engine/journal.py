@@ -1,0 +1,43 @@
+"""The run journal: JSON lines appended (and flushed) as events happen, so even SIGKILL leaves a trace."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+class Journal:
+    """Writes each event to `path` and hands it to listeners (the live display)."""
+
+    def __init__(self, path: Path | None, listeners: list[Listener] | None = None):
+        self.path = path
+        self.listeners = list(listeners or [])
+        self.events: list[dict[str, Any]] = []
+        self._fh = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(path, "a", encoding="utf-8")
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        obj = {"t": round(time.time(), 6), "event": event, **fields}
+        self.events.append(obj)
+        if self._fh is not None:
+            self._fh.write(json.dumps(obj, default=str, separators=(",", ":")) + "\n")
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        for listener in self.listeners:
+            try:
+                listener(obj)
+            except Exception:  # a display bug must not break a run
+                pass
+        return obj
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
