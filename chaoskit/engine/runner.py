@@ -281,11 +281,12 @@ class Runner:
     async def _sample_loop(self, probe: Probe, every: float, judged: bool, guards: list[Safeguard],
                            abort: list[str]) -> None:
         start = time.monotonic()
-        n = 0
+        deviated = False
         while True:
             sample = await take_sample(probe, "during" if judged else "safeguard")
             self._record(sample)
-            if judged and sample.verdict != "ok":
+            if judged and sample.verdict != "ok" and not deviated:
+                deviated = True  # the first deviation of each probe is the news; the journal has every sample
                 self.status.deviate(f"{probe.spec.name} deviated during the method: "
                                     + (sample.error or "; ".join(d for d in sample.details)))
             for g in guards:
@@ -296,8 +297,9 @@ class Runner:
                     if self._method_task is not None:
                         self._method_task.cancel()
                     return
-            n += 1
-            await asyncio.sleep(max(0.0, start + n * every - time.monotonic()))
+            # next slot on the fixed grid; slots missed by a slow sample are skipped, not bunched
+            elapsed = time.monotonic() - start
+            await asyncio.sleep((int(elapsed / every) + 1) * every - elapsed)
 
     async def _step(self, step: Step) -> None:
         if step.pause is not None:

@@ -77,7 +77,8 @@ def _resolve_includes(loc: Located, experiment_path: Path) -> None:
         for i, entry in enumerate(ss["probes"]):
             if isinstance(entry, dict) and "include" in entry:
                 ss["probes"][i] = _include(entry, loc.where(("steadyState", "probes", i)), experiment_path)
-    for i, sg in enumerate(data.get("safeguards") or []):
+    guards = data.get("safeguards")
+    for i, sg in enumerate(guards if isinstance(guards, list) else []):
         if isinstance(sg, dict) and isinstance(sg.get("probe"), dict) and "include" in sg["probe"]:
             sg["probe"] = _include(sg["probe"], loc.where(("safeguards", i, "probe")), experiment_path)
 

@@ -1,0 +1,65 @@
+"""Shared fixtures: an isolated state dir, throwaway target processes, and a way to run the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "state"
+    monkeypatch.setenv("CHAOSKIT_STATE_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen]:
+    """A real process to stop and resume; killed at the end whatever happens."""
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def proc_state(pid: int) -> str:
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return raw.rpartition(")")[2].split()[0]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0, every: float = 0.01) -> float:
+    """Wait until cond() is true; return the seconds it took; fail the test on timeout."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(every)
+    return time.monotonic() - t0
+
+
+def ledgers(state: Path) -> list[Path]:
+    return sorted((state / "ledgers").glob("*.jsonl")) if (state / "ledgers").is_dir() else []
+
+
+def ledger_ops(path: Path) -> list[str]:
+    return [json.loads(line)["op"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def chaoskit(*args: str, state: Path, **kw) -> subprocess.Popen:
+    env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state)}
+    return subprocess.Popen([sys.executable, "-m", "chaoskit", *args], env=env, cwd=kw.pop("cwd", ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

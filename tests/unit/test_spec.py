@@ -1,0 +1,176 @@
+"""Loading experiment files: positions in errors, did-you-mean, hostile input, substitution, includes."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from chaoskit.errors import SpecError
+from chaoskit.spec.loader import load_experiment, parse_cli_vars
+from chaoskit.spec.yamlsafe import load_yaml
+
+GOOD = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata:
+  name: demo
+vars:
+  pid: 4242
+steadyState:
+  probes:
+    - name: up
+      type: http
+      url: "{target.url}/v2/health/ready"
+      expect: {status: 200, headers: {X-Model-Latency: "< 950"}}
+target:
+  url: http://127.0.0.1:8000/
+method:
+  - inject:
+      type: process.signal
+      pid: "{pid}"
+    duration: 15ms
+"""
+
+
+def load(tmp_path: Path, text: str, **kw):
+    f = tmp_path / "exp.yaml"
+    f.write_text(text)
+    return load_experiment(f, **kw)
+
+
+def errors_of(tmp_path: Path, text: str) -> str:
+    with pytest.raises(SpecError) as e:
+        load(tmp_path, text)
+    return str(e.value)
+
+
+def test_good_file_and_substitution(tmp_path):
+    exp = load(tmp_path, GOOD).experiment
+    assert exp.steady_state.probes[0].url == "http://127.0.0.1:8000/v2/health/ready"
+    assert exp.method[0].inject.pid == 4242 and exp.method[0].duration == pytest.approx(0.015)
+    assert load(tmp_path, GOOD, cli_vars={"pid": "77"}).experiment.method[0].inject.pid == 77
+
+
+def test_wrong_duration_names_line_and_field(tmp_path):
+    msg = errors_of(tmp_path, GOOD.replace("duration: 15ms", "duration: 15 parsecs"))
+    assert "exp.yaml:19:5: method[0].duration: expected a duration like '15ms'" in msg
+
+
+def test_negative_duration(tmp_path):
+    assert "method[0].duration: a duration cannot be negative" in errors_of(
+        tmp_path, GOOD.replace("duration: 15ms", "duration: -2s"))
+
+
+def test_unknown_key_with_suggestion(tmp_path):
+    msg = errors_of(tmp_path, GOOD.replace("    duration: 15ms", "    duraton: 15ms"))
+    assert "exp.yaml:19:5: method[0].duraton: unknown field 'duraton' (did you mean 'duration'?)" in msg
+
+
+def test_unknown_type_with_suggestion(tmp_path):
+    msg = errors_of(tmp_path, GOOD.replace("type: process.signal", "type: process.sgnal"))
+    assert "exp.yaml:17:7: method[0].inject.type: unknown type 'process.sgnal' (did you mean 'process.signal'?)" in msg
+
+
+def test_wrong_type(tmp_path):
+    msg = errors_of(tmp_path, GOOD.replace('pid: "{pid}"', "pid: [1, 2]"))
+    assert "exp.yaml:18:7: method[0].inject.pid:" in msg
+
+
+def test_out_of_range(tmp_path):
+    msg = errors_of(tmp_path, GOOD.replace('pid: "{pid}"', "pid: -5"))
+    assert "method[0].inject.pid: Input should be greater than 0" in msg
+    msg = errors_of(tmp_path, GOOD.replace('type: process.signal\n      pid: "{pid}"',
+                                           "type: host.memory_pressure\n      size: -1GiB"))
+    assert "method[0].inject.size: a size cannot be negative" in msg
+
+
+def test_missing_field(tmp_path):
+    msg = errors_of(tmp_path, GOOD.replace("  name: demo\n", "  description: x\n"))
+    assert "exp.yaml:3:1: metadata.name: required field is missing" in msg
+
+
+def test_bad_tolerance(tmp_path):
+    msg = errors_of(tmp_path, GOOD.replace('"< 950"', '"< fast"'))
+    assert "steadyState.probes[0].expect.headers.X-Model-Latency" in msg and "needs a number" in msg
+
+
+def test_unknown_substitution(tmp_path):
+    msg = errors_of(tmp_path, GOOD.replace('"{pid}"', '"{pidd}"'))
+    assert "exp.yaml:18:7: method[0].inject.pid: unknown substitution {pidd} (did you mean {pid}?)" in msg
+
+
+def test_several_errors_reported_at_once(tmp_path):
+    msg = errors_of(tmp_path, GOOD.replace("duration: 15ms", "duration: x").replace("kind: Experiment", "kind: Exp"))
+    assert "kind" in msg and "duration" in msg
+
+
+def test_hostile_yaml(tmp_path):
+    for text, expected in [
+        ("a: 1\na: 2\n", "2:1: duplicate key 'a'"),
+        ("a: !!python/object/apply:os.system [ls]\n", "is not allowed"),
+        ("a: [\n", "invalid YAML"),
+        ("", "the file is empty"),
+        ("- 1\n- 2\n", "the top level must be a mapping"),
+        ("a: 1\n---\nb: 2\n", "invalid YAML"),
+    ]:
+        assert expected in errors_of(tmp_path, text), text
+
+
+def test_alias_bomb_is_refused_fast(tmp_path):
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i-1}"] * 9) + "]" for i in range(1, 10)]
+    t0 = time.monotonic()
+    assert "alias bomb" in errors_of(tmp_path, "\n".join(lines) + "\n")
+    assert time.monotonic() - t0 < 5
+
+
+def test_binary_missing_and_directory(tmp_path):
+    f = tmp_path / "junk.yaml"
+    f.write_bytes(b"\x7fELF\x00\x01\x02")
+    with pytest.raises(SpecError, match="binary"):
+        load_experiment(f)
+    f.write_bytes(b"a: \xff\xfe\n")
+    with pytest.raises(SpecError, match="not valid UTF-8"):
+        load_experiment(f)
+    with pytest.raises(SpecError, match="no such file"):
+        load_experiment(tmp_path / "nope.yaml")
+    with pytest.raises(SpecError, match="is a directory"):
+        load_experiment(tmp_path)
+
+
+def test_positions():
+    loc = load_yaml("a:\n  b:\n    - c: 1\n", "f.yaml")
+    assert loc.where(("a", "b", 0, "c")) == "f.yaml:3:7"
+    assert loc.where(("a", "b", 0, "missing")) == "f.yaml:3:7"
+
+
+def test_cli_vars():
+    assert parse_cli_vars(["a=1", "b=x=y"]) == {"a": "1", "b": "x=y"}
+    with pytest.raises(SpecError):
+        parse_cli_vars(["novalue"])
+
+
+def test_probe_include(tmp_path):
+    (tmp_path / "probes").mkdir()
+    (tmp_path / "probes" / "ready.yaml").write_text(
+        "type: http\nurl: http://127.0.0.1:9/ready\nexpect: {status: 200}\n")
+    text = GOOD.replace("""    - name: up
+      type: http
+      url: "{target.url}/v2/health/ready"
+      expect: {status: 200, headers: {X-Model-Latency: "< 950"}}""", "    - include: ready\n      timeout: 2s")
+    probe = load(tmp_path, text).experiment.steady_state.probes[0]
+    assert probe.name == "ready" and probe.url == "http://127.0.0.1:9/ready" and probe.timeout == 2
+    assert "no probe definition 'nope.yaml'" in errors_of(tmp_path, text.replace("include: ready", "include: nope"))
+
+
+def test_safeguard_must_name_a_probe(tmp_path):
+    msg = errors_of(tmp_path, GOOD + "safeguards:\n  - probe: upp\n    abort_when: status != 200\n")
+    assert "no steady-state probe named 'upp'" in msg
+
+
+def test_bundled_experiments_validate():
+    root = Path(__file__).resolve().parents[2] / "experiments"
+    files = sorted(root.rglob("*.yaml"))
+    assert files, "no bundled experiments"
+    for f in files:
+        load_experiment(f, strict=False)
