@@ -15,7 +15,7 @@ for _ in $(seq 50); do
   sleep 0.1
 done
 echo "demo service: http://127.0.0.1:$PORT/ (PID $SERVER)"
-.venv/bin/chaoskit run experiments/basic/stop-http-server.yaml --var pid="$SERVER" --var port="$PORT" \
+.venv/bin/chaoskit run experiments/basic/stop-http-server.yaml --var port="$PORT" \
   --out chaoskit-runs/demo --junit chaoskit-runs/demo/junit.xml
 code=$?
 echo "demo: chaoskit exited $code (0 held, 1 deviated: the probe saw the frozen server, as expected)"

@@ -96,6 +96,7 @@ class Ledger:
         try:
             lines = self.path.read_text().splitlines()
         except FileNotFoundError:
+            st.closed = True  # a discarded ledger has nothing pending
             return st
         for line in lines:
             try:
@@ -135,6 +136,12 @@ class Ledger:
 
     def remove_lockfile(self) -> None:
         Path(str(self.path) + ".lock").unlink(missing_ok=True)
+
+    def discard(self) -> None:
+        """Delete a closed ledger and its side files (the run's journal keeps the history)."""
+        if self.read().closed:
+            for suffix in ("", ".lock", ".watchdog.log"):
+                Path(str(self.path) + suffix).unlink(missing_ok=True)
 
 
 def open_ledgers(directory: Path | None = None) -> list[Ledger]:

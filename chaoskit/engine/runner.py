@@ -378,7 +378,9 @@ class Runner:
         result = await asyncio.to_thread(rollback, self.ledger, True, self._note_revert)
         self.journal.emit("rollback", reverted=len(result.reverted), failed=len(result.failed),
                           ms=round((time.perf_counter() - t0) * 1000, 3), ledger=str(self.ledger.path))
-        if not result.complete:
+        if result.complete:
+            self.ledger.discard()
+        else:
             self.status.rollback_incomplete = True
             self.status.reason = "; ".join(f"#{e.id} {e.type}: {err}" for e, err in result.failed)
 

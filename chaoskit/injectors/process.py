@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -11,7 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import StrictModel
-from chaoskit.targets.process import ProcessRef, find_by_name, is_alive, proc_ref, proc_state
+from chaoskit.targets.process import ProcessRef, find_by_name, is_alive, parent_pid, proc_ref, proc_state
 
 _ALLOWED_SIGNALS = ("SIGSTOP", "SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
 
@@ -41,17 +42,19 @@ class ProcessSignalSpec(StrictModel):
 
 
 def _protected_pids() -> set[int]:
-    pids, pid = {1}, os.getpid()
-    while pid > 1:  # chaoskit and its ancestors (the shell, the CI runner)
+    """PID 1, chaoskit and its ancestors (the shell, the CI runner)."""
+    pids: set[int] = {1}
+    pid: int | None = os.getpid()
+    while pid and pid > 1 and pid not in pids:
         pids.add(pid)
-        ref = proc_ref(pid)
-        if ref is None:
-            break
-        try:
-            pid = int(open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
+        pid = parent_pid(pid)
     return pids
+
+
+def _wait_state(targets: list[dict[str, Any]], done: Any, timeout: float = 1.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(done(proc_state(t["pid"])) for t in targets):
+        time.sleep(0.001)
 
 
 class ProcessSignal(Injector):
@@ -107,6 +110,8 @@ class ProcessSignal(Injector):
                     pass
         if not done:
             raise RuntimeError("process.signal: every target exited before it could be signalled")
+        if sig is signal.SIGSTOP:  # signals are asynchronous: applied means actually stopped
+            _wait_state(done, lambda st: st in ("T", "t", None))
         return {**record, "targets": done}
 
     @classmethod
@@ -120,6 +125,7 @@ class ProcessSignal(Injector):
                     os.kill(ref.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
+        _wait_state(record.get("targets", []), lambda st: st not in ("T", "t"))
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:

@@ -45,6 +45,11 @@ def proc_ref(pid: int) -> ProcessRef | None:
     return ProcessRef(pid=pid, start_time=int(f[21]), comm=f[1])
 
 
+def parent_pid(pid: int) -> int | None:
+    f = _stat_fields(pid)
+    return int(f[3]) if f else None
+
+
 def proc_state(pid: int) -> str | None:
     """One-letter scheduler state (R, S, T = stopped, Z = zombie ...) or None if gone."""
     f = _stat_fields(pid)
