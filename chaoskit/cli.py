@@ -7,7 +7,6 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -33,11 +32,11 @@ def run(
     file: Path = typer.Argument(..., help="experiment YAML"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate, check the host, print the plan; apply nothing"),
     var: list[str] = typer.Option([], "--var", help="NAME=VALUE for {NAME} substitution (repeatable)"),
-    journal: Optional[Path] = typer.Option(None, help="JSON-lines journal (default: OUT/journal.jsonl)"),
-    junit: Optional[Path] = typer.Option(None, help="write JUnit XML here"),
-    report: Optional[Path] = typer.Option(None, help="HTML report (default: OUT/report.html)"),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="run directory (default: chaoskit-runs/RUN_ID)"),
-    live: Optional[bool] = typer.Option(None, "--live/--plain", help="live view (default: when stdout is a TTY)"),
+    journal: Path | None = typer.Option(None, help="JSON-lines journal (default: OUT/journal.jsonl)"),
+    junit: Path | None = typer.Option(None, help="write JUnit XML here"),
+    report: Path | None = typer.Option(None, help="HTML report (default: OUT/report.html)"),
+    out_dir: Path | None = typer.Option(None, "--out", help="run directory (default: chaoskit-runs/RUN_ID)"),
+    live: bool | None = typer.Option(None, "--live/--plain", help="live view (default: when stdout is a TTY)"),
 ) -> None:
     """Run an experiment: hypothesis before, faults, hypothesis during and after; always roll back."""
     from chaoskit.engine.journal import Journal
@@ -128,7 +127,7 @@ def validate(files: list[Path] = typer.Argument(..., help="experiment YAML files
 
 @app.command()
 def rollback(
-    ledger: Optional[Path] = typer.Option(None, help="one ledger file to replay"),
+    ledger: Path | None = typer.Option(None, help="one ledger file to replay"),
     all_: bool = typer.Option(False, "--all", help="every unfinished ledger in the state directory"),
     force: bool = typer.Option(False, help="also revert ledgers whose run still seems alive"),
 ) -> None:

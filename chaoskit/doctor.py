@@ -8,9 +8,9 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 BCC_PATH = "/usr/lib/python3/dist-packages"
 

@@ -60,7 +60,7 @@ class LiveView:
         self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False,
                          get_renderable=self._render)
 
-    def __enter__(self) -> "LiveView":
+    def __enter__(self) -> LiveView:
         self.live.__enter__()
         return self
 

@@ -31,7 +31,7 @@ async def take_sample(probe: Probe, phase: str) -> Sample:
     t, t0 = time.time(), time.perf_counter()
     try:
         values = await asyncio.wait_for(probe.measure(), spec.timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return Sample(spec.name, phase, t, "error", error=f"timed out after {spec.timeout:g}s",
                       duration_ms=_ms(t0))
     except asyncio.CancelledError:

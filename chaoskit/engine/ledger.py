@@ -10,10 +10,11 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from chaoskit.paths import ledger_dir
 from chaoskit.targets.process import ProcessRef, is_alive, proc_ref
@@ -52,7 +53,7 @@ class Ledger:
         self.path = Path(path)
 
     @classmethod
-    def create(cls, run_id: str, experiment: str, directory: Path | None = None) -> "Ledger":
+    def create(cls, run_id: str, experiment: str, directory: Path | None = None) -> Ledger:
         d = directory or ledger_dir()
         d.mkdir(parents=True, exist_ok=True)
         ledger = cls(d / f"{run_id}.jsonl")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from chaoskit.engine.ledger import Entry, Ledger
 from chaoskit.injectors import injector_class

@@ -333,7 +333,7 @@ class Runner:
         future.add_done_callback(self._inflight.discard)
         try:
             final = await asyncio.wait_for(asyncio.shield(future), step.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise _ApplyFailed(f"{step.label()}: apply timed out after {step.timeout:g}s") from None
         except asyncio.CancelledError:
             raise

@@ -35,7 +35,7 @@ class ProcessSignalSpec(StrictModel):
         return name
 
     @model_validator(mode="after")
-    def _one_target(self) -> "ProcessSignalSpec":
+    def _one_target(self) -> ProcessSignalSpec:
         if (self.pid is None) == (self.name is None):
             raise ValueError("give exactly one of 'pid' or 'name'")
         return self

@@ -23,7 +23,7 @@ class ProbeSpecBase(StrictModel):
     expect_keys: ClassVar[tuple[str, ...]] = ()  # allowed keys; a trailing '.' allows a nested map
 
     @model_validator(mode="after")
-    def _check(self) -> "ProbeSpecBase":
+    def _check(self) -> ProbeSpecBase:
         bad = [p for p in self.phases if p not in ("before", "during", "after")]
         if bad:
             raise ValueError(f"phases: unknown phase '{bad[0]}' (use before, during, after)")

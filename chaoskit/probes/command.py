@@ -33,7 +33,7 @@ class CommandProbe(Probe):
         )
         try:
             out, err = await asyncio.wait_for(proc.communicate(), self.spec.timeout)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             proc.kill()
             await proc.wait()
             raise

@@ -10,8 +10,8 @@ from chaoskit.injectors import INJECTORS
 from chaoskit.probes import PROBES
 from chaoskit.spec.types import Duration, RuleSpec, StrictModel
 
-InjectSpec = Annotated[Union[tuple(cls.Spec for cls in INJECTORS)], Field(discriminator="type")]  # type: ignore
-ProbeSpec = Annotated[Union[tuple(cls.Spec for cls in PROBES)], Field(discriminator="type")]  # type: ignore
+InjectSpec = Annotated[Union[tuple(cls.Spec for cls in INJECTORS)], Field(discriminator="type")]  # type: ignore # noqa: UP007
+ProbeSpec = Annotated[Union[tuple(cls.Spec for cls in PROBES)], Field(discriminator="type")]  # type: ignore # noqa: UP007
 
 
 class Metadata(StrictModel):
@@ -45,7 +45,7 @@ class SteadyState(StrictModel):
     after: After = Field(default_factory=After)
 
     @model_validator(mode="after")
-    def _unique(self) -> "SteadyState":
+    def _unique(self) -> SteadyState:
         seen: set[str] = set()
         for p in self.probes:
             if p.name in seen:
@@ -62,11 +62,11 @@ class Step(StrictModel):
     duration: Duration | None = Field(None, gt=0, description="how long the fault stays; omitted = until the "
                                                                 "end of the method")
     pause: Duration | None = Field(None, ge=0, description="wait this long")
-    parallel: list["Step"] | None = Field(None, min_length=1, description="steps run at the same time")
+    parallel: list[Step] | None = Field(None, min_length=1, description="steps run at the same time")
     timeout: Duration = Field(30.0, gt=0, description="limit for applying the fault")
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "Step":
+    def _exactly_one(self) -> Step:
         given = [k for k in ("inject", "pause", "parallel") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError("a step needs exactly one of 'inject', 'pause' or 'parallel'"
@@ -108,7 +108,7 @@ class Experiment(StrictModel):
     safeguards: list[Safeguard] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _refs(self) -> "Experiment":
+    def _refs(self) -> Experiment:
         names = {p.name for p in self.steady_state.probes}
         for i, sg in enumerate(self.safeguards):
             if isinstance(sg.probe, str) and sg.probe not in names:

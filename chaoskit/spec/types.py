@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict, BaseModel, PlainSerializer, PlainValidator, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
 
 from chaoskit.engine.tolerance import Rule, Tolerance, parse_rule, parse_tolerance
 from chaoskit.spec.units import parse_duration, parse_percent

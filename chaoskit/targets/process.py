@@ -22,7 +22,7 @@ class ProcessRef:
         return {"pid": self.pid, "start_time": self.start_time, "comm": self.comm}
 
     @classmethod
-    def from_json(cls, data: dict) -> "ProcessRef":
+    def from_json(cls, data: dict) -> ProcessRef:
         return cls(int(data["pid"]), int(data["start_time"]), str(data.get("comm", "")))
 
 
