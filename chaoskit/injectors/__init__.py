@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from chaoskit.injectors.base import Injector
+from chaoskit.injectors.disk import DiskThrottle
 from chaoskit.injectors.memory import MemoryPressure
 from chaoskit.injectors.process import ProcessSignal
 
-INJECTORS: tuple[type[Injector], ...] = (ProcessSignal, MemoryPressure)
+INJECTORS: tuple[type[Injector], ...] = (ProcessSignal, MemoryPressure, DiskThrottle)
 
 
 def injector_class(type_name: str) -> type[Injector]:

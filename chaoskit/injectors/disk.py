@@ -1,0 +1,161 @@
+"""disk.throttle: cap read/write bytes and IOPS of target processes on the disk behind a path (cgroup io/blkio)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from chaoskit.errors import PreflightError
+from chaoskit.injectors.base import Injector
+from chaoskit.spec.types import StrictModel
+from chaoskit.spec.units import format_size, parse_size
+from chaoskit.targets.blockdev import BlockTarget, resolve_path, root_disk
+from chaoskit.targets.cgroups import LIMIT_KEYS, IoHierarchy, find_io_hierarchy
+from chaoskit.targets.process import ProcessRef, find_by_name, is_alive, proc_ref
+
+
+class DiskThrottleSpec(StrictModel):
+    type: Literal["disk.throttle"]
+    path: str = Field(min_length=1, description="a file, directory or block device; its whole disk is throttled")
+    rbps: str | int | None = Field(None, description="read bytes per second, e.g. '2MiB'")
+    wbps: str | int | None = Field(None, description="write bytes per second")
+    riops: int | None = Field(None, gt=0, description="read operations per second")
+    wiops: int | None = Field(None, gt=0, description="write operations per second")
+    pid: int | list[int] | None = Field(None, description="target process(es); moved into a dedicated cgroup")
+    name: str | None = Field(None, min_length=1, description="regex on process names (comm)")
+    cgroup: str | None = Field(None, min_length=1, description="existing cgroup (relative to the hierarchy root) "
+                                                               "whose limit lines are set and later restored")
+    allow_host: bool = Field(False, description="allow throttling the disk that holds /")
+
+    @field_validator("rbps", "wbps")
+    @classmethod
+    def _bps(cls, v: str | int | None) -> str | int | None:
+        if v is not None and parse_size(v) <= 0:
+            raise ValueError("a limit of 0 would stop all I/O; give a positive rate like '2MiB'")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> DiskThrottleSpec:
+        if all(getattr(self, k) is None for k in LIMIT_KEYS):
+            raise ValueError("give at least one of rbps, wbps, riops, wiops")
+        if sum(x is not None for x in (self.pid, self.name, self.cgroup)) != 1:
+            raise ValueError("give exactly one target: pid, name or cgroup")
+        return self
+
+    def limits(self) -> dict[str, str]:
+        out = {}
+        for key in LIMIT_KEYS:
+            v = getattr(self, key)
+            if v is not None:
+                out[key] = str(parse_size(v) if key.endswith("bps") else v)
+        return out
+
+
+class DiskThrottle(Injector):
+    type: ClassVar[str] = "disk.throttle"
+    summary: ClassVar[str] = "throttle read/write bytes and IOPS on the disk behind a path (cgroup io.max / blkio)"
+    Spec = DiskThrottleSpec
+    spec: DiskThrottleSpec
+
+    def _device(self) -> BlockTarget:
+        return resolve_path(self.spec.path)
+
+    def _pids(self) -> list[ProcessRef]:
+        s = self.spec
+        if s.pid is not None:
+            refs = [proc_ref(p) for p in ([s.pid] if isinstance(s.pid, int) else s.pid)]
+            return [r for r in refs if r is not None]
+        if s.name is not None:
+            return find_by_name(s.name)
+        return []
+
+    def preflight(self) -> None:
+        hier = find_io_hierarchy()
+        dev = self._device()
+        if not self.spec.allow_host and dev.disk == root_disk():
+            raise PreflightError(f"disk.throttle: {dev.disk_name} [{dev.disk}] holds the root filesystem; "
+                                 "set allow_host: true to throttle it")
+        if self.spec.cgroup is not None and not (hier.root / self.spec.cgroup).is_dir():
+            raise PreflightError(f"disk.throttle: cgroup {hier.root / self.spec.cgroup} does not exist")
+        if self.spec.cgroup is None and not self._pids():
+            raise PreflightError(f"disk.throttle: no running process matches {self.spec.pid or self.spec.name}")
+
+    def plan(self) -> list[str]:
+        dev = self._device()
+        lim = ", ".join(f"{k}={format_size(int(v)) + '/s' if k.endswith('bps') else v}"
+                        for k, v in self.spec.limits().items())
+        if self.spec.cgroup is not None:
+            who = f"cgroup {self.spec.cgroup} (previous limit lines restored on revert)"
+        else:
+            who = (f"PIDs {', '.join(str(r.pid) for r in self._pids()) or '(none now)'} moved into a dedicated "
+                   "cgroup (moved back on revert)")
+        return [dev.describe(), f"limit {lim} on {dev.disk} for {who}"]
+
+    def prepare(self) -> dict[str, Any]:
+        hier, dev = find_io_hierarchy(), self._device()
+        rec: dict[str, Any] = {"hierarchy": hier.to_json(), "dev": dev.disk, "limits": self.spec.limits()}
+        if self.spec.cgroup is not None:
+            cg = hier.root / self.spec.cgroup
+            rec.update(cgroup=str(cg), previous=hier.read_limits(cg, dev.disk), dedicated=False)
+        else:
+            procs = [{**r.to_json(), "from": str(hier.cgroup_of(r.pid))} for r in self._pids()]
+            rec.update(cgroup=str(hier.root / f"chaoskit-{uuid.uuid4().hex[:12]}"), dedicated=True, procs=procs)
+        return rec
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        hier, cg = IoHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
+        if record["dedicated"]:
+            cg.mkdir(exist_ok=True)
+            if hier.version == 2:
+                _enable_io(cg.parent)
+        hier.write_limits(cg, record["dev"], record["limits"])
+        for p in record.get("procs", []):
+            if is_alive(ProcessRef.from_json(p)):
+                hier.move(p["pid"], cg)
+        return record
+
+    @classmethod
+    def revert(cls, record: dict[str, Any]) -> None:
+        hier, cg = IoHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
+        if not record["dedicated"]:
+            if cg.is_dir():
+                prev = record["previous"]
+                hier.write_limits(cg, record["dev"], {k: prev.get(k, hier.unlimited()) for k in record["limits"]})
+            return
+        if not cg.is_dir():
+            return
+        for p in record.get("procs", []):
+            ref = ProcessRef.from_json(p)
+            if is_alive(ref) and Path(p["from"]).is_dir():
+                try:
+                    hier.move(ref.pid, Path(p["from"]))
+                except (ProcessLookupError, OSError):
+                    pass
+        fallback = Path(record["procs"][0]["from"]) if record.get("procs") else cg.parent
+        for pid in hier.procs(cg):  # children forked while throttled go where their parent came from
+            try:
+                hier.move(pid, fallback if fallback.is_dir() else cg.parent)
+            except (ProcessLookupError, OSError):
+                pass
+        try:
+            os.rmdir(cg)
+        except FileNotFoundError:
+            pass
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        hier, cg = IoHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
+        if not cg.is_dir():
+            return False
+        now = hier.read_limits(cg, record["dev"])
+        return all(now.get(k) == v for k, v in record["limits"].items())
+
+
+def _enable_io(parent: Path) -> None:
+    ctl = parent / "cgroup.subtree_control"
+    if "io" not in ctl.read_text().split():
+        ctl.write_text("+io\n")

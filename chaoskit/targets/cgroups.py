@@ -1,0 +1,103 @@
+"""Block I/O limits through cgroups: v2 `io.max` where the io controller exists, else v1 `blkio.throttle.*`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaoskit.errors import PreflightError
+
+LIMIT_KEYS = ("rbps", "wbps", "riops", "wiops")
+V1_FILES = {"rbps": "blkio.throttle.read_bps_device", "wbps": "blkio.throttle.write_bps_device",
+            "riops": "blkio.throttle.read_iops_device", "wiops": "blkio.throttle.write_iops_device"}
+
+
+@dataclass(frozen=True)
+class IoHierarchy:
+    """Where block limits are written: `version` 2 (io.max) or 1 (blkio), rooted at `root`."""
+
+    version: int
+    root: Path
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "root": str(self.root)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> IoHierarchy:
+        return cls(int(d["version"]), Path(d["root"]))
+
+    # -- limits ------------------------------------------------------------------------------------
+    def read_limits(self, cgroup: Path, dev: str) -> dict[str, str]:
+        """Current limits of `dev` in `cgroup` as strings ('max' / '0' mean none)."""
+        if self.version == 2:
+            for line in _read(cgroup / "io.max").splitlines():
+                parts = line.split()
+                if parts and parts[0] == dev:
+                    return dict(kv.split("=", 1) for kv in parts[1:])
+            return {k: "max" for k in LIMIT_KEYS}
+        out = {}
+        for key, fname in V1_FILES.items():
+            out[key] = "0"
+            for line in _read(cgroup / fname).splitlines():
+                parts = line.split()
+                if len(parts) == 2 and parts[0] == dev:
+                    out[key] = parts[1]
+        return out
+
+    def write_limits(self, cgroup: Path, dev: str, limits: dict[str, str]) -> None:
+        if self.version == 2:
+            line = dev + "".join(f" {k}={v}" for k, v in limits.items())
+            (cgroup / "io.max").write_text(line + "\n")
+            return
+        for key, value in limits.items():
+            (cgroup / V1_FILES[key]).write_text(f"{dev} {value}\n")
+
+    def unlimited(self) -> str:
+        return "max" if self.version == 2 else "0"
+
+    # -- membership --------------------------------------------------------------------------------
+    def cgroup_of(self, pid: int) -> Path:
+        """The cgroup directory of `pid` in this hierarchy."""
+        for line in _read(Path(f"/proc/{pid}/cgroup")).splitlines():
+            hid, controllers, rel = line.split(":", 2)
+            if (self.version == 2 and hid == "0") or (self.version == 1 and "blkio" in controllers.split(",")):
+                return self.root / rel.lstrip("/")
+        raise PreflightError(f"PID {pid}: not found in the {'v2' if self.version == 2 else 'blkio'} hierarchy")
+
+    @staticmethod
+    def move(pid: int, cgroup: Path) -> None:
+        (cgroup / "cgroup.procs").write_text(f"{pid}\n")
+
+    @staticmethod
+    def procs(cgroup: Path) -> list[int]:
+        return [int(x) for x in _read(cgroup / "cgroup.procs").split()]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def _mounts(mountinfo: Path) -> list[tuple[str, str, list[str]]]:
+    out = []
+    for line in mountinfo.read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        parts, rparts = left.split(), right.split()
+        if len(parts) >= 5 and len(rparts) >= 3:
+            out.append((parts[4], rparts[0], rparts[2].split(",")))
+    return out
+
+
+def find_io_hierarchy(mountinfo: Path = Path("/proc/self/mountinfo")) -> IoHierarchy:
+    """Prefer cgroup v2 with the io controller; fall back to v1 blkio; PreflightError if neither."""
+    mounts = _mounts(mountinfo)
+    for mp, fstype, _ in mounts:
+        if fstype == "cgroup2" and "io" in _read(Path(mp) / "cgroup.controllers").split():
+            return IoHierarchy(2, Path(mp))
+    for mp, fstype, opts in mounts:
+        if fstype == "cgroup" and "blkio" in opts:
+            return IoHierarchy(1, Path(mp))
+    raise PreflightError("block I/O throttling needs the cgroup v2 io controller or a v1 blkio hierarchy; "
+                         "neither is mounted here")
