@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from chaoskit.injectors.base import Injector
 from chaoskit.injectors.disk import DiskThrottle
+from chaoskit.injectors.diskfill import DiskFill
 from chaoskit.injectors.memory import MemoryPressure
 from chaoskit.injectors.process import ProcessSignal
 
-INJECTORS: tuple[type[Injector], ...] = (ProcessSignal, MemoryPressure, DiskThrottle)
+INJECTORS: tuple[type[Injector], ...] = (ProcessSignal, MemoryPressure, DiskThrottle, DiskFill)
 
 
 def injector_class(type_name: str) -> type[Injector]:

@@ -130,7 +130,8 @@ def _substitute(loc: Located, facts: dict[str, Any], strict: bool, notes: list[s
                 return str(facts[key])
             if not strict and key.startswith("target."):
                 notes.append(f"{loc.where(path)}: {{{key}}} is resolved at run time")
-                return m.group(0)
+                # a stand-in of the right shape, so the rest of the field still gets validated
+                return "http://target.invalid" if key == "target.url" else m.group(0)
             known = ", ".join(sorted(k for k in facts if not k.startswith("var."))) or "none"
             hint = difflib.get_close_matches(key, list(facts), n=1)
             raise SpecError(f"{loc.where(path)}: {_dotted(path)}: unknown substitution {{{key}}}"
