@@ -32,9 +32,3 @@ class PreflightError(ChaoskitError):
     """This host cannot do what was asked (missing module, not root, unsafe size)."""
 
     exit_code = EXIT_PREFLIGHT
-
-
-class RevertError(ChaoskitError):
-    """A fault could not be taken back; the ledger keeps it for `chaoskit rollback`."""
-
-    exit_code = EXIT_ROLLBACK_INCOMPLETE

@@ -79,12 +79,6 @@ def is_percent(value: object) -> bool:
     return isinstance(value, str) and bool(_PERCENT_RE.match(value))
 
 
-def format_duration(seconds: float) -> str:
-    if seconds < 1:
-        return f"{seconds * 1000:g}ms"
-    return f"{seconds:g}s"
-
-
 def format_size(n: int) -> str:
     for unit, mult in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= mult:

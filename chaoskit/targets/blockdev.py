@@ -28,18 +28,24 @@ class BlockTarget:
                ("; " + "; ".join(self.notes) if self.notes else "")
 
 
-def _mount_of(path: Path, mountinfo: Path) -> tuple[str, str, str]:
-    """(mount point, fs type, source) of the longest mount point containing `path`."""
-    best = ("", "", "")
+def mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[tuple[str, str, str, list[str]]]:
+    """(mount point, fs type, source, super options) of every mount, in mountinfo order."""
+    out = []
     for line in mountinfo.read_text().splitlines():
         left, _, right = line.partition(" - ")
         parts, rparts = left.split(), right.split()
-        if len(parts) < 5 or len(rparts) < 2:
-            continue
-        mp = parts[4].replace("\\040", " ")
+        if len(parts) >= 5 and len(rparts) >= 3:
+            out.append((parts[4].replace("\\040", " "), rparts[0], rparts[1], rparts[2].split(",")))
+    return out
+
+
+def _mount_of(path: Path, mountinfo: Path) -> tuple[str, str, str]:
+    """(mount point, fs type, source) of the longest mount point containing `path`."""
+    best = ("", "", "")
+    for mp, fstype, source, _ in mounts(mountinfo):
         inside = str(path) == mp or str(path).startswith(mp.rstrip("/") + "/")
         if inside and len(mp) >= len(best[0]):
-            best = (mp, rparts[0], rparts[1])
+            best = (mp, fstype, source)
     return best
 
 

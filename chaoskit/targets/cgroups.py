@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chaoskit.errors import PreflightError
+from chaoskit.targets.blockdev import mounts
 
 LIMIT_KEYS = ("rbps", "wbps", "riops", "wiops")
 V1_FILES = {"rbps": "blkio.throttle.read_bps_device", "wbps": "blkio.throttle.write_bps_device",
@@ -80,23 +81,13 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _mounts(mountinfo: Path) -> list[tuple[str, str, list[str]]]:
-    out = []
-    for line in mountinfo.read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        parts, rparts = left.split(), right.split()
-        if len(parts) >= 5 and len(rparts) >= 3:
-            out.append((parts[4], rparts[0], rparts[2].split(",")))
-    return out
-
-
 def find_io_hierarchy(mountinfo: Path = Path("/proc/self/mountinfo")) -> IoHierarchy:
     """Prefer cgroup v2 with the io controller; fall back to v1 blkio; PreflightError if neither."""
-    mounts = _mounts(mountinfo)
-    for mp, fstype, _ in mounts:
+    all_mounts = mounts(mountinfo)
+    for mp, fstype, _, _ in all_mounts:
         if fstype == "cgroup2" and "io" in _read(Path(mp) / "cgroup.controllers").split():
             return IoHierarchy(2, Path(mp))
-    for mp, fstype, opts in mounts:
+    for mp, fstype, _, opts in all_mounts:
         if fstype == "cgroup" and "blkio" in opts:
             return IoHierarchy(1, Path(mp))
     raise PreflightError("block I/O throttling needs the cgroup v2 io controller or a v1 blkio hierarchy; "

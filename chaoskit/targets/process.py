@@ -70,10 +70,6 @@ def cmdline(pid: int) -> list[str]:
     return [p.decode(errors="replace") for p in raw.split(b"\0") if p]
 
 
-def is_kernel_thread(pid: int) -> bool:
-    return not cmdline(pid) and pid != os.getpid()
-
-
 def all_pids() -> list[int]:
     return sorted(int(p.name) for p in PROC.iterdir() if p.name.isdigit())
 

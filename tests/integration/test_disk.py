@@ -150,19 +150,23 @@ def test_sigkill_watchdog_restores(loopdev, tmp_path, state_dir):
         reader.stop()
 
 
-def test_resolution_of_a_file_on_a_mounted_loop_device(loopdev, tmp_path):
+@pytest.fixture
+def mounted(loopdev, tmp_path):
+    """An ext4 filesystem on the test's loop device, mounted in the test's tmp dir."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     subprocess.run(["mkfs.ext4", "-q", "-F", loopdev], check=True, capture_output=True)
     subprocess.run(["mount", loopdev, str(mnt)], check=True)
-    try:
-        (mnt / "weights.bin").write_bytes(b"x" * 4096)
-        t = resolve_path(mnt / "weights.bin")
-        st = os.stat(loopdev)
-        assert t.disk == f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" and t.mount_point == str(mnt)
-        assert t.fs_type == "ext4" and any("backed by" in n for n in t.notes)
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_resolution_of_a_file_on_a_mounted_loop_device(loopdev, mounted):
+    (mounted / "weights.bin").write_bytes(b"x" * 4096)
+    t = resolve_path(mounted / "weights.bin")
+    st = os.stat(loopdev)
+    assert t.disk == f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" and t.mount_point == str(mounted)
+    assert t.fs_type == "ext4" and any("backed by" in n for n in t.notes)
 
 
 def test_refuses_root_disk_and_zero_limits():
@@ -222,24 +226,17 @@ def test_v2_io_max_lines_written_and_restored(tmp_path):
     assert hier.read_limits(cg, "8:0") == {"rbps": "max", "wbps": "max", "riops": "max", "wiops": "max"}
 
 
-def test_disk_fill_on_a_loop_filesystem(loopdev, tmp_path):
+def test_disk_fill_on_a_loop_filesystem(mounted):
     from chaoskit.injectors.diskfill import DiskFill, DiskFillSpec, usage
 
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mkfs.ext4", "-q", "-F", loopdev], check=True, capture_output=True)
-    subprocess.run(["mount", loopdev, str(mnt)], check=True)
-    try:
-        before = usage(mnt)
-        inj = DiskFill(DiskFillSpec(type="disk.fill", path=str(mnt), to="90%"))
-        inj.preflight()
-        record = inj.apply(inj.prepare())
-        used, total = usage(mnt)
-        assert 0.88 < used / total <= 0.91 and DiskFill.observe(record)
-        DiskFill.revert(record)
-        DiskFill.revert(record)
-        assert usage(mnt) == before and not DiskFill.observe(record)
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+    before = usage(mounted)
+    inj = DiskFill(DiskFillSpec(type="disk.fill", path=str(mounted), to="90%"))
+    inj.preflight()
+    record = inj.apply(inj.prepare())
+    used, total = usage(mounted)
+    assert 0.88 < used / total <= 0.91 and DiskFill.observe(record)
+    DiskFill.revert(record)
+    DiskFill.revert(record)
+    assert usage(mounted) == before and not DiskFill.observe(record)
     with pytest.raises(PreflightError, match="root filesystem"):
         DiskFill(DiskFillSpec(type="disk.fill", path="/tmp", to="50%")).preflight()
