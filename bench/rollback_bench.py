@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from chaoskit.targets.process import proc_state
+
 N = int(os.environ.get("BENCH_RUNS", "20"))
 ROOT = Path(__file__).resolve().parent.parent
 EXP = """\
@@ -37,18 +39,14 @@ method:
 """
 
 
-def state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-
-
 def raw_apply_ms(pid: int) -> float:
     t0 = time.perf_counter()
     os.kill(pid, signal.SIGSTOP)
-    while state(pid) != "T":
+    while proc_state(pid) != "T":
         pass
     ms = (time.perf_counter() - t0) * 1000
     os.kill(pid, signal.SIGCONT)
-    while state(pid) == "T":
+    while proc_state(pid) == "T":
         pass
     return ms
 
@@ -80,7 +78,7 @@ def watchdog_run(tmp: Path, pid: int, env: dict, i: int) -> float:
         time.sleep(0.005)
     t0 = time.perf_counter()
     proc.kill()
-    while state(pid) == "T":
+    while proc_state(pid) == "T":
         time.sleep(0.0005)
     ms = (time.perf_counter() - t0) * 1000
     proc.wait()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from chaoskit.targets.process import proc_state  # noqa: F401  (re-exported for the tests)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -29,11 +31,6 @@ def sleeper() -> Iterator[subprocess.Popen]:
     yield proc
     proc.kill()
     proc.wait()
-
-
-def proc_state(pid: int) -> str:
-    raw = Path(f"/proc/{pid}/stat").read_text()
-    return raw.rpartition(")")[2].split()[0]
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0, every: float = 0.01) -> float:

@@ -70,7 +70,9 @@ class ProcessSignal(Injector):
             refs = [ref] if ref is not None else []
         else:
             refs = find_by_name(s.name, full=s.full_cmdline)  # type: ignore[arg-type]
-            refs = [r for r in refs if r.pid not in _protected_pids()] if not s.allow_host else refs
+            if not s.allow_host:
+                protected = _protected_pids()
+                refs = [r for r in refs if r.pid not in protected]
             if s.select == "one":
                 refs = sorted(refs, key=lambda r: r.start_time)[:1]
         return refs
@@ -81,7 +83,8 @@ class ProcessSignal(Injector):
         if not refs:
             raise PreflightError(f"process.signal: no running process matches {what}")
         if not self.spec.allow_host:
-            bad = [r.pid for r in refs if r.pid in _protected_pids()]
+            protected = _protected_pids()
+            bad = [r.pid for r in refs if r.pid in protected]
             if bad:
                 raise PreflightError(f"process.signal: refusing to signal PID {bad[0]} (init or chaoskit's own "
                                      "process tree); set allow_host: true to force")
