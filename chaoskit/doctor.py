@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,32 +43,10 @@ def _memory() -> Check:
 def _netem() -> Check:
     if os.geteuid() != 0:
         return Check("network.netem (kernel)", False, "needs root to create a test namespace")
-    try:
-        from pyroute2 import NetNS, netns
-    except ImportError as e:
-        return Check("network.netem (kernel)", False, f"pyroute2 not importable: {e}")
-    name = f"chaoskit-doctor-{uuid.uuid4().hex[:8]}"
-    try:
-        netns.create(name)
-        with NetNS(name) as ns:
-            idx = ns.link_lookup(ifname="lo")[0]
-            ns.link("set", index=idx, state="up")
-            try:
-                ns.tc("add", "netem", idx, delay=1000)
-            except Exception as e:
-                code = getattr(e, "code", None)
-                if code == errno.ENOENT:
-                    return Check("network.netem (kernel)", False, "kernel has no sch_netem (modprobe sch_netem; "
-                                                                  "built-in on most distro kernels)")
-                return Check("network.netem (kernel)", False, f"netem qdisc refused: {e}")
-        return Check("network.netem (kernel)", True, "sch_netem available (checked in a throwaway netns)")
-    except Exception as e:
-        return Check("network.netem (kernel)", False, f"could not test in a namespace: {e}")
-    finally:
-        try:
-            netns.remove(name)
-        except Exception:
-            pass
+    from chaoskit.targets.tc import netem_missing_reason
+
+    reason = netem_missing_reason()
+    return Check("network.netem (kernel)", reason is None, reason or "sch_netem available (checked in a throwaway netns)")
 
 
 def _nft() -> Check:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from chaoskit.injectors.base import Injector
 from chaoskit.injectors.disk import DiskThrottle
 from chaoskit.injectors.diskfill import DiskFill
+from chaoskit.injectors.firewall import Drop, Partition
 from chaoskit.injectors.memory import MemoryPressure
+from chaoskit.injectors.network import Bandwidth, Netem
 from chaoskit.injectors.process import ProcessSignal
 
-INJECTORS: tuple[type[Injector], ...] = (ProcessSignal, MemoryPressure, DiskThrottle, DiskFill)
+INJECTORS: tuple[type[Injector], ...] = (ProcessSignal, MemoryPressure, DiskThrottle, DiskFill, Netem, Bandwidth, Drop, Partition)
 
 
 def injector_class(type_name: str) -> type[Injector]:

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -14,10 +10,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from chaoskit.errors import PreflightError
+from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import StrictModel
 from chaoskit.spec.units import format_size, is_percent, parse_size
-from chaoskit.targets.process import ProcessRef, find_by_token, is_alive
 
 SAFE_SHARE_OF_AVAILABLE = 0.8
 DEFAULT_MAX_LIFETIME_S = 3600.0
@@ -77,42 +73,15 @@ class MemoryPressure(Injector):
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         until = time.time() + self.max_lifetime_s
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chaoskit.injectors.memory_holder", record["token"], str(record["bytes"]),
-             f"{until:.3f}"],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True, text=True,
-        )
-        line = proc.stdout.readline() if proc.stdout else ""
-        if line.strip() != "ready":
-            proc.kill()
-            proc.wait()
-            raise RuntimeError(f"memory holder failed to allocate {format_size(record['bytes'])} "
-                               f"(exit {proc.poll()})")
-        refs = [r for r in find_by_token(record["token"]) if r.pid == proc.pid]
-        return {**record, "holder": refs[0].to_json() if refs else {"pid": proc.pid, "start_time": 0}}
-
-    @classmethod
-    def _holders(cls, record: dict[str, Any]) -> list[ProcessRef]:
-        return find_by_token(record["token"]) if record.get("token") else []
+        ref = helper_proc.spawn("chaoskit.injectors.memory_holder", record["token"],
+                                [str(record["bytes"]), f"{until:.3f}"],
+                                f"memory holder for {format_size(record['bytes'])}")
+        return {**record, "holder": ref.to_json()}
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        holders = cls._holders(record)
-        for ref in holders:
-            try:
-                os.kill(ref.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 5
-        while holders and time.monotonic() < deadline:
-            holders = [r for r in holders if is_alive(r)]
-            time.sleep(0.01)
-        for ref in holders:
-            try:
-                os.kill(ref.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        helper_proc.stop(record.get("token"))
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        return any(is_alive(r) for r in cls._holders(record))
+        return helper_proc.running(record.get("token"))

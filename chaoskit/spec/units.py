@@ -16,6 +16,8 @@ _SIZE_UNITS = {
     "t": 1000**4, "tb": 1000**4, "tib": 1024**4, "ti": 1024**4,
 }
 _PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_BITRATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)bit\s*$", re.IGNORECASE)
+_BITRATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
 def parse_duration(value: object) -> float:
@@ -73,6 +75,21 @@ def parse_size(value: object, total: int | None = None) -> int:
             unit = (m.group(2) or "").lower()
             return int(float(m.group(1)) * _SIZE_UNITS[unit])
     raise ValueError(f"expected a size like '512MiB' or '40%' (got {value!r})")
+
+
+def parse_rate(value: object) -> int:
+    """Return bytes per second from '8mbit' (bits, tc style), '1MiB/s' / '1MB' (bytes) or a bare byte count."""
+    if isinstance(value, str) and (m := _BITRATE_RE.match(value)):
+        n = int(float(m.group(1)) * _BITRATE_UNITS[m.group(2).lower()] / 8)
+    else:
+        text = value.strip().removesuffix("/s") if isinstance(value, str) else value
+        try:
+            n = parse_size(text)
+        except ValueError:
+            raise ValueError(f"expected a rate like '8mbit' or '1MiB/s' (got {value!r})") from None
+    if n <= 0:
+        raise ValueError(f"a rate must be positive (got {value!r})")
+    return n
 
 
 def is_percent(value: object) -> bool:

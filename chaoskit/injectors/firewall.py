@@ -1,0 +1,184 @@
+"""network.drop and network.partition: nftables rules in a dedicated table of the target namespace."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import uuid
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from chaoskit.errors import PreflightError
+from chaoskit.injectors.base import Injector
+from chaoskit.spec.types import Percent, StrictModel
+from chaoskit.targets import nftables
+from chaoskit.targets.netns import NetTargetSpec, check_namespace, ns_inode
+
+FAMILY = "inet"
+PRIORITY = -10  # before the usual filter chains (priority 0)
+
+
+def _addr(value: str) -> Any:
+    net = ipaddress.ip_network(value, strict=False)
+    if net.num_addresses == 1:
+        return str(net.network_address)
+    return {"prefix": {"addr": str(net.network_address), "len": net.prefixlen}}
+
+
+class _FirewallSpec(StrictModel):
+    target: NetTargetSpec = Field(description="namespace (netns or pid); rules apply to all its interfaces")
+    peers: list[str] | None = Field(None, min_length=1, description="addresses/CIDRs on the other side")
+    ports: list[int] | None = Field(None, min_length=1, description="service ports (matched as source or "
+                                                                   "destination port, TCP and UDP)")
+    direction: Literal["input", "output", "both"] = Field("both", description="which packets of the namespace")
+    allow_host: bool = Field(False, description="allow the host's root namespace")
+
+    @field_validator("peers")
+    @classmethod
+    def _peers(cls, v: list[str] | None) -> list[str] | None:
+        for p in v or []:
+            try:
+                ipaddress.ip_network(p, strict=False)
+            except ValueError:
+                raise ValueError(f"{p!r} is not an IP address or CIDR") from None
+        return v
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, v: list[int] | None) -> list[int] | None:
+        for p in v or []:
+            if not 0 < p < 65536:
+                raise ValueError(f"port {p} is out of range 1..65535")
+        return v
+
+    def share(self) -> float:
+        """Fraction of matching packets dropped."""
+        raise NotImplementedError
+
+    def rules(self, table: str) -> list[dict[str, Any]]:
+        """The nft JSON commands: one table, a chain per hook, one rule per (chain, family, port role)."""
+        cmds: list[dict[str, Any]] = [{"add": {"table": {"family": FAMILY, "name": table}}}]
+        hooks = ["input", "output"] if self.direction == "both" else [self.direction]
+        for hook in hooks:
+            cmds.append({"add": {"chain": {"family": FAMILY, "table": table, "name": hook, "type": "filter",
+                                           "hook": hook, "prio": PRIORITY, "policy": "accept"}}})
+            peer_field = "saddr" if hook == "input" else "daddr"
+            by_version: dict[int, list[Any]] = {}
+            for p in self.peers or []:
+                by_version.setdefault(ipaddress.ip_network(p, strict=False).version, []).append(_addr(p))
+            peer_matches: list[list[dict[str, Any]]] = [
+                [{"match": {"op": "==", "left": {"payload": {"protocol": "ip" if v == 4 else "ip6",
+                                                              "field": peer_field}},
+                            "right": {"set": addrs}}}]
+                for v, addrs in sorted(by_version.items())
+            ] or [[]]
+            port_matches: list[list[dict[str, Any]]] = [[]]
+            if self.ports:
+                l4 = {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": {"set": ["tcp", "udp"]}}}
+                port_matches = [[l4, {"match": {"op": "==", "left": {"payload": {"protocol": "th", "field": f}},
+                                                "right": {"set": list(self.ports)}}}] for f in ("dport", "sport")]
+            chance: list[dict[str, Any]] = []
+            if self.share() < 1.0:
+                chance = [{"match": {"op": "<", "left": {"numgen": {"mode": "random", "mod": 10000}},
+                                     "right": round(self.share() * 10000)}}]
+            for pm in peer_matches:
+                for po in port_matches:
+                    cmds.append({"add": {"rule": {"family": FAMILY, "table": table, "chain": hook,
+                                                  "expr": [*po, *pm, *chance, {"counter": None}, {"drop": None}]}}})
+        return cmds
+
+    def describe(self) -> str:
+        what = []
+        if self.peers:
+            what.append(f"peers {', '.join(self.peers)}")
+        if self.ports:
+            what.append(f"ports {', '.join(map(str, self.ports))}")
+        scope = " and ".join(what) or "all traffic"
+        way = "input and output" if self.direction == "both" else self.direction
+        return f"drop {self.share() * 100:g}% of {way} packets ({scope})"
+
+
+class DropSpec(_FirewallSpec):
+    type: Literal["network.drop"]
+    percent: Percent = Field(description="share of matching packets dropped at random (nft numgen), e.g. 50%")
+
+    @field_validator("percent")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("percent must be above 0%")
+        return v
+
+    def share(self) -> float:
+        return self.percent
+
+
+class PartitionSpec(_FirewallSpec):
+    type: Literal["network.partition"]
+
+    @model_validator(mode="after")
+    def _scoped(self) -> PartitionSpec:
+        if not self.peers and not self.ports:
+            raise ValueError("a partition needs peers and/or ports (to cut everything, use network.drop percent: 100%)")
+        return self
+
+    def share(self) -> float:
+        return 1.0
+
+
+class _Firewall(Injector):
+    spec: DropSpec | PartitionSpec
+
+    def preflight(self) -> None:
+        if os.geteuid() != 0:
+            raise PreflightError(f"{self.type} needs root (CAP_NET_ADMIN)")
+        path = check_namespace(self.spec.target, self.spec.allow_host, self.type)
+        try:
+            nftables.tables(path)
+        except (nftables.NftError, OSError) as e:
+            raise PreflightError(f"{self.type}: nftables unusable in {self.spec.target.label()}: {e}") from None
+
+    def plan(self) -> list[str]:
+        return [f"in {self.spec.target.label()}: nft table {FAMILY} chaoskit_<id> that will "
+                f"{self.spec.describe()}; revert deletes the table whole"]
+
+    def prepare(self) -> dict[str, Any]:
+        path = self.spec.target.ns_path()
+        return {"ns": path, "ns_inode": ns_inode(path), "table": f"chaoskit_{uuid.uuid4().hex[:12]}"}
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        nftables.run(record["ns"], self.spec.rules(record["table"]))
+        return record
+
+    @classmethod
+    def _same_ns(cls, record: dict[str, Any]) -> bool:
+        try:
+            return ns_inode(record["ns"]) == record["ns_inode"]
+        except OSError:
+            return False
+
+    @classmethod
+    def revert(cls, record: dict[str, Any]) -> None:
+        if cls._same_ns(record) and cls.observe(record):
+            nftables.run(record["ns"], [{"delete": {"table": {"family": FAMILY, "name": record["table"]}}}])
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        if not cls._same_ns(record):
+            return False
+        return any(t["name"] == record["table"] and t["family"] == FAMILY for t in nftables.tables(record["ns"]))
+
+
+class Drop(_Firewall):
+    type: ClassVar[str] = "network.drop"
+    summary: ClassVar[str] = "drop a share of packets (nftables numgen random) in a namespace"
+    Spec = DropSpec
+    spec: DropSpec
+
+
+class Partition(_Firewall):
+    type: ClassVar[str] = "network.partition"
+    summary: ClassVar[str] = "blackhole traffic to/from peers or ports (nftables) in a namespace"
+    Spec = PartitionSpec
+    spec: PartitionSpec

@@ -1,0 +1,47 @@
+"""Start a detached helper process marked by a token (it prints `ready`), find it again and stop it by that token."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from chaoskit.targets.process import ProcessRef, find_by_token, is_alive
+
+
+def spawn(module: str, token: str, args: list[str], what: str) -> ProcessRef:
+    """Run `python -m module token *args` in its own session; wait for its `ready` line."""
+    proc = subprocess.Popen([sys.executable, "-m", module, token, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+    line = proc.stdout.readline() if proc.stdout else ""
+    if line.strip() != "ready":
+        proc.kill()
+        _, err = proc.communicate()
+        raise RuntimeError(f"{what} failed to start (exit {proc.returncode}): {err.strip()[-500:]}")
+    refs = [r for r in find_by_token(token) if r.pid == proc.pid]
+    return refs[0] if refs else ProcessRef(proc.pid, 0)
+
+
+def stop(token: str | None, grace_s: float = 5.0) -> None:
+    """SIGTERM every process carrying the token, SIGKILL what is left after `grace_s`."""
+    procs = find_by_token(token) if token else []
+    for ref in procs:
+        try:
+            os.kill(ref.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while procs and time.monotonic() < deadline:
+        procs = [r for r in procs if is_alive(r)]
+        time.sleep(0.01)
+    for ref in procs:
+        try:
+            os.kill(ref.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def running(token: str | None) -> bool:
+    return bool(token) and any(is_alive(r) for r in find_by_token(token))

@@ -1,0 +1,382 @@
+"""network.netem and network.bandwidth: a root qdisc (netem / tbf) on an interface in a namespace, via pyroute2."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import struct
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
+from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
+from pyroute2.netlink.rtnl.tcmsg import sched_netem, tcmsg
+
+from chaoskit.errors import PreflightError
+from chaoskit.injectors.base import Injector
+from chaoskit.spec.types import Duration, Percent, StrictModel
+from chaoskit.spec.units import format_size, parse_rate, parse_size
+from chaoskit.targets import tc
+from chaoskit.targets.netns import NetTarget, NetTargetSpec, iproute, ns_inode, resolve
+
+ROOT_HANDLE = 0x00CE0000  # "ce:" - chaoskit's root qdisc (or htb when a filter is given)
+LEAF_HANDLE = 0x00CF0000  # "cf:" - the netem/tbf leaf under the htb class that matched traffic goes to
+PASS_CLASS, FAULT_CLASS = ROOT_HANDLE | 1, ROOT_HANDLE | 2
+PASS_RATE = 1_250_000_000  # 10 Gbit/s: the htb classes must not shape traffic themselves
+ETH_P_IP, ETH_P_ALL = 0x0800, 0x0003
+DIST_DIRS = ("/usr/lib/x86_64-linux-gnu/tc", "/usr/lib/aarch64-linux-gnu/tc", "/usr/lib64/tc", "/usr/lib/tc",
+             "/usr/share/tc")
+
+
+class TrafficFilter(StrictModel):
+    """Affect only IPv4 packets to these destinations and/or destination ports (TCP/UDP); the rest pass untouched."""
+
+    destinations: list[str] | None = Field(None, min_length=1, description="IPv4 addresses or CIDRs")
+    ports: list[int] | None = Field(None, min_length=1, description="destination ports")
+
+    @field_validator("destinations")
+    @classmethod
+    def _nets(cls, v: list[str] | None) -> list[str] | None:
+        for d in v or []:
+            try:
+                net = ipaddress.ip_network(d, strict=False)
+            except ValueError:
+                raise ValueError(f"{d!r} is not an IP address or CIDR") from None
+            if net.version != 4:
+                raise ValueError(f"{d}: only IPv4 destinations can be filtered for now")
+        return v
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, v: list[int] | None) -> list[int] | None:
+        for p in v or []:
+            if not 0 < p < 65536:
+                raise ValueError(f"port {p} is out of range 1..65535")
+        return v
+
+    @model_validator(mode="after")
+    def _some(self) -> TrafficFilter:
+        if not self.destinations and not self.ports:
+            raise ValueError("a filter needs destinations and/or ports (or leave filter out to affect everything)")
+        return self
+
+    def u32_keys(self) -> list[list[str]]:
+        """One key list per (destination, port) pair; IPv4 header without options assumed (dport at offset 22)."""
+        nets = [ipaddress.ip_network(d, strict=False) for d in self.destinations or []] or [None]
+        ports = self.ports or [None]
+        out = []
+        for net in nets:
+            for port in ports:
+                keys = []
+                if net is not None:
+                    keys.append(f"0x{int(net.network_address):08x}/0x{int(net.netmask):08x}+16")
+                if port is not None:
+                    keys.append(f"0x{port:08x}/0x0000ffff+20")
+                out.append(keys)
+        return out
+
+
+class _TcSpec(StrictModel):
+    target: NetTargetSpec = Field(description="namespace (netns or pid) and interface")
+    direction: Literal["egress", "ingress"] = Field("egress", description="ingress goes through an IFB device")
+    filter: TrafficFilter | None = Field(None, description="affect only matching traffic")
+    allow_host: bool = Field(False, description="allow the host's root namespace")
+
+
+class NetemSpec(_TcSpec):
+    type: Literal["network.netem"]
+    delay: Duration = Field(0.0, description="added delay, e.g. 15ms")
+    jitter: Duration = Field(0.0, description="delay variation (+/-)")
+    correlation: Percent = Field(0.0, description="delay correlation with the previous packet")
+    distribution: Literal["uniform", "normal", "pareto", "paretonormal"] = Field(
+        "uniform", description="jitter distribution (tables from iproute2 for the non-uniform ones)")
+    loss: Percent = Field(0.0, description="random loss, e.g. 0.2%")
+    loss_correlation: Percent = Field(0.0, description="correlated loss (bursty)")
+    duplicate: Percent = Field(0.0, description="duplicate packets")
+    duplicate_correlation: Percent = 0.0
+    corrupt: Percent = Field(0.0, description="flip a random bit")
+    corrupt_correlation: Percent = 0.0
+    reorder: Percent = Field(0.0, description="send this share immediately, the rest delayed (needs delay)")
+    reorder_correlation: Percent = 0.0
+    gap: int = Field(0, ge=0, description="reorder every Nth packet")
+    rate: str | int | None = Field(None, description="netem's own rate limit, e.g. '10mbit'")
+    limit: int = Field(1000, gt=0, description="queue length in packets")
+
+    @field_validator("rate")
+    @classmethod
+    def _rate(cls, v: str | int | None) -> str | int | None:
+        if v is not None:
+            parse_rate(v)
+        return v
+
+    @model_validator(mode="after")
+    def _combos(self) -> NetemSpec:
+        if not any((self.delay, self.loss, self.duplicate, self.corrupt, self.reorder, self.rate)):
+            raise ValueError("netem needs at least one of delay, loss, duplicate, corrupt, reorder, rate")
+        rules = [
+            (self.jitter and not self.delay, "jitter needs delay"),
+            (self.correlation and not self.jitter, "correlation (of delay) needs jitter"),
+            (self.distribution != "uniform" and not self.jitter, "a distribution needs jitter"),
+            (self.loss_correlation and not self.loss, "loss_correlation needs loss"),
+            (self.duplicate_correlation and not self.duplicate, "duplicate_correlation needs duplicate"),
+            (self.corrupt_correlation and not self.corrupt, "corrupt_correlation needs corrupt"),
+            (self.reorder and not self.delay, "reorder needs delay (reordered packets skip the delay)"),
+            ((self.gap or self.reorder_correlation) and not self.reorder, "gap/reorder_correlation need reorder"),
+        ]
+        for bad, msg in rules:
+            if bad:
+                raise ValueError(msg)
+        return self
+
+    def describe(self) -> str:
+        parts = []
+        if self.delay:
+            parts.append(f"delay {self.delay * 1e3:g}ms" + (f" ±{self.jitter * 1e3:g}ms" if self.jitter else "")
+                         + (f" {self.distribution}" if self.distribution != "uniform" else ""))
+        for name in ("loss", "duplicate", "corrupt", "reorder"):
+            if getattr(self, name):
+                parts.append(f"{name} {getattr(self, name) * 100:g}%")
+        if self.rate is not None:
+            parts.append(f"rate {format_size(parse_rate(self.rate))}/s")
+        return "netem " + ", ".join(parts)
+
+
+class BandwidthSpec(_TcSpec):
+    type: Literal["network.bandwidth"]
+    rate: str | int = Field(description="e.g. '1mbit' or '512KiB/s'")
+    burst: str | int = Field("32KiB", description="bucket size")
+    latency: Duration = Field(0.05, description="the longest a packet may wait in the queue")
+
+    @field_validator("rate")
+    @classmethod
+    def _rate(cls, v: str | int) -> str | int:
+        parse_rate(v)
+        return v
+
+    @field_validator("burst")
+    @classmethod
+    def _burst(cls, v: str | int) -> str | int:
+        if parse_size(v) < 1600:
+            raise ValueError("burst must hold at least one MTU-sized packet (>= 1600 bytes)")
+        return v
+
+    def describe(self) -> str:
+        return (f"tbf rate {self.rate} ({format_size(parse_rate(self.rate))}/s) burst {format_size(parse_size(self.burst))} "
+                f"latency {self.latency * 1e3:g}ms")
+
+
+# ---------------------------------------------------------------- netlink messages
+
+
+class _NetemOptions(sched_netem.options):
+    """pyroute2's netem options with the delay-distribution table encoded (pyroute2 leaves it out)."""
+
+    nla_map = tuple((n, "cdata") if n == "TCA_NETEM_DELAY_DIST" else (n, t) for n, t in sched_netem.options.nla_map)
+
+
+class NetemMessage(tcmsg):
+    @staticmethod
+    def get_options(self, *argv, **kwarg):
+        return _NetemOptions
+
+
+def dist_table(name: str) -> bytes:
+    """iproute2's distribution table (NETEM_DIST_SCALE units) as the s16 array the kernel expects."""
+    for d in DIST_DIRS:
+        f = Path(d) / f"{name}.dist"
+        if f.exists():
+            vals = [int(x) for line in f.read_text().splitlines() if not line.startswith("#") for x in line.split()]
+            return struct.pack(f"={len(vals)}h", *vals)
+    raise PreflightError(f"network.netem: distribution table {name}.dist not found in {', '.join(DIST_DIRS)} "
+                         "(install iproute2)")
+
+
+def netem_message(spec: NetemSpec, ifindex: int, parent: int, handle: int) -> NetemMessage:
+    """The RTM_NEWQDISC message for `spec` (built with pyroute2's encoders)."""
+    pct = 100.0  # pyroute2 takes percentages
+    opts = sched_netem.get_parameters({
+        "delay": round(spec.delay * 1e6), "jitter": round(spec.jitter * 1e6), "limit": spec.limit,
+        "loss": spec.loss * pct, "duplicate": spec.duplicate * pct, "gap": spec.gap,
+        "delay_corr": spec.correlation * pct, "loss_corr": spec.loss_correlation * pct,
+        "dup_corr": spec.duplicate_correlation * pct,
+        "prob_reorder": spec.reorder * pct, "corr_reorder": spec.reorder_correlation * pct,
+        "prob_corrupt": spec.corrupt * pct, "corr_corrupt": spec.corrupt_correlation * pct,
+        "rate": parse_rate(spec.rate) if spec.rate is not None else None,
+    })
+    if spec.distribution != "uniform":
+        opts["attrs"].append(["TCA_NETEM_DELAY_DIST", dist_table(spec.distribution)])
+    msg = NetemMessage()
+    msg["family"] = socket.AF_UNSPEC
+    msg["index"], msg["handle"], msg["parent"], msg["info"] = ifindex, handle, parent, 0
+    msg["attrs"] = [["TCA_KIND", "netem"], ["TCA_OPTIONS", opts]]
+    return msg
+
+
+# ---------------------------------------------------------------- the injectors
+
+
+class _TcFault(Injector):
+    """Shared plan/apply/revert: record the previous qdisc, install ours at the root, restore exactly."""
+
+    spec: NetemSpec | BandwidthSpec
+
+    def _target(self) -> NetTarget:
+        return resolve(self.spec.target, self.spec.allow_host, self.type)
+
+    def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:
+        raise NotImplementedError
+
+    def preflight(self) -> None:
+        t = self._target()
+        if self.spec.direction == "ingress" and tc.find(t.ns_path, t.ifindex, tc.TC_H_INGRESS):
+            raise PreflightError(f"{self.type}: {t.describe()} already has an ingress qdisc; chaoskit will not "
+                                 "replace it (it could not restore its filters exactly)")
+        if self.spec.direction == "egress":
+            prev = tc.find(t.ns_path, t.ifindex, tc.TC_H_ROOT)
+            if prev and not tc.is_default(prev) and prev["kind"] in ("htb", "hfsc", "drr", "qfq", "ets", "prio",
+                                                                        "cbq", "multiq", "mqprio", "taprio"):
+                raise PreflightError(f"{self.type}: {t.describe()} has a classful {prev['kind']} tree at the root; "
+                                     "replacing it would lose its classes and filters")
+            if prev and prev["handle"] == ROOT_HANDLE:
+                raise PreflightError(f"{self.type}: {t.describe()} already carries a chaoskit qdisc (another run, or "
+                                     "a leftover: `chaoskit rollback --all`)")
+        if self.spec.filter and self.spec.filter.destinations:
+            self._check_routes(t)
+
+    def _check_routes(self, t: NetTarget) -> None:
+        """Refuse a filter that matches nothing: each destination must leave through the target interface."""
+        with iproute(t.ns_path) as ipr:
+            for d in self.spec.filter.destinations or []:
+                addr = str(ipaddress.ip_network(d, strict=False).network_address)
+                try:
+                    routes = ipr.route("get", dst=addr)
+                except Exception:
+                    routes = []
+                oifs = {r.get_attr("RTA_OIF") for r in routes}
+                if t.ifindex not in oifs and self.spec.direction == "egress":
+                    raise PreflightError(f"{self.type}: filter destination {d} is not routed through {t.describe()}; "
+                                         "the filter would match nothing")
+
+    def plan(self) -> list[str]:
+        t = self._target()
+        where = t.describe()
+        if self.spec.direction == "ingress":
+            where = f"an IFB device receiving {t.ifname}'s ingress (redirected by a u32/mirred filter) in {t.label}"
+        lines = [f"install {self.spec.describe()} as the root qdisc of {where}"]
+        if self.spec.filter:
+            lines[0] = (f"install htb at the root of {where}: matching traffic -> {self.spec.describe()}, "
+                        f"the rest passes (10 Gbit/s class)")
+            lines.append(f"match: {', '.join(' '.join(k) for k in self.spec.filter.u32_keys())}")
+        lines.append("revert: the previous root qdisc is restored byte-exactly"
+                     if self.spec.direction == "egress" else "revert: ingress qdisc and IFB device deleted")
+        return lines
+
+    def prepare(self) -> dict[str, Any]:
+        t = self._target()
+        rec: dict[str, Any] = {"ns": t.ns_path, "ns_inode": ns_inode(t.ns_path), "ifindex": t.ifindex,
+                               "ifname": t.ifname, "direction": self.spec.direction}
+        if self.spec.direction == "ingress":
+            rec["ifb"] = f"ck{uuid.uuid4().hex[:10]}"
+        else:
+            rec["previous"] = tc.find(t.ns_path, t.ifindex, tc.TC_H_ROOT)
+        return rec
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        with iproute(record["ns"]) as ipr:
+            index = record["ifindex"]
+            if record["direction"] == "ingress":
+                ipr.link("add", ifname=record["ifb"], kind="ifb")
+                index = ipr.link_lookup(ifname=record["ifb"])[0]
+                ipr.link("set", index=index, state="up")
+                ipr.tc("add", "ingress", record["ifindex"])
+                ipr.tc("add-filter", "u32", record["ifindex"], parent=0xFFFF0000, prio=1, protocol=ETH_P_ALL,
+                       target=0x10000, keys=["0x0/0x0+0"],
+                       action={"kind": "mirred", "direction": "egress", "action": "redirect", "ifindex": index})
+            if self.spec.filter is None:
+                self._add_leaf(ipr, index, TC_H_ROOT, ROOT_HANDLE)
+            else:
+                ipr.tc("replace", "htb", index, handle=ROOT_HANDLE, parent=TC_H_ROOT, default=PASS_CLASS & 0xFFFF)
+                for cls in (PASS_CLASS, FAULT_CLASS):
+                    ipr.tc("add-class", "htb", index, handle=cls, parent=ROOT_HANDLE, rate=PASS_RATE, ceil=PASS_RATE)
+                self._add_leaf(ipr, index, FAULT_CLASS, LEAF_HANDLE)
+                for keys in self.spec.filter.u32_keys():
+                    ipr.tc("add-filter", "u32", index, parent=ROOT_HANDLE, prio=1, protocol=ETH_P_IP,
+                           target=FAULT_CLASS, keys=keys)
+        return record
+
+    @classmethod
+    def _same_ns(cls, record: dict[str, Any]) -> bool:
+        try:
+            return ns_inode(record["ns"]) == record["ns_inode"]
+        except OSError:
+            return False  # the namespace (or the process holding it) is gone: so is the fault
+
+    @classmethod
+    def revert(cls, record: dict[str, Any]) -> None:
+        if not cls._same_ns(record):
+            return
+        ns, index = record["ns"], record["ifindex"]
+        if record["direction"] == "ingress":
+            tc.delete(ns, index, tc.TC_H_INGRESS)
+            with iproute(ns) as ipr:
+                found = ipr.link_lookup(ifname=record["ifb"])
+                if found:
+                    ipr.link("del", index=found[0])
+            return
+        current = tc.find(ns, index, tc.TC_H_ROOT)
+        if current is None or current["handle"] != ROOT_HANDLE:
+            return  # ours is not there (never applied, or already reverted)
+        prev = record.get("previous")
+        if tc.is_default(prev):
+            tc.delete(ns, index, tc.TC_H_ROOT)
+        else:
+            tc.restore(ns, index, prev)
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        if not cls._same_ns(record):
+            return False
+        if record["direction"] == "ingress":
+            return tc.find(record["ns"], record["ifindex"], tc.TC_H_INGRESS) is not None
+        current = tc.find(record["ns"], record["ifindex"], tc.TC_H_ROOT)
+        return current is not None and current["handle"] == ROOT_HANDLE
+
+
+class Netem(_TcFault):
+    type: ClassVar[str] = "network.netem"
+    summary: ClassVar[str] = "delay, jitter, loss, duplicate, corrupt, reorder, rate with netem (pyroute2 netlink)"
+    Spec = NetemSpec
+    spec: NetemSpec
+
+    def preflight(self) -> None:
+        if os.geteuid() != 0:
+            raise PreflightError("network.netem needs root (CAP_NET_ADMIN)")
+        reason = tc.netem_missing_reason()
+        if reason:
+            raise PreflightError(f"network.netem: {reason}; network.proxy adds latency without it")
+        if self.spec.distribution != "uniform":
+            dist_table(self.spec.distribution)
+        super().preflight()
+
+    def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:
+        tuple(ipr.nlm_request(netem_message(self.spec, ifindex, parent, handle), RTM_NEWQDISC,
+                              NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE))
+
+
+class Bandwidth(_TcFault):
+    type: ClassVar[str] = "network.bandwidth"
+    summary: ClassVar[str] = "limit throughput with a token bucket (tbf)"
+    Spec = BandwidthSpec
+    spec: BandwidthSpec
+
+    def preflight(self) -> None:
+        if os.geteuid() != 0:
+            raise PreflightError("network.bandwidth needs root (CAP_NET_ADMIN)")
+        super().preflight()
+
+    def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:
+        ipr.tc("replace", "tbf", ifindex, handle=handle, parent=parent, rate=parse_rate(self.spec.rate),
+               burst=parse_size(self.spec.burst), latency=round(self.spec.latency * 1e6))

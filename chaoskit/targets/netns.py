@@ -1,0 +1,141 @@
+"""Resolve a network target (namespace by name or PID, interface) and run code inside that namespace."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import Field, model_validator
+
+from chaoskit.errors import PreflightError
+from chaoskit.spec.types import StrictModel
+
+NETNS_RUN_DIR = Path("/run/netns")
+CLONE_NEWNET = 0x40000000
+T = TypeVar("T")
+
+
+class NetTargetSpec(StrictModel):
+    """Where a network fault lands: a namespace (name or PID) and optionally one interface in it."""
+
+    netns: str | None = Field(None, min_length=1, description="network namespace name (ip netns) or a path "
+                                                              "like /proc/PID/ns/net")
+    pid: int | None = Field(None, gt=0, description="use the network namespace of this process")
+    interface: str | None = Field(None, min_length=1, description="interface inside the namespace; default: "
+                                                                  "its only non-loopback interface")
+
+    @model_validator(mode="after")
+    def _one(self) -> NetTargetSpec:
+        if self.netns is not None and self.pid is not None:
+            raise ValueError("give netns or pid, not both")
+        return self
+
+    def ns_path(self) -> str:
+        if self.pid is not None:
+            return f"/proc/{self.pid}/ns/net"
+        if self.netns is None:
+            return "/proc/self/ns/net"
+        return self.netns if "/" in self.netns else str(NETNS_RUN_DIR / self.netns)
+
+    def label(self) -> str:
+        if self.pid is not None:
+            return f"netns of PID {self.pid}"
+        return f"netns {self.netns}" if self.netns else "the host namespace"
+
+
+def ns_inode(path: str) -> int:
+    return os.stat(path).st_ino
+
+
+def is_host_ns(path: str) -> bool:
+    return ns_inode(path) == ns_inode("/proc/self/ns/net")
+
+
+def run_in_netns(path: str, fn: Callable[[], T]) -> T:
+    """Call fn in a fresh thread that has joined the network namespace at `path` (setns is per thread)."""
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                if libc.setns(fd, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns({path}): {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            box["value"] = fn()
+        except BaseException as e:  # handed back to the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=body, name="chaoskit-netns", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@contextmanager
+def iproute(path: str):
+    """A pyroute2 IPRoute bound to the namespace at `path` (never creates one)."""
+    from pyroute2 import IPRoute
+
+    ipr = IPRoute() if is_host_ns(path) else IPRoute(netns=path, flags=0)
+    try:
+        yield ipr
+    finally:
+        ipr.close()
+
+
+@dataclass(frozen=True)
+class NetTarget:
+    ns_path: str
+    label: str
+    ifname: str
+    ifindex: int
+    host: bool
+
+    def describe(self) -> str:
+        return f"{self.ifname} (index {self.ifindex}) in {self.label}"
+
+
+def check_namespace(spec: NetTargetSpec, allow_host: bool, what: str) -> str:
+    """The namespace path, after the blast-radius guard (PreflightError with a plain reason)."""
+    path = spec.ns_path()
+    if not os.path.exists(path):
+        raise PreflightError(f"{what}: {spec.label()} does not exist ({path})")
+    if is_host_ns(path) and not allow_host:
+        raise PreflightError(f"{what}: the target is the host's root network namespace (its default-route "
+                             "interface carries all traffic); give target.netns / target.pid of an isolated "
+                             "namespace, or set allow_host: true")
+    return path
+
+
+def resolve(spec: NetTargetSpec, allow_host: bool, what: str) -> NetTarget:
+    """Resolve namespace and interface, with the blast-radius guard."""
+    path = check_namespace(spec, allow_host, what)
+    try:
+        with iproute(path) as ipr:
+            links = {link.get_attr("IFLA_IFNAME"): link["index"] for link in ipr.get_links()}
+    except OSError as e:
+        raise PreflightError(f"{what}: cannot open {spec.label()}: {e}") from None
+    if spec.interface is not None:
+        if spec.interface not in links:
+            raise PreflightError(f"{what}: no interface {spec.interface!r} in {spec.label()} "
+                                 f"(has: {', '.join(sorted(links))})")
+        ifname = spec.interface
+    else:
+        candidates = sorted(n for n in links if n != "lo")
+        if len(candidates) != 1:
+            raise PreflightError(f"{what}: {spec.label()} has {len(candidates)} non-loopback interfaces "
+                                 f"({', '.join(candidates) or 'none'}); set target.interface")
+        ifname = candidates[0]
+    return NetTarget(path, spec.label(), ifname, links[ifname], is_host_ns(path))
