@@ -9,8 +9,11 @@ from chaoskit.injectors.firewall import Drop, Partition
 from chaoskit.injectors.memory import MemoryPressure
 from chaoskit.injectors.network import Bandwidth, Netem
 from chaoskit.injectors.process import ProcessSignal
+from chaoskit.injectors.proxy import Proxy
 
-INJECTORS: tuple[type[Injector], ...] = (ProcessSignal, MemoryPressure, DiskThrottle, DiskFill, Netem, Bandwidth, Drop, Partition)
+INJECTORS: tuple[type[Injector], ...] = (
+    ProcessSignal, MemoryPressure, DiskThrottle, DiskFill, Netem, Bandwidth, Drop, Partition, Proxy,
+)
 
 
 def injector_class(type_name: str) -> type[Injector]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, nla
 from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 from pyroute2.netlink.rtnl.tcmsg import sched_netem, tcmsg
 
@@ -20,7 +20,7 @@ from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import Duration, Percent, StrictModel
 from chaoskit.spec.units import format_size, parse_rate, parse_size
 from chaoskit.targets import tc
-from chaoskit.targets.netns import NetTarget, NetTargetSpec, iproute, ns_inode, resolve
+from chaoskit.targets.netns import NetTarget, NetTargetSpec, ns_inode, resolve, with_iproute
 
 ROOT_HANDLE = 0x00CE0000  # "ce:" - chaoskit's root qdisc (or htb when a filter is given)
 LEAF_HANDLE = 0x00CF0000  # "cf:" - the netem/tbf leaf under the htb class that matched traffic goes to
@@ -171,13 +171,25 @@ class BandwidthSpec(_TcSpec):
 # ---------------------------------------------------------------- netlink messages
 
 
-class _NetemOptions(sched_netem.options):
-    """pyroute2's netem options with the delay-distribution table encoded (pyroute2 leaves it out)."""
+class _NetemOptions(nla):
+    """pyroute2's netem options plus the delay-distribution table (pyroute2 leaves it out). Not a subclass of
+    sched_netem.options: pyroute2 caches compiled attribute tables on the class, and a subclass would inherit them."""
 
-    nla_map = tuple((n, "cdata") if n == "TCA_NETEM_DELAY_DIST" else (n, t) for n, t in sched_netem.options.nla_map)
+    _base = sched_netem.options
+    fields = _base.fields
+    nla_map = tuple((n, "cdata") if n == "TCA_NETEM_DELAY_DIST" else (n, t) for n, t in _base.nla_map)
+    netem_corr, netem_reorder = _base.netem_corr, _base.netem_reorder
+    netem_corrupt, netem_rate = _base.netem_corrupt, _base.netem_rate
 
 
 class NetemMessage(tcmsg):
+    """tcmsg whose TCA_OPTIONS encode with _NetemOptions. pyroute2 caches the compiled attribute table on the
+    class (name-mangled attributes of nlmsg_base); reset them so this subclass compiles its own."""
+
+    _nlmsg_base__compiled_nla = False
+    _nlmsg_base__t_nla_map = None
+    _nlmsg_base__r_nla_map = None
+
     @staticmethod
     def get_options(self, *argv, **kwarg):
         return _NetemOptions
@@ -248,17 +260,20 @@ class _TcFault(Injector):
 
     def _check_routes(self, t: NetTarget) -> None:
         """Refuse a filter that matches nothing: each destination must leave through the target interface."""
-        with iproute(t.ns_path) as ipr:
-            for d in self.spec.filter.destinations or []:
-                addr = str(ipaddress.ip_network(d, strict=False).network_address)
-                try:
-                    routes = ipr.route("get", dst=addr)
-                except Exception:
-                    routes = []
-                oifs = {r.get_attr("RTA_OIF") for r in routes}
-                if t.ifindex not in oifs and self.spec.direction == "egress":
-                    raise PreflightError(f"{self.type}: filter destination {d} is not routed through {t.describe()}; "
-                                         "the filter would match nothing")
+        if self.spec.direction != "egress":
+            return
+
+        def oifs(ipr: Any, addr: str) -> set[int]:
+            try:
+                return {r.get_attr("RTA_OIF") for r in ipr.route("get", dst=addr)}
+            except Exception:
+                return set()
+
+        for d in self.spec.filter.destinations or []:
+            addr = str(ipaddress.ip_network(d, strict=False).network_address)
+            if t.ifindex not in with_iproute(t.ns_path, lambda ipr, a=addr: oifs(ipr, a)):
+                raise PreflightError(f"{self.type}: filter destination {d} is not routed through {t.describe()}; "
+                                     "the filter would match nothing")
 
     def plan(self) -> list[str]:
         t = self._target()
@@ -285,27 +300,29 @@ class _TcFault(Injector):
         return rec
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        with iproute(record["ns"]) as ipr:
-            index = record["ifindex"]
-            if record["direction"] == "ingress":
-                ipr.link("add", ifname=record["ifb"], kind="ifb")
-                index = ipr.link_lookup(ifname=record["ifb"])[0]
-                ipr.link("set", index=index, state="up")
-                ipr.tc("add", "ingress", record["ifindex"])
-                ipr.tc("add-filter", "u32", record["ifindex"], parent=0xFFFF0000, prio=1, protocol=ETH_P_ALL,
-                       target=0x10000, keys=["0x0/0x0+0"],
-                       action={"kind": "mirred", "direction": "egress", "action": "redirect", "ifindex": index})
-            if self.spec.filter is None:
-                self._add_leaf(ipr, index, TC_H_ROOT, ROOT_HANDLE)
-            else:
-                ipr.tc("replace", "htb", index, handle=ROOT_HANDLE, parent=TC_H_ROOT, default=PASS_CLASS & 0xFFFF)
-                for cls in (PASS_CLASS, FAULT_CLASS):
-                    ipr.tc("add-class", "htb", index, handle=cls, parent=ROOT_HANDLE, rate=PASS_RATE, ceil=PASS_RATE)
-                self._add_leaf(ipr, index, FAULT_CLASS, LEAF_HANDLE)
-                for keys in self.spec.filter.u32_keys():
-                    ipr.tc("add-filter", "u32", index, parent=ROOT_HANDLE, prio=1, protocol=ETH_P_IP,
-                           target=FAULT_CLASS, keys=keys)
+        with_iproute(record["ns"], lambda ipr: self._install(ipr, record))
         return record
+
+    def _install(self, ipr: Any, record: dict[str, Any]) -> None:
+        index = record["ifindex"]
+        if record["direction"] == "ingress":
+            ipr.link("add", ifname=record["ifb"], kind="ifb")
+            index = ipr.link_lookup(ifname=record["ifb"])[0]
+            ipr.link("set", index=index, state="up")
+            ipr.tc("add", "ingress", record["ifindex"])
+            ipr.tc("add-filter", "u32", record["ifindex"], parent=0xFFFF0000, prio=1, protocol=ETH_P_ALL,
+                   target=0x10000, keys=["0x0/0x0+0"],
+                   action={"kind": "mirred", "direction": "egress", "action": "redirect", "ifindex": index})
+        if self.spec.filter is None:
+            self._add_leaf(ipr, index, TC_H_ROOT, ROOT_HANDLE)
+        else:
+            ipr.tc("replace", "htb", index, handle=ROOT_HANDLE, parent=TC_H_ROOT, default=PASS_CLASS & 0xFFFF)
+            for cls in (PASS_CLASS, FAULT_CLASS):
+                ipr.tc("add-class", "htb", index, handle=cls, parent=ROOT_HANDLE, rate=PASS_RATE, ceil=PASS_RATE)
+            self._add_leaf(ipr, index, FAULT_CLASS, LEAF_HANDLE)
+            for keys in self.spec.filter.u32_keys():
+                ipr.tc("add-filter", "u32", index, parent=ROOT_HANDLE, prio=1, protocol=ETH_P_IP,
+                       target=FAULT_CLASS, keys=keys)
 
     @classmethod
     def _same_ns(cls, record: dict[str, Any]) -> bool:
@@ -321,10 +338,7 @@ class _TcFault(Injector):
         ns, index = record["ns"], record["ifindex"]
         if record["direction"] == "ingress":
             tc.delete(ns, index, tc.TC_H_INGRESS)
-            with iproute(ns) as ipr:
-                found = ipr.link_lookup(ifname=record["ifb"])
-                if found:
-                    ipr.link("del", index=found[0])
+            with_iproute(ns, lambda ipr: [ipr.link("del", index=i) for i in ipr.link_lookup(ifname=record["ifb"])])
             return
         current = tc.find(ns, index, tc.TC_H_ROOT)
         if current is None or current["handle"] != ROOT_HANDLE:

@@ -6,7 +6,6 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,16 +82,17 @@ def run_in_netns(path: str, fn: Callable[[], T]) -> T:
     return box["value"]
 
 
-@contextmanager
-def iproute(path: str):
-    """A pyroute2 IPRoute bound to the namespace at `path` (never creates one)."""
-    from pyroute2 import IPRoute
+def with_iproute(path: str, fn: Callable[[Any], T]) -> T:
+    """Call fn(ipr) with a pyroute2 IPRoute opened inside the namespace at `path`, on a fresh thread (so it
+    works from inside a running asyncio loop too, where pyroute2's sync API cannot run)."""
 
-    ipr = IPRoute() if is_host_ns(path) else IPRoute(netns=path, flags=0)
-    try:
-        yield ipr
-    finally:
-        ipr.close()
+    def body() -> T:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            return fn(ipr)
+
+    return run_in_netns(path, body)
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,7 @@ def resolve(spec: NetTargetSpec, allow_host: bool, what: str) -> NetTarget:
     """Resolve namespace and interface, with the blast-radius guard."""
     path = check_namespace(spec, allow_host, what)
     try:
-        with iproute(path) as ipr:
-            links = {link.get_attr("IFLA_IFNAME"): link["index"] for link in ipr.get_links()}
+        links = with_iproute(path, lambda ipr: {ln.get_attr("IFLA_IFNAME"): ln["index"] for ln in ipr.get_links()})
     except OSError as e:
         raise PreflightError(f"{what}: cannot open {spec.label()}: {e}") from None
     if spec.interface is not None:

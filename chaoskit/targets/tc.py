@@ -9,7 +9,7 @@ import struct
 import uuid
 from typing import Any
 
-from chaoskit.targets.netns import run_in_netns
+from chaoskit.targets.netns import run_in_netns, with_iproute
 
 NETLINK_ROUTE = 0
 NLMSG_ERROR, NLMSG_DONE = 2, 3
@@ -111,15 +111,17 @@ def is_default(snap: dict[str, Any] | None) -> bool:
 
 def netem_missing_reason() -> str | None:
     """None when this kernel accepts a netem qdisc (tried on lo of a throwaway namespace), else why not."""
-    from pyroute2 import IPRoute, netns
+    from pyroute2 import netns
+
+    def try_netem(ipr: Any) -> None:
+        idx = ipr.link_lookup(ifname="lo")[0]
+        ipr.link("set", index=idx, state="up")
+        ipr.tc("add", "netem", idx, delay=1000)
 
     name = f"chaoskit-probe-{uuid.uuid4().hex[:8]}"
     try:
         netns.create(name)
-        with IPRoute(netns=name, flags=0) as ipr:
-            idx = ipr.link_lookup(ifname="lo")[0]
-            ipr.link("set", index=idx, state="up")
-            ipr.tc("add", "netem", idx, delay=1000)
+        with_iproute(f"/run/netns/{name}", try_netem)
         return None
     except Exception as e:
         if getattr(e, "code", None) == errno.ENOENT:

@@ -1,0 +1,138 @@
+"""network.proxy: a chaoskit-run L4 proxy in front of an upstream, with Toxiproxy-style toxics (no root needed)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from chaoskit.errors import PreflightError
+from chaoskit.injectors import helper_proc
+from chaoskit.injectors.base import Injector
+from chaoskit.injectors.proxy_server import split_addr
+from chaoskit.spec.types import Duration, Percent, StrictModel
+from chaoskit.spec.units import parse_rate
+
+DEFAULT_MAX_LIFETIME_S = 3600.0
+
+
+class _Toxic(StrictModel):
+    stream: Literal["upstream", "downstream"] = Field("downstream", description="downstream = upstream->client")
+    toxicity: Percent = Field(1.0, description="chance that a connection gets this toxic")
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
+class LatencyToxic(_Toxic):
+    type: Literal["latency"]
+    latency: Duration = Field(description="added to every chunk")
+    jitter: Duration = 0.0
+
+
+class BandwidthToxic(_Toxic):
+    type: Literal["bandwidth"]
+    rate: str | int = Field(description="e.g. '100KiB/s' or '1mbit'")
+
+    @field_validator("rate")
+    @classmethod
+    def _rate(cls, v: str | int) -> str | int:
+        parse_rate(v)
+        return v
+
+    def wire(self) -> dict[str, Any]:
+        return {**self.model_dump(), "rate": parse_rate(self.rate)}
+
+
+class SlowCloseToxic(_Toxic):
+    type: Literal["slow_close"]
+    delay: Duration = Field(description="hold the close this long")
+
+
+class TimeoutToxic(_Toxic):
+    type: Literal["timeout"]
+    timeout: Duration = Field(0.0, description="stop all data; close after this long (0 = never close)")
+
+
+class ResetPeerToxic(_Toxic):
+    type: Literal["reset_peer"]
+    timeout: Duration = Field(0.0, description="send a TCP RST after this long")
+
+
+class SlicerToxic(_Toxic):
+    type: Literal["slicer"]
+    average_size: int = Field(gt=0, description="bytes per slice")
+    size_variation: int = Field(0, ge=0)
+    delay: Duration = Field(0.0, description="pause between slices")
+
+
+class LimitDataToxic(_Toxic):
+    type: Literal["limit_data"]
+    bytes: int = Field(gt=0, description="close the connection after this many bytes")
+
+
+Toxic = Annotated[LatencyToxic | BandwidthToxic | SlowCloseToxic | TimeoutToxic | ResetPeerToxic | SlicerToxic
+                  | LimitDataToxic, Field(discriminator="type")]
+
+
+class ProxySpec(StrictModel):
+    type: Literal["network.proxy"]
+    listen: str = Field(description="host:port clients connect to (127.0.0.1 by default when only ':port')")
+    upstream: str = Field(description="host:port of the real service")
+    toxics: list[Toxic] = Field(default_factory=list, description="applied in order")
+
+    @field_validator("listen", "upstream")
+    @classmethod
+    def _addr(cls, v: str) -> str:
+        try:
+            _, port = split_addr(v)
+        except ValueError:
+            raise ValueError(f"expected host:port (got {v!r})") from None
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} is out of range")
+        return v
+
+
+class Proxy(Injector):
+    type: ClassVar[str] = "network.proxy"
+    summary: ClassVar[str] = "L4 proxy with toxics: latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data"
+    Spec = ProxySpec
+    spec: ProxySpec
+    max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S
+
+    def preflight(self) -> None:
+        host, port = split_addr(self.spec.listen)
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                raise PreflightError(f"network.proxy: cannot listen on {self.spec.listen}: {e.strerror}") from None
+
+    def plan(self) -> list[str]:
+        toxics = "; ".join(f"{t.type} ({t.stream}, {t.toxicity * 100:g}% of connections)" for t in self.spec.toxics)
+        return [f"start a proxy {self.spec.listen} -> {self.spec.upstream} with toxics: {toxics or 'none'}; "
+                f"revert: stop it (it also exits by itself after {self.max_lifetime_s:g}s)"]
+
+    def prepare(self) -> dict[str, Any]:
+        return {"token": f"chaoskit-proxy-{uuid.uuid4().hex}", "listen": self.spec.listen,
+                "upstream": self.spec.upstream}
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        toxics = json.dumps([t.wire() for t in self.spec.toxics])
+        ref = helper_proc.spawn("chaoskit.injectors.proxy_server", record["token"],
+                                [record["listen"], record["upstream"], toxics, f"{time.time() + self.max_lifetime_s:.3f}"],
+                                f"proxy on {record['listen']}")
+        return {**record, "proxy": ref.to_json()}
+
+    @classmethod
+    def revert(cls, record: dict[str, Any]) -> None:
+        helper_proc.stop(record.get("token"))
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        return helper_proc.running(record.get("token"))

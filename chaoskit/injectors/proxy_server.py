@@ -1,0 +1,222 @@
+"""The asyncio L4 proxy behind network.proxy: forwards TCP and applies Toxiproxy-style toxics per connection.
+
+Run as `python -m chaoskit.injectors.proxy_server TOKEN LISTEN UPSTREAM TOXICS_JSON UNTIL_EPOCH`; prints
+`ready` once listening. Toxics (each with `stream` upstream|downstream and `toxicity`, the chance a
+connection gets it): latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+CHUNK = 64 * 1024
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class Pipe:
+    """One direction of one connection with its toxics."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, toxics: list[dict[str, Any]],
+                 conn: Connection):
+        self.reader, self.writer, self.conn = reader, writer, conn
+        self.toxics = {t["type"]: t for t in toxics}
+        self.sent = 0
+        self.next_free = 0.0  # bandwidth pacing
+
+    async def run(self) -> None:
+        try:
+            if not self.toxics:
+                await self._plain()
+            else:
+                await self._toxic()
+        except (ConnectionError, OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            await self.conn.half_closed(self)
+
+    async def _plain(self) -> None:
+        read, write, drain = self.reader.read, self.writer.write, self.writer.drain
+        while data := await read(CHUNK):
+            write(data)
+            await drain()
+
+    async def _toxic(self) -> None:
+        t = self.toxics
+        if "timeout" in t:  # swallow everything; close after the timeout (0 = never)
+            if t["timeout"]["timeout"] > 0:
+                await asyncio.sleep(t["timeout"]["timeout"])
+                self.conn.abort(reset=False)
+            else:
+                while await self.reader.read(CHUNK):
+                    pass
+            return
+        if "reset_peer" in t:
+            asyncio.get_running_loop().call_later(t["reset_peer"]["timeout"], self.conn.abort, True)
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=256)
+        feeder = asyncio.create_task(self._feed(queue))
+        try:
+            while True:
+                arrived, data = await queue.get()
+                if not data:
+                    break
+                if "latency" in t:
+                    lat = t["latency"]
+                    delay = lat["latency"] + random.uniform(-lat["jitter"], lat["jitter"])
+                    wait = arrived + max(0.0, delay) - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                if "limit_data" in t:
+                    room = t["limit_data"]["bytes"] - self.sent
+                    data = data[:max(0, room)]
+                for piece in self._slices(data):
+                    await self._write(piece)
+                if "limit_data" in t and self.sent >= t["limit_data"]["bytes"]:
+                    self.conn.abort(reset=False)
+                    return
+        finally:
+            feeder.cancel()
+
+    async def _feed(self, queue: asyncio.Queue) -> None:
+        try:
+            while data := await self.reader.read(CHUNK):
+                await queue.put((time.monotonic(), data))
+        except (ConnectionError, OSError):
+            pass
+        await queue.put((time.monotonic(), b""))
+
+    def _slices(self, data: bytes) -> list[bytes]:
+        s = self.toxics.get("slicer")
+        if not s:
+            return [data]
+        out, i = [], 0
+        while i < len(data):
+            n = max(1, int(s["average_size"] + random.uniform(-s["size_variation"], s["size_variation"])))
+            out.append(data[i:i + n])
+            i += n
+        return out
+
+    async def _write(self, data: bytes) -> None:
+        if not data:
+            return
+        bw = self.toxics.get("bandwidth")
+        if bw:  # pace so the average never exceeds rate (bytes/s); a piece leaves when the link is free
+            now = time.monotonic()
+            start = max(now, self.next_free)
+            self.next_free = start + len(data) / bw["rate"]
+            if start > now:
+                await asyncio.sleep(start - now)
+        self.writer.write(data)
+        await self.writer.drain()
+        self.sent += len(data)
+        s = self.toxics.get("slicer")
+        if s and s["delay"] > 0:
+            await asyncio.sleep(s["delay"])
+
+
+class Connection:
+    """A client connection and its upstream connection, with the toxics drawn for it."""
+
+    def __init__(self, client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                 upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter], toxics: list[dict[str, Any]]):
+        self.client, self.upstream = client, upstream
+        drawn = [t for t in toxics if random.random() < t.get("toxicity", 1.0)]
+        self.slow_close = next((t["delay"] for t in drawn if t["type"] == "slow_close"), 0.0)
+        self.pipes = [
+            Pipe(client[0], upstream[1], [t for t in drawn if t.get("stream") == "upstream"], self),
+            Pipe(upstream[0], client[1], [t for t in drawn if t.get("stream", "downstream") == "downstream"], self),
+        ]
+        self.closed = False
+
+    async def run(self) -> None:
+        await asyncio.gather(*(p.run() for p in self.pipes))
+
+    async def half_closed(self, pipe: Pipe) -> None:
+        """The source of `pipe` hit EOF: pass the EOF on (after slow_close's delay)."""
+        if self.closed:
+            return
+        if self.slow_close:
+            await asyncio.sleep(self.slow_close)
+        try:
+            if pipe.writer.can_write_eof():
+                pipe.writer.write_eof()
+        except (OSError, RuntimeError):
+            pass
+
+    def abort(self, reset: bool) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for _, w in (self.client, self.upstream):
+            sock = w.get_extra_info("socket")
+            if reset and sock is not None:  # SO_LINGER 0: close sends RST, as a crashed peer would
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            w.close()
+        for p in self.pipes:
+            p.reader.feed_eof()
+
+
+async def serve(listen: str, upstream: str, toxics: list[dict[str, Any]], until: float) -> None:
+    up_host, up_port = split_addr(upstream)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _nodelay(writer)
+        try:
+            up = await asyncio.open_connection(up_host, up_port)
+        except OSError:
+            writer.close()
+            return
+        _nodelay(up[1])
+        await Connection((reader, writer), up, toxics).run()
+        for w in (writer, up[1]):
+            w.close()
+
+    host, port = split_addr(listen)
+    server = await asyncio.start_server(handle, host, port, reuse_address=True, backlog=1024)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, lambda: None)  # Ctrl-C at the terminal is the engine's to handle
+    print("ready", flush=True)
+    async with server:
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=max(0.0, until - time.time()))
+        except TimeoutError:
+            pass
+
+
+def _nodelay(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def main(argv: list[str]) -> int:
+    _token, listen, upstream, toxics, until = argv[0], argv[1], argv[2], json.loads(argv[3]), float(argv[4])
+    try:
+        import uvloop  # optional, faster
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
+        asyncio.run(serve(listen, upstream, toxics, until))
+    except OSError as e:
+        print(f"cannot listen on {listen}: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,403 @@
+"""Network faults on real namespaces the tests create (veth pair, server in one netns, client in the other)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import struct
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from chaoskit.errors import PreflightError
+from chaoskit.injectors.firewall import Drop, Partition
+from chaoskit.injectors.network import Bandwidth, Netem, dist_table, netem_message
+from chaoskit.targets.netns import run_in_netns
+from chaoskit.targets.tc import netem_missing_reason
+from tests.conftest import chaoskit, ledgers, wait_for, write
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+SERVER_IP, CLIENT_IP = "10.211.0.1", "10.211.0.2"
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+
+
+class Pair:
+    """Two namespaces joined by a veth pair: srv/eth0 = SERVER_IP, cli/eth0 = CLIENT_IP."""
+
+    def __init__(self) -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.srv, self.cli = f"ckt-srv-{tag}", f"ckt-cli-{tag}"
+        for ns in (self.srv, self.cli):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "-n", self.srv, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", self.cli)
+        for ns, ip in ((self.srv, SERVER_IP), (self.cli, CLIENT_IP)):
+            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+            sh("ip", "-n", ns, "link", "set", "eth0", "up")
+
+    def path(self, ns: str) -> str:
+        return f"/run/netns/{ns}"
+
+    def qdiscs(self, ns: str) -> list[dict]:
+        """tc's own view (an observer independent of the code under test)."""
+        return json.loads(sh("ip", "netns", "exec", ns, "tc", "-j", "qdisc", "show"))
+
+    def ruleset(self, ns: str) -> list[dict]:
+        out = json.loads(sh("ip", "netns", "exec", ns, "nft", "-j", "list", "ruleset"))["nftables"]
+        return [x for x in out if "metainfo" not in x]
+
+    def close(self) -> None:
+        for ns in (self.srv, self.cli):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@pytest.fixture
+def pair():
+    p = Pair()
+    yield p
+    p.close()
+
+
+class Server:
+    """A TCP server in a namespace: `bulk` sends N bytes per connection, `sink` reads to EOF; else it just accepts."""
+
+    def __init__(self, ns_path: str, port: int = 7000, bulk: int = 0, sink: bool = False):
+        self.sock = run_in_netns(ns_path, lambda: socket.create_server(("0.0.0.0", port), backlog=1024))
+        self.bulk, self.sink, self.port = bulk, sink, port
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                if self.bulk:
+                    conn.sendall(b"x" * self.bulk)
+                elif self.sink:  # read to EOF, then say so
+                    while conn.recv(1 << 16):
+                        pass
+                    conn.sendall(b"k")
+                else:
+                    conn.recv(1)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def download_rate(ns_path: str, port: int, nbytes: int) -> float:
+    """Bytes/s of one download of `nbytes` from the server, measured in the client namespace."""
+
+    def go() -> float:
+        with socket.create_connection((SERVER_IP, port), timeout=30) as s:
+            t0, got = time.monotonic(), 0
+            while got < nbytes:
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    break
+                got += len(chunk)
+            return got / (time.monotonic() - t0)
+
+    return run_in_netns(ns_path, go)
+
+
+def upload_rate(ns_path: str, port: int, nbytes: int) -> float:
+    """Bytes/s of one upload to a sink server, from the first byte sent to the server's acknowledgement."""
+
+    def go() -> float:
+        with socket.create_connection((SERVER_IP, port), timeout=30) as s:
+            t0 = time.monotonic()
+            s.sendall(b"u" * nbytes)
+            s.shutdown(socket.SHUT_WR)
+            assert s.recv(1) == b"k"
+            return nbytes / (time.monotonic() - t0)
+
+    return run_in_netns(ns_path, go)
+
+
+def connect_share(ns_path: str, port: int, n: int, timeout: float) -> float:
+    """Share of n concurrent connects that complete within `timeout` (one SYN each: SYN retry comes after 1 s)."""
+
+    async def one() -> bool:
+        try:
+            _, w = await asyncio.wait_for(asyncio.open_connection(SERVER_IP, port), timeout)
+            w.close()
+            return True
+        except (TimeoutError, OSError):
+            return False
+
+    async def main() -> float:
+        res = await asyncio.gather(*(one() for _ in range(n)))
+        return sum(res) / n
+
+    return run_in_netns(ns_path, lambda: asyncio.run(main()))
+
+
+# ------------------------------------------------------------------ netem: what is sent (always runs)
+
+
+def _attrs(buf: bytes, off: int) -> dict[int, bytes]:
+    out = {}
+    while off + 4 <= len(buf):
+        length, kind = struct.unpack_from("=HH", buf, off)
+        if length < 4:
+            break
+        out[kind & 0x3FFF] = buf[off + 4: off + length]
+        off += (length + 3) & ~3
+    return out
+
+
+def test_netem_netlink_message_carries_every_parameter():
+    spec = Netem.Spec(type="network.netem", target={"netns": "x"}, delay="15ms", jitter="5ms", correlation="25%",
+                      distribution="normal", loss="0.2%", loss_correlation="10%", duplicate="1%", corrupt="0.1%",
+                      reorder="25%", gap=5, rate="10mbit", limit=2000)
+    msg = netem_message(spec, ifindex=7, parent=0xFFFFFFFF, handle=0xCE0000)
+    msg.encode()
+    raw = bytes(msg.data)
+    # nlmsghdr (16) + tcmsg (20): family, ifindex, handle, parent
+    _fam, ifindex, handle, parent, _info = struct.unpack_from("=BxxxiIII", raw, 16)
+    assert (ifindex, handle, parent) == (7, 0xCE0000, 0xFFFFFFFF)
+    top = _attrs(raw, 36)
+    assert top[1] == b"netem\0"
+    opts = top[2]
+    t2us, us2t, clock_res, _ = (int(x, 16) for x in Path("/proc/net/psched").read_text().split())
+    ticks_per_us = t2us / us2t * clock_res / 1e6
+    latency, limit, loss, gap, duplicate, jitter = struct.unpack_from("=6I", opts)
+    u32 = 2**32 - 1
+    assert latency == int(15000 * ticks_per_us) and jitter == int(5000 * ticks_per_us)
+    assert limit == 2000 and gap == 5
+    assert abs(loss - 0.002 * u32) <= 1 and abs(duplicate - 0.01 * u32) <= 1
+    nested = _attrs(opts, 24)
+    delay_corr, loss_corr, _dup_corr = struct.unpack("=3I", nested[1])  # TCA_NETEM_CORR
+    assert abs(delay_corr - 0.25 * u32) <= 1 and abs(loss_corr - 0.10 * u32) <= 1
+    assert nested[2] == dist_table("normal") and len(nested[2]) == 2 * 4096  # TCA_NETEM_DELAY_DIST, s16 table
+    prob_reorder, _ = struct.unpack("=2I", nested[3])  # TCA_NETEM_REORDER
+    prob_corrupt, _ = struct.unpack("=2I", nested[4])  # TCA_NETEM_CORRUPT
+    assert abs(prob_reorder - 0.25 * u32) <= 1 and abs(prob_corrupt - 0.001 * u32) <= 1
+    assert struct.unpack_from("=I", nested[6])[0] == 10_000_000 // 8  # TCA_NETEM_RATE bytes/s
+
+
+def test_netem_invalid_combinations_are_spec_errors():
+    from pydantic import ValidationError
+
+    for bad, why in (({"jitter": "5ms", "loss": "1%"}, "jitter needs delay"), ({"delay": "1ms", "reorder": "5%", "gap": 0,
+                                                                  "correlation": "5%"}, "needs jitter"),
+                     ({"loss_correlation": "5%", "delay": "1ms"}, "needs loss"), ({}, "at least one")):
+        with pytest.raises(ValidationError, match=why):
+            Netem.Spec(type="network.netem", target={"netns": "x"}, **bad)
+
+
+NETEM_MISSING = netem_missing_reason() if os.geteuid() == 0 else "not root"
+
+
+@pytest.mark.skipif(NETEM_MISSING is None, reason="this kernel has netem; the preflight refusal is not reachable")
+def test_netem_preflight_names_the_missing_module(pair):
+    inj = Netem(Netem.Spec(type="network.netem", target={"netns": pair.srv}, delay="15ms"))
+    with pytest.raises(PreflightError, match="sch_netem"):
+        inj.preflight()
+
+
+@pytest.mark.skipif(NETEM_MISSING is not None, reason=f"end-to-end netem needs the netem qdisc: {NETEM_MISSING}")
+def test_netem_delays_connects_end_to_end(pair):
+    server = Server(pair.path(pair.srv))
+    try:
+        before = pair.qdiscs(pair.srv)
+        inj = Netem(Netem.Spec(type="network.netem", target={"netns": pair.srv}, delay="50ms"))
+        inj.preflight()
+        rec = inj.apply(inj.prepare())
+
+        def rtt() -> float:
+            t0 = time.monotonic()
+            socket.create_connection((SERVER_IP, server.port), timeout=5).close()
+            return time.monotonic() - t0
+
+        assert run_in_netns(pair.path(pair.cli), rtt) >= 0.049
+        Netem.revert(rec)
+        assert run_in_netns(pair.path(pair.cli), rtt) < 0.02
+        assert pair.qdiscs(pair.srv) == before
+    finally:
+        server.close()
+
+
+# ------------------------------------------------------------------ tbf
+
+
+def _bandwidth(pair: Pair, **kw) -> Bandwidth:
+    spec = {"type": "network.bandwidth", "target": {"netns": pair.srv}, "rate": "16mbit", **kw}
+    inj = Bandwidth(Bandwidth.Spec(**spec))
+    inj.preflight()
+    return inj
+
+
+def test_bandwidth_limits_throughput_and_revert_restores_qdiscs(pair):
+    server = Server(pair.path(pair.srv), bulk=3_000_000)
+    try:
+        cli = pair.path(pair.cli)
+        full = download_rate(cli, server.port, 3_000_000)
+        before = pair.qdiscs(pair.srv)
+        inj = _bandwidth(pair)
+        rec = inj.apply(inj.prepare())
+        assert Bandwidth.observe(rec)
+        limited = download_rate(cli, server.port, 3_000_000)
+        Bandwidth.revert(rec)
+        after = download_rate(cli, server.port, 3_000_000)
+        print(f"\nbandwidth: full {full / 1e6:.1f} MB/s, tbf 16mbit -> {limited / 1e6:.3f} MB/s, after {after / 1e6:.1f}")
+        assert 2e6 * 0.85 < limited < 2e6 * 1.15
+        assert after > 10 * limited
+        assert pair.qdiscs(pair.srv) == before and not Bandwidth.observe(rec)
+    finally:
+        server.close()
+
+
+def test_bandwidth_filter_touches_only_matching_traffic(pair):
+    """Shape the client's egress for uploads to SERVER_IP:7001 only; an upload to :7002 keeps full speed."""
+    shaped, other = Server(pair.path(pair.srv), 7001, sink=True), Server(pair.path(pair.srv), 7002, sink=True)
+    try:
+        before = pair.qdiscs(pair.cli)
+        inj = Bandwidth(Bandwidth.Spec(type="network.bandwidth", target={"netns": pair.cli}, rate="16mbit",
+                                       filter={"destinations": [SERVER_IP], "ports": [7001]}))
+        inj.preflight()
+        rec = inj.apply(inj.prepare())
+        try:
+            limited = upload_rate(pair.path(pair.cli), 7001, 2_000_000)
+            untouched = upload_rate(pair.path(pair.cli), 7002, 2_000_000)
+        finally:
+            Bandwidth.revert(rec)
+        print(f"\nfiltered tbf: :7001 {limited / 1e6:.2f} MB/s, :7002 {untouched / 1e6:.1f} MB/s")
+        assert 2e6 * 0.85 < limited < 2e6 * 1.15
+        assert untouched > 10 * limited
+        assert pair.qdiscs(pair.cli) == before
+    finally:
+        shaped.close()
+        other.close()
+
+
+def test_bandwidth_ingress_goes_through_ifb(pair):
+    server = Server(pair.path(pair.srv), bulk=2_000_000)
+    try:
+        before = pair.qdiscs(pair.cli)
+        inj = Bandwidth(Bandwidth.Spec(type="network.bandwidth", target={"netns": pair.cli}, rate="16mbit",
+                                       direction="ingress"))
+        inj.preflight()
+        rec = inj.apply(inj.prepare())
+        limited = download_rate(pair.path(pair.cli), server.port, 2_000_000)
+        Bandwidth.revert(rec)
+        assert limited < 2e6 * 1.15
+        assert pair.qdiscs(pair.cli) == before
+        assert rec["ifb"] not in sh("ip", "-n", pair.cli, "link")
+    finally:
+        server.close()
+
+
+def test_previous_root_qdisc_is_restored_byte_exactly(pair):
+    sh("ip", "netns", "exec", pair.srv, "tc", "qdisc", "add", "dev", "eth0", "root", "handle", "5:", "tbf",
+       "rate", "3mbit", "burst", "20k", "latency", "70ms")
+    before = pair.qdiscs(pair.srv)
+    inj = _bandwidth(pair)
+    rec = inj.apply(inj.prepare())
+    assert pair.qdiscs(pair.srv) != before
+    Bandwidth.revert(rec)
+    assert pair.qdiscs(pair.srv) == before
+
+
+def test_guards(pair):
+    with pytest.raises(PreflightError, match="root network namespace"):
+        Bandwidth(Bandwidth.Spec(type="network.bandwidth", target={}, rate="1mbit")).preflight()
+    with pytest.raises(PreflightError, match="no interface 'nope'"):
+        _bandwidth(pair, target={"netns": pair.srv, "interface": "nope"})
+    with pytest.raises(PreflightError, match="would match nothing"):
+        _bandwidth(pair, filter={"destinations": ["192.0.2.1"]})  # not routed through eth0
+    with pytest.raises(PreflightError, match="does not exist"):
+        Drop(Drop.Spec(type="network.drop", target={"netns": "ckt-absent"}, percent="5%")).preflight()
+
+
+# ------------------------------------------------------------------ nftables
+
+
+def test_drop_half_of_the_syns_fails_about_half_the_connects(pair):
+    server = Server(pair.path(pair.srv))
+    try:
+        before = pair.ruleset(pair.srv)
+        inj = Drop(Drop.Spec(type="network.drop", target={"netns": pair.srv}, percent="50%", ports=[server.port],
+                             direction="input"))
+        inj.preflight()
+        rec = inj.apply(inj.prepare())
+        n = 400
+        share = connect_share(pair.path(pair.cli), server.port, n, timeout=0.6)
+        Drop.revert(rec)
+        # binomial(400, 0.5): sd 2.5%; +-12% is ~5 sd
+        print(f"\nnetwork.drop 50%: {share:.1%} of {n} connects succeeded")
+        assert 0.38 < share < 0.62
+        assert connect_share(pair.path(pair.cli), server.port, 50, timeout=2) == 1.0
+        assert pair.ruleset(pair.srv) == before
+    finally:
+        server.close()
+
+
+def test_partition_blocks_and_revert_restores(pair):
+    server = Server(pair.path(pair.srv))
+    try:
+        before = pair.ruleset(pair.srv)
+        inj = Partition(Partition.Spec(type="network.partition", target={"netns": pair.srv}, peers=[CLIENT_IP]))
+        inj.preflight()
+        rec = inj.apply(inj.prepare())
+        assert Partition.observe(rec)
+        assert connect_share(pair.path(pair.cli), server.port, 5, timeout=0.5) == 0.0
+        Partition.revert(rec)
+        Partition.revert(rec)  # idempotent
+        assert connect_share(pair.path(pair.cli), server.port, 5, timeout=2) == 1.0
+        assert pair.ruleset(pair.srv) == before
+    finally:
+        server.close()
+
+
+# ------------------------------------------------------------------ SIGKILL of chaoskit -> the watchdog restores
+
+KILL_EXPERIMENT = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {{name: net-kill}}
+steadyState:
+  probes: [{{name: t, type: command, argv: ["true"], phases: [before]}}]
+  during: null
+method:
+  - inject: {inject}
+    duration: 60s
+"""
+
+
+@pytest.mark.parametrize("kind", ["bandwidth", "drop", "partition"])
+def test_sigkill_watchdog_restores_namespace(pair, kind, tmp_path, state_dir):
+    inject = {
+        "bandwidth": f"{{type: network.bandwidth, target: {{netns: {pair.srv}}}, rate: 1mbit}}",
+        "drop": f"{{type: network.drop, target: {{netns: {pair.srv}}}, percent: 30%}}",
+        "partition": f"{{type: network.partition, target: {{netns: {pair.srv}}}, peers: [{CLIENT_IP}]}}",
+    }[kind]
+    state = (lambda: pair.qdiscs(pair.srv)) if kind == "bandwidth" else (lambda: pair.ruleset(pair.srv))
+    before = state()
+    exp = write(tmp_path / "e.yaml", KILL_EXPERIMENT.format(inject=inject))
+    run = chaoskit("run", str(exp), "--out", str(tmp_path / "o"), state=state_dir)
+    try:
+        wait_for(lambda: state() != before, timeout=20)
+    finally:
+        run.kill()
+        run.wait()
+    took = wait_for(lambda: state() == before, timeout=5)
+    assert took < 2.0
+    assert ledgers(state_dir)
