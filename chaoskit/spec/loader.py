@@ -115,7 +115,10 @@ def _facts(data: dict, variables: dict[str, Any], strict: bool) -> tuple[dict[st
     return facts, notes
 
 
-def _substitute(loc: Located, facts: dict[str, Any], strict: bool, notes: list[str]) -> None:
+def _substitute(loc: Located, facts: dict[str, Any], strict: bool, notes: list[str]) -> set[Path_]:
+    """Replace placeholders in place; return the paths still holding run-time placeholders (non-strict only)."""
+    deferred: set[Path_] = set()
+
     def visit(value: Any, path: Path_) -> Any:
         if isinstance(value, dict):
             return {k: visit(v, path + (k,)) for k, v in value.items()}
@@ -130,6 +133,7 @@ def _substitute(loc: Located, facts: dict[str, Any], strict: bool, notes: list[s
                 return str(facts[key])
             if not strict and key.startswith("target."):
                 notes.append(f"{loc.where(path)}: {{{key}}} is resolved at run time")
+                deferred.add(path)
                 # a stand-in of the right shape, so the rest of the field still gets validated
                 return "http://target.invalid" if key == "target.url" else m.group(0)
             known = ", ".join(sorted(k for k in facts if not k.startswith("var."))) or "none"
@@ -146,6 +150,33 @@ def _substitute(loc: Located, facts: dict[str, Any], strict: bool, notes: list[s
     for key in list(loc.data):
         if key not in ("vars", "metadata"):
             loc.data[key] = visit(loc.data[key], (key,))
+    return deferred
+
+
+_STAND_INS = (1, "127.0.0.1:1")  # shapes a run-time fact may take where a field wants a number or host:port
+
+
+def _validate(loc: Located, deferred: set[Path_]) -> Experiment:
+    """Validate; a field that only fails because it still holds a run-time placeholder is retried with
+    stand-ins of other shapes (it is checked for real at run time)."""
+    tried: dict[Path_, int] = {}
+    while True:
+        try:
+            return Experiment.model_validate(loc.data)
+        except ValidationError as e:
+            paths = {_data_path(loc.data, tuple(x["loc"])) for x in e.errors()}
+            retry = [p for p in paths if p in deferred and tried.get(p, 0) < len(_STAND_INS)]
+            if not retry:
+                raise
+            for p in retry:
+                _set(loc.data, p, _STAND_INS[tried.get(p, 0)])
+                tried[p] = tried.get(p, 0) + 1
+
+
+def _set(data: Any, path: Path_, value: Any) -> None:
+    for part in path[:-1]:
+        data = data[part]
+    data[path[-1]] = value
 
 
 def _dotted(path: Path_) -> str:
@@ -225,9 +256,9 @@ def load_experiment(path: str | Path, cli_vars: dict[str, str] | None = None, st
     variables.update(cli_vars or {})
     _resolve_includes(loc, path)
     facts, notes = _facts(loc.data, variables, strict)
-    _substitute(loc, facts, strict, notes)
+    deferred = _substitute(loc, facts, strict, notes)
     try:
-        exp = Experiment.model_validate(loc.data)
+        exp = _validate(loc, deferred)
     except ValidationError as e:
         raise SpecError(format_validation_error(e, loc)) from None
     except RecursionError:

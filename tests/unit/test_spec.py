@@ -174,3 +174,34 @@ def test_bundled_experiments_validate():
     assert files, "no bundled experiments"
     for f in files:
         load_experiment(f, strict=False)
+
+
+def test_run_time_facts_in_typed_fields(tmp_path, monkeypatch):
+    """A port that comes from the reference deployment validates before it exists and is an int once it does."""
+    exp = Path(__file__).resolve().parents[2] / "experiments" / "network" / "drop.yaml"
+    monkeypatch.setenv("CHAOSKIT_REF_DIR", str(tmp_path / "none"))
+    load_experiment(exp, strict=False)
+    with pytest.raises(Exception, match="not running"):
+        load_experiment(exp, strict=True)
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "ref" / "facts.json").write_text('{"url": "http://127.0.0.1:8000", "netns": "ck-r0", '
+                                                 '"replica_port": 8001}')
+    monkeypatch.setenv("CHAOSKIT_REF_DIR", str(tmp_path / "ref"))
+    inject = load_experiment(exp, strict=True).experiment.method[0].inject
+    assert inject.ports == [8001] and inject.target.netns == "ck-r0"
+
+
+def test_run_time_fact_does_not_hide_real_errors(tmp_path):
+    text = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {name: x}
+target: {reference: triton}
+steadyState: {probes: [{name: t, type: command, argv: ["true"]}]}
+method:
+  - inject: {type: network.drop, target: {netns: "{target.netns}"}, percent: 30%, ports: ["{target.port}", 70000]}
+    duration: 1s
+"""
+    with pytest.raises(SpecError) as e:
+        load(tmp_path, text, strict=False)
+    assert "port 70000 is out of range" in str(e.value) and "valid integer" not in str(e.value)

@@ -1,0 +1,227 @@
+"""network.proxy on loopback: real sockets, real proxy process, each toxic measured against a direct connection."""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import threading
+import time
+
+import pytest
+
+from chaoskit.errors import PreflightError
+from chaoskit.injectors.proxy import Proxy
+from chaoskit.targets.process import all_pids, cmdline
+from tests.conftest import chaoskit, ledgers, wait_for, write
+
+
+class Upstream:
+    """Loopback server: `echo` mode echoes; `bulk` mode sends N bytes and closes."""
+
+    def __init__(self, bulk: int = 0):
+        self.sock = socket.create_server(("127.0.0.1", 0), backlog=256)
+        self.port, self.bulk = self.sock.getsockname()[1], bulk
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with conn:
+            try:
+                if self.bulk:
+                    conn.sendall(b"b" * self.bulk)
+                    return
+                while data := conn.recv(1 << 16):
+                    conn.sendall(data)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def upstream():
+    u = Upstream()
+    yield u
+    u.sock.close()
+
+
+@pytest.fixture
+def proxy():
+    """Start a proxy with the given toxics on a free port; always stopped at the end."""
+    started = []
+
+    def start(up_port: int, toxics: list[dict]) -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        inj = Proxy(Proxy.Spec(type="network.proxy", listen=f"127.0.0.1:{port}", upstream=f"127.0.0.1:{up_port}",
+                               toxics=toxics))
+        inj.preflight()
+        started.append(inj.apply(inj.prepare()))
+        return port
+
+    yield start
+    for rec in started:
+        Proxy.revert(rec)
+        assert not Proxy.observe(rec)
+
+
+def rtts(port: int, n: int, size: int = 64) -> list[float]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            s.sendall(b"p" * size)
+            got = 0
+            while got < size:
+                got += len(s.recv(1 << 16))
+            out.append(time.perf_counter() - t0)
+        return out
+
+
+def read_all(port: int, timeout: float = 30) -> tuple[bytes, float, BaseException | None]:
+    """Everything the server sends until EOF, the seconds it took, and the error that ended it (if any)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    t0, buf, err = time.monotonic(), bytearray(), None
+    try:
+        while chunk := s.recv(1 << 16):
+            buf += chunk
+    except OSError as e:
+        err = e
+    finally:
+        s.close()
+    return bytes(buf), time.monotonic() - t0, err
+
+
+def test_latency_toxic_adds_the_configured_latency_at_p50(upstream, proxy):
+    port = proxy(upstream.port, [{"type": "latency", "latency": "20ms"}])
+    direct = statistics.median(rtts(upstream.port, 50))
+    through = statistics.median(rtts(port, 40))
+    added_ms = (through - direct) * 1e3
+    print(f"\nlatency toxic 20ms: added p50 {added_ms:.2f} ms")
+    assert abs(added_ms - 20) <= 2
+
+
+def test_latency_upstream_and_toxicity_zero(upstream, proxy):
+    up = proxy(upstream.port, [{"type": "latency", "latency": "10ms", "stream": "upstream"}])
+    never = proxy(upstream.port, [{"type": "latency", "latency": "50ms", "toxicity": "0%"}])
+    assert 9e-3 < statistics.median(rtts(up, 20)) < 13e-3
+    assert statistics.median(rtts(never, 20)) < 3e-3
+
+
+def test_bandwidth_toxic_holds_the_rate_within_10_percent(proxy):
+    bulk = Upstream(bulk=2_000_000)
+    try:
+        port = proxy(bulk.port, [{"type": "bandwidth", "rate": "2MB/s"}])
+        data, took, err = read_all(port)
+        assert err is None and len(data) == 2_000_000
+        rate = len(data) / took
+        print(f"\nbandwidth toxic 2 MB/s: measured {rate / 1e6:.3f} MB/s")
+        assert 2e6 * 0.9 < rate < 2e6 * 1.1
+    finally:
+        bulk.sock.close()
+
+
+def test_limit_data_closes_after_n_bytes(proxy):
+    bulk = Upstream(bulk=100_000)
+    try:
+        data, _, _ = read_all(proxy(bulk.port, [{"type": "limit_data", "bytes": 1000}]))
+        assert len(data) == 1000
+    finally:
+        bulk.sock.close()
+
+
+def test_reset_peer_sends_rst(upstream, proxy):
+    port = proxy(upstream.port, [{"type": "reset_peer", "timeout": "100ms"}])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionResetError):
+            while s.recv(1024) or True:
+                time.sleep(0.01)
+        assert 0.09 < time.monotonic() - t0 < 1.0
+
+
+def test_timeout_stops_data_then_closes(upstream, proxy):
+    port = proxy(upstream.port, [{"type": "timeout", "timeout": "300ms", "stream": "upstream"}])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        t0 = time.monotonic()
+        s.sendall(b"hello")
+        assert s.recv(1024) == b""  # nothing echoed; EOF when the timeout closes it
+        assert 0.28 < time.monotonic() - t0 < 1.0
+
+
+def test_slicer_delivers_intact_data_in_delayed_slices(proxy):
+    bulk = Upstream(bulk=1000)
+    try:
+        port = proxy(bulk.port, [{"type": "slicer", "average_size": 100, "delay": "10ms"}])
+        data, took, _ = read_all(port)
+        assert data == b"b" * 1000 and took >= 0.09  # 10 slices, 10 ms apart
+    finally:
+        bulk.sock.close()
+
+
+def test_slow_close_delays_the_eof(proxy):
+    bulk = Upstream(bulk=10)
+    try:
+        data, took, _ = read_all(proxy(bulk.port, [{"type": "slow_close", "delay": "300ms"}]))
+        assert data == b"b" * 10 and took >= 0.29
+    finally:
+        bulk.sock.close()
+
+
+def test_listen_port_in_use_is_a_preflight_error(upstream):
+    inj = Proxy(Proxy.Spec(type="network.proxy", listen=f"127.0.0.1:{upstream.port}", upstream="127.0.0.1:1"))
+    with pytest.raises(PreflightError, match="cannot listen"):
+        inj.preflight()
+
+
+EXPERIMENT = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {{name: proxy-kill}}
+steadyState:
+  probes: [{{name: t, type: command, argv: ["true"], phases: [before]}}]
+  during: null
+method:
+  - inject: {{type: network.proxy, listen: "127.0.0.1:{port}", upstream: "127.0.0.1:{up}",
+             toxics: [{{type: latency, latency: 5ms}}]}}
+    duration: 60s
+"""
+
+
+def _connects(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_sigkill_watchdog_stops_the_proxy(upstream, tmp_path, state_dir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exp = write(tmp_path / "e.yaml", EXPERIMENT.format(port=port, up=upstream.port))
+    run = chaoskit("run", str(exp), "--out", str(tmp_path / "o"), state=state_dir)
+
+    def proxies() -> list[int]:
+        return [p for p in all_pids() if "chaoskit.injectors.proxy_server" in cmdline(p)
+                and f"127.0.0.1:{port}" in cmdline(p)]
+
+    try:
+        wait_for(lambda: bool(proxies()) and _connects(port), timeout=20)
+        assert rtts(port, 3)  # it really proxies
+    finally:
+        run.kill()
+        run.wait()
+    took = wait_for(lambda: not proxies(), timeout=5)
+    assert took < 2.0
+    assert not _connects(port)
+    assert ledgers(state_dir)
