@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,14 +48,13 @@ def _netem() -> Check:
 
 
 def _nft() -> Check:
-    nft = shutil.which("nft") or ("/usr/sbin/nft" if Path("/usr/sbin/nft").exists() else None)
-    if not nft:
-        return Check("nftables", False, "nft not installed (apt install nftables)")
+    from chaoskit.targets import nftables
+
     try:
-        out = subprocess.run([nft, "--version"], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return Check("nftables", False, str(e))
-    return Check("nftables", out.returncode == 0, out.stdout.strip() or out.stderr.strip())
+        n = len(nftables.tables("/proc/self/ns/net"))
+    except (nftables.NftError, OSError) as e:
+        return Check("nftables (network.drop/partition)", False, str(e))
+    return Check("nftables (network.drop/partition)", True, f"libnftables JSON API works ({n} tables here)")
 
 
 def _cgroup_io() -> Check:
