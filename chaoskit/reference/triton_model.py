@@ -1,0 +1,129 @@
+"""tiny_lm on Triton's python backend: batched requests in, generated text out (or one response per token
+when the model is decoupled), KV-pool metrics through the backend's metrics API."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils  # provided by the python backend stub
+
+from chaoskit.reference.tinylm import KVCacheOOM, Seq, TinyLM
+from chaoskit.spec.units import parse_size
+
+DEFAULT_MAX_TOKENS, MAX_TOKENS = 16, 512
+
+
+def _params(cfg: dict[str, Any]) -> dict[str, str]:
+    return {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        cfg = json.loads(args["model_config"])
+        p = _params(cfg)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
+        self.lm = TinyLM(budget_bytes=parse_size(p.get("memory_budget", "128MiB")),
+                         block_tokens=int(p.get("block_tokens", "16")),
+                         isolate=p.get("isolate_kv_cache", "true").lower() == "true",
+                         eviction=p.get("cache_eviction_policy", "lru"),
+                         residue_ttl_s=float(p.get("residue_ttl_s", "5")))
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
+        self.families: list[Any] = []  # a MetricFamily must outlive its Metrics
+
+        def fam(name: str, doc: str, kind: Any) -> Any:
+            self.families.append(pb_utils.MetricFamily(name, doc, kind))
+            return self.families[-1]
+
+        self.m_usage = fam("tiny_lm_kv_pool_usage_ratio", "share of KV pool blocks not free", gauge).Metric(labels)
+        self.m_frag = fam("tiny_lm_kv_fragmentation_ratio", "share of the non-live KV pool that is not one free run",
+                          gauge).Metric(labels)
+        self.m_resid = fam("tiny_lm_kv_residency_seconds", "mean age of resident KV blocks", gauge).Metric(labels)
+        self.m_bytes = fam("tiny_lm_kv_pool_bytes", "size of the KV pool", gauge).Metric(labels)
+        self.m_oom = fam("tiny_lm_kv_oom_total", "requests failed because the KV pool was exhausted",
+                         counter).Metric(labels)
+        self.m_bytes.set(self.lm.pool.nbytes)
+        self.ooms_seen = 0
+
+    def _inputs(self, request: Any) -> tuple[bytes, int]:
+        text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0]
+        mt = pb_utils.get_input_tensor_by_name(request, "max_tokens")
+        n = int(mt.as_numpy().reshape(-1)[0]) if mt is not None else DEFAULT_MAX_TOKENS
+        return (text if isinstance(text, bytes) else str(text).encode()), max(1, min(MAX_TOKENS, n))
+
+    @staticmethod
+    def _text(tokens: bytes) -> Any:
+        out = pb_utils.Tensor("text_output", np.array([[tokens.decode("latin-1").encode()]], dtype=np.object_))
+        return pb_utils.InferenceResponse(output_tensors=[out])
+
+    @staticmethod
+    def _error(msg: str) -> Any:
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(msg))
+
+    def _metrics(self) -> None:
+        pool = self.lm.pool
+        self.m_usage.set(pool.usage())
+        self.m_frag.set(pool.fragmentation())
+        self.m_resid.set(pool.mean_residency_s())
+        if pool.ooms > self.ooms_seen:
+            self.m_oom.increment(pool.ooms - self.ooms_seen)
+            self.ooms_seen = pool.ooms
+
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        inputs = []
+        for r in requests:
+            try:
+                inputs.append(self._inputs(r))
+            except Exception as e:  # a malformed request fails alone
+                inputs.append(e)
+        if self.decoupled:
+            self._stream(requests, inputs)
+            self._metrics()
+            return None
+        good = [(i, x) for i, x in enumerate(inputs) if not isinstance(x, Exception)]
+        outs = dict(zip((i for i, _ in good), self.lm.generate([x for _, x in good]), strict=True))
+        self._metrics()
+        responses = []
+        for i, x in enumerate(inputs):
+            if isinstance(x, Exception):
+                responses.append(self._error(f"bad request: {x}"))
+            elif isinstance(outs[i], KVCacheOOM):
+                responses.append(self._error(str(outs[i])))
+            else:
+                responses.append(self._text(outs[i]))
+        return responses
+
+    def _stream(self, requests: list[Any], inputs: list[Any]) -> None:
+        """One response per generated token, then the final flag."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        live: list[tuple[Any, Seq]] = []
+        self.lm.pool.sweep()
+        for r, x in zip(requests, inputs, strict=True):
+            sender = r.get_response_sender()
+            if isinstance(x, Exception):
+                sender.send(self._error(f"bad request: {x}"), flags=final)
+                continue
+            try:
+                seq = self.lm.start(*x)
+            except KVCacheOOM as e:
+                sender.send(self._error(str(e)), flags=final)
+                continue
+            self.lm.prefill(seq)
+            live.append((sender, seq))
+        while live:
+            self.lm.step([s for _, s in live])
+            still = []
+            for sender, seq in live:
+                sender.send(self._text(bytes([seq.out[-1] % 256])))
+                if len(seq.out) >= seq.max_new:
+                    sender.send(flags=final)
+                    self.lm.finish(seq)
+                else:
+                    still.append((sender, seq))
+            live = still
+
+    def finalize(self) -> None:
+        self.m_usage = self.m_frag = self.m_resid = self.m_bytes = self.m_oom = None
+        self.families.clear()
