@@ -21,6 +21,15 @@ out = Console()
 err = Console(stderr=True)
 
 
+def _add_ref() -> None:
+    from chaoskit.cli_ref import ref_app
+
+    app.add_typer(ref_app, name="ref")
+
+
+_add_ref()
+
+
 def _fail(e: ChaoskitError) -> None:
     for line in str(e).splitlines():
         err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)

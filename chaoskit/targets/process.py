@@ -100,3 +100,13 @@ def find_by_token(token: str) -> list[ProcessRef]:
             if ref is not None:
                 found.append(ref)
     return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group `pgid`."""
+    out = []
+    for pid in all_pids():
+        f = _stat_fields(pid)
+        if f and f[4] == str(pgid) and f[2] not in ("Z", "X"):
+            out.append(pid)
+    return out

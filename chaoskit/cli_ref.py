@@ -1,0 +1,124 @@
+"""`chaoskit ref ...`: the reference deployment's commands (up, down, status, logs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from chaoskit.errors import ChaoskitError
+
+ref_app = typer.Typer(no_args_is_help=True, help="The bundled reference deployment: real Triton (or vLLM) "
+                                                  "replicas behind a latency-stamping gateway.")
+out = Console()
+err = Console(stderr=True)
+
+DIR_OPT = typer.Option(None, "--dir", help="state dir (default $CHAOSKIT_REF_DIR or .chaoskit/ref)")
+
+
+def _fail(e: ChaoskitError) -> None:
+    for line in str(e).splitlines():
+        err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
+    raise typer.Exit(e.exit_code)
+
+
+def _params(items: list[str]) -> dict[str, str]:
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ChaoskitError(f"--model-param {item!r}: expected KEY=VALUE (e.g. isolate_kv_cache=false)")
+        params[key] = value
+    return params
+
+
+@ref_app.command()
+def up(
+    engine: str = typer.Option("triton", help="triton (default, light) or vllm (optional extra)"),
+    replicas: int = typer.Option(2, help="replicas behind the gateway"),
+    port: int = typer.Option(8000, help="gateway port; replicas use the next 3 ports each"),
+    netns: bool = typer.Option(False, "--netns", help="run each replica in its own network namespace "
+                                                      "(so network faults can target one replica)"),
+    health: str = typer.Option("status", help="gateway health checks: status (HTTP 200 only) or latency "
+                                              "(also eject replicas slower than --latency-threshold)"),
+    latency_threshold: str = typer.Option("500ms", help="for --health latency"),
+    model_param: list[str] = typer.Option([], "--model-param", help="tiny_lm parameter KEY=VALUE, e.g. "
+                                          "isolate_kv_cache=false, cache_eviction_policy=none, memory_budget=64MiB"),
+    as_json: bool = typer.Option(False, "--json", help="print the facts as JSON"),
+    dir: Path | None = DIR_OPT,
+) -> None:
+    """Start the deployment, wait until it really serves, print URLs and facts."""
+    from chaoskit.reference.deploy import Deployment, RefOptions
+    from chaoskit.spec.units import parse_duration
+
+    try:
+        if engine not in ("triton", "vllm"):
+            raise ChaoskitError(f"--engine {engine!r}: expected triton or vllm")
+        if health not in ("status", "latency"):
+            raise ChaoskitError(f"--health {health!r}: expected status or latency")
+        try:
+            threshold_ms = parse_duration(latency_threshold) * 1e3
+        except ValueError as e:
+            raise ChaoskitError(f"--latency-threshold: {e}") from None
+        opts = RefOptions(engine=engine, replicas=replicas, port=port, netns=netns, health=health,
+                          latency_threshold_ms=threshold_ms, model_params=_params(model_param))
+        facts = Deployment(dir).up(opts, say=lambda m: err.print(m, highlight=False))
+    except ChaoskitError as e:
+        _fail(e)
+        return
+    if as_json:
+        print(json.dumps(facts, indent=2))
+        return
+    out.print(f"[green]up[/] in {facts['startup_s']}s — gateway {facts['url']}")
+    for r in facts["replicas"]:
+        out.print(f"  {r['name']}: {r['url']} pid {r['pid']}" + (f" netns {r['netns']}" if r["netns"] else ""),
+                  highlight=False)
+    out.print("facts for experiments ({target.*}): " + ", ".join(k for k in facts if k != "replicas"), highlight=False)
+
+
+@ref_app.command()
+def down(dir: Path | None = DIR_OPT) -> None:
+    """Stop exactly the processes `up` started (process groups) and delete its namespaces."""
+    from chaoskit.reference.deploy import Deployment
+
+    stopped = Deployment(dir).down(say=lambda m: err.print(m, highlight=False))
+    out.print(f"down: {len(stopped)} process group(s) stopped" if stopped else "down: nothing was running")
+
+
+@ref_app.command()
+def status(as_json: bool = typer.Option(False, "--json", help="facts and processes as JSON"),
+           dir: Path | None = DIR_OPT) -> None:
+    """Each process, its URL, whether it is alive and ready."""
+    from chaoskit.reference.deploy import Deployment
+
+    st = Deployment(dir).status()
+    if as_json:
+        print(json.dumps(st, indent=2))
+        return
+    if not st["processes"]:
+        out.print(f"no reference deployment recorded in {st['dir']}")
+        raise typer.Exit(1)
+    table = Table(title=f"reference deployment ({st['dir']})")
+    for col in ("name", "pid", "alive", "ready", "url", "log"):
+        table.add_column(col)
+    for p in st["processes"]:
+        table.add_row(p["name"], str(p["pid"]), "yes" if p["alive"] else "[red]no[/]",
+                      "yes" if p["ready"] else "[red]no[/]", p["url"], p["log"])
+    out.print(table)
+    if not all(p["alive"] and p["ready"] for p in st["processes"]):
+        raise typer.Exit(1)
+
+
+@ref_app.command()
+def logs(name: str = typer.Argument("gateway", help="gateway, triton-0, triton-1, ..."),
+         lines: int = typer.Option(50, "-n", help="last N lines"), dir: Path | None = DIR_OPT) -> None:
+    """The last lines of one process's log."""
+    from chaoskit.reference.deploy import Deployment
+
+    try:
+        print(Deployment(dir).tail(name, lines))
+    except ChaoskitError as e:
+        _fail(e)

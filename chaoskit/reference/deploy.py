@@ -1,0 +1,293 @@
+"""`chaoskit ref up|down|status|logs`: start, stop and inspect the reference deployment's real processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaoskit.errors import ChaoskitError, PreflightError
+from chaoskit.reference import triton
+from chaoskit.targets.process import ProcessRef, group_members, is_alive, proc_ref
+
+READY_TIMEOUT_S = 180.0
+GENERATE_PROBE = {"text_input": "ready?", "max_tokens": 1}
+
+
+def ref_dir() -> Path:
+    return Path(os.environ.get("CHAOSKIT_REF_DIR", ".chaoskit/ref"))
+
+
+@dataclass
+class RefOptions:
+    engine: str = "triton"
+    replicas: int = 2
+    port: int = 8000
+    netns: bool = False
+    health: str = "status"
+    latency_threshold_ms: float = 500.0
+    model_params: dict[str, str] = field(default_factory=dict)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def _http(url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if data else "GET",
+                                 headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+class Deployment:
+    """The processes and namespaces one `ref up` created, recorded in the state dir as they are made."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = (root or ref_dir()).resolve()
+        self.logs = self.root / "logs"
+        self.tag = hashlib.sha256(str(self.root).encode()).hexdigest()[:4]
+
+    # ---------------------------------------------------------------- records
+
+    def _load(self, name: str) -> Any:
+        try:
+            return json.loads((self.root / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _save(self, name: str, data: Any) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{name}.tmp"
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(self.root / name)
+
+    def processes(self) -> list[dict[str, Any]]:
+        return self._load("processes.json") or []
+
+    def facts(self) -> dict[str, Any] | None:
+        return self._load("facts.json")
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"{name}.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True, cwd=self.root)
+        ref = proc_ref(proc.pid) or ProcessRef(proc.pid, 0)
+        entry = {"name": name, **ref.to_json(), "log": str(log), "argv": argv}
+        self._save("processes.json", [*self.processes(), entry])  # recorded at once: a killed `up` is undoable
+        return entry
+
+    # ---------------------------------------------------------------- up
+
+    def up(self, opts: RefOptions, say: Callable[[str], None] = print) -> dict[str, Any]:
+        if self.processes():
+            raise ChaoskitError(f"a reference deployment is already recorded in {self.root}; "
+                                "`chaoskit ref down` first (or `chaoskit ref status`)")
+        if opts.engine != "triton":
+            from chaoskit.reference import vllm
+
+            vllm.check_installed()
+        if opts.netns and os.geteuid() != 0:
+            raise PreflightError("--netns needs root (it creates network namespaces)")
+        if not 1 <= opts.replicas <= 8:
+            raise ChaoskitError("--replicas must be between 1 and 8")
+        ports = [opts.port] + [opts.port + 1 + k for k in range(3 * opts.replicas)]
+        busy = [p for p in ports if not _port_free("127.0.0.1", p)]
+        if busy:
+            raise PreflightError(f"ports in use: {', '.join(map(str, busy))}; choose another --port "
+                                 f"(uses {ports[0]}..{ports[-1]})")
+        t_start = time.monotonic()
+        try:
+            replicas = self._start_triton(opts, say) if opts.engine == "triton" else self._start_vllm(opts, say)
+            gw = self._start_gateway(opts, replicas, say)
+        except BaseException:
+            say("start failed; stopping what was started")
+            self.down(say=lambda _: None)
+            raise
+        r0 = replicas[0]
+        facts = {
+            "engine": opts.engine, "url": gw["url"], "gateway_port": opts.port, "health_mode": opts.health,
+            "replicas": replicas, "replica_url": r0["url"], "replica_host": r0["host"], "replica_port": r0["port"],
+            "replica_metrics_url": r0["metrics_url"], "replica_pids": [r["pid"] for r in replicas],
+            "model_repository": str(self.root / "model_repository"), "startup_s": round(time.monotonic() - t_start, 2),
+        }
+        if opts.netns:
+            facts["netns"] = r0["netns"]
+        self._save("facts.json", facts)
+        return facts
+
+    def _netns(self, i: int) -> tuple[str, str]:
+        """Create namespace i with a veth to the host; return (name, replica address)."""
+        from pyroute2 import IPRoute, netns
+
+        name, host_if = f"ckref{self.tag}-{i}", f"ckr{self.tag}{i}h"
+        host_ip, ns_ip = f"10.203.{i}.1", f"10.203.{i}.2"
+        netns.create(name)
+        self._save("netns.json", [*(self._load("netns.json") or []), name])
+        with IPRoute() as ipr:
+            ipr.link("add", ifname=host_if, kind="veth", peer={"ifname": "eth0", "net_ns_fd": name})
+            idx = ipr.link_lookup(ifname=host_if)[0]
+            ipr.addr("add", index=idx, address=host_ip, prefixlen=30)
+            ipr.link("set", index=idx, state="up")
+        with IPRoute(netns=name, flags=0) as ipr:
+            for ifname in ("lo", "eth0"):
+                idx = ipr.link_lookup(ifname=ifname)[0]
+                ipr.link("set", index=idx, state="up")
+            ipr.addr("add", index=ipr.link_lookup(ifname="eth0")[0], address=ns_ip, prefixlen=30)
+        return name, ns_ip
+
+    def _start_triton(self, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
+        repo = triton.model_repository(self.root / "model_repository", opts.model_params)
+        backends = triton.backend_dir(self.root / "backends")
+        env = {**triton.env(), "CHAOSKIT_REF_DIR": str(self.root)}
+        replicas = []
+        for i in range(opts.replicas):
+            http, grpc, metrics = (opts.port + 1 + 3 * i + k for k in range(3))
+            ns, host = (self._netns(i) if opts.netns else (None, "127.0.0.1"))
+            argv = triton.argv(repo, backends, host, http, grpc, metrics)
+            if ns:
+                argv = [shutil.which("ip") or "/usr/sbin/ip", "netns", "exec", ns, *argv]
+            p = self._spawn(f"triton-{i}", argv, env)
+            url = f"http://{host}:{http}"
+            replicas.append({"name": f"triton-{i}", "pid": p["pid"], "host": host, "port": http, "url": url,
+                             "metrics_url": f"http://{host}:{metrics}/metrics", "netns": ns})
+        for r in replicas:
+            self._wait(r["name"], lambda r=r: _http(f"{r['url']}/v2/models/tiny_lm/ready")[0] == 200
+                       and _http(f"{r['url']}/v2/models/tiny_lm_stream/ready")[0] == 200, r["pid"])
+            say(f"{r['name']} ready at {r['url']} (pid {r['pid']}{', netns ' + r['netns'] if r['netns'] else ''})")
+        return replicas
+
+    def _start_vllm(self, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
+        from chaoskit.reference import vllm
+
+        return vllm.start(self, opts, say)
+
+    def _start_gateway(self, opts: RefOptions, replicas: list[dict[str, Any]],
+                       say: Callable[[str], None]) -> dict[str, Any]:
+        triton_engine = opts.engine == "triton"
+        cfg = {
+            "listen_host": "127.0.0.1", "listen_port": opts.port, "health_mode": opts.health,
+            "replicas": [{"name": r["name"], "url": r["url"]} for r in replicas],
+            "health_path": "/v2/health/ready" if triton_engine else "/health",
+            "latency_check": ({"method": "POST", "path": "/v2/models/tiny_lm/generate", "body": GENERATE_PROBE}
+                              if triton_engine else vllm_latency_check()),
+            "latency_threshold_ms": opts.latency_threshold_ms,
+        }
+        self._save("gateway.json", cfg)
+        p = self._spawn("gateway", [sys.executable, "-m", "chaoskit.reference.gateway", str(self.root / "gateway.json")])
+        url = f"http://127.0.0.1:{opts.port}"
+        probe = ((f"{url}/v2/models/tiny_lm/generate", GENERATE_PROBE) if triton_engine
+                 else (f"{url}/v1/completions", vllm_completion_probe()))
+        self._wait("gateway", lambda: _http(*probe, timeout=30)[0] == 200, p["pid"])
+        say(f"gateway ready at {url} ({opts.health} health checks over {len(replicas)} replicas)")
+        return {"url": url, "pid": p["pid"]}
+
+    def _wait(self, name: str, ready: Callable[[], bool], pid: int) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not ready():
+            if proc_ref(pid) is None:
+                raise ChaoskitError(f"{name} exited during start; see {self.logs / (name + '.log')}:\n"
+                                    + self.tail(name, 15))
+            if time.monotonic() > deadline:
+                raise ChaoskitError(f"{name} not ready within {READY_TIMEOUT_S:.0f}s; see {self.logs / (name + '.log')}")
+            time.sleep(0.2)
+
+    # ---------------------------------------------------------------- down / status / logs
+
+    def down(self, say: Callable[[str], None] = print, grace_s: float = 15.0) -> list[str]:
+        """Stop exactly the recorded processes (their whole process groups) and delete recorded namespaces."""
+        stopped = []
+        procs = [(p, ProcessRef.from_json(p)) for p in self.processes()]
+        live = [(p, r) for p, r in procs if is_alive(r) or _group_alive(r.pid)]  # orphaned stubs count too
+        for _, r in live:
+            try:
+                os.killpg(r.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_group_alive(r.pid) for _, r in live):
+            time.sleep(0.1)
+        for p, r in live:
+            if _group_alive(r.pid):
+                try:
+                    os.killpg(r.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            stopped.append(p["name"])
+            say(f"stopped {p['name']} (pid {r.pid})")
+        for _ in range(50):
+            if not any(_group_alive(r.pid) for _, r in live):
+                break
+            time.sleep(0.1)
+        from pyroute2 import netns
+
+        for name in self._load("netns.json") or []:
+            try:
+                netns.remove(name)
+                say(f"deleted netns {name}")
+            except OSError:
+                pass
+        for f in ("processes.json", "facts.json", "netns.json"):
+            (self.root / f).unlink(missing_ok=True)
+        return stopped
+
+    def status(self) -> dict[str, Any]:
+        facts = self.facts() or {}
+        rows = []
+        urls = {r["name"]: r["url"] for r in facts.get("replicas", [])}
+        urls["gateway"] = facts.get("url", "")
+        for p in self.processes():
+            alive = is_alive(ProcessRef.from_json(p))
+            url = urls.get(p["name"], "")
+            path = "/v2/health/ready" if facts.get("engine", "triton") == "triton" else "/health"
+            ready = alive and bool(url) and _http(url + ("/gateway/status" if p["name"] == "gateway" else path),
+                                                  timeout=2)[0] == 200
+            rows.append({"name": p["name"], "pid": p["pid"], "alive": alive, "ready": ready, "url": url,
+                         "log": p["log"]})
+        return {"dir": str(self.root), "facts": facts, "processes": rows,
+                "netns": self._load("netns.json") or []}
+
+    def tail(self, name: str, lines: int = 50) -> str:
+        log = self.logs / f"{name}.log"
+        if not log.exists():
+            known = ", ".join(sorted(p.stem for p in self.logs.glob("*.log"))) or "none"
+            raise ChaoskitError(f"no log for {name!r} in {self.logs} (known: {known})")
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _group_alive(pgid: int) -> bool:
+    return bool(group_members(pgid))
+
+
+def vllm_latency_check() -> dict[str, Any]:
+    return {"method": "POST", "path": "/v1/completions", "body": vllm_completion_probe()}
+
+
+def vllm_completion_probe() -> dict[str, Any]:
+    return {"model": "tiny-llama", "prompt": "ready?", "max_tokens": 1}

@@ -1,0 +1,201 @@
+"""The reference gateway: round-robin reverse proxy over replicas that stamps X-Model-Latency, streams SSE
+unbuffered, ejects replicas by active health checks (`status` or `latency` mode) and exports /metrics.
+
+Run as `python -m chaoskit.reference.gateway CONFIG.json` (see GatewayConfig); prints `ready` once listening.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+              "transfer-encoding", "upgrade", "host", "content-length"}
+
+
+@dataclass
+class Replica:
+    name: str
+    url: str
+    healthy: bool = True
+    passes: int = 0
+    last_check: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GatewayConfig:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8000
+    replicas: list[dict[str, str]] = field(default_factory=list)
+    health_mode: str = "status"  # status: HTTP 200 only; latency: also the measured model latency
+    health_path: str = "/v2/health/ready"
+    latency_check: dict[str, Any] = field(default_factory=dict)  # {method, path, body} of a tiny real request
+    latency_threshold_ms: float = 500.0
+    check_every_s: float = 1.0
+    check_timeout_s: float = 2.0
+    readmit_after: int = 2  # consecutive passing checks before an ejected replica gets traffic again
+    upstream_timeout_s: float = 60.0
+
+
+class Gateway:
+    def __init__(self, cfg: GatewayConfig):
+        self.cfg = cfg
+        self.replicas = [Replica(r["name"], r["url"].rstrip("/")) for r in cfg.replicas]
+        self._rr = itertools.cycle(range(len(self.replicas)))
+        reg = self.registry = CollectorRegistry()
+        self.m_requests = Counter("gateway_requests", "requests forwarded", ["replica"], registry=reg)
+        self.m_errors = Counter("gateway_errors", "upstream errors (connect, timeout, 5xx)", ["replica"], registry=reg)
+        self.m_ejections = Counter("gateway_ejections", "times a replica was ejected", ["replica"], registry=reg)
+        self.m_healthy = Gauge("gateway_replica_healthy", "1 when the replica gets traffic", ["replica"], registry=reg)
+        self.m_latency = Histogram("gateway_upstream_latency_seconds", "upstream time to response headers",
+                                   ["replica"], registry=reg,
+                                   buckets=(.005, .01, .025, .05, .1, .25, .5, .75, 1, 2.5, 5, 10, 30))
+        self.m_no_replica = Counter("gateway_no_healthy_replica", "requests refused: no healthy replica",
+                                    registry=reg)
+        for r in self.replicas:
+            self.m_healthy.labels(r.name).set(1)
+        self.session: aiohttp.ClientSession | None = None
+
+    # ---------------------------------------------------------------- routing
+
+    def pick(self) -> Replica | None:
+        for _ in range(len(self.replicas)):
+            r = self.replicas[next(self._rr)]
+            if r.healthy:
+                return r
+        return None
+
+    async def proxy(self, request: web.Request) -> web.StreamResponse:
+        replica = self.pick()
+        if replica is None:
+            self.m_no_replica.inc()
+            return web.json_response({"error": "no healthy replica"}, status=503)
+        assert self.session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        body = await request.read()
+        self.m_requests.labels(replica.name).inc()
+        t0 = time.perf_counter()
+        try:
+            upstream = await self.session.request(request.method, replica.url + request.rel_url.path_qs,
+                                                  headers=headers, data=body, allow_redirects=False)
+        except (TimeoutError, aiohttp.ClientError) as e:
+            self.m_errors.labels(replica.name).inc()
+            return web.json_response({"error": f"upstream {replica.name}: {type(e).__name__}: {e}"}, status=502,
+                                     headers={"X-Upstream-Replica": replica.name})
+        latency = time.perf_counter() - t0
+        self.m_latency.labels(replica.name).observe(latency)
+        if upstream.status >= 500:
+            self.m_errors.labels(replica.name).inc()
+        out = web.StreamResponse(status=upstream.status, headers={
+            **{k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
+            "X-Model-Latency": f"{latency * 1e3:.3f}", "X-Upstream-Replica": replica.name})
+        try:
+            await out.prepare(request)
+            async for chunk in upstream.content.iter_any():  # pass chunks on as they come (SSE unbuffered)
+                await out.write(chunk)
+            await out.write_eof()
+        except (TimeoutError, aiohttp.ClientError, ConnectionResetError):
+            self.m_errors.labels(replica.name).inc()
+        finally:
+            upstream.release()
+        return out
+
+    # ---------------------------------------------------------------- health
+
+    async def check(self, r: Replica) -> tuple[bool, dict[str, Any]]:
+        assert self.session is not None
+        timeout = aiohttp.ClientTimeout(total=self.cfg.check_timeout_s)
+        lc = self.cfg.latency_check
+        latency_mode = self.cfg.health_mode == "latency" and lc
+        method, path = (lc.get("method", "POST"), lc["path"]) if latency_mode else ("GET", self.cfg.health_path)
+        t0 = time.perf_counter()
+        try:
+            async with self.session.request(method, r.url + path, json=lc.get("body") if latency_mode else None,
+                                            timeout=timeout) as resp:
+                await resp.read()
+                status = resp.status
+        except (TimeoutError, aiohttp.ClientError) as e:
+            return False, {"error": f"{type(e).__name__}: {e}"}
+        ms = (time.perf_counter() - t0) * 1e3
+        info = {"status": status, "latency_ms": round(ms, 3)}
+        ok = status == 200
+        if self.cfg.health_mode == "latency" and ms > self.cfg.latency_threshold_ms:
+            ok = False
+            info["reason"] = f"latency {ms:.0f} ms > {self.cfg.latency_threshold_ms:g} ms"
+        return ok, info
+
+    async def health_loop(self) -> None:
+        while True:
+            results = await asyncio.gather(*(self.check(r) for r in self.replicas))
+            for r, (ok, info) in zip(self.replicas, results, strict=True):
+                r.last_check = {**info, "at": time.time()}
+                if not ok and r.healthy:
+                    r.healthy, r.passes = False, 0
+                    self.m_ejections.labels(r.name).inc()
+                elif ok and not r.healthy:
+                    r.passes += 1
+                    if r.passes >= self.cfg.readmit_after:
+                        r.healthy = True
+                self.m_healthy.labels(r.name).set(1 if r.healthy else 0)
+            await asyncio.sleep(self.cfg.check_every_s)
+
+    # ---------------------------------------------------------------- own endpoints
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), content_type="text/plain")
+
+    async def status(self, _: web.Request) -> web.Response:
+        return web.json_response({"health_mode": self.cfg.health_mode, "replicas": [
+            {"name": r.name, "url": r.url, "healthy": r.healthy, "last_check": r.last_check} for r in self.replicas]})
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/gateway/status", self.status)
+        app.router.add_route("*", "/{tail:.*}", self.proxy)
+        return app
+
+
+async def serve(cfg: GatewayConfig) -> None:
+    gw = Gateway(cfg)
+    conn = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+    gw.session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=cfg.upstream_timeout_s),
+                                       auto_decompress=False)
+    runner = web.AppRunner(gw.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, cfg.listen_host, cfg.listen_port, backlog=1024, reuse_address=True).start()
+    checker = asyncio.create_task(gw.health_loop())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print("ready", flush=True)
+    await stop.wait()
+    checker.cancel()
+    await runner.cleanup()
+    await gw.session.close()
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[0]) as f:
+        cfg = GatewayConfig(**json.load(f))
+    try:
+        asyncio.run(serve(cfg))
+    except OSError as e:
+        print(f"gateway: cannot listen on {cfg.listen_host}:{cfg.listen_port}: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
