@@ -1,0 +1,264 @@
+"""The reference deployment against the real servers: tritonserver (from the nvidia-pytriton wheel) running the
+bundled tiny_lm repository, behind the gateway."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from chaoskit.errors import PreflightError
+from chaoskit.reference import triton
+from chaoskit.reference.deploy import Deployment, RefOptions
+from chaoskit.targets.process import cmdline, group_members
+from tests.conftest import ROOT, wait_for
+
+try:
+    triton.wheel_root()
+    MISSING = None
+except PreflightError as e:
+    MISSING = str(e)
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"Triton not installed: {MISSING}")
+
+
+def http(url: str, body: dict | None = None, timeout: float = 30) -> tuple[int, dict, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def generate(base: str, text: str, max_tokens: int = 8, model: str = "tiny_lm") -> tuple[int, dict, bytes]:
+    return http(f"{base}/v2/models/{model}/generate", {"text_input": text, "max_tokens": max_tokens})
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def start(tmp: Path, port: int, **kw) -> tuple[Deployment, dict]:
+    d = Deployment(tmp)
+    return d, d.up(RefOptions(port=port, **kw), say=lambda _m: None)
+
+
+def assert_all_gone(d: Deployment, pids: list[int], ports: list[int]) -> None:
+    for pid in pids:
+        assert not group_members(pid), f"process group {pid} still has live processes"
+    for port in ports:
+        assert not listening(port), f"port {port} still listening"
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    d, facts = start(tmp_path_factory.mktemp("ref"), 18300)
+    yield facts
+    pids = [p["pid"] for p in d.processes()]
+    d.down(say=lambda _m: None)
+    assert_all_gone(d, pids, [18300 + k for k in range(7)])
+
+
+def test_ready_through_gateway_and_config(ref):
+    status, headers, _ = http(f"{ref['url']}/v2/models/tiny_lm/ready")
+    assert status == 200 and float(headers["X-Model-Latency"]) >= 0
+    _, _, body = http(f"{ref['url']}/v2/models/tiny_lm/config")
+    cfg = json.loads(body)
+    assert cfg["max_batch_size"] == 64 and cfg["backend"] == "python"
+    assert "dynamic_batching" in cfg and cfg["dynamic_batching"]["preferred_batch_size"] == [8, 16, 32, 64]
+    print(f"\nstartup {ref['startup_s']} s for 2 Triton replicas + gateway")
+
+
+def test_x_model_latency_on_every_response(ref):
+    for _ in range(10):
+        status, headers, body = generate(ref["url"], "hello world")
+        assert status == 200 and json.loads(body)["text_output"]
+        assert float(headers["X-Model-Latency"]) > 0 and headers["X-Upstream-Replica"].startswith("triton-")
+    status, headers, _ = http(f"{ref['url']}/v2/models/no_such_model/ready")
+    assert status >= 400 and float(headers["X-Model-Latency"]) >= 0
+
+
+def test_concurrent_requests_form_batches(ref):
+    replica = ref["replicas"][0]["url"]
+
+    def stats() -> tuple[int, int]:
+        s = json.loads(http(f"{replica}/v2/models/tiny_lm/stats")[2])["model_stats"][0]
+        return s["inference_count"], s["execution_count"]
+
+    inf0, exe0 = stats()
+    with ThreadPoolExecutor(48) as pool:
+        codes = list(pool.map(lambda i: generate(replica, f"prompt {i}", 4)[0], range(48)))
+    inf1, exe1 = stats()
+    print(f"\n48 concurrent requests: {inf1 - inf0} inferences in {exe1 - exe0} executions")
+    assert codes == [200] * 48 and inf1 - inf0 == 48 and exe1 - exe0 < 48
+
+
+def test_streaming_through_gateway_token_by_token(ref):
+    req = urllib.request.Request(f"{ref['url']}/v2/models/tiny_lm_stream/generate_stream",
+                                 data=json.dumps({"text_input": "stream me", "max_tokens": 12}).encode(),
+                                 method="POST")
+    events, times = [], []
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert float(r.headers["X-Model-Latency"]) >= 0
+        for line in r:
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[6:]))
+                times.append(time.monotonic())
+    assert len(events) == 12 and all(len(e["text_output"]) == 1 for e in events)
+    assert times[-1] > times[0]  # they arrived one by one, not in one buffer
+
+
+def test_metrics_of_gateway_and_replicas(ref):
+    generate(ref["url"], "count me")
+    text = http(f"{ref['url']}/metrics")[2].decode()
+    assert 'gateway_requests_total{replica="triton-0"}' in text and "gateway_replica_healthy" in text
+    replica_metrics = http(ref["replica_metrics_url"])[2].decode()
+    for name in ("nv_inference_count", "tiny_lm_kv_pool_usage_ratio", "tiny_lm_kv_fragmentation_ratio",
+                 "tiny_lm_kv_residency_seconds", "tiny_lm_kv_oom_total"):
+        assert name in replica_metrics
+
+
+def _metric(text: str, name: str, model: str = "tiny_lm") -> float:
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{model="{model}"'):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not found")
+
+
+def _timed(url: str, text: str, max_tokens: int) -> float:
+    t0 = time.perf_counter()
+    assert generate(url, text, max_tokens)[0] == 200
+    return (time.perf_counter() - t0) * 1e3
+
+
+def test_kv_isolation_off_slows_short_requests_and_fragments(tmp_path):
+    """Same mixed workload (long-context requests between batches of short ones) on two deployments."""
+    results = {}
+    for iso, port in (("true", 18320), ("false", 18330)):
+        d, facts = start(tmp_path / iso, port, replicas=1,
+                         model_params={"isolate_kv_cache": iso, "memory_budget": "32MiB"})
+        try:
+            url, short_ms, frag = facts["replica_url"], [], []
+            with ThreadPoolExecutor(8) as pool:
+                for i in range(15):
+                    if i % 3 == 0:
+                        list(pool.map(lambda _, u=url: _timed(u, "L" * 1500, 4), range(2)))
+                    short_ms += pool.map(lambda j, u=url: _timed(u, f"short {j}", 16), range(8))
+                    metrics = http(facts["replica_metrics_url"])[2].decode()
+                    frag.append(_metric(metrics, "tiny_lm_kv_fragmentation_ratio"))
+            short_ms.sort()
+            results[iso] = (statistics.median(short_ms), short_ms[int(0.9 * len(short_ms))], statistics.mean(frag),
+                            _metric(metrics, "tiny_lm_kv_residency_seconds"))
+        finally:
+            d.down(say=lambda _m: None)
+    for iso in ("true", "false"):
+        p50, p90, fr, res = results[iso]
+        print(f"\nisolate_kv_cache {iso:5}: short requests p50 {p50:.1f} ms p90 {p90:.1f} ms, fragmentation "
+              f"{fr:.2f}, KV residency {res:.2f} s")
+    assert results["false"][0] > 1.2 * results["true"][0]
+    assert results["false"][2] > results["true"][2] + 0.1
+    assert results["false"][3] > results["true"][3]
+
+
+def test_residue_exhausts_the_pool_like_an_oom(tmp_path):
+    """Residue of mid-size requests cannot hold a bigger one; with eviction `none` it is never evicted: OOM."""
+    d, facts = start(tmp_path, 18340, replicas=1,
+                     model_params={"isolate_kv_cache": "false", "cache_eviction_policy": "none",
+                                   "memory_budget": "8MiB"})
+    try:
+        url = facts["replica_url"]
+        with ThreadPoolExecutor(3) as pool:
+            assert list(pool.map(lambda _: generate(url, "M" * 1000, 2)[0], range(3))) == [200] * 3
+        status, headers, body = generate(facts["url"], "L" * 2000, 2)
+        print(f"\nKV pool 8 MiB, residue of 3 x 1000-token requests, then 2000 tokens: HTTP {status} {body[:120]!r}")
+        assert status >= 400 and b"out of memory" in body and float(headers["X-Model-Latency"]) > 0
+        assert _metric(http(facts["replica_metrics_url"])[2].decode(), "tiny_lm_kv_oom_total") >= 1
+    finally:
+        d.down(say=lambda _m: None)
+
+
+def _flood(url: str, seconds: float) -> threading.Thread:
+    """Keep one replica busy with long-context requests sent to it directly (not through the gateway)."""
+
+    def run() -> None:
+        end = time.monotonic() + seconds
+        with ThreadPoolExecutor(4) as pool:
+            while time.monotonic() < end:
+                list(pool.map(lambda _: generate(url, "F" * 2000, 24), range(4)))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("mode", ["latency", "status"])
+def test_health_modes_and_a_slowed_replica(tmp_path, mode):
+    port = 18350 if mode == "latency" else 18360
+    d, facts = start(tmp_path, port, health=mode, latency_threshold_ms=150)
+    try:
+        flood = _flood(facts["replicas"][0]["url"], 8.0)
+        seen_unhealthy, t0 = False, time.monotonic()
+        while flood.is_alive():
+            st = json.loads(http(f"{facts['url']}/gateway/status")[2])
+            if not st["replicas"][0]["healthy"]:
+                seen_unhealthy = True
+                break
+            time.sleep(0.2)
+        took = time.monotonic() - t0
+        flood.join()
+        ejections = http(f"{facts['url']}/metrics")[2].decode()
+        print(f"\n{mode} mode: replica 0 slowed on purpose -> ejected={seen_unhealthy} after {took:.1f}s")
+        if mode == "latency":
+            ejected = [ln for ln in ejections.splitlines() if ln.startswith('gateway_ejections_total{replica="triton-0"}')]
+            assert seen_unhealthy and float(ejected[0].rsplit(" ", 1)[1]) >= 1
+        else:
+            assert not seen_unhealthy  # the seed's blind spot: HTTP 200 from a sick replica
+    finally:
+        d.down(say=lambda _m: None)
+
+
+def test_down_after_a_killed_up_leaves_nothing(tmp_path):
+    env = {**os.environ, "CHAOSKIT_REF_DIR": str(tmp_path)}
+    up = subprocess.Popen([sys.executable, "-m", "chaoskit", "ref", "up", "--port", "18370"], env=env, cwd=ROOT,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    d = Deployment(tmp_path)
+    wait_for(lambda: len(d.processes()) >= 2, timeout=60)
+    up.send_signal(signal.SIGKILL)
+    up.wait()
+    pids = [p["pid"] for p in d.processes()]
+    assert any("tritonserver" in " ".join(cmdline(p)) for p in pids)
+    result = subprocess.run([sys.executable, "-m", "chaoskit", "ref", "down"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert_all_gone(d, pids, [18370 + k for k in range(7)])
+    assert not d.processes()
+
+
+def test_bad_options_are_clear_errors(tmp_path):
+    env = {**os.environ, "CHAOSKIT_REF_DIR": str(tmp_path)}
+    for args, text in ((["--engine", "tgi"], "expected triton or vllm"), (["--health", "x"], "status or latency"),
+                       (["--model-param", "novalue"], "KEY=VALUE")):
+        r = subprocess.run([sys.executable, "-m", "chaoskit", "ref", "up", *args], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and text in r.stderr and "Traceback" not in r.stderr
+    with socket.create_server(("127.0.0.1", 18380)):
+        r = subprocess.run([sys.executable, "-m", "chaoskit", "ref", "up", "--port", "18380"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 4 and "ports in use: 18380" in r.stderr
