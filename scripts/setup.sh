@@ -39,8 +39,11 @@ else
   log "not root or no apt-get: skipping system packages (eBPF/network tests will skip with a reason)"
 fi
 
+# The real tritonserver ships in this wheel; --no-deps because only the binary and its bundled libraries are
+# used (its Python client dependencies are not).
+TRITON_WHEEL="nvidia-pytriton==0.7.0"
 stamp=.venv/.chaoskit-installed
-want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml; echo "$TRITON_WHEEL") | sha256sum | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   "$PY" -m venv .venv
@@ -49,6 +52,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   log "installing chaoskit and its dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install -q -e '.[dev]'
+  log "installing $TRITON_WHEEL (tritonserver binary, --no-deps)"
+  .venv/bin/python -m pip install -q --no-deps "$TRITON_WHEEL"
   echo "$want" > "$stamp"
 fi
 log "ready"
