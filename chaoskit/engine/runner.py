@@ -82,6 +82,8 @@ class Runner:
         self._method_task: asyncio.Task | None = None
         self._inflight: set[asyncio.Future] = set()
         self._faults: dict[int, dict[str, Any]] = {}
+        self._in_effect: asyncio.Event | None = None  # set once the method's first fault is applied
+        self._active = 0  # faults in effect now: "during" samples are judged only while one is
 
     # -- events -------------------------------------------------------------------------------------
     def _on_state(self, old: State, new: State, reason: str) -> None:
@@ -231,6 +233,7 @@ class Runner:
     async def _method(self) -> str | None:
         """Run the steps with continuous probing; return an abort reason if a safeguard tripped."""
         abort: list[str] = []
+        self._in_effect = asyncio.Event()
         samplers = self._start_samplers(abort)
         try:
             await self._cancellable(self._steps(self.exp.method))
@@ -280,12 +283,17 @@ class Runner:
 
     async def _sample_loop(self, probe: Probe, every: float, judged: bool, guards: list[Safeguard],
                            abort: list[str]) -> None:
+        assert self._in_effect is not None
+        if not guards:  # "during" means while a fault is in effect; safeguards watch the applies too
+            await self._in_effect.wait()
         start = time.monotonic()
         deviated = False
         while True:
-            sample = await take_sample(probe, "during" if judged else "safeguard")
+            judging = judged and self._active > 0
+            phase = "during" if judging else ("between" if judged else "safeguard")  # between: no fault in effect
+            sample = await take_sample(probe, phase)
             self._record(sample)
-            if judged and sample.verdict != "ok" and not deviated:
+            if judging and sample.verdict != "ok" and not deviated:
                 deviated = True  # the first deviation of each probe is the news; the journal has every sample
                 self.status.deviate(f"{probe.spec.name} deviated during the method: "
                                     + (sample.error or "; ".join(d for d in sample.details)))
@@ -344,9 +352,13 @@ class Runner:
         fault["applied_at"] = time.time()
         fault["apply_ms"] = round((time.perf_counter() - t0) * 1000, 3)
         self.journal.emit("fault_applied", **fault)
+        self._active += 1
+        if self._in_effect is not None:
+            self._in_effect.set()
         if step.duration is None:
             return  # stays until the rollback phase
         await asyncio.sleep(step.duration)
+        self._active -= 1  # from here on, samples see the revert, not the fault
         entry = Entry(entry_id, inj.type, final, applied=True)
         error = await asyncio.to_thread(self._revert_one, entry)
         if error:
