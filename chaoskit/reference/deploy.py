@@ -142,12 +142,24 @@ class Deployment:
         self._save("facts.json", facts)
         return facts
 
-    def _netns(self, i: int) -> tuple[str, str]:
+    @staticmethod
+    def _subnet_base(count: int) -> int:
+        """First k such that no host address lies in 10.203.(8k .. 8k+count-1).0/24 (one /30 per replica)."""
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            used = {a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=socket.AF_INET)}
+        for k in range(32):
+            if not any(a and a.startswith(f"10.203.{8 * k + i}.") for a in used for i in range(count)):
+                return 8 * k
+        raise PreflightError("no free 10.203.x.0/30 subnets for --netns replicas")
+
+    def _netns(self, i: int, octet: int) -> tuple[str, str]:
         """Create namespace i with a veth to the host; return (name, replica address)."""
         from pyroute2 import IPRoute, netns
 
         name, host_if = f"ckref{self.tag}-{i}", f"ckr{self.tag}{i}h"
-        host_ip, ns_ip = f"10.203.{i}.1", f"10.203.{i}.2"
+        host_ip, ns_ip = f"10.203.{octet}.1", f"10.203.{octet}.2"
         netns.create(name)
         self._save("netns.json", [*(self._load("netns.json") or []), name])
         with IPRoute() as ipr:
@@ -167,9 +179,10 @@ class Deployment:
         backends = triton.backend_dir(self.root / "backends")
         env = {**triton.env(), "CHAOSKIT_REF_DIR": str(self.root)}
         replicas = []
+        base = self._subnet_base(opts.replicas) if opts.netns else 0
         for i in range(opts.replicas):
             http, grpc, metrics = (opts.port + 1 + 3 * i + k for k in range(3))
-            ns, host = (self._netns(i) if opts.netns else (None, "127.0.0.1"))
+            ns, host = (self._netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
             argv = triton.argv(repo, backends, host, http, grpc, metrics)
             if ns:
                 argv = [shutil.which("ip") or "/usr/sbin/ip", "netns", "exec", ns, *argv]
