@@ -1,0 +1,88 @@
+"""Reference deployment benchmark: startup time and memory of the Triton engine (and of vLLM when installed).
+
+For each of N runs (default 3): `ref up` with one replica, time until a real generate request succeeds
+through the gateway, resident memory (RSS) of the replica's whole process group (tritonserver + python
+backend stubs) and of the gateway, then `ref down`. Anchor, same run: a bare tritonserver with an empty
+model repository, time to ready (what model loading adds on top of the server itself).
+
+RESULT keys: triton_startup_s (median), triton_bare_ready_s (anchor median), model_load_overhead_ratio
+(startup / bare), triton_replica_rss_mib, gateway_rss_mib.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from chaoskit.reference import triton
+from chaoskit.reference.deploy import Deployment, RefOptions
+from chaoskit.targets.process import group_members
+
+N = int(os.environ.get("BENCH_RUNS", "3"))
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_mib(pgid: int) -> float:
+    total = 0
+    for pid in group_members(pgid):
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+        except OSError:
+            pass
+    return total / 2**20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bare_ready_s(tmp: Path) -> float:
+    (tmp / "empty").mkdir(exist_ok=True)
+    backends = triton.backend_dir(tmp / "backends")
+    http = free_port()
+    argv = triton.argv(tmp / "empty", backends, "127.0.0.1", http, free_port(), free_port())
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, env=triton.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except OSError:
+                time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def main() -> None:
+    starts, bares, replica_rss, gateway_rss = [], [], [], []
+    for i in range(N):
+        with tempfile.TemporaryDirectory() as tmp:
+            bares.append(bare_ready_s(Path(tmp)))
+            d = Deployment(Path(tmp) / "ref")
+            t0 = time.monotonic()
+            d.up(RefOptions(port=19000 + 10 * i, replicas=1), say=lambda _m: None)
+            starts.append(time.monotonic() - t0)
+            procs = {p["name"]: p["pid"] for p in d.processes()}
+            replica_rss.append(rss_mib(procs["triton-0"]))
+            gateway_rss.append(rss_mib(procs["gateway"]))
+            print(f"run {i + 1}: up {starts[-1]:.2f}s (bare tritonserver ready {bares[-1]:.2f}s), replica RSS "
+                  f"{replica_rss[-1]:.0f} MiB, gateway {gateway_rss[-1]:.0f} MiB")
+            d.down(say=lambda _m: None)
+    s, b = statistics.median(starts), statistics.median(bares)
+    print(f"RESULT triton_startup_s={s:.2f} triton_bare_ready_s={b:.2f} model_load_overhead_ratio={s / b:.2f} "
+          f"triton_replica_rss_mib={statistics.median(replica_rss):.0f} gateway_rss_mib={statistics.median(gateway_rss):.0f}")
+
+
+if __name__ == "__main__":
+    main()
