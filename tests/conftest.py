@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from chaoskit.errors import PreflightError
+from chaoskit.targets.cgroups import IoHierarchy, find_io_hierarchy
 from chaoskit.targets.process import proc_state  # noqa: F401  (re-exported for the tests)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,3 +62,38 @@ def chaoskit(*args: str, state: Path, **kw) -> subprocess.Popen:
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def hierarchy_or_skip() -> IoHierarchy:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create loop devices and cgroups")
+    try:
+        return find_io_hierarchy()
+    except PreflightError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture
+def loopdev(tmp_path):
+    hierarchy_or_skip()
+    img = tmp_path / "disk.img"
+    with open(img, "wb") as f:
+        f.truncate(64 * 1024 * 1024)
+    try:
+        dev = subprocess.run(["losetup", "--find", "--show", str(img)], check=True, capture_output=True,
+                             text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"cannot create a loop device here: {e}")
+    yield dev
+    subprocess.run(["losetup", "-d", dev], check=False)
+
+
+@pytest.fixture
+def mounted(loopdev, tmp_path):
+    """An ext4 filesystem on the test's loop device, mounted in the test's tmp dir."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mkfs.ext4", "-q", "-F", loopdev], check=True, capture_output=True)
+    subprocess.run(["mount", loopdev, str(mnt)], check=True)
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)

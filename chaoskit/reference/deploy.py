@@ -135,7 +135,7 @@ class Deployment:
             "engine": opts.engine, "url": gw["url"], "gateway_port": opts.port, "health_mode": opts.health,
             "replicas": replicas, "replica_url": r0["url"], "replica_host": r0["host"], "replica_port": r0["port"],
             "replica_metrics_url": r0["metrics_url"], "replica_pid": r0["pid"], "replica_pids": [r["pid"] for r in replicas],
-            "model_repository": str(self.root / "model_repository"), "startup_s": round(time.monotonic() - t_start, 2),
+            "model_repository": str(self.root / "model_repository"), "python": sys.executable, "startup_s": round(time.monotonic() - t_start, 2),
         }
         if opts.netns:
             facts["netns"] = r0["netns"]

@@ -11,6 +11,7 @@ import sysconfig
 from pathlib import Path
 
 from chaoskit.errors import PreflightError
+from chaoskit.reference.tinylm import WEIGHTS_FILE, init_weights, save_weights
 
 MODEL_REPOSITORY = Path(__file__).resolve().parent / "model_repository"
 INSTALL_HINT = "pip install --no-deps nvidia-pytriton==0.7.0 (make setup does it)"
@@ -51,8 +52,10 @@ def model_repository(dest: Path, params: dict[str, str]) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(MODEL_REPOSITORY, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    weights = init_weights()
     for cfg in dest.glob("*/config.pbtxt"):
         cfg.write_text(set_parameters(cfg.read_text(), params))
+        save_weights(cfg.parent / "1" / WEIGHTS_FILE, weights)  # read at load time, like real model weights
     return dest
 
 

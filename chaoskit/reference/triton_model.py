@@ -4,12 +4,14 @@ when the model is decoupled), KV-pool metrics through the backend's metrics API.
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the python backend stub
 
-from chaoskit.reference.tinylm import KVCacheOOM, Seq, TinyLM
+from chaoskit.reference.tinylm import WEIGHTS_FILE, KVCacheOOM, Seq, TinyLM, load_weights
 from chaoskit.spec.units import parse_size
 
 DEFAULT_MAX_TOKENS, MAX_TOKENS = 16, 512
@@ -24,7 +26,11 @@ class TritonPythonModel:
         cfg = json.loads(args["model_config"])
         p = _params(cfg)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
-        self.lm = TinyLM(budget_bytes=parse_size(p.get("memory_budget", "128MiB")),
+        weights_file = Path(args["model_repository"]) / args["model_version"] / WEIGHTS_FILE
+        t0 = time.monotonic()
+        weights = load_weights(weights_file) if weights_file.exists() else None
+        self.load_s = time.monotonic() - t0
+        self.lm = TinyLM(weights, budget_bytes=parse_size(p.get("memory_budget", "128MiB")),
                          block_tokens=int(p.get("block_tokens", "16")),
                          isolate=p.get("isolate_kv_cache", "true").lower() == "true",
                          eviction=p.get("cache_eviction_policy", "lru"),
@@ -45,6 +51,8 @@ class TritonPythonModel:
         self.m_oom = fam("tiny_lm_kv_oom_total", "requests failed because the KV pool was exhausted",
                          counter).Metric(labels)
         self.m_bytes.set(self.lm.pool.nbytes)
+        fam("tiny_lm_weights_load_seconds", "time to read the weights at the last load", gauge).Metric(labels).set(
+            self.load_s)
         self.ooms_seen = 0
 
     def _inputs(self, request: Any) -> tuple[bytes, int]:

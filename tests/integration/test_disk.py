@@ -15,34 +15,10 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors.disk import DiskThrottle, DiskThrottleSpec
 from chaoskit.targets.blockdev import resolve_path, whole_disk
 from chaoskit.targets.cgroups import IoHierarchy, find_io_hierarchy
-from tests.conftest import chaoskit, ledgers, wait_for, write
+from tests.conftest import chaoskit, hierarchy_or_skip, ledgers, wait_for, write
 
 HELPER = Path(__file__).resolve().parent.parent / "helpers" / "direct_reader.py"
 RATE = 2 * 1024 * 1024
-
-
-def _hierarchy_or_skip() -> IoHierarchy:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create loop devices and cgroups")
-    try:
-        return find_io_hierarchy()
-    except PreflightError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture
-def loopdev(tmp_path):
-    _hierarchy_or_skip()
-    img = tmp_path / "disk.img"
-    with open(img, "wb") as f:
-        f.truncate(64 * 1024 * 1024)
-    try:
-        dev = subprocess.run(["losetup", "--find", "--show", str(img)], check=True, capture_output=True,
-                             text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError) as e:
-        pytest.skip(f"cannot create a loop device here: {e}")
-    yield dev
-    subprocess.run(["losetup", "-d", dev], check=False)
 
 
 class Reader:
@@ -150,17 +126,6 @@ def test_sigkill_watchdog_restores(loopdev, tmp_path, state_dir):
         reader.stop()
 
 
-@pytest.fixture
-def mounted(loopdev, tmp_path):
-    """An ext4 filesystem on the test's loop device, mounted in the test's tmp dir."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mkfs.ext4", "-q", "-F", loopdev], check=True, capture_output=True)
-    subprocess.run(["mount", loopdev, str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
-
-
 def test_resolution_of_a_file_on_a_mounted_loop_device(loopdev, mounted):
     (mounted / "weights.bin").write_bytes(b"x" * 4096)
     t = resolve_path(mounted / "weights.bin")
@@ -170,7 +135,7 @@ def test_resolution_of_a_file_on_a_mounted_loop_device(loopdev, mounted):
 
 
 def test_refuses_root_disk_and_zero_limits():
-    _hierarchy_or_skip()
+    hierarchy_or_skip()
     with pytest.raises(PreflightError, match="root filesystem"):
         DiskThrottle(DiskThrottleSpec(type="disk.throttle", path="/", rbps="1MiB", pid=os.getpid())).preflight()
     with pytest.raises(ValueError, match="stop all I/O"):
