@@ -21,13 +21,15 @@ out = Console()
 err = Console(stderr=True)
 
 
-def _add_ref() -> None:
+def _add_subcommands() -> None:
+    from chaoskit.cli_load import load
     from chaoskit.cli_ref import ref_app
 
     app.add_typer(ref_app, name="ref")
+    app.command()(load)
 
 
-_add_ref()
+_add_subcommands()
 
 
 def _fail(e: ChaoskitError) -> None:

@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Any
 
+from chaoskit.aio import run_fast
+
 CHUNK = 64 * 1024
 
 
@@ -205,13 +207,7 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
 def main(argv: list[str]) -> int:
     _token, listen, upstream, toxics, until = argv[0], argv[1], argv[2], json.loads(argv[3]), float(argv[4])
     try:
-        import uvloop  # optional, faster
-
-        uvloop.install()
-    except ImportError:
-        pass
-    try:
-        asyncio.run(serve(listen, upstream, toxics, until))
+        run_fast(serve(listen, upstream, toxics, until))
     except OSError as e:
         print(f"cannot listen on {listen}: {e}", file=sys.stderr, flush=True)
         return 1

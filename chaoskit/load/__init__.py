@@ -1,0 +1,1 @@
+"""Open-loop LLM load generation: schedules, clients, HDR recording from intended send times, goodput."""

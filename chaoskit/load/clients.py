@@ -1,0 +1,101 @@
+"""One request of each API, timed: OpenAI completions/chat (streaming SSE or not), Triton KServe v2 infer
+or generate_stream, plain HTTP. Returns the first-token time, token times and the error class."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from chaoskit.errors import ChaoskitError
+
+APIS = ("openai", "openai-chat", "triton", "http")
+
+
+@dataclass
+class Outcome:
+    error: str | None = None  # timeout, connect, http_status, stream_error, other
+    token_times: list[float] = field(default_factory=list)  # time.monotonic() of each token event
+    tokens: int = 0
+    status: int = 0
+
+
+def request_for(api: str, url: str, model: str | None, prompt: str, max_tokens: int, stream: bool,
+                method: str = "GET", body: Any = None) -> tuple[str, str, Any]:
+    """(method, full URL, JSON body or None)."""
+    base = url.rstrip("/")
+    if api == "openai":
+        return "POST", f"{base}/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                                                   "stream": stream, "ignore_eos": True}
+    if api == "openai-chat":
+        return "POST", f"{base}/v1/chat/completions", {"model": model, "max_tokens": max_tokens, "stream": stream,
+                                                        "messages": [{"role": "user", "content": prompt}]}
+    if api == "triton":
+        name = model or "tiny_lm"
+        if stream:
+            return "POST", f"{base}/v2/models/{name}/generate_stream", {"text_input": prompt, "max_tokens": max_tokens}
+        return "POST", f"{base}/v2/models/{name}/infer", {"inputs": [
+            {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": [prompt]},
+            {"name": "max_tokens", "datatype": "INT32", "shape": [1, 1], "data": [max_tokens]}]}
+    if api == "http":
+        return method, url, body
+    raise ChaoskitError(f"unknown api {api!r}: {', '.join(APIS)}")
+
+
+def _event_tokens(api: str, event: dict[str, Any]) -> int:
+    if "error" in event:
+        raise ValueError(str(event["error"])[:200])
+    if api == "openai":
+        return sum(1 for c in event.get("choices", []) if c.get("text"))
+    if api == "openai-chat":
+        return sum(1 for c in event.get("choices", []) if (c.get("delta") or {}).get("content"))
+    return 1 if event.get("text_output") else 0
+
+
+async def send(session: aiohttp.ClientSession, api: str, method: str, url: str, body: Any, stream: bool,
+               timeout: float) -> Outcome:
+    out = Outcome()
+    try:
+        async with asyncio.timeout(timeout):
+            async with session.request(method, url, json=body) as resp:
+                out.status = resp.status
+                if resp.status >= 400:
+                    await resp.read()
+                    out.error = "http_status"
+                    return out
+                if stream and api != "http":
+                    buf = b""
+                    async for chunk in resp.content.iter_any():
+                        buf += chunk
+                        while b"\n" in buf:
+                            line, buf = buf.split(b"\n", 1)
+                            line = line.strip()
+                            if not line.startswith(b"data:"):
+                                continue
+                            data = line[5:].strip()
+                            if data == b"[DONE]":
+                                continue
+                            n = _event_tokens(api, json.loads(data))
+                            if n:
+                                out.token_times.append(time.monotonic())
+                                out.tokens += n
+                else:
+                    payload = await resp.read()
+                    out.token_times.append(time.monotonic())
+                    if api in ("openai", "openai-chat"):
+                        out.tokens = int((json.loads(payload).get("usage") or {}).get("completion_tokens", 1))
+                    else:
+                        out.tokens = 1
+    except TimeoutError:
+        out.error = "timeout"
+    except aiohttp.ClientConnectorError:
+        out.error = "connect"
+    except (ValueError, KeyError):
+        out.error = "stream_error"
+    except (aiohttp.ClientError, OSError):
+        out.error = "other"
+    return out

@@ -1,0 +1,94 @@
+"""The open-loop sender: every request leaves at its intended time whatever the server does; latency is
+measured from that intended time (coordinated-omission correct), service time from the actual send."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from chaoskit.load.clients import request_for, send
+from chaoskit.load.prompts import exact_bytes, from_file, synthetic
+from chaoskit.load.recorder import Recorder
+from chaoskit.load.spec import LoadSpec
+
+SPIN_S = 0.0015  # sleep until this close to the send time, then yield-spin (asyncio sleeps round to 1 ms)
+
+
+def _prompts(spec: LoadSpec) -> list[str]:
+    if spec.prompts_file:
+        return from_file(spec.prompts_file)
+    make = exact_bytes if spec.api == "triton" else synthetic  # tiny_lm counts bytes as tokens
+    return [make(spec.prompt_tokens, spec.seed + i) for i in range(64)]
+
+
+def _good(spec: LoadSpec, e2e: float, ttft: float | None, itls: list[float], tokens: int) -> bool:
+    slo = spec.slo
+    if "e2e" in slo and e2e > slo["e2e"]:
+        return False
+    if "ttft" in slo and (ttft is None or ttft > slo["ttft"]):
+        return False
+    if "itl" in slo and itls and max(itls) > slo["itl"]:
+        return False
+    if "tpot" in slo and ttft is not None and tokens > 1 and (e2e - ttft) / (tokens - 1) > slo["tpot"]:
+        return False
+    return True
+
+
+async def run(spec: LoadSpec, offsets: list[float], start_epoch: float, rec: Recorder,
+              progress: Callable[[Recorder, int], None] | None = None) -> None:
+    """Send at start_epoch + offset for each offset; record into `rec`."""
+    t0 = time.monotonic() + (start_epoch - time.time())  # monotonic, not loop.time(): uvloop's is in ms
+    prompts = _prompts(spec)
+    cap = asyncio.Semaphore(spec.concurrency_cap) if spec.concurrency_cap else None
+    conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=False)
+    in_flight = 0
+
+    async def one(i: int, intended: float) -> None:
+        nonlocal in_flight
+        method, url, body = request_for(spec.api, spec.url, spec.model, prompts[i % len(prompts)], spec.max_tokens,
+                                        spec.stream, spec.method, spec.body)
+        if cap is not None:
+            await cap.acquire()
+        in_flight += 1
+        try:
+            sent = time.monotonic()
+            rec.sent_at(sent - intended)
+            out = await send(session, spec.api, method, url, body, spec.stream, spec.timeout)
+        finally:
+            in_flight -= 1
+            if cap is not None:
+                cap.release()
+        if out.error:
+            rec.failure(out.error)
+            return
+        end = out.token_times[-1] if out.token_times else time.monotonic()
+        streamed = spec.stream and spec.api != "http"
+        ttft = out.token_times[0] - intended if streamed and out.token_times else None
+        itls = [b - a for a, b in zip(out.token_times, out.token_times[1:], strict=False)]
+        e2e = end - intended
+        rec.success(e2e, end - sent, ttft, itls, out.tokens, _good(spec, e2e, ttft, itls, out.tokens))
+
+    async with aiohttp.ClientSession(connector=conn, auto_decompress=False,
+                                     timeout=aiohttp.ClientTimeout(total=None)) as session:
+        tasks: set[asyncio.Task] = set()
+        next_report = time.monotonic()
+        for i, off in enumerate(offsets):
+            intended = t0 + off
+            wait = intended - time.monotonic()
+            if wait > SPIN_S:
+                await asyncio.sleep(wait - SPIN_S)
+            while time.monotonic() < intended:
+                await asyncio.sleep(0)
+            task = asyncio.create_task(one(i, intended))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            if progress is not None and time.monotonic() >= next_report:
+                progress(rec, in_flight)
+                next_report = time.monotonic() + 0.5
+        while tasks:
+            await asyncio.wait(set(tasks), timeout=0.5)
+            if progress is not None:
+                progress(rec, in_flight)

@@ -1,0 +1,60 @@
+"""Arrival schedules: the intended send offsets (seconds from start) of an open-loop run."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from chaoskit.errors import ChaoskitError
+
+
+def offsets(arrival: str, rate: float, duration: float, seed: int = 0, burstiness: float = 1.0,
+            ramp_to: float | None = None, trace: str | None = None) -> list[float]:
+    """constant: every 1/rate; poisson: exponential gaps; gamma: gaps with squared CV = burstiness
+    (1 = Poisson, > 1 burstier); ramp: rate grows linearly to ramp_to; replay: offsets from a file."""
+    rng = random.Random(seed)
+    if arrival == "replay":
+        return _replay(trace, duration)
+    out: list[float] = []
+    t = 0.0
+    while True:
+        if arrival == "constant":
+            t = len(out) / rate
+        elif arrival == "poisson":
+            t += rng.expovariate(rate)
+        elif arrival == "gamma":
+            shape = 1.0 / burstiness
+            t += rng.gammavariate(shape, 1.0 / (rate * shape))
+        elif arrival == "ramp":
+            end = ramp_to if ramp_to is not None else rate
+            now = rate + (end - rate) * min(1.0, t / duration)
+            t += 1.0 / max(now, 1e-9)
+        else:
+            raise ChaoskitError(f"unknown arrival {arrival!r}: constant, poisson, gamma, ramp or replay")
+        if t >= duration:
+            return out
+        out.append(t)
+
+
+def _replay(trace: str | None, duration: float) -> list[float]:
+    """A trace file: one offset (seconds) per line, or JSON lines with "t" (seconds) or "timestamp"."""
+    if not trace:
+        raise ChaoskitError("arrival replay needs a trace file")
+    try:
+        lines = Path(trace).read_text().splitlines()
+    except OSError as e:
+        raise ChaoskitError(f"trace {trace}: {e.strerror}") from None
+    times = []
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            times.append(float(json.loads(line)["t"] if line.startswith("{") else line))
+        except (ValueError, KeyError, TypeError):
+            raise ChaoskitError(f"{trace}:{n}: expected a number of seconds or {{\"t\": seconds}}") from None
+    if not times:
+        raise ChaoskitError(f"{trace}: no arrivals")
+    base = min(times)
+    return sorted(t - base for t in times if t - base < duration)

@@ -1,0 +1,49 @@
+"""What one load run is: target, API, schedule, request shape, SLOs (shared by `chaoskit load` and the slo probe)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from chaoskit.spec.types import Duration, StrictModel
+
+
+class LoadSpec(StrictModel):
+    url: str = Field(min_length=1, description="base URL (openai, triton) or full URL (http)")
+    api: Literal["openai", "openai-chat", "triton", "http"] = "http"
+    model: str | None = Field(None, description="model name (openai: required; triton: default tiny_lm)")
+    rate: float = Field(gt=0, description="requests per second (the schedule's mean)")
+    duration: Duration = Field(description="how long to send")
+    arrival: Literal["constant", "poisson", "gamma", "ramp", "replay"] = "poisson"
+    burstiness: float = Field(1.0, gt=0, description="gamma: squared coefficient of variation of the gaps")
+    ramp_to: float | None = Field(None, gt=0, description="ramp: the rate at the end")
+    trace: str | None = Field(None, description="replay: file of send offsets (seconds)")
+    timeout: Duration = Field(30.0, description="per request")
+    concurrency_cap: int | None = Field(None, gt=0, description="most requests in flight; the rest wait (and "
+                                                                "their wait counts: latency is from the intended send)")
+    prompt_tokens: int = Field(128, gt=0)
+    max_tokens: int = Field(16, gt=0)
+    stream: bool = Field(True, description="openai/triton: stream tokens (SSE) to measure TTFT and ITL")
+    prompts_file: str | None = None
+    method: Literal["GET", "POST"] = "GET"
+    body: Any = None
+    slo: dict[Literal["ttft", "e2e", "tpot", "itl"], Duration] = Field(
+        default_factory=dict, description="per-request limits for goodput, e.g. {ttft: 200ms, e2e: 950ms}")
+    workers: int = Field(1, ge=1, le=64, description="sender processes")
+    seed: int = 0
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL (got {v!r})")
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> LoadSpec:
+        if self.api.startswith("openai") and not self.model:
+            raise ValueError("api openai needs model")
+        if self.arrival == "replay" and not self.trace:
+            raise ValueError("arrival replay needs trace")
+        return self

@@ -1,0 +1,110 @@
+"""The open-loop load generator against local servers with known timing (real sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chaoskit.load.runner import run_load
+from chaoskit.load.spec import LoadSpec
+from tests.conftest import ROOT
+
+HELPER = Path(__file__).resolve().parent.parent / "helpers" / "timed_server.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server():
+    procs = []
+
+    def start(*args: str) -> int:
+        port = free_port()
+        p = subprocess.Popen([sys.executable, str(HELPER), args[0], str(port), *args[1:]], stdout=subprocess.PIPE,
+                             text=True)
+        assert p.stdout and p.stdout.readline().strip() == "ready"
+        procs.append(p)
+        return port
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_coordinated_omission_corrected_p99_matches_the_analytic_value(server):
+    """Constant 200/s; the server stalls S = 0.5 s every T = 2 s. A request arriving in a stall waits for its
+    end: latency uniform on (0, S] for a share S/T of requests, so p99 = S - 0.01 T = 0.48 s. With a
+    concurrency cap of 16 the sender cannot send during a stall: measured from the actual send, the stall
+    mostly disappears (the uncorrected numbers); measured from the intended send it does not."""
+    s, t = 0.5, 2.0
+    port = server("stall", str(s), str(t))
+    summary = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{port}/", rate=200, duration=4 * t,
+                                            arrival="constant", concurrency_cap=16)))
+    analytic = s - 0.01 * t
+    corrected, uncorrected = summary["p99_ms"] / 1e3, summary["service_p99_ms"] / 1e3
+    error = abs(corrected - analytic) / analytic
+    print(f"\nstall {s}s every {t}s at 200/s, cap 16: p99 analytic {analytic * 1e3:.0f} ms, CO-corrected "
+          f"{corrected * 1e3:.1f} ms (error {error:.2%}), uncorrected {uncorrected * 1e3:.1f} ms; p90 analytic "
+          f"{(s - 0.1 * t) * 1e3:.0f} ms, corrected {summary['p90_ms']:.1f} ms, uncorrected "
+          f"{summary['service_p90_ms']:.1f} ms")
+    assert summary["error_rate"] == 0
+    assert error < 0.05
+    # only the 16 requests in flight when a stall starts see it from their actual send: 4% of sends, so the
+    # uncorrected p90 hides the stall that a quarter of the users felt
+    assert summary["service_p90_ms"] < 0.2 * summary["p90_ms"]
+
+
+def test_streaming_ttft_and_itl_match_the_server_timing(server):
+    port = server("sse", "40", "15", "12")
+    summary = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{port}", api="openai", model="m", rate=5,
+                                            duration=2, arrival="constant", max_tokens=12)))
+    print(f"\nSSE server TTFT 40 ms, ITL 15 ms: measured TTFT p50 {summary['ttft_p50_ms']:.2f} ms, "
+          f"ITL p50 {summary['itl_p50_ms']:.2f} ms, TPOT p50 {summary['tpot_p50_ms']:.2f} ms")
+    assert summary["ok"] == 10 and summary["output_tokens"] == 120
+    assert abs(summary["ttft_p50_ms"] - 40) <= 2
+    assert abs(summary["itl_p50_ms"] - 15) <= 2
+    assert abs(summary["tpot_p50_ms"] - 15) <= 2
+
+
+def test_goodput_counts_only_requests_meeting_every_slo(server):
+    port = server("sse", "40", "15", "4")
+    common = {"url": f"http://127.0.0.1:{port}", "api": "openai", "model": "m", "rate": 10, "duration": 1,
+              "arrival": "constant", "max_tokens": 4}
+    met = asyncio.run(run_load(LoadSpec(**common, slo={"ttft": "100ms", "e2e": "200ms"})))
+    missed = asyncio.run(run_load(LoadSpec(**common, slo={"ttft": "20ms"})))
+    assert met["goodput_rps"] == pytest.approx(10, abs=0.5) and missed["goodput_rps"] == 0
+
+
+def test_several_workers_merge_their_histograms(server):
+    port = server("stall", "0", "1")
+    summary = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{port}/", rate=300, duration=2,
+                                            arrival="poisson", workers=2)))
+    assert summary["workers"] == 2 and summary["ok"] == summary["sent"] > 450
+    assert summary["p50_ms"] < 50
+
+
+def test_cli_bad_input_is_a_clear_error():
+    for args, text in ((["--rate", "-1"], "--rate"), (["--api", "grpc", "--rate", "1"], "--api"),
+                       (["--rate", "1", "--slo", "ttft"], "METRIC:LIMIT")):
+        r = subprocess.run([sys.executable, "-m", "chaoskit", "load", "http://127.0.0.1:1/", *args], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and text in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_unreachable_url_is_a_clean_failure_report(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "chaoskit", "load", f"http://127.0.0.1:{free_port()}/", "--rate", "20", "--arrival", "constant",
+                        "--duration", "1s", "--json", str(tmp_path / "s.json")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "connect" in r.stderr
+    assert json.loads((tmp_path / "s.json").read_text())["errors"] == {"connect": 20}
