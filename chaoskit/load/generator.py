@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import aiohttp
 
@@ -37,7 +37,7 @@ def _good(spec: LoadSpec, e2e: float, ttft: float | None, itls: list[float], tok
     return True
 
 
-async def run(spec: LoadSpec, offsets: list[float], start_epoch: float, rec: Recorder,
+async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec: Recorder,
               progress: Callable[[Recorder, int], None] | None = None) -> None:
     """Send at start_epoch + offset for each offset; record into `rec`."""
     t0 = time.monotonic() + (start_epoch - time.time())  # monotonic, not loop.time(): uvloop's is in ms

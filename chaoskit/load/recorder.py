@@ -56,6 +56,11 @@ class Recorder:
     def failure(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
+    def reset(self) -> None:
+        """Start a new window (continuous probing reports per window)."""
+        fresh = Recorder()
+        self.__dict__.update(fresh.__dict__)
+
     # ---------------------------------------------------------------- across processes
 
     def to_json(self) -> dict[str, Any]:

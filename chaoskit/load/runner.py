@@ -1,4 +1,5 @@
-"""Run a load spec across worker processes and merge their histograms into one summary."""
+"""Run a load spec across worker processes and merge their histograms: one bounded run (`run_load`) or an
+open-ended one reporting per window (`ContinuousLoad`, for probes that sample during a whole experiment)."""
 
 from __future__ import annotations
 
@@ -10,57 +11,128 @@ from collections.abc import Callable
 from typing import Any
 
 from chaoskit.errors import ChaoskitError
-from chaoskit.load import schedule
 from chaoskit.load.recorder import Recorder
+from chaoskit.load.schedule import iter_offsets
 from chaoskit.load.spec import LoadSpec
 
 SPAWN_LEAD_S = 1.0  # workers start sending this long after launch (python start-up and imports)
 
 
-async def run_load(spec: LoadSpec, on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    offs = schedule.offsets(spec.arrival, spec.rate, spec.duration, spec.seed, spec.burstiness, spec.ramp_to,
-                            spec.trace)
-    if not offs:
-        raise ChaoskitError(f"the schedule has no sends (rate {spec.rate}/s for {spec.duration}s)")
-    start = time.time() + SPAWN_LEAD_S
-    n = min(spec.workers, len(offs))
-    procs = [await asyncio.create_subprocess_exec(sys.executable, "-m", "chaoskit.load.worker",
-                                                  stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                  stderr=asyncio.subprocess.PIPE) for _ in range(n)]
-    progress: list[dict[str, Any]] = [{} for _ in procs]
-    rec = Recorder()
+class _Workers:
+    """The sender processes of one run and the lines they print."""
 
-    async def drive(k: int, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdin and proc.stdout and proc.stderr
-        proc.stdin.write(json.dumps({"spec": spec.model_dump(mode="json"), "offsets": offs[k::n],
-                                     "start_epoch": start}).encode())
-        await proc.stdin.drain()
-        proc.stdin.close()
-        got = False
+    def __init__(self, spec: LoadSpec, window_s: float | None = None, open_ended: bool = False):
+        if next(iter_offsets(spec.arrival, spec.rate, spec.duration, spec.seed, spec.burstiness, spec.ramp_to,
+                             spec.trace), None) is None:
+            raise ChaoskitError(f"the schedule has no sends (rate {spec.rate}/s for {spec.duration}s)")
+        self.spec, self.window_s, self.open_ended = spec, window_s, open_ended
+        self.start = time.time() + SPAWN_LEAD_S
+        self.procs: list[asyncio.subprocess.Process] = []
+
+    async def spawn(self) -> None:
+        n = self.spec.workers
+        for k in range(n):
+            p = await asyncio.create_subprocess_exec(sys.executable, "-m", "chaoskit.load.worker",
+                                                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                     stderr=asyncio.subprocess.PIPE)
+            assert p.stdin is not None
+            p.stdin.write(json.dumps({"spec": self.spec.model_dump(mode="json"), "start_epoch": self.start,
+                                      "worker": k, "workers": n, "window_s": self.window_s,
+                                      "open_ended": self.open_ended}).encode())
+            await p.stdin.drain()
+            p.stdin.close()
+            self.procs.append(p)
+
+    async def lines(self, k: int):
+        proc = self.procs[k]
+        assert proc.stdout is not None
         async for line in proc.stdout:
-            if line.startswith(b"P "):
-                progress[k] = json.loads(line[2:])
-                if on_progress is not None:
-                    on_progress(_sum(progress, time.time() - start))
-            elif line.startswith(b"R "):
-                rec.merge(json.loads(line[2:]))
-                got = True
-        err = (await proc.stderr.read()).decode(errors="replace")
+            yield line[:1], json.loads(line[2:])
+        err = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
         await proc.wait()
-        if not got:
+        if proc.returncode:
             raise ChaoskitError(f"load worker {k} failed (exit {proc.returncode}): {err.strip()[-400:]}")
 
-    try:
-        await asyncio.gather(*(drive(k, p) for k, p in enumerate(procs)))
-    finally:
-        for p in procs:
+    async def stop(self) -> None:
+        for p in self.procs:
             if p.returncode is None:
                 p.kill()
                 await p.wait()
+
+
+async def run_load(spec: LoadSpec, on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    w = _Workers(spec)
+    rec = Recorder()
+    progress: list[dict[str, Any]] = [{} for _ in range(spec.workers)]
+    got = [False] * spec.workers
+
+    async def drive(k: int) -> None:
+        async for kind, data in w.lines(k):
+            if kind == b"P":
+                progress[k] = data
+                if on_progress is not None:
+                    on_progress(_sum(progress, time.time() - w.start))
+            elif kind == b"R":
+                rec.merge(data)
+                got[k] = True
+        if not got[k]:
+            raise ChaoskitError(f"load worker {k} ended without a result")
+
+    try:
+        await w.spawn()
+        await asyncio.gather(*(drive(k) for k in range(spec.workers)))
+    finally:
+        await w.stop()
     summary = rec.summary(spec.rate, spec.duration)
-    summary["workers"] = n
+    summary["workers"] = spec.workers
     summary["recorder"] = rec
     return summary
+
+
+class ContinuousLoad:
+    """Load that runs until closed; `window()` returns the summary of everything completed since the last call
+    (waiting for at least one whole window)."""
+
+    def __init__(self, spec: LoadSpec, window_s: float):
+        self.spec, self.window_s = spec, window_s
+        self._w = _Workers(spec, window_s=window_s, open_ended=True)
+        self._parts: dict[int, list[dict[str, Any]]] = {}
+        self._ready: asyncio.Queue[Recorder] = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        await self._w.spawn()
+        self._tasks = [asyncio.create_task(self._drive(k)) for k in range(self.spec.workers)]
+
+    async def _drive(self, k: int) -> None:
+        async for kind, data in self._w.lines(k):
+            if kind == b"W":
+                parts = self._parts.setdefault(data["window"], [])
+                parts.append(data)
+                if len(parts) == self.spec.workers:
+                    rec = Recorder()
+                    for part in self._parts.pop(data["window"]):
+                        rec.merge(part)
+                    self._ready.put_nowait(rec)
+
+    async def window(self, timeout: float) -> dict[str, Any]:
+        for t in self._tasks:
+            if t.done() and t.exception():
+                raise t.exception()  # type: ignore[misc]
+        rec = await asyncio.wait_for(self._ready.get(), timeout)
+        windows = 1
+        while not self._ready.empty():
+            rec.merge(self._ready.get_nowait().to_json())
+            windows += 1
+        summary = rec.summary(self.spec.rate, windows * self.window_s)
+        summary["window_s"] = windows * self.window_s
+        return summary
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._w.stop()
 
 
 def _sum(parts: list[dict[str, Any]], elapsed: float) -> dict[str, Any]:

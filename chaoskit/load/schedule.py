@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 from chaoskit.errors import ChaoskitError
@@ -11,16 +12,23 @@ from chaoskit.errors import ChaoskitError
 
 def offsets(arrival: str, rate: float, duration: float, seed: int = 0, burstiness: float = 1.0,
             ramp_to: float | None = None, trace: str | None = None) -> list[float]:
+    return list(iter_offsets(arrival, rate, duration, seed, burstiness, ramp_to, trace))
+
+
+def iter_offsets(arrival: str, rate: float, duration: float, seed: int = 0, burstiness: float = 1.0,
+                 ramp_to: float | None = None, trace: str | None = None) -> Iterator[float]:
     """constant: every 1/rate; poisson: exponential gaps; gamma: gaps with squared CV = burstiness
-    (1 = Poisson, > 1 burstier); ramp: rate grows linearly to ramp_to; replay: offsets from a file."""
+    (1 = Poisson, > 1 burstier); ramp: rate grows linearly to ramp_to; replay: offsets from a file.
+    Lazy, so an open-ended (continuous) run costs no memory."""
     rng = random.Random(seed)
     if arrival == "replay":
-        return _replay(trace, duration)
-    out: list[float] = []
+        yield from _replay(trace, duration)
+        return
+    n = 0
     t = 0.0
     while True:
         if arrival == "constant":
-            t = len(out) / rate
+            t = n / rate
         elif arrival == "poisson":
             t += rng.expovariate(rate)
         elif arrival == "gamma":
@@ -33,8 +41,9 @@ def offsets(arrival: str, rate: float, duration: float, seed: int = 0, burstines
         else:
             raise ChaoskitError(f"unknown arrival {arrival!r}: constant, poisson, gamma, ramp or replay")
         if t >= duration:
-            return out
-        out.append(t)
+            return
+        n += 1
+        yield t
 
 
 def _replay(trace: str | None, duration: float) -> list[float]:

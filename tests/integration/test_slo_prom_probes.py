@@ -1,0 +1,154 @@
+"""slo and prometheus probes against real local servers, alone and inside `chaoskit run`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+from chaoskit.probes.prom import PromProbe, PromProbeSpec
+from chaoskit.probes.slo import SloProbe, SloProbeSpec
+from tests.conftest import chaoskit, write
+
+HELPER = Path(__file__).resolve().parent.parent / "helpers" / "timed_server.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def quick_server():
+    port = free_port()
+    p = subprocess.Popen([sys.executable, str(HELPER), "stall", str(port), "0", "1"], stdout=subprocess.PIPE, text=True)
+    assert p.stdout and p.stdout.readline().strip() == "ready"
+    yield p, port
+    p.kill()
+    p.wait()
+
+
+def test_slo_window_probe(quick_server):
+    _, port = quick_server
+    spec = SloProbeSpec(type="slo", name="slo", load={"url": f"http://127.0.0.1:{port}/", "rate": 100,
+                                                      "duration": "2s", "arrival": "constant"},
+                        expect={"p99_ms": "< 100", "error_rate": "== 0"})
+    assert spec.timeout == 2 + 30 + 10
+    values = asyncio.run(SloProbe(spec).measure())
+    assert values["sent"] == 200 and values["ok"] == 200 and values["p99_ms"] < 100
+    assert values["achieved_ratio"] == pytest.approx(1.0, abs=0.02)
+
+
+EXPERIMENT = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {{name: slo-continuous}}
+steadyState:
+  probes:
+    - name: slo
+      type: slo
+      mode: continuous
+      window: 1s
+      load: {{url: "http://127.0.0.1:{port}/", rate: 50, duration: 1s, arrival: constant, timeout: 5s}}
+      expect: {{p99_ms: "< 200", error_rate: "< 0.01"}}
+  during: {{every: 1s}}
+  after: {{within: 10s, every: 1s}}
+method:
+  - inject: {{type: process.signal, pid: {pid}, signal: SIGSTOP}}
+    duration: 3s
+"""
+
+
+def test_continuous_slo_probe_flags_a_frozen_server_within_one_interval(quick_server, tmp_path, state_dir):
+    proc, port = quick_server
+    exp = write(tmp_path / "e.yaml", EXPERIMENT.format(port=port, pid=proc.pid))
+    run = chaoskit("run", str(exp), "--out", str(tmp_path / "o"), state=state_dir)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1, out + err
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    applied = s["faults"][0]["applied_at"]
+    first_bad = min(x["t"] + x["duration_ms"] / 1e3 for x in s["samples"] if x["phase"] == "during" and x["verdict"] != "ok")
+    print(f"\ncontinuous slo probe: deviation recorded {first_bad - applied:.2f}s after SIGSTOP (window 1s)")
+    assert first_bad - applied <= 2.5  # the first whole window that contains the freeze, plus its report
+    assert s["recovery_s"] is not None
+    assert any(x["phase"] == "before" and x["verdict"] == "ok" for x in s["samples"])
+
+
+@pytest.fixture
+def metrics_server():
+    reg = CollectorRegistry()
+    c = Counter("demo_requests", "requests", ["replica"], registry=reg)
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    stop = threading.Event()
+
+    def tick() -> None:  # 200/s on replica a, 50/s on b
+        while not stop.is_set():
+            c.labels("a").inc(2)
+            c.labels("b").inc(0.5)
+            time.sleep(0.01)
+
+    threading.Thread(target=tick, daemon=True).start()
+    yield port
+    stop.set()
+    server.shutdown()
+
+
+def test_prometheus_scrape_value_and_rate(metrics_server):
+    url = f"http://127.0.0.1:{metrics_server}/metrics"
+    a = PromProbe(PromProbeSpec(type="prometheus", name="p", url=url, metric="demo_requests_total",
+                                labels={"replica": "a"}, rate_window="1s"))
+    both = PromProbe(PromProbeSpec(type="prometheus", name="q", url=url, metric="demo_requests_total",
+                                   rate_window="1s"))
+
+    async def go():
+        try:
+            return await a.measure(), await both.measure()
+        finally:
+            await a.close()
+            await both.close()
+
+    va, vb = asyncio.run(go())
+    print(f"\nprometheus rate: replica a {va['rate']:.1f}/s (ticks 200/s), all {vb['rate']:.1f}/s (250/s)")
+    assert va["series"] == 1 and vb["series"] == 2 and va["value"] > 0
+    assert va["rate"] == pytest.approx(200, rel=0.15) and vb["rate"] == pytest.approx(250, rel=0.15)
+
+
+def test_prometheus_spec_errors():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="either url"):
+        PromProbeSpec(type="prometheus", name="p")
+    with pytest.raises(ValidationError, match="needs metric"):
+        PromProbeSpec(type="prometheus", name="p", url="http://x/metrics")
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None,
+                    reason="no prometheus server binary here (apt install prometheus) for the PromQL path")
+def test_promql_against_a_real_prometheus(tmp_path, metrics_server):
+    port = free_port()
+    cfg = write(tmp_path / "prom.yml", f"global: {{scrape_interval: 1s}}\nscrape_configs:\n  - job_name: demo\n"
+                                       f"    static_configs: [{{targets: ['127.0.0.1:{metrics_server}']}}]\n")
+    p = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                          f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(6)
+        probe = PromProbe(PromProbeSpec(type="prometheus", name="p", prometheus=f"http://127.0.0.1:{port}",
+                                        query='rate(demo_requests_total{replica="a"}[4s])'))
+        v = asyncio.run(probe.measure())
+        asyncio.run(probe.close())
+        assert v["series"] == 1 and v["value"] == pytest.approx(200, rel=0.25)
+    finally:
+        p.kill()
+        p.wait()
