@@ -46,7 +46,7 @@ def request_for(api: str, url: str, model: str | None, prompt: str, max_tokens: 
     raise ChaoskitError(f"unknown api {api!r}: {', '.join(APIS)}")
 
 
-def _event_tokens(api: str, event: dict[str, Any]) -> int:
+def event_tokens(api: str, event: dict[str, Any]) -> int:
     if "error" in event:
         raise ValueError(str(event["error"])[:200])
     if api == "openai":
@@ -79,7 +79,7 @@ async def send(session: aiohttp.ClientSession, api: str, method: str, url: str, 
                             data = line[5:].strip()
                             if data == b"[DONE]":
                                 continue
-                            n = _event_tokens(api, json.loads(data))
+                            n = event_tokens(api, json.loads(data))
                             if n:
                                 out.token_times.append(time.monotonic())
                                 out.tokens += n

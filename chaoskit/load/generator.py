@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import aiohttp
 
 from chaoskit.load.clients import request_for, send
+from chaoskit.load.fastclient import Pool
 from chaoskit.load.prompts import exact_bytes, from_file, synthetic
 from chaoskit.load.recorder import Recorder
 from chaoskit.load.spec import LoadSpec
@@ -44,19 +46,31 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
     prompts = _prompts(spec)
     cap = asyncio.Semaphore(spec.concurrency_cap) if spec.concurrency_cap else None
     conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=False)
+    fast = Pool(spec.url) if spec.url.startswith("http://") else None  # https goes through aiohttp
+    payloads: dict[int, tuple[str, str, Any, bytes | None]] = {}
     in_flight = 0
+
+    def request(i: int) -> tuple[str, str, Any, bytes | None]:
+        k = i % len(prompts)
+        if k not in payloads:
+            method, url, body = request_for(spec.api, spec.url, spec.model, prompts[k], spec.max_tokens,
+                                            spec.stream, spec.method, spec.body)
+            payloads[k] = (method, url, body, fast.request_bytes(method, url, body) if fast else None)
+        return payloads[k]
 
     async def one(i: int, intended: float) -> None:
         nonlocal in_flight
-        method, url, body = request_for(spec.api, spec.url, spec.model, prompts[i % len(prompts)], spec.max_tokens,
-                                        spec.stream, spec.method, spec.body)
+        method, url, body, raw = request(i)
         if cap is not None:
             await cap.acquire()
         in_flight += 1
         try:
             sent = time.monotonic()
             rec.sent_at(sent - intended)
-            out = await send(session, spec.api, method, url, body, spec.stream, spec.timeout)
+            if fast is not None and raw is not None:
+                out = await fast.send(raw, spec.api, spec.stream, spec.timeout)
+            else:
+                out = await send(session, spec.api, method, url, body, spec.stream, spec.timeout)
         finally:
             in_flight -= 1
             if cap is not None:
@@ -92,3 +106,5 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
             await asyncio.wait(set(tasks), timeout=0.5)
             if progress is not None:
                 progress(rec, in_flight)
+    if fast is not None:
+        fast.close()

@@ -1,0 +1,162 @@
+"""Load generator benchmark: how fast can `chaoskit load` send open-loop, and how accurate is it.
+
+Same machine, same endpoint: nginx (Debian) on 127.0.0.1 serving a fixed OpenAI streaming completion (an SSE
+body of a few `data:` chunks and `data: [DONE]`) for POST /v1/completions.
+- anchor: `wrk` (closed loop, as fast as it can) requests/s against that endpoint;
+- chaoskit: the highest open-loop rate (constant arrivals, api openai with SSE parsing, one worker per core)
+  at which <= 1% of sends leave more than 1 ms late and nothing fails (doubling, then bisection);
+- vLLM's `vllm bench serve` when vLLM is installed (not here: the key is then omitted);
+- accuracy: a server that stalls exactly S = 0.5 s every T = 2 s at 200/s; CO-corrected p99 vs the analytic
+  S - 0.01 T.
+
+RESULT keys: rate_vs_wrk (chaoskit max rate / wrk req/s), rate_vs_vllm_bench (when vLLM is present),
+co_p99_error (fraction), chaoskit_max_rps, wrk_rps.
+Needs root or the packages `nginx-light` and `wrk` (installed with apt when missing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from chaoskit.load.runner import run_load
+from chaoskit.load.spec import LoadSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+STALL_SERVER = ROOT / "tests" / "helpers" / "timed_server.py"
+TRIAL_S = float(os.environ.get("BENCH_TRIAL_S", "3"))
+SSE = "".join(f'data: {{"choices":[{{"text":"t{i}","index":0}}]}}\\n\\n' for i in range(4)) + "data: [DONE]\\n\\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_tools() -> None:
+    missing = [p for p, b in (("nginx-light", "nginx"), ("wrk", "wrk")) if not shutil.which(b)]
+    if missing:
+        if os.geteuid() != 0:
+            sys.exit(f"bench needs {' '.join(missing)} (apt install them)")
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], check=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, capture_output=True)
+
+
+def start_nginx(tmp: Path, port: int) -> subprocess.Popen:
+    conf = tmp / "nginx.conf"
+    conf.write_text(f"""
+worker_processes auto;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_temp_path {tmp}/body;
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    location = /v1/completions {{
+      default_type text/event-stream;
+      return 200 '{SSE}';
+    }}
+  }}
+}}
+""")
+    proc = subprocess.Popen(["nginx", "-p", str(tmp), "-c", str(conf), "-g", "daemon off;"])
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.1).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("nginx did not start")
+
+
+def wrk_rps(tmp: Path, url: str) -> float:
+    lua = tmp / "post.lua"
+    lua.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                   'wrk.body = \'{"model":"m","prompt":"hello","max_tokens":4,"stream":true}\'\n')
+    out = subprocess.run(["wrk", "-t", str(os.cpu_count() or 1), "-c", "64", "-d", "5s", "-s", str(lua), url],
+                         capture_output=True, text=True, check=True).stdout
+    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+
+def trial(base: str, rate: float) -> tuple[bool, dict]:
+    spec = LoadSpec(url=base, api="openai", model="m", rate=rate, duration=TRIAL_S, arrival="constant",
+                    max_tokens=4, prompt_tokens=8, workers=os.cpu_count() or 1, timeout=5)
+    s = asyncio.run(run_load(spec))
+    s.pop("recorder")
+    ok = s["late_share"] <= 0.01 and s["error_rate"] == 0 and s["output_tokens"] == 4 * s["ok"]
+    print(f"  chaoskit load {rate:8.0f}/s: achieved {s['achieved_rps']:8.0f}/s, late {s['late_share']:.2%}, "
+          f"errors {s['error_rate']:.3%}, p99 {s.get('p99_ms', 0):.2f} ms -> {'ok' if ok else 'too fast'}")
+    return ok, s
+
+
+def max_rate(base: str) -> float:
+    lo, hi, rate = 0.0, None, 500.0
+    while hi is None:
+        ok, _ = trial(base, rate)
+        if ok:
+            lo, rate = rate, rate * 2
+        else:
+            hi = rate
+        if rate > 200_000:
+            break
+    hi = hi or rate
+    for _ in range(4):
+        mid = (lo + hi) / 2
+        ok, _ = trial(base, mid)
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo
+
+
+def co_error() -> float:
+    port = free_port()
+    p = subprocess.Popen([sys.executable, str(STALL_SERVER), "stall", str(port), "0.5", "2"], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout and p.stdout.readline().strip() == "ready"
+        s = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{port}/", rate=200, duration=8, arrival="constant",
+                                          concurrency_cap=16)))
+    finally:
+        p.kill()
+        p.wait()
+    analytic = 0.48
+    err = abs(s["p99_ms"] / 1e3 - analytic) / analytic
+    print(f"stall server: analytic p99 480 ms, CO-corrected {s['p99_ms']:.1f} ms, uncorrected "
+          f"{s['service_p99_ms']:.1f} ms (p90: {s['p90_ms']:.1f} vs {s['service_p90_ms']:.1f} ms)")
+    return err
+
+
+def main() -> None:
+    ensure_tools()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        port = free_port()
+        nginx = start_nginx(tmp, port)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wrk = wrk_rps(tmp, base + "/v1/completions")
+            print(f"wrk (closed loop, {os.cpu_count()} threads, 64 connections): {wrk:.0f} req/s")
+            best = max_rate(base)
+            print(f"chaoskit load: max open-loop rate with <= 1% sends > 1 ms late: {best:.0f}/s")
+        finally:
+            nginx.terminate()
+            nginx.wait()
+    err = co_error()
+    vllm = "" if shutil.which("vllm") is None else " rate_vs_vllm_bench=nan"  # measured where vLLM is installed
+    print(f"RESULT rate_vs_wrk={best / wrk:.3f}{vllm} co_p99_error={err:.4f} chaoskit_max_rps={best:.0f} "
+          f"wrk_rps={wrk:.0f}")
+
+
+if __name__ == "__main__":
+    main()
