@@ -9,7 +9,7 @@ import json
 import time
 from urllib.parse import urlsplit
 
-from chaoskit.load.clients import Outcome, event_tokens
+from chaoskit.load.clients import Outcome, raw_event_tokens
 
 
 class _Conn(asyncio.Protocol):
@@ -132,7 +132,7 @@ class _Conn(asyncio.Protocol):
             if line.startswith(b"data:"):
                 payload = line[5:].strip()
                 if payload != b"[DONE]":
-                    n = event_tokens(self.api, json.loads(payload))
+                    n = raw_event_tokens(self.api, payload)
                     if n:
                         self.out.token_times.append(now)
                         self.out.tokens += n
@@ -148,6 +148,15 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
 
+def _expire(conn: _Conn) -> None:
+    if conn.fut is not None and not conn.fut.done():
+        conn.out.error = "timeout"
+        conn.keep_alive = False
+        conn.fut.set_result(conn.out)
+        if conn.transport is not None:
+            conn.transport.close()
+
+
 class Pool:
     """Keep-alive connections to one host:port."""
 
@@ -159,7 +168,7 @@ class Pool:
     async def _get(self) -> _Conn:
         while self.idle:
             c = self.idle.pop()
-            if not c.closed:
+            if not c.closed and c.transport is not None and not c.transport.is_closing():
                 return c
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
@@ -175,16 +184,20 @@ class Pool:
         return head.encode() + b"\r\n" + data
 
     async def send(self, payload: bytes, api: str, stream: bool, timeout: float) -> Outcome:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         try:
-            conn = await asyncio.wait_for(self._get(), timeout)
+            conn = self.idle.pop() if self.idle else None  # the common case: no await, no task
+            if conn is None or conn.closed or conn.transport is None or conn.transport.is_closing():
+                conn = await asyncio.wait_for(self._get(), timeout)
         except (OSError, TimeoutError):
             return Outcome(error="connect")
+        fut = conn.start(payload, api, stream)
+        timer = loop.call_at(deadline, _expire, conn)  # a timer, not wait_for: no task per request
         try:
-            out = await asyncio.wait_for(conn.start(payload, api, stream), timeout)
-        except TimeoutError:
-            if conn.transport is not None:
-                conn.transport.close()
-            return Outcome(error="timeout")
+            out = await fut
+        finally:
+            timer.cancel()
         if conn.keep_alive and not conn.closed and not out.error:
             self.idle.append(conn)
         elif conn.transport is not None and not conn.closed:
