@@ -23,6 +23,7 @@ bench: setup
 	$(PY) bench/rollback_bench.py
 	$(PY) bench/proxy_bench.py
 	$(PY) bench/reference_bench.py
+	$(PY) bench/load_bench.py
 
 clean:
 	rm -rf .venv build *.egg-info chaoskit-runs .pytest_cache
