@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from chaoskit.probes.base import Probe
 from chaoskit.probes.command import CommandProbe
+from chaoskit.probes.ebpf import EbpfProbe
 from chaoskit.probes.http import HttpProbe
 from chaoskit.probes.prom import PromProbe
 from chaoskit.probes.slo import SloProbe
 
-PROBES: tuple[type[Probe], ...] = (HttpProbe, CommandProbe, SloProbe, PromProbe)
+PROBES: tuple[type[Probe], ...] = (HttpProbe, CommandProbe, SloProbe, PromProbe, EbpfProbe)
 
 
 def probe_class(type_name: str) -> type[Probe]:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import socket
 import struct
-import subprocess
-import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -21,132 +16,14 @@ from chaoskit.injectors.network import Bandwidth, Netem, dist_table, netem_messa
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.tc import netem_missing_reason
 from tests.conftest import chaoskit, ledgers, wait_for, write
+from tests.helpers.netpair import CLIENT_IP, SERVER_IP, Pair, Server, connect_share, download_rate, sh, upload_rate
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-SERVER_IP, CLIENT_IP = "10.211.0.1", "10.211.0.2"
-
-
-def sh(*argv: str) -> str:
-    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-
-
-class Pair:
-    """Two namespaces joined by a veth pair: srv/eth0 = SERVER_IP, cli/eth0 = CLIENT_IP."""
-
-    def __init__(self) -> None:
-        tag = uuid.uuid4().hex[:6]
-        self.srv, self.cli = f"ckt-srv-{tag}", f"ckt-cli-{tag}"
-        for ns in (self.srv, self.cli):
-            sh("ip", "netns", "add", ns)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "-n", self.srv, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", self.cli)
-        for ns, ip in ((self.srv, SERVER_IP), (self.cli, CLIENT_IP)):
-            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
-            sh("ip", "-n", ns, "link", "set", "eth0", "up")
-
-    def path(self, ns: str) -> str:
-        return f"/run/netns/{ns}"
-
-    def qdiscs(self, ns: str) -> list[dict]:
-        """tc's own view (an observer independent of the code under test)."""
-        return json.loads(sh("ip", "netns", "exec", ns, "tc", "-j", "qdisc", "show"))
-
-    def ruleset(self, ns: str) -> list[dict]:
-        out = json.loads(sh("ip", "netns", "exec", ns, "nft", "-j", "list", "ruleset"))["nftables"]
-        return [x for x in out if "metainfo" not in x]
-
-    def close(self) -> None:
-        for ns in (self.srv, self.cli):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
 @pytest.fixture
 def pair():
     p = Pair()
     yield p
     p.close()
-
-
-class Server:
-    """A TCP server in a namespace: `bulk` sends N bytes per connection, `sink` reads to EOF; else it just accepts."""
-
-    def __init__(self, ns_path: str, port: int = 7000, bulk: int = 0, sink: bool = False):
-        self.sock = run_in_netns(ns_path, lambda: socket.create_server(("0.0.0.0", port), backlog=1024))
-        self.bulk, self.sink, self.port = bulk, sink, port
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                if self.bulk:
-                    conn.sendall(b"x" * self.bulk)
-                elif self.sink:  # read to EOF, then say so
-                    while conn.recv(1 << 16):
-                        pass
-                    conn.sendall(b"k")
-                else:
-                    conn.recv(1)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def download_rate(ns_path: str, port: int, nbytes: int) -> float:
-    """Bytes/s of one download of `nbytes` from the server, measured in the client namespace."""
-
-    def go() -> float:
-        with socket.create_connection((SERVER_IP, port), timeout=30) as s:
-            t0, got = time.monotonic(), 0
-            while got < nbytes:
-                chunk = s.recv(1 << 16)
-                if not chunk:
-                    break
-                got += len(chunk)
-            return got / (time.monotonic() - t0)
-
-    return run_in_netns(ns_path, go)
-
-
-def upload_rate(ns_path: str, port: int, nbytes: int) -> float:
-    """Bytes/s of one upload to a sink server, from the first byte sent to the server's acknowledgement."""
-
-    def go() -> float:
-        with socket.create_connection((SERVER_IP, port), timeout=30) as s:
-            t0 = time.monotonic()
-            s.sendall(b"u" * nbytes)
-            s.shutdown(socket.SHUT_WR)
-            assert s.recv(1) == b"k"
-            return nbytes / (time.monotonic() - t0)
-
-    return run_in_netns(ns_path, go)
-
-
-def connect_share(ns_path: str, port: int, n: int, timeout: float) -> float:
-    """Share of n concurrent connects that complete within `timeout` (one SYN each: SYN retry comes after 1 s)."""
-
-    async def one() -> bool:
-        try:
-            _, w = await asyncio.wait_for(asyncio.open_connection(SERVER_IP, port), timeout)
-            w.close()
-            return True
-        except (TimeoutError, OSError):
-            return False
-
-    async def main() -> float:
-        res = await asyncio.gather(*(one() for _ in range(n)))
-        return sum(res) / n
-
-    return run_in_netns(ns_path, lambda: asyncio.run(main()))
 
 
 # ------------------------------------------------------------------ netem: what is sent (always runs)

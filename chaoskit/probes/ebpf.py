@@ -1,0 +1,250 @@
+"""ebpf probe: the bcc programs in bpf/ on kernel tracepoints, compiled once per run (in preflight) and kept
+attached; each sample reads and clears the in-kernel maps, so it reports the window since the last one."""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from chaoskit.errors import PreflightError
+from chaoskit.probes.base import Probe, ProbeSpecBase
+
+BCC_PATH = "/usr/lib/python3/dist-packages"
+TRACEFS = Path("/sys/kernel/tracing")
+PROGRAMS = ("tcp_retransmits", "tcp_connect_latency", "oom_kills", "block_io_latency", "runqueue_latency")
+HISTOGRAMS = ("tcp_connect_latency", "block_io_latency", "runqueue_latency")
+
+
+def bpf_dir() -> Path:
+    return Path(os.environ.get("CHAOSKIT_BPF_DIR", Path(__file__).resolve().parents[2] / "bpf"))
+
+
+class EbpfProbeSpec(ProbeSpecBase):
+    type: Literal["ebpf"]
+    program: Literal["tcp_retransmits", "tcp_connect_latency", "oom_kills", "block_io_latency", "runqueue_latency"]
+    pid: int | None = Field(None, gt=0, description="connect latency: connects by this process; runqueue: its "
+                                                    "threads; oom_kills: victims in its process tree")
+    netns: str | None = Field(None, min_length=1, description="tcp_*: only sockets whose IPv4 source is an "
+                                                              "address of this namespace (name or path)")
+    port: int | None = Field(None, gt=0, lt=65536, description="tcp_retransmits: source or destination port; "
+                                                               "tcp_connect_latency: destination port")
+    device: str | None = Field(None, min_length=1, description="block_io_latency: a block device, a path on it, "
+                                                               "or MAJOR:MINOR")
+    expect_keys: ClassVar[tuple[str, ...]] = ("count", "rate", "p50_us", "p90_us", "p99_us", "max_us", "mean_us",
+                                              "victims", "last_victim_pid", "top_destination")
+
+    @model_validator(mode="after")
+    def _filters(self) -> EbpfProbeSpec:
+        allowed = {"tcp_retransmits": {"netns", "port"}, "tcp_connect_latency": {"netns", "port", "pid"},
+                   "oom_kills": {"pid"}, "block_io_latency": {"device"}, "runqueue_latency": {"pid"}}[self.program]
+        for f in ("pid", "netns", "port", "device"):
+            if getattr(self, f) is not None and f not in allowed:
+                raise ValueError(f"{f} does not filter {self.program} (it takes: {', '.join(sorted(allowed))})")
+        return self
+
+
+def bucket_value(b: int) -> float:
+    """Midpoint of a log-linear bucket (bpf/hist.h)."""
+    if b < 8:
+        return float(b)
+    lg, sub = divmod(b, 8)
+    width = 1 << (lg - 3)
+    return float(((8 + sub) << (lg - 3)) + width / 2)
+
+
+def hist_values(counts: dict[int, int]) -> dict[str, Any]:
+    total = sum(counts.values())
+    out: dict[str, Any] = {"count": total}
+    if not total:
+        return out
+    ordered = sorted(counts.items())
+    for name, q in (("p50_us", 0.5), ("p90_us", 0.9), ("p99_us", 0.99)):
+        seen = 0
+        for b, n in ordered:
+            seen += n
+            if seen >= q * total:
+                out[name] = bucket_value(b)
+                break
+    out["max_us"] = bucket_value(ordered[-1][0])
+    out["mean_us"] = round(sum(bucket_value(b) * n for b, n in ordered) / total, 1)
+    return out
+
+
+def kernel_dev(spec: str) -> int:
+    """The kernel's dev_t (major << 20 | minor) of a device, a path on it, or MAJOR:MINOR."""
+    if ":" in spec and not os.path.exists(spec):
+        major, minor = (int(x) for x in spec.split(":"))
+    else:
+        st = os.stat(spec)
+        rdev = st.st_rdev if st.st_rdev else st.st_dev
+        major, minor = os.major(rdev), os.minor(rdev)
+    return (major << 20) | minor
+
+
+def netns_ipv4(ns: str) -> list[str]:
+    from chaoskit.targets.netns import NETNS_RUN_DIR, with_iproute
+
+    path = ns if "/" in ns else str(NETNS_RUN_DIR / ns)
+    return with_iproute(path, lambda ipr: [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=socket.AF_INET)])
+
+
+def process_tree(pid: int) -> set[int]:
+    """pid, its threads, and its descendants' threads."""
+    from chaoskit.targets.process import all_pids, parent_pid
+
+    tree = {pid}
+    changed = True
+    pids = all_pids()
+    while changed:
+        changed = False
+        for p in pids:
+            if p not in tree and parent_pid(p) in tree:
+                tree.add(p)
+                changed = True
+    tids = set()
+    for p in tree:
+        try:
+            tids.update(int(t) for t in os.listdir(f"/proc/{p}/task"))
+        except OSError:
+            pass
+    return tids | tree
+
+
+def _load_bcc():
+    if BCC_PATH not in sys.path:
+        sys.path.append(BCC_PATH)
+    try:
+        from bcc import BPF
+    except ImportError as e:
+        raise PreflightError(f"ebpf: bcc is not importable ({e}); apt install python3-bpfcc") from None
+    return BPF
+
+
+class EbpfProbe(Probe):
+    type: ClassVar[str] = "ebpf"
+    summary: ClassVar[str] = "kernel tracepoints via bcc: retransmits, connect latency, OOM kills, block I/O and " \
+                             "run-queue latency"
+    Spec = EbpfProbeSpec
+    spec: EbpfProbeSpec
+
+    def __init__(self, spec: EbpfProbeSpec):
+        super().__init__(spec)
+        self.bpf: Any = None
+        self.window_start = 0.0
+        self.victims: list[dict[str, Any]] = []
+
+    # ---------------------------------------------------------------- compile and attach (once)
+
+    def cflags(self) -> list[str]:
+        s = self.spec
+        flags = [f"-I{bpf_dir()}",
+                 f"-DFILTER_ADDRS={int(s.netns is not None)}", f"-DFILTER_PIDS={int(s.pid is not None)}",
+                 f"-DFILTER_DPORT={s.port or 0}", f"-DFILTER_PORT={s.port or 0}",
+                 f"-DFILTER_DEV={kernel_dev(s.device) if s.device else 0}"]
+        return flags
+
+    def preflight(self) -> None:
+        if os.geteuid() != 0:
+            raise PreflightError("ebpf: loading BPF programs needs root")
+        if not (TRACEFS / "events").is_dir():
+            raise PreflightError("ebpf: tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)")
+        if not Path(f"/lib/modules/{os.uname().release}/build").exists():
+            raise PreflightError(f"ebpf: no kernel headers at /lib/modules/{os.uname().release}/build "
+                                 "(make setup links Debian's linux-headers-amd64)")
+        source = bpf_dir() / f"{self.spec.program}.c"
+        if not source.exists():
+            raise PreflightError(f"ebpf: {source} not found")
+        if self.spec.device:
+            try:
+                kernel_dev(self.spec.device)
+            except (OSError, ValueError) as e:
+                raise PreflightError(f"ebpf: device {self.spec.device}: {e}") from None
+        BPF = _load_bcc()
+        with tempfile.TemporaryFile() as errors:  # clang writes its diagnostics to fd 2: capture them
+            saved = os.dup(2)
+            os.dup2(errors.fileno(), 2)
+            try:
+                self.bpf = BPF(src_file=str(source).encode(), cflags=self.cflags())
+                failure = None
+            except Exception as e:
+                failure = e
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            if failure is not None:
+                errors.seek(0)
+                detail = " ".join(line for line in errors.read().decode(errors="replace").splitlines()
+                                  if "error" in line)[:800]
+                raise PreflightError(f"ebpf: {self.spec.program} does not compile here: {failure}"
+                                     + (f": {detail}" if detail else "")) from None
+        if self.spec.program == "oom_kills":
+            self.bpf["victims"].open_perf_buffer(self._on_victim)
+        self._refresh_filters()
+        self.window_start = time.monotonic()
+
+    def _on_victim(self, _cpu: int, data: Any, _size: int) -> None:
+        v = self.bpf["victims"].event(data)
+        self.victims.append({"pid": v.pid, "comm": v.comm.decode(errors="replace"), "uid": v.uid,
+                             "anon_rss_kib": v.anon_rss_pages * 4})
+
+    def _refresh_filters(self) -> None:
+        s = self.spec
+        if s.netns is not None:
+            m = self.bpf["addrs"]
+            m.clear()
+            for a in netns_ipv4(s.netns):
+                m[ctypes.c_uint32(int.from_bytes(ipaddress.IPv4Address(a).packed, "little"))] = ctypes.c_uint8(1)
+        if s.pid is not None and s.program in ("tcp_connect_latency", "runqueue_latency"):
+            m = self.bpf["pids"]
+            m.clear()
+            for p in process_tree(s.pid):
+                m[ctypes.c_uint32(p)] = ctypes.c_uint8(1)
+
+    # ---------------------------------------------------------------- one window
+
+    async def measure(self) -> dict[str, Any]:
+        if self.bpf is None:
+            self.preflight()
+        now = time.monotonic()
+        window = max(now - self.window_start, 1e-6)
+        self.window_start = now
+        program = self.spec.program
+        if program in HISTOGRAMS:
+            counts: dict[int, int] = {}
+            for k, v in self.bpf["hist"].items():
+                b = k.bucket if program == "block_io_latency" else k.value
+                counts[b] = counts.get(b, 0) + v.value
+            self.bpf["hist"].clear()
+            out = hist_values(counts)
+        elif program == "tcp_retransmits":
+            per: dict[str, int] = {}
+            for k, v in self.bpf["counts"].items():
+                dest = f"{ipaddress.IPv4Address(k.daddr.to_bytes(4, 'little'))}:{k.dport}"
+                per[dest] = per.get(dest, 0) + v.value
+            self.bpf["counts"].clear()
+            out = {"count": sum(per.values()),
+                   "top_destination": max(per, key=per.__getitem__) if per else ""}
+        else:  # oom_kills
+            self.bpf.perf_buffer_poll(timeout=0)
+            tree = process_tree(self.spec.pid) if self.spec.pid else None
+            got = [v for v in self.victims if tree is None or v["pid"] in tree]
+            self.victims = []
+            out = {"count": len(got), "victims": "; ".join(f"{v['pid']} {v['comm']}" for v in got),
+                   "last_victim_pid": got[-1]["pid"] if got else 0}
+        out["rate"] = round(out["count"] / window, 3)
+        self._refresh_filters()
+        return out
+
+    async def close(self) -> None:
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None
