@@ -187,24 +187,24 @@ class EbpfProbe(Probe):
                 raise PreflightError(f"ebpf: {self.spec.program} does not compile here: {failure}"
                                      + (f": {detail}" if detail else "")) from None
         if self.spec.program == "oom_kills":
-            self.bpf["victims"].open_perf_buffer(self._on_victim)
+            self.bpf[b"victims"].open_perf_buffer(self._on_victim)
         self._refresh_filters()
         self.window_start = time.monotonic()
 
     def _on_victim(self, _cpu: int, data: Any, _size: int) -> None:
-        v = self.bpf["victims"].event(data)
+        v = self.bpf[b"victims"].event(data)
         self.victims.append({"pid": v.pid, "comm": v.comm.decode(errors="replace"), "uid": v.uid,
                              "anon_rss_kib": v.anon_rss_pages * 4})
 
     def _refresh_filters(self) -> None:
         s = self.spec
         if s.netns is not None:
-            m = self.bpf["addrs"]
+            m = self.bpf[b"addrs"]
             m.clear()
             for a in netns_ipv4(s.netns):
                 m[ctypes.c_uint32(int.from_bytes(ipaddress.IPv4Address(a).packed, "little"))] = ctypes.c_uint8(1)
         if s.pid is not None and s.program in ("tcp_connect_latency", "runqueue_latency"):
-            m = self.bpf["pids"]
+            m = self.bpf[b"pids"]
             m.clear()
             for p in process_tree(s.pid):
                 m[ctypes.c_uint32(p)] = ctypes.c_uint8(1)
@@ -220,17 +220,17 @@ class EbpfProbe(Probe):
         program = self.spec.program
         if program in HISTOGRAMS:
             counts: dict[int, int] = {}
-            for k, v in self.bpf["hist"].items():
+            for k, v in self.bpf[b"hist"].items():
                 b = k.bucket if program == "block_io_latency" else k.value
                 counts[b] = counts.get(b, 0) + v.value
-            self.bpf["hist"].clear()
+            self.bpf[b"hist"].clear()
             out = hist_values(counts)
         elif program == "tcp_retransmits":
             per: dict[str, int] = {}
-            for k, v in self.bpf["counts"].items():
+            for k, v in self.bpf[b"counts"].items():
                 dest = f"{ipaddress.IPv4Address(k.daddr.to_bytes(4, 'little'))}:{k.dport}"
                 per[dest] = per.get(dest, 0) + v.value
-            self.bpf["counts"].clear()
+            self.bpf[b"counts"].clear()
             out = {"count": sum(per.values()),
                    "top_destination": max(per, key=per.__getitem__) if per else ""}
         else:  # oom_kills

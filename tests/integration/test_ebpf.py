@@ -1,0 +1,199 @@
+"""eBPF probes with real events: connects in a test namespace, an OOM kill in a memory-limited cgroup, O_DIRECT
+reads on a loop device, retransmits under an nftables drop, wakeups of one process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from chaoskit.errors import PreflightError
+from chaoskit.injectors.firewall import Drop
+from chaoskit.probes.ebpf import EbpfProbe, EbpfProbeSpec, hist_values
+from chaoskit.targets.netns import run_in_netns
+from tests.conftest import ROOT, chaoskit, write
+from tests.helpers.netpair import SERVER_IP, Pair, Server, upload_rate
+
+HELPERS = Path(__file__).resolve().parent.parent / "helpers"
+
+
+def _bcc_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root"
+    try:
+        p = EbpfProbe(EbpfProbeSpec(type="ebpf", name="x", program="runqueue_latency"))
+        p.preflight()
+        asyncio.run(p.close())
+    except PreflightError as e:
+        return str(e)
+    return None
+
+
+REASON = _bcc_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"eBPF unavailable: {REASON}")
+
+
+def probe(program: str, **filters) -> EbpfProbe:
+    p = EbpfProbe(EbpfProbeSpec(type="ebpf", name=program, program=program, **filters))
+    p.preflight()
+    return p
+
+
+def measure(p: EbpfProbe) -> dict:
+    return asyncio.run(p.measure())
+
+
+@pytest.fixture
+def pair():
+    p = Pair()
+    yield p
+    p.close()
+
+
+def test_hist_percentiles_from_log_linear_buckets():
+    assert hist_values({}) == {"count": 0}
+    v = hist_values({3: 50, 8 * 10 + 4: 49, 8 * 20: 1})  # 3 us, 1536..1664 us, ~1 s
+    assert v["count"] == 100 and v["p50_us"] == 3 and 1536 <= v["p90_us"] <= 1664 and v["max_us"] > 1e6
+
+
+def test_connect_latency_in_a_test_namespace(pair):
+    server = Server(pair.path(pair.srv))
+    p = probe("tcp_connect_latency", netns=pair.cli)
+    try:
+        measure(p)  # start a fresh window
+        run_in_netns(pair.path(pair.cli),
+                     lambda: [socket.create_connection((SERVER_IP, server.port), timeout=5).close() for _ in range(30)])
+        socket.create_server(("127.0.0.1", 0)).close()  # host-namespace traffic is filtered out
+        v = measure(p)
+        print(f"\nconnect latency in {pair.cli}: {v}")
+        assert v["count"] == 30 and 0 < v["p50_us"] < 100_000
+    finally:
+        asyncio.run(p.close())
+        server.close()
+
+
+def test_oom_kill_in_a_memory_limited_cgroup():
+    root = Path("/sys/fs/cgroup/memory")
+    if not (root / "memory.limit_in_bytes").exists():
+        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    cg = root / f"chaoskit-oomtest-{uuid.uuid4().hex[:8]}"
+    cg.mkdir()
+    p = probe("oom_kills")
+    hog = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline(); b = bytearray(512 << 20); "
+                            "[b.__setitem__(i, 1) for i in range(0, len(b), 4096)]"], stdin=subprocess.PIPE, text=True)
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(32 << 20))
+        if (cg / "memory.memsw.limit_in_bytes").exists():
+            (cg / "memory.memsw.limit_in_bytes").write_text(str(32 << 20))
+        (cg / "cgroup.procs").write_text(str(hog.pid))
+        assert hog.stdin
+        hog.stdin.write("go\n")
+        hog.stdin.flush()
+        assert hog.wait(timeout=30) == -9
+        v = measure(p)
+        print(f"\noom_kills: {v}")
+        assert v["count"] >= 1 and v["last_victim_pid"] == hog.pid and "python" in v["victims"]
+    finally:
+        asyncio.run(p.close())
+        if hog.poll() is None:
+            hog.kill()
+            hog.wait()
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_block_io_latency_on_a_loop_device(loopdev):
+    p = probe("block_io_latency", device=loopdev)
+    reader = subprocess.Popen([sys.executable, str(HELPERS / "direct_reader.py"), loopdev], stdout=subprocess.DEVNULL)
+    try:
+        measure(p)
+        time.sleep(1.0)
+        v = measure(p)
+        print(f"\nblock_io_latency {loopdev}: {v}")
+        assert v["count"] > 100 and v["p50_us"] > 0
+    finally:
+        reader.kill()
+        reader.wait()
+        asyncio.run(p.close())
+
+
+def test_retransmits_under_an_nftables_drop(pair):
+    server = Server(pair.path(pair.srv), 7005, sink=True)
+    drop = Drop(Drop.Spec(type="network.drop", target={"netns": pair.srv}, percent="30%", direction="input"))
+    drop.preflight()
+    rec = drop.apply(drop.prepare())
+    p = probe("tcp_retransmits", netns=pair.cli)
+    try:
+        measure(p)
+        upload_rate(pair.path(pair.cli), 7005, 300_000)
+        v = measure(p)
+        print(f"\ntcp_retransmits from {pair.cli} with 30% input drop at the server: {v}")
+        assert v["count"] > 0 and v["top_destination"] == f"{SERVER_IP}:7005"
+    finally:
+        Drop.revert(rec)
+        asyncio.run(p.close())
+        server.close()
+
+
+def test_runqueue_latency_of_one_process():
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.002)"])
+    try:
+        time.sleep(0.3)
+        p = probe("runqueue_latency", pid=sleeper.pid)
+        measure(p)
+        time.sleep(1.0)
+        v = measure(p)
+        print(f"\nrunqueue_latency of a process waking every 2 ms: {v}")
+        assert 200 < v["count"] < 600 and v["p50_us"] > 0
+        asyncio.run(p.close())
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_filters_that_do_not_apply_are_spec_errors():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="device does not filter tcp_retransmits"):
+        EbpfProbeSpec(type="ebpf", name="x", program="tcp_retransmits", device="/dev/loop0")
+
+
+EXPERIMENT = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {name: ebpf-broken}
+steadyState:
+  probes: [{name: rq, type: ebpf, program: runqueue_latency, expect: {p99_us: "< 100000"}}]
+method:
+  - pause: 1s
+"""
+
+
+def test_a_program_that_does_not_compile_is_a_preflight_error(tmp_path, state_dir):
+    broken = tmp_path / "bpf"
+    broken.mkdir()
+    (broken / "hist.h").write_text((ROOT / "bpf" / "hist.h").read_text())
+    (broken / "runqueue_latency.c").write_text("this is not C;\n")
+    exp = write(tmp_path / "e.yaml", EXPERIMENT)
+    env_dir = os.environ.get("CHAOSKIT_BPF_DIR")
+    os.environ["CHAOSKIT_BPF_DIR"] = str(broken)
+    try:
+        run = chaoskit("run", str(exp), "--out", str(tmp_path / "o"), state=state_dir)
+        out, err = run.communicate(timeout=60)
+    finally:
+        os.environ.pop("CHAOSKIT_BPF_DIR")
+        if env_dir:
+            os.environ["CHAOSKIT_BPF_DIR"] = env_dir
+    assert run.returncode == 4, out + err
+    assert "does not compile" in out + err and "Traceback" not in out + err
