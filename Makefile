@@ -24,6 +24,7 @@ bench: setup
 	$(PY) bench/proxy_bench.py
 	$(PY) bench/reference_bench.py
 	$(PY) bench/load_bench.py
+	$(PY) bench/ebpf_overhead.py
 
 clean:
 	rm -rf .venv build *.egg-info chaoskit-runs .pytest_cache

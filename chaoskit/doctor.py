@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-BCC_PATH = "/usr/lib/python3/dist-packages"
 
 
 @dataclass(frozen=True)
@@ -69,18 +68,19 @@ def _cgroup_io() -> Check:
 
 
 def _ebpf() -> Check:
-    if os.geteuid() != 0:
-        return Check("eBPF probes (bcc)", False, "needs root")
-    if not Path("/sys/kernel/tracing/events").is_dir() and not Path("/sys/kernel/debug/tracing/events").is_dir():
-        return Check("eBPF probes (bcc)", False, "tracefs not mounted (mount -t tracefs nodev /sys/kernel/tracing)")
-    if not Path(f"/lib/modules/{os.uname().release}/build").exists():
-        return Check("eBPF probes (bcc)", False, f"no kernel headers at /lib/modules/{os.uname().release}/build "
-                                                 "(make setup links Debian's linux-headers-amd64)")
-    if not Path(BCC_PATH, "bcc", "__init__.py").exists():
-        return Check("eBPF probes (bcc)", False, "bcc not installed (apt install python3-bpfcc)")
-    if not Path("/sys/kernel/btf/vmlinux").exists():
-        return Check("eBPF probes (bcc)", True, "bcc, headers and tracefs present; no BTF (bpftrace limited)")
-    return Check("eBPF probes (bcc)", True, "bcc, headers, tracefs and BTF present")
+    import asyncio
+
+    from chaoskit.errors import PreflightError
+    from chaoskit.probes.ebpf import EbpfProbe, EbpfProbeSpec
+
+    probe = EbpfProbe(EbpfProbeSpec(type="ebpf", name="doctor", program="runqueue_latency"))
+    try:
+        probe.preflight()  # root, tracefs, headers, bcc, and a real compile + attach
+    except PreflightError as e:
+        return Check("eBPF probes (bcc)", False, str(e).removeprefix("ebpf: "))
+    asyncio.run(probe.close())
+    btf = "BTF present" if Path("/sys/kernel/btf/vmlinux").exists() else "no BTF (bpftrace limited)"
+    return Check("eBPF probes (bcc)", True, f"compiled and attached a tracepoint program; {btf}")
 
 
 def _nvml() -> Check:
