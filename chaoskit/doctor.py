@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-
 @dataclass(frozen=True)
 class Check:
     area: str
