@@ -142,12 +142,26 @@ def test_promql_against_a_real_prometheus(tmp_path, metrics_server):
     p = subprocess.Popen(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
                           f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
+    probe = PromProbe(PromProbeSpec(type="prometheus", name="p", prometheus=f"http://127.0.0.1:{port}",
+                                    query='rate(demo_requests_total{replica="a"}[5s])'))
+
+    async def until_scraped() -> dict:
+        try:
+            for _ in range(60):  # prometheus needs a few scrapes before rate() has two points
+                try:
+                    if (await probe.measure())["series"]:
+                        await asyncio.sleep(6)  # a full [5s] window of scrapes
+                        return await probe.measure()
+                except Exception:
+                    pass
+                await asyncio.sleep(0.5)
+            raise AssertionError("prometheus never returned the series")
+        finally:
+            await probe.close()
+
     try:
-        time.sleep(6)
-        probe = PromProbe(PromProbeSpec(type="prometheus", name="p", prometheus=f"http://127.0.0.1:{port}",
-                                        query='rate(demo_requests_total{replica="a"}[4s])'))
-        v = asyncio.run(probe.measure())
-        asyncio.run(probe.close())
+        v = asyncio.run(until_scraped())
+        print(f"\nPromQL rate via a real prometheus: {v}")
         assert v["series"] == 1 and v["value"] == pytest.approx(200, rel=0.25)
     finally:
         p.kill()
