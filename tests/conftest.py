@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -57,6 +58,26 @@ def chaoskit(*args: str, state: Path, **kw) -> subprocess.Popen:
     env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state)}
     return subprocess.Popen([sys.executable, "-m", "chaoskit", *args], env=env, cwd=kw.pop("cwd", ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _triton_missing() -> str | None:
+    from chaoskit.reference import triton
+
+    try:
+        triton.wheel_root()
+    except PreflightError as e:
+        return str(e)
+    return None
+
+
+TRITON_MISSING = _triton_missing()
+requires_triton = pytest.mark.skipif(TRITON_MISSING is not None, reason=f"Triton not installed: {TRITON_MISSING}")
 
 
 def write(path: Path, text: str) -> Path:

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import Injector
-from chaoskit.spec.types import Percent, StrictModel
+from chaoskit.spec.types import Percent, Port, StrictModel
 from chaoskit.targets import nftables
 from chaoskit.targets.netns import NetTargetSpec, check_namespace, ns_inode
 
@@ -29,7 +29,7 @@ def _addr(value: str) -> Any:
 class _FirewallSpec(StrictModel):
     target: NetTargetSpec = Field(description="namespace (netns or pid); rules apply to all its interfaces")
     peers: list[str] | None = Field(None, min_length=1, description="addresses/CIDRs on the other side")
-    ports: list[int] | None = Field(None, min_length=1, description="service ports (matched as source or "
+    ports: list[Port] | None = Field(None, min_length=1, description="service ports (matched as source or "
                                                                    "destination port, TCP and UDP)")
     direction: Literal["input", "output", "both"] = Field("both", description="which packets of the namespace")
     allow_host: bool = Field(False, description="allow the host's root namespace")
@@ -42,14 +42,6 @@ class _FirewallSpec(StrictModel):
                 ipaddress.ip_network(p, strict=False)
             except ValueError:
                 raise ValueError(f"{p!r} is not an IP address or CIDR") from None
-        return v
-
-    @field_validator("ports")
-    @classmethod
-    def _ports(cls, v: list[int] | None) -> list[int] | None:
-        for p in v or []:
-            if not 0 < p < 65536:
-                raise ValueError(f"port {p} is out of range 1..65535")
         return v
 
     def share(self) -> float:

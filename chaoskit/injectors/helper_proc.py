@@ -7,7 +7,9 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
+from chaoskit.injectors.base import Injector
 from chaoskit.targets.process import ProcessRef, find_by_token, is_alive
 
 
@@ -45,3 +47,17 @@ def stop(token: str | None, grace_s: float = 5.0) -> None:
 
 def running(token: str | None) -> bool:
     return bool(token) and any(is_alive(r) for r in find_by_token(token))
+
+
+class HelperFault(Injector):
+    """A fault that is a helper process found by the token in its record: revert stops it, observe sees it."""
+
+    max_lifetime_s: float = 3600.0  # the helper exits by itself after this; the runner sets duration + 60 s
+
+    @classmethod
+    def revert(cls, record: dict[str, Any]) -> None:
+        stop(record.get("token"))
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        return running(record.get("token"))

@@ -11,12 +11,10 @@ from pydantic import Field, field_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
-from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import StrictModel
 from chaoskit.spec.units import format_size, is_percent, parse_size
 
 SAFE_SHARE_OF_AVAILABLE = 0.8
-DEFAULT_MAX_LIFETIME_S = 3600.0
 
 
 def meminfo() -> dict[str, int]:
@@ -49,12 +47,11 @@ class MemoryPressureSpec(StrictModel):
         return parse_size(self.size, total=total) if is_percent(self.size) else parse_size(self.size)
 
 
-class MemoryPressure(Injector):
+class MemoryPressure(helper_proc.HelperFault):
     type: ClassVar[str] = "host.memory_pressure"
     summary: ClassVar[str] = "hold N bytes of host RAM in a holder process (revert: it exits)"
     Spec = MemoryPressureSpec
     spec: MemoryPressureSpec
-    max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S
 
     def preflight(self) -> None:
         n, avail = self.spec.nbytes(), meminfo()["MemAvailable"]
@@ -77,11 +74,3 @@ class MemoryPressure(Injector):
                                 [str(record["bytes"]), f"{until:.3f}"],
                                 f"memory holder for {format_size(record['bytes'])}")
         return {**record, "holder": ref.to_json()}
-
-    @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        helper_proc.stop(record.get("token"))
-
-    @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        return helper_proc.running(record.get("token"))

@@ -17,7 +17,7 @@ from pyroute2.netlink.rtnl.tcmsg import sched_netem, tcmsg
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import Injector
-from chaoskit.spec.types import Duration, Percent, StrictModel
+from chaoskit.spec.types import Duration, Percent, Port, StrictModel
 from chaoskit.spec.units import format_size, parse_rate, parse_size
 from chaoskit.targets import tc
 from chaoskit.targets.netns import NetTarget, NetTargetSpec, ns_inode, resolve, with_iproute
@@ -35,7 +35,7 @@ class TrafficFilter(StrictModel):
     """Affect only IPv4 packets to these destinations and/or destination ports (TCP/UDP); the rest pass untouched."""
 
     destinations: list[str] | None = Field(None, min_length=1, description="IPv4 addresses or CIDRs")
-    ports: list[int] | None = Field(None, min_length=1, description="destination ports")
+    ports: list[Port] | None = Field(None, min_length=1, description="destination ports")
 
     @field_validator("destinations")
     @classmethod
@@ -47,14 +47,6 @@ class TrafficFilter(StrictModel):
                 raise ValueError(f"{d!r} is not an IP address or CIDR") from None
             if net.version != 4:
                 raise ValueError(f"{d}: only IPv4 destinations can be filtered for now")
-        return v
-
-    @field_validator("ports")
-    @classmethod
-    def _ports(cls, v: list[int] | None) -> list[int] | None:
-        for p in v or []:
-            if not 0 < p < 65536:
-                raise ValueError(f"port {p} is out of range 1..65535")
         return v
 
     @model_validator(mode="after")

@@ -12,12 +12,9 @@ from pydantic import Field, field_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
-from chaoskit.injectors.base import Injector
 from chaoskit.injectors.proxy_server import split_addr
 from chaoskit.spec.types import Duration, Percent, StrictModel
 from chaoskit.spec.units import parse_rate
-
-DEFAULT_MAX_LIFETIME_S = 3600.0
 
 
 class _Toxic(StrictModel):
@@ -97,12 +94,11 @@ class ProxySpec(StrictModel):
         return v
 
 
-class Proxy(Injector):
+class Proxy(helper_proc.HelperFault):
     type: ClassVar[str] = "network.proxy"
     summary: ClassVar[str] = "L4 proxy with toxics: latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data"
     Spec = ProxySpec
     spec: ProxySpec
-    max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S
 
     def preflight(self) -> None:
         host, port = split_addr(self.spec.listen)
@@ -128,11 +124,3 @@ class Proxy(Injector):
                                 [record["listen"], record["upstream"], toxics, f"{time.time() + self.max_lifetime_s:.3f}"],
                                 f"proxy on {record['listen']}")
         return {**record, "proxy": ref.to_json()}
-
-    @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        helper_proc.stop(record.get("token"))
-
-    @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        return helper_proc.running(record.get("token"))

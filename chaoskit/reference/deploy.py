@@ -51,17 +51,19 @@ def _port_free(host: str, port: int) -> bool:
             return False
 
 
-def _http(url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+def http_status(url: str, body: dict | None = None, timeout: float = 5.0) -> int:
+    """HTTP status of a GET (or a JSON POST when `body` is given); 0 when nothing answered."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if data else "GET",
                                  headers={"Content-Type": "application/json"} if data else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
+            r.read()
+            return r.status
     except urllib.error.HTTPError as e:
-        return e.code, e.read()
+        return e.code
     except (urllib.error.URLError, OSError):
-        return 0, b""
+        return 0
 
 
 class Deployment:
@@ -92,7 +94,7 @@ class Deployment:
     def facts(self) -> dict[str, Any] | None:
         return self._load("facts.json")
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
         with open(log, "ab") as out:
@@ -136,7 +138,7 @@ class Deployment:
             "replicas": replicas, "replica_url": r0["url"], "replica_host": r0["host"], "replica_port": r0["port"],
             "replica_metrics_url": r0["metrics_url"], "replica_pid": r0["pid"], "replica_pids": [r["pid"] for r in replicas],
             "model_repository": str(self.root / "model_repository"), "python": sys.executable,
-            "model": "tiny_lm" if opts.engine == "triton" else "tiny-llama", "startup_s": round(time.monotonic() - t_start, 2),
+            "model": "tiny_lm" if opts.engine == "triton" else vllm_completion_probe()["model"], "startup_s": round(time.monotonic() - t_start, 2),
         }
         if opts.netns:
             facts["netns"] = r0["netns"]
@@ -144,7 +146,7 @@ class Deployment:
         return facts
 
     @staticmethod
-    def _subnet_base(count: int) -> int:
+    def subnet_base(count: int) -> int:
         """First k such that no host address lies in 10.203.(8k .. 8k+count-1).0/24 (one /30 per replica)."""
         from pyroute2 import IPRoute
 
@@ -155,7 +157,7 @@ class Deployment:
                 return 8 * k
         raise PreflightError("no free 10.203.x.0/30 subnets for --netns replicas")
 
-    def _netns(self, i: int, octet: int) -> tuple[str, str]:
+    def create_netns(self, i: int, octet: int) -> tuple[str, str]:
         """Create namespace i with a veth to the host; return (name, replica address)."""
         from pyroute2 import IPRoute, netns
 
@@ -180,20 +182,20 @@ class Deployment:
         backends = triton.backend_dir(self.root / "backends")
         env = {**triton.env(), "CHAOSKIT_REF_DIR": str(self.root)}
         replicas = []
-        base = self._subnet_base(opts.replicas) if opts.netns else 0
+        base = self.subnet_base(opts.replicas) if opts.netns else 0
         for i in range(opts.replicas):
             http, grpc, metrics = (opts.port + 1 + 3 * i + k for k in range(3))
-            ns, host = (self._netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
+            ns, host = (self.create_netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
             argv = triton.argv(repo, backends, host, http, grpc, metrics)
             if ns:
                 argv = [shutil.which("ip") or "/usr/sbin/ip", "netns", "exec", ns, *argv]
-            p = self._spawn(f"triton-{i}", argv, env)
+            p = self.spawn(f"triton-{i}", argv, env)
             url = f"http://{host}:{http}"
             replicas.append({"name": f"triton-{i}", "pid": p["pid"], "host": host, "port": http, "url": url,
                              "metrics_url": f"http://{host}:{metrics}/metrics", "netns": ns})
         for r in replicas:
-            self._wait(r["name"], lambda r=r: _http(f"{r['url']}/v2/models/tiny_lm/ready")[0] == 200
-                       and _http(f"{r['url']}/v2/models/tiny_lm_stream/ready")[0] == 200, r["pid"])
+            self.wait_ready(r["name"], lambda r=r: http_status(f"{r['url']}/v2/models/tiny_lm/ready") == 200
+                       and http_status(f"{r['url']}/v2/models/tiny_lm_stream/ready") == 200, r["pid"])
             say(f"{r['name']} ready at {r['url']} (pid {r['pid']}{', netns ' + r['netns'] if r['netns'] else ''})")
         return replicas
 
@@ -210,19 +212,20 @@ class Deployment:
             "replicas": [{"name": r["name"], "url": r["url"], "metrics_url": r["metrics_url"]} for r in replicas],
             "health_path": "/v2/health/ready" if triton_engine else "/health",
             "latency_check": ({"method": "POST", "path": "/v2/models/tiny_lm/generate", "body": GENERATE_PROBE}
-                              if triton_engine else vllm_latency_check()),
+                              if triton_engine else
+                              {"method": "POST", "path": "/v1/completions", "body": vllm_completion_probe()}),
             "latency_threshold_ms": opts.latency_threshold_ms,
         }
         self._save("gateway.json", cfg)
-        p = self._spawn("gateway", [sys.executable, "-m", "chaoskit.reference.gateway", str(self.root / "gateway.json")])
+        p = self.spawn("gateway", [sys.executable, "-m", "chaoskit.reference.gateway", str(self.root / "gateway.json")])
         url = f"http://127.0.0.1:{opts.port}"
         probe = ((f"{url}/v2/models/tiny_lm/generate", GENERATE_PROBE) if triton_engine
                  else (f"{url}/v1/completions", vllm_completion_probe()))
-        self._wait("gateway", lambda: _http(*probe, timeout=30)[0] == 200, p["pid"])
+        self.wait_ready("gateway", lambda: http_status(*probe, timeout=30) == 200, p["pid"])
         say(f"gateway ready at {url} ({opts.health} health checks over {len(replicas)} replicas)")
         return {"url": url, "pid": p["pid"]}
 
-    def _wait(self, name: str, ready: Callable[[], bool], pid: int) -> None:
+    def wait_ready(self, name: str, ready: Callable[[], bool], pid: int) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not ready():
             if proc_state(pid) in (None, "Z", "X"):  # gone, or a zombie we have not reaped
@@ -280,8 +283,8 @@ class Deployment:
             alive = is_alive(ProcessRef.from_json(p))
             url = urls.get(p["name"], "")
             path = "/v2/health/ready" if facts.get("engine", "triton") == "triton" else "/health"
-            ready = alive and bool(url) and _http(url + ("/gateway/status" if p["name"] == "gateway" else path),
-                                                  timeout=2)[0] == 200
+            ready = alive and bool(url) and http_status(
+                url + ("/gateway/status" if p["name"] == "gateway" else path), timeout=2) == 200
             rows.append({"name": p["name"], "pid": p["pid"], "alive": alive, "ready": ready, "url": url,
                          "log": p["log"]})
         return {"dir": str(self.root), "facts": facts, "processes": rows,
@@ -299,9 +302,7 @@ def _group_alive(pgid: int) -> bool:
     return bool(group_members(pgid))
 
 
-def vllm_latency_check() -> dict[str, Any]:
-    return {"method": "POST", "path": "/v1/completions", "body": vllm_completion_probe()}
-
-
 def vllm_completion_probe() -> dict[str, Any]:
-    return {"model": "tiny-llama", "prompt": "ready?", "max_tokens": 1}
+    from chaoskit.reference.vllm import SERVED_NAME
+
+    return {"model": SERVED_NAME, "prompt": "ready?", "max_tokens": 1}

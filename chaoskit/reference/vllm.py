@@ -89,23 +89,23 @@ def argv(model: Path, host: str, port: int) -> list[str]:
 
 
 def start(dep: Deployment, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
-    from chaoskit.reference.deploy import _http
+    from chaoskit.reference.deploy import http_status
 
     model = model_dir(dep.root)
     replicas = []
-    base = dep._subnet_base(opts.replicas) if opts.netns else 0
+    base = dep.subnet_base(opts.replicas) if opts.netns else 0
     for i in range(opts.replicas):
         port = opts.port + 1 + 3 * i
-        ns, host = (dep._netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
+        ns, host = (dep.create_netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
         cmd = argv(model, host, port)
         if ns:
             cmd = ["ip", "netns", "exec", ns, *cmd]
-        p = dep._spawn(f"vllm-{i}", cmd, env(dep.root))
+        p = dep.spawn(f"vllm-{i}", cmd, env(dep.root))
         url = f"http://{host}:{port}"
         replicas.append({"name": f"vllm-{i}", "pid": p["pid"], "host": host, "port": port, "url": url,
                          "metrics_url": f"{url}/metrics", "netns": ns})
     probe = {"model": SERVED_NAME, "prompt": "ready?", "max_tokens": 1}
     for r in replicas:  # readiness = a real 1-token completion, not /health
-        dep._wait(r["name"], lambda r=r: _http(f"{r['url']}/v1/completions", probe, timeout=30)[0] == 200, r["pid"])
+        dep.wait_ready(r["name"], lambda r=r: http_status(f"{r['url']}/v1/completions", probe, 30) == 200, r["pid"])
         say(f"{r['name']} ready at {r['url']} (pid {r['pid']})")
     return replicas

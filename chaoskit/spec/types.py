@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
 from chaoskit.engine.tolerance import Rule, Tolerance, parse_rule, parse_tolerance
 from chaoskit.spec.units import parse_duration, parse_percent
@@ -16,6 +16,7 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
 
+Port = Annotated[int, Field(gt=0, lt=65536, description="TCP/UDP port 1..65535")]
 Duration = Annotated[
     float,
     BeforeValidator(parse_duration),

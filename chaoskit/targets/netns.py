@@ -101,7 +101,6 @@ class NetTarget:
     label: str
     ifname: str
     ifindex: int
-    host: bool
 
     def describe(self) -> str:
         return f"{self.ifname} (index {self.ifindex}) in {self.label}"
@@ -137,4 +136,4 @@ def resolve(spec: NetTargetSpec, allow_host: bool, what: str) -> NetTarget:
             raise PreflightError(f"{what}: {spec.label()} has {len(candidates)} non-loopback interfaces "
                                  f"({', '.join(candidates) or 'none'}); set target.interface")
         ifname = candidates[0]
-    return NetTarget(path, spec.label(), ifname, links[ifname], is_host_ns(path))
+    return NetTarget(path, spec.label(), ifname, links[ifname])

@@ -9,13 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import chaoskit, proc_state, wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import chaoskit, free_port, proc_state, wait_for
 
 
 @pytest.fixture

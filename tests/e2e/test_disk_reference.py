@@ -6,19 +6,10 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-
-from chaoskit.errors import PreflightError
-from chaoskit.reference import triton
 from chaoskit.reference.deploy import Deployment, RefOptions
-from tests.conftest import chaoskit
+from tests.conftest import chaoskit, requires_triton
 
-try:
-    triton.wheel_root()
-    MISSING = None
-except PreflightError as e:
-    MISSING = str(e)
-pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"Triton not installed: {MISSING}")
+pytestmark = requires_triton
 
 
 def test_throttled_model_repository_slows_model_load(mounted, tmp_path, state_dir):

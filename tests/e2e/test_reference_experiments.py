@@ -8,18 +8,11 @@ import subprocess
 
 import pytest
 
-from chaoskit.errors import PreflightError
-from chaoskit.reference import triton
 from chaoskit.reference.deploy import Deployment, RefOptions
 from chaoskit.targets.tc import netem_missing_reason
-from tests.conftest import chaoskit, proc_state
+from tests.conftest import chaoskit, proc_state, requires_triton
 
-try:
-    triton.wheel_root()
-    MISSING = None
-except PreflightError as e:
-    MISSING = str(e)
-pytestmark = [pytest.mark.skipif(MISSING is not None, reason=f"Triton not installed: {MISSING}"),
+pytestmark = [requires_triton,
               pytest.mark.skipif(os.geteuid() != 0, reason="--netns needs root")]
 
 

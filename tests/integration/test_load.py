@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,15 +12,9 @@ import pytest
 
 from chaoskit.load.runner import run_load
 from chaoskit.load.spec import LoadSpec
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port
 
 HELPER = Path(__file__).resolve().parent.parent / "helpers" / "timed_server.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

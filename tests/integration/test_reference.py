@@ -19,18 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.errors import PreflightError
-from chaoskit.reference import triton
 from chaoskit.reference.deploy import Deployment, RefOptions
 from chaoskit.targets.process import cmdline, group_members
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, requires_triton, wait_for
 
-try:
-    triton.wheel_root()
-    MISSING = None
-except PreflightError as e:
-    MISSING = str(e)
-pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"Triton not installed: {MISSING}")
+pytestmark = requires_triton
 
 
 def http(url: str, body: dict | None = None, timeout: float = 30) -> tuple[int, dict, bytes]:

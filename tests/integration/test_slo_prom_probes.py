@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -17,15 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from chaoskit.probes.prom import PromProbe, PromProbeSpec
 from chaoskit.probes.slo import SloProbe, SloProbeSpec
-from tests.conftest import chaoskit, write
+from tests.conftest import chaoskit, free_port, write
 
 HELPER = Path(__file__).resolve().parent.parent / "helpers" / "timed_server.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -204,4 +204,4 @@ method:
 """
     with pytest.raises(SpecError) as e:
         load(tmp_path, text, strict=False)
-    assert "port 70000 is out of range" in str(e.value) and "valid integer" not in str(e.value)
+    assert "less than 65536" in str(e.value) and "valid integer" not in str(e.value)
