@@ -1,6 +1,7 @@
 /* tcp_connect_latency: SYN_SENT -> ESTABLISHED per socket (sock:inet_sock_set_state), microseconds.
  * Filters (set by chaoskit): FILTER_ADDRS keeps sockets whose IPv4 source address is in `addrs` (the target
- * namespace's own addresses); FILTER_PIDS keeps connects made by a tgid in `pids`; FILTER_DPORT. */
+ * namespace's own addresses); FILTER_PIDS keeps connects made by a tgid in `pids`; FILTER_CGROUP keeps connects
+ * made from that cgroup v2 id; FILTER_DPORT. */
 #include "hist.h"
 
 #ifndef TCP_ESTABLISHED
@@ -24,6 +25,10 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
 #if FILTER_PIDS
         u32 tgid = bpf_get_current_pid_tgid() >> 32;
         if (!pids.lookup(&tgid))
+            return 0;
+#endif
+#if FILTER_CGROUP
+        if (bpf_get_current_cgroup_id() != FILTER_CGROUP)
             return 0;
 #endif
         u64 now = bpf_ktime_get_ns();

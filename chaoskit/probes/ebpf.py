@@ -39,14 +39,17 @@ class EbpfProbeSpec(ProbeSpecBase):
                                                                "tcp_connect_latency: destination port")
     device: str | None = Field(None, min_length=1, description="block_io_latency: a block device, a path on it, "
                                                                "or MAJOR:MINOR")
+    cgroup: str | None = Field(None, min_length=1, description="cgroup v2 path (absolute, or relative to the v2 "
+                                                               "root): connects, block I/O issued, or OOMs from it")
     expect_keys: ClassVar[tuple[str, ...]] = ("count", "rate", "p50_us", "p90_us", "p99_us", "max_us", "mean_us",
                                               "victims", "last_victim_pid", "top_destination")
 
     @model_validator(mode="after")
     def _filters(self) -> EbpfProbeSpec:
-        allowed = {"tcp_retransmits": {"netns", "port"}, "tcp_connect_latency": {"netns", "port", "pid"},
-                   "oom_kills": {"pid"}, "block_io_latency": {"device"}, "runqueue_latency": {"pid"}}[self.program]
-        for f in ("pid", "netns", "port", "device"):
+        allowed = {"tcp_retransmits": {"netns", "port"}, "tcp_connect_latency": {"netns", "port", "pid", "cgroup"},
+                   "oom_kills": {"pid", "cgroup"}, "block_io_latency": {"device", "cgroup"},
+                   "runqueue_latency": {"pid"}}[self.program]
+        for f in ("pid", "netns", "port", "device", "cgroup"):
             if getattr(self, f) is not None and f not in allowed:
                 raise ValueError(f"{f} does not filter {self.program} (it takes: {', '.join(sorted(allowed))})")
         return self
@@ -88,6 +91,19 @@ def kernel_dev(spec: str) -> int:
         rdev = st.st_rdev if st.st_rdev else st.st_dev
         major, minor = os.major(rdev), os.minor(rdev)
     return (major << 20) | minor
+
+
+def cgroup_v2_id(path: str) -> int:
+    """The cgroup v2 id (the inode of its directory in the cgroup2 filesystem) of a path."""
+    roots = [Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")]
+    root = next((r for r in roots if (r / "cgroup.controllers").exists()), None)
+    if root is None:
+        raise PreflightError("ebpf: no cgroup v2 hierarchy mounted for the cgroup filter")
+    p = Path(path)
+    full = p if p.is_absolute() and p.is_relative_to(root) else root / str(path).lstrip("/")
+    if not (full / "cgroup.procs").exists():
+        raise PreflightError(f"ebpf: {full} is not a cgroup v2 directory")
+    return full.stat().st_ino
 
 
 def netns_ipv4(ns: str) -> list[str]:
@@ -149,7 +165,8 @@ class EbpfProbe(Probe):
         flags = [f"-I{bpf_dir()}",
                  f"-DFILTER_ADDRS={int(s.netns is not None)}", f"-DFILTER_PIDS={int(s.pid is not None)}",
                  f"-DFILTER_DPORT={s.port or 0}", f"-DFILTER_PORT={s.port or 0}",
-                 f"-DFILTER_DEV={kernel_dev(s.device) if s.device else 0}"]
+                 f"-DFILTER_DEV={kernel_dev(s.device) if s.device else 0}",
+                 f"-DFILTER_CGROUP={cgroup_v2_id(s.cgroup) if s.cgroup else 0}ULL"]
         return flags
 
     def preflight(self) -> None:
@@ -194,7 +211,7 @@ class EbpfProbe(Probe):
     def _on_victim(self, _cpu: int, data: Any, _size: int) -> None:
         v = self.bpf[b"victims"].event(data)
         self.victims.append({"pid": v.pid, "comm": v.comm.decode(errors="replace"), "uid": v.uid,
-                             "anon_rss_kib": v.anon_rss_pages * 4})
+                             "anon_rss_kib": v.anon_rss_pages * 4, "cgroup_id": v.cgroup_id})
 
     def _refresh_filters(self) -> None:
         s = self.spec
@@ -236,7 +253,8 @@ class EbpfProbe(Probe):
         else:  # oom_kills
             self.bpf.perf_buffer_poll(timeout=0)
             tree = process_tree(self.spec.pid) if self.spec.pid else None
-            got = [v for v in self.victims if tree is None or v["pid"] in tree]
+            cg = cgroup_v2_id(self.spec.cgroup) if self.spec.cgroup else None
+            got = [v for v in self.victims if (tree is None or v["pid"] in tree) and (cg is None or v["cgroup_id"] == cg)]
             self.victims = []
             out = {"count": len(got), "victims": "; ".join(f"{v['pid']} {v['comm']}" for v in got),
                    "last_victim_pid": got[-1]["pid"] if got else 0}

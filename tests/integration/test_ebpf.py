@@ -128,6 +128,39 @@ def test_block_io_latency_on_a_loop_device(loopdev):
         asyncio.run(p.close())
 
 
+def test_block_io_latency_filtered_by_cgroup(loopdev):
+    root = next((r for r in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+                 if (r / "cgroup.controllers").exists()), None)
+    if root is None:
+        pytest.skip("no cgroup v2 hierarchy mounted")
+    mine, other = (root / f"chaoskit-ebpftest-{uuid.uuid4().hex[:8]}-{n}" for n in ("a", "b"))
+    mine.mkdir()
+    other.mkdir()
+    reader = subprocess.Popen([sys.executable, str(HELPERS / "direct_reader.py"), loopdev], stdout=subprocess.DEVNULL)
+    probes = []
+    try:
+        (mine / "cgroup.procs").write_text(str(reader.pid))
+        probes = [probe("block_io_latency", device=loopdev, cgroup=str(cg)) for cg in (mine, other)]
+        for p in probes:
+            measure(p)
+        time.sleep(1.0)
+        seen, unseen = (measure(p) for p in probes)
+        print(f"\nblock_io_latency by cgroup: reader's cgroup {seen['count']}, another cgroup {unseen['count']}")
+        assert seen["count"] > 100 and unseen["count"] == 0
+    finally:
+        reader.kill()
+        reader.wait()
+        for p in probes:
+            asyncio.run(p.close())
+        for cg in (mine, other):
+            for _ in range(50):
+                try:
+                    cg.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
 def test_retransmits_under_an_nftables_drop(pair):
     server = Server(pair.path(pair.srv), 7005, sink=True)
     drop = Drop(Drop.Spec(type="network.drop", target={"netns": pair.srv}, percent="30%", direction="input"))
