@@ -5,7 +5,8 @@ body of a few `data:` chunks and `data: [DONE]`) for POST /v1/completions.
 - anchor: `wrk` (closed loop, as fast as it can) requests/s against that endpoint;
 - chaoskit: the highest open-loop rate (constant arrivals, api openai with SSE parsing, one worker per core)
   at which <= 1% of sends leave more than 1 ms late and nothing fails (doubling, then bisection);
-- vLLM's `vllm bench serve` when vLLM is installed (not here: the key is then omitted);
+- vLLM's own `vllm bench serve` (request rate inf) when the vLLM engine is installed (`make vllm`);
+  otherwise that key is omitted;
 - accuracy: a server that stalls exactly S = 0.5 s every T = 2 s at 200/s; CO-corrected p99 vs the analytic
   S - 0.01 T.
 
@@ -137,6 +138,28 @@ def co_error() -> float:
     return err
 
 
+def vllm_bench_rps(tmp: Path, base: str) -> float | None:
+    """vLLM's own `vllm bench serve` (from the vLLM engine's venv, when installed) at request rate inf against
+    the same endpoint: its request throughput."""
+    from chaoskit.reference import vllm
+
+    if not vllm.installed():
+        return None
+    vllm.stub_dist_info()
+    tokenizer = vllm.model_dir(tmp)
+    n = int(os.environ.get("BENCH_VLLM_PROMPTS", "20000"))
+    r = subprocess.run([str(vllm.home() / "venv" / "bin" / "vllm"), "bench", "serve", "--backend", "openai",
+                        "--base-url", base, "--endpoint", "/v1/completions", "--model", "m",
+                        "--tokenizer", str(tokenizer), "--dataset-name", "random", "--random-input-len", "8",
+                        "--random-output-len", "4", "--num-prompts", str(n), "--request-rate", "inf",
+                        "--disable-tqdm", "--ignore-eos"], capture_output=True, text=True, env=vllm.env(tmp))
+    m = re.search(r"Request throughput \(req/s\):\s+([\d.]+)", r.stdout)
+    if not m:
+        print(f"vllm bench serve gave no throughput: {(r.stdout + r.stderr)[-600:]}")
+        return None
+    return float(m.group(1))
+
+
 def main() -> None:
     ensure_tools()
     with tempfile.TemporaryDirectory() as d:
@@ -149,12 +172,16 @@ def main() -> None:
             print(f"wrk (closed loop, {os.cpu_count()} threads, 64 connections): {wrk:.0f} req/s")
             best = max_rate(base)
             print(f"chaoskit load: max open-loop rate with <= 1% sends > 1 ms late: {best:.0f}/s")
+            vb = vllm_bench_rps(tmp, base)
+            if vb:
+                print(f"vllm bench serve (request rate inf, {os.environ.get('BENCH_VLLM_PROMPTS', '20000')} prompts): "
+                      f"{vb:.0f} req/s")
         finally:
             nginx.terminate()
             nginx.wait()
     err = co_error()
-    vllm = "" if shutil.which("vllm") is None else " rate_vs_vllm_bench=nan"  # measured where vLLM is installed
-    print(f"RESULT rate_vs_wrk={best / wrk:.3f}{vllm} co_p99_error={err:.4f} chaoskit_max_rps={best:.0f} "
+    vs_vllm = f" rate_vs_vllm_bench={best / vb:.3f}" if vb else ""  # omitted when vLLM is not installed
+    print(f"RESULT rate_vs_wrk={best / wrk:.3f}{vs_vllm} co_p99_error={err:.4f} chaoskit_max_rps={best:.0f} "
           f"wrk_rps={wrk:.0f}")
 
 

