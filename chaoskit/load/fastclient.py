@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from chaoskit.load.clients import Outcome, raw_event_tokens, usage_tokens
@@ -16,12 +17,14 @@ class _Conn(asyncio.Protocol):
     def __init__(self, pool: Pool):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
-        self.fut: asyncio.Future[Outcome] | None = None
+        self.on_done: Callable[[Outcome], None] | None = None  # set while a request is in flight
+        self.deadline = 0.0
         self.closed = False
 
     # -- per request --------------------------------------------------------------------------------
 
-    def start(self, payload: bytes, api: str, stream: bool) -> asyncio.Future[Outcome]:
+    def start(self, payload: bytes, api: str, stream: bool, on_done: Callable[[Outcome], None],
+              deadline: float) -> None:
         self.api, self.stream = api, stream
         self.out = Outcome()
         self.buf = b""
@@ -32,25 +35,29 @@ class _Conn(asyncio.Protocol):
         self.body_seen = 0
         self.sse = b""
         self.keep_alive = True
-        self.fut = asyncio.get_running_loop().create_future()
+        self.on_done, self.deadline = on_done, deadline
         assert self.transport is not None
         self.transport.write(payload)
-        return self.fut
+
+    def _complete(self) -> None:
+        done, self.on_done = self.on_done, None
+        if done is not None:
+            done(self.out)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.fut is not None and not self.fut.done():
+        if self.on_done is not None:
             if self.headers_done and self.length is None and not self.chunked:
                 self._finish()  # body delimited by close
             else:
                 self.out.error = "other"
-                self.fut.set_result(self.out)
+                self._complete()
 
     def data_received(self, data: bytes) -> None:
-        if self.fut is None or self.fut.done():
+        if self.on_done is None:
             return
         now = time.monotonic()
         self.buf += data
@@ -147,19 +154,18 @@ class _Conn(asyncio.Protocol):
         if not out.error and not (self.stream and self.api != "http"):
             out.token_times.append(time.monotonic())
             out.tokens = max(out.tokens, 1)
-        if self.fut is not None and not self.fut.done():
-            self.fut.set_result(out)
         if not self.keep_alive and self.transport is not None:
             self.transport.close()
+        self._complete()
 
 
 def _expire(conn: _Conn) -> None:
-    if conn.fut is not None and not conn.fut.done():
+    if conn.on_done is not None:
         conn.out.error = "timeout"
         conn.keep_alive = False
-        conn.fut.set_result(conn.out)
         if conn.transport is not None:
             conn.transport.close()
+        conn._complete()
 
 
 class Pool:
@@ -169,12 +175,9 @@ class Pool:
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.idle: list[_Conn] = []
+        self.busy: set[_Conn] = set()
 
     async def _get(self) -> _Conn:
-        while self.idle:
-            c = self.idle.pop()
-            if not c.closed and c.transport is not None and not c.transport.is_closing():
-                return c
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
         return conn
@@ -188,26 +191,47 @@ class Pool:
             head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
         return head.encode() + b"\r\n" + data
 
-    async def send(self, payload: bytes, api: str, stream: bool, timeout: float) -> Outcome:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        try:
-            conn = self.idle.pop() if self.idle else None  # the common case: no await, no task
-            if conn is None or conn.closed or conn.transport is None or conn.transport.is_closing():
-                conn = await asyncio.wait_for(self._get(), timeout)
-        except (OSError, TimeoutError):
-            return Outcome(error="connect")
-        fut = conn.start(payload, api, stream)
-        timer = loop.call_at(deadline, _expire, conn)  # a timer, not wait_for: no task per request
-        try:
-            out = await fut
-        finally:
-            timer.cancel()
+    def take_idle(self) -> _Conn | None:
+        while self.idle:
+            c = self.idle.pop()
+            if not c.closed and c.transport is not None and not c.transport.is_closing():
+                return c
+        return None
+
+    def release(self, conn: _Conn, out: Outcome) -> None:
         if conn.keep_alive and not conn.closed and not out.error:
             self.idle.append(conn)
         elif conn.transport is not None and not conn.closed:
             conn.transport.close()
-        return out
+
+    def fire(self, conn: _Conn, payload: bytes, api: str, stream: bool, timeout: float,
+             on_done: Callable[[Outcome], None]) -> None:
+        """Send on an idle connection without a task: `on_done` runs from the protocol callback."""
+        def done(out: Outcome) -> None:
+            self.busy.discard(conn)
+            self.release(conn, out)
+            on_done(out)
+
+        self.busy.add(conn)
+        conn.start(payload, api, stream, done, time.monotonic() + timeout)
+
+    async def sweep_timeouts(self) -> None:
+        """One timer for every in-flight request instead of one per request."""
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            for conn in [c for c in self.busy if c.deadline < now]:
+                _expire(conn)
+
+    async def send(self, payload: bytes, api: str, stream: bool, timeout: float) -> Outcome:
+        """The awaitable path (a connection may need opening first)."""
+        try:
+            conn = self.take_idle() or await asyncio.wait_for(self._get(), timeout)
+        except (OSError, TimeoutError):
+            return Outcome(error="connect")
+        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self.fire(conn, payload, api, stream, timeout, fut.set_result)
+        return await fut
 
     def close(self) -> None:
         for c in self.idle:

@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from chaoskit.load.clients import request_for, send
+from chaoskit.load.clients import Outcome, request_for, send
 from chaoskit.load.fastclient import Pool
 from chaoskit.load.prompts import exact_bytes, from_file, synthetic
 from chaoskit.load.recorder import Recorder
@@ -58,6 +58,37 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
             payloads[k] = (method, url, body, fast.request_bytes(method, url, body) if fast else None)
         return payloads[k]
 
+    def record(out: Outcome, intended: float, sent: float) -> None:
+        if out.error:
+            rec.failure(out.error)
+            return
+        end = out.token_times[-1] if out.token_times else time.monotonic()
+        streamed = spec.stream and spec.api != "http"
+        ttft = out.token_times[0] - intended if streamed and out.token_times else None
+        itls = [b - a for a, b in zip(out.token_times, out.token_times[1:], strict=False)]
+        e2e = end - intended
+        rec.success(e2e, end - sent, ttft, itls, out.tokens, _good(spec, e2e, ttft, itls, out.tokens))
+
+    def fire(i: int, intended: float) -> bool:
+        """The hot path: an idle keep-alive connection, no cap -> send now, no task; False if not possible."""
+        nonlocal in_flight
+        conn = fast.take_idle() if fast is not None and cap is None else None
+        if conn is None:
+            return False
+        raw = request(i)[3]
+        assert fast is not None and raw is not None
+        sent = time.monotonic()
+        rec.sent_at(sent - intended)
+        in_flight += 1
+
+        def done(out: Outcome) -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            record(out, intended, sent)
+
+        fast.fire(conn, raw, spec.api, spec.stream, spec.timeout, done)
+        return True
+
     async def one(i: int, intended: float) -> None:
         nonlocal in_flight
         method, url, body, raw = request(i)
@@ -75,19 +106,12 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
             in_flight -= 1
             if cap is not None:
                 cap.release()
-        if out.error:
-            rec.failure(out.error)
-            return
-        end = out.token_times[-1] if out.token_times else time.monotonic()
-        streamed = spec.stream and spec.api != "http"
-        ttft = out.token_times[0] - intended if streamed and out.token_times else None
-        itls = [b - a for a, b in zip(out.token_times, out.token_times[1:], strict=False)]
-        e2e = end - intended
-        rec.success(e2e, end - sent, ttft, itls, out.tokens, _good(spec, e2e, ttft, itls, out.tokens))
+        record(out, intended, sent)
 
     async with aiohttp.ClientSession(connector=conn, auto_decompress=False,
                                      timeout=aiohttp.ClientTimeout(total=None)) as session:
         tasks: set[asyncio.Task] = set()
+        sweeper = asyncio.create_task(fast.sweep_timeouts()) if fast is not None else None
         next_report = time.monotonic()
         for i, off in enumerate(offsets):
             intended = t0 + off
@@ -96,15 +120,22 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
                 await asyncio.sleep(wait - SPIN_S)
             while time.monotonic() < intended:
                 await asyncio.sleep(0)
-            task = asyncio.create_task(one(i, intended))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            if not fire(i, intended):
+                task = asyncio.create_task(one(i, intended))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
             if progress is not None and time.monotonic() >= next_report:
                 progress(rec, in_flight)
                 next_report = time.monotonic() + 0.5
-        while tasks:
-            await asyncio.wait(set(tasks), timeout=0.5)
-            if progress is not None:
+        while tasks or in_flight:
+            if tasks:
+                await asyncio.wait(set(tasks), timeout=0.5)
+            else:
+                await asyncio.sleep(0.05)
+            if progress is not None and time.monotonic() >= next_report:
                 progress(rec, in_flight)
+                next_report = time.monotonic() + 0.5
+        if sweeper is not None:
+            sweeper.cancel()
     if fast is not None:
         fast.close()
