@@ -152,7 +152,7 @@ def test_kv_isolation_off_slows_short_requests_and_fragments(tmp_path):
             with ThreadPoolExecutor(8) as pool:
                 for i in range(15):
                     if i % 3 == 0:
-                        list(pool.map(lambda _, u=url: _timed(u, "L" * 1500, 4), range(2)))
+                        list(pool.map(lambda _, u=url: _timed(u, "L" * 3000, 4), range(2)))
                     short_ms += pool.map(lambda j, u=url: _timed(u, f"short {j}", 16), range(8))
                     metrics = http(facts["replica_metrics_url"])[2].decode()
                     frag.append(_metric(metrics, "tiny_lm_kv_fragmentation_ratio"))
@@ -165,7 +165,7 @@ def test_kv_isolation_off_slows_short_requests_and_fragments(tmp_path):
         p50, p90, fr, res = results[iso]
         print(f"\nisolate_kv_cache {iso:5}: short requests p50 {p50:.1f} ms p90 {p90:.1f} ms, fragmentation "
               f"{fr:.2f}, KV residency {res:.2f} s")
-    assert results["false"][0] > 1.2 * results["true"][0]
+    assert results["false"][0] > 1.5 * results["true"][0]
     assert results["false"][2] > results["true"][2] + 0.1
     assert results["false"][3] > results["true"][3]
 
