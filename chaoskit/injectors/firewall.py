@@ -13,7 +13,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import Percent, Port, StrictModel
 from chaoskit.targets import nftables
-from chaoskit.targets.netns import NetTargetSpec, check_namespace, ns_inode
+from chaoskit.targets.netns import NetTargetSpec, check_namespace, ns_inode, same_namespace
 
 FAMILY = "inet"
 PRIORITY = -10  # before the usual filter chains (priority 0)
@@ -144,20 +144,13 @@ class _Firewall(Injector):
         return record
 
     @classmethod
-    def _same_ns(cls, record: dict[str, Any]) -> bool:
-        try:
-            return ns_inode(record["ns"]) == record["ns_inode"]
-        except OSError:
-            return False
-
-    @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        if cls._same_ns(record) and cls.observe(record):
+        if same_namespace(record) and cls.observe(record):
             nftables.run(record["ns"], [{"delete": {"table": {"family": FAMILY, "name": record["table"]}}}])
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        if not cls._same_ns(record):
+        if not same_namespace(record):
             return False
         return any(t["name"] == record["table"] and t["family"] == FAMILY for t in nftables.tables(record["ns"]))
 

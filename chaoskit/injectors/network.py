@@ -20,7 +20,7 @@ from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import Duration, Percent, Port, StrictModel
 from chaoskit.spec.units import format_size, parse_rate, parse_size
 from chaoskit.targets import tc
-from chaoskit.targets.netns import NetTarget, NetTargetSpec, ns_inode, resolve, with_iproute
+from chaoskit.targets.netns import NetTarget, NetTargetSpec, ns_inode, resolve, same_namespace, with_iproute
 
 ROOT_HANDLE = 0x00CE0000  # "ce:" - chaoskit's root qdisc (or htb when a filter is given)
 LEAF_HANDLE = 0x00CF0000  # "cf:" - the netem/tbf leaf under the htb class that matched traffic goes to
@@ -317,15 +317,8 @@ class _TcFault(Injector):
                        target=FAULT_CLASS, keys=keys)
 
     @classmethod
-    def _same_ns(cls, record: dict[str, Any]) -> bool:
-        try:
-            return ns_inode(record["ns"]) == record["ns_inode"]
-        except OSError:
-            return False  # the namespace (or the process holding it) is gone: so is the fault
-
-    @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        if not cls._same_ns(record):
+        if not same_namespace(record):
             return
         ns, index = record["ns"], record["ifindex"]
         if record["direction"] == "ingress":
@@ -343,7 +336,7 @@ class _TcFault(Injector):
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        if not cls._same_ns(record):
+        if not same_namespace(record):
             return False
         if record["direction"] == "ingress":
             return tc.find(record["ns"], record["ifindex"], tc.TC_H_INGRESS) is not None

@@ -14,8 +14,7 @@ from chaoskit.load.clients import Outcome, raw_event_tokens, usage_tokens
 
 
 class _Conn(asyncio.Protocol):
-    def __init__(self, pool: Pool):
-        self.pool = pool
+    def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.on_done: Callable[[Outcome], None] | None = None  # set while a request is in flight
         self.deadline = 0.0
@@ -179,7 +178,7 @@ class Pool:
 
     async def _get(self) -> _Conn:
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
+        _, conn = await loop.create_connection(_Conn, self.host, self.port)
         return conn
 
     def request_bytes(self, method: str, url: str, body: object) -> bytes:

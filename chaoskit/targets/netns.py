@@ -52,6 +52,15 @@ def ns_inode(path: str) -> int:
     return os.stat(path).st_ino
 
 
+def same_namespace(record: dict[str, Any]) -> bool:
+    """Is the namespace a revert record names still the one the fault went into? (False when it is gone:
+    so is the fault.)"""
+    try:
+        return ns_inode(record["ns"]) == record["ns_inode"]
+    except OSError:
+        return False
+
+
 def is_host_ns(path: str) -> bool:
     return ns_inode(path) == ns_inode("/proc/self/ns/net")
 

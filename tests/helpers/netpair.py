@@ -49,21 +49,27 @@ class Pair:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def serve_in_threads(sock: socket.socket, handle) -> None:
+    """Accept on `sock` until it is closed, one thread per connection running handle(conn)."""
+
+    def loop() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
 class Server:
     """A TCP server in a namespace: `bulk` sends N bytes per connection, `sink` reads to EOF; else it just accepts."""
 
     def __init__(self, ns_path: str, port: int = 7000, bulk: int = 0, sink: bool = False):
         self.sock = run_in_netns(ns_path, lambda: socket.create_server(("0.0.0.0", port), backlog=1024))
         self.bulk, self.sink, self.port = bulk, sink, port
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+        serve_in_threads(self.sock, self._one)
 
     def _one(self, conn: socket.socket) -> None:
         with conn:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import statistics
-import threading
 import time
 
 import pytest
@@ -13,6 +12,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors.proxy import Proxy
 from chaoskit.targets.process import all_pids, cmdline
 from tests.conftest import chaoskit, ledgers, wait_for, write
+from tests.helpers.netpair import serve_in_threads
 
 
 class Upstream:
@@ -21,15 +21,7 @@ class Upstream:
     def __init__(self, bulk: int = 0):
         self.sock = socket.create_server(("127.0.0.1", 0), backlog=256)
         self.port, self.bulk = self.sock.getsockname()[1], bulk
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+        serve_in_threads(self.sock, self._one)
 
     def _one(self, conn: socket.socket) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
