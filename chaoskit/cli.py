@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import signal
 import sys
@@ -70,6 +71,8 @@ def run(
     view = LiveView(out, exp.metadata.name) if use_live else PlainView(out)
     jr = Journal(None if dry_run else journal_path, [view])
     runner = Runner(exp, jr, RunOptions(dry_run=dry_run), run_id=run_id)
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -30,7 +30,10 @@ async def take_sample(probe: Probe, phase: str) -> Sample:
     spec = probe.spec
     t, t0 = time.time(), time.perf_counter()
     try:
-        values = await asyncio.wait_for(probe.measure(), spec.timeout)
+        # asyncio.timeout, not wait_for: 3.11's wait_for returns an answer that lands in the same tick as a
+        # cancel and drops the cancel, so a stopped sampler went on sampling and the run never ended
+        async with asyncio.timeout(spec.timeout):
+            values = await probe.measure()
     except TimeoutError:
         return Sample(spec.name, phase, t, "error", error=f"timed out after {spec.timeout:g}s",
                       duration_ms=_ms(t0))

@@ -84,6 +84,7 @@ class Runner:
         self._faults: dict[int, dict[str, Any]] = {}
         self._in_effect: asyncio.Event | None = None  # set once the method's first fault is applied
         self._active = 0  # faults in effect now: "during" samples are judged only while one is
+        self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
 
     # -- events -------------------------------------------------------------------------------------
     def _on_state(self, old: State, new: State, reason: str) -> None:
@@ -234,12 +235,14 @@ class Runner:
         """Run the steps with continuous probing; return an abort reason if a safeguard tripped."""
         abort: list[str] = []
         self._in_effect = asyncio.Event()
+        self._sampling = True
         samplers = self._start_samplers(abort)
         try:
             await self._cancellable(self._steps(self.exp.method))
         except _ApplyFailed as e:
             self.status.fail(FailureKind.APPLY, str(e))
         finally:
+            self._sampling = False
             for t in samplers:
                 t.cancel()
             await asyncio.gather(*samplers, return_exceptions=True)
@@ -288,7 +291,7 @@ class Runner:
             await self._in_effect.wait()
         start = time.monotonic()
         deviated = False
-        while True:
+        while self._sampling:
             judging = judged and self._active > 0
             phase = "during" if judging else ("between" if judged else "safeguard")  # between: no fault in effect
             sample = await take_sample(probe, phase)
@@ -340,7 +343,8 @@ class Runner:
         self._inflight.add(future)
         future.add_done_callback(self._inflight.discard)
         try:
-            final = await asyncio.wait_for(asyncio.shield(future), step.timeout)
+            async with asyncio.timeout(step.timeout):
+                final = await asyncio.shield(future)
         except TimeoutError:
             raise _ApplyFailed(f"{step.label()}: apply timed out after {step.timeout:g}s") from None
         except asyncio.CancelledError:

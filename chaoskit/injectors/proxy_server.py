@@ -193,7 +193,8 @@ async def serve(listen: str, upstream: str, toxics: list[dict[str, Any]], until:
     print("ready", flush=True)
     async with server:
         try:
-            await asyncio.wait_for(stop.wait(), timeout=max(0.0, until - time.time()))
+            async with asyncio.timeout(max(0.0, until - time.time())):
+                await stop.wait()
         except TimeoutError:
             pass
 

@@ -225,7 +225,10 @@ class Pool:
     async def send(self, payload: bytes, api: str, stream: bool, timeout: float) -> Outcome:
         """The awaitable path (a connection may need opening first)."""
         try:
-            conn = self.take_idle() or await asyncio.wait_for(self._get(), timeout)
+            conn = self.take_idle()
+            if conn is None:
+                async with asyncio.timeout(timeout):
+                    conn = await self._get()
         except (OSError, TimeoutError):
             return Outcome(error="connect")
         fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()

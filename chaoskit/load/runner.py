@@ -119,7 +119,8 @@ class ContinuousLoad:
         for t in self._tasks:
             if t.done() and t.exception():
                 raise t.exception()  # type: ignore[misc]
-        rec = await asyncio.wait_for(self._ready.get(), timeout)
+        async with asyncio.timeout(timeout):
+            rec = await self._ready.get()
         windows = 1
         while not self._ready.empty():
             rec.merge(self._ready.get_nowait().to_json())

@@ -32,7 +32,8 @@ class CommandProbe(Probe):
             stderr=asyncio.subprocess.PIPE, env={**os.environ, **self.spec.env},
         )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.spec.timeout)
+            async with asyncio.timeout(self.spec.timeout):
+                out, err = await proc.communicate()
         except (TimeoutError, asyncio.CancelledError):
             proc.kill()
             await proc.wait()
