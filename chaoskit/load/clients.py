@@ -58,6 +58,31 @@ _TEXT = {"openai": (re.compile(rb'"text"\s*:\s*"'), re.compile(rb'"text"\s*:\s*"
          "triton": (re.compile(rb'"text_output"\s*:\s*"'), re.compile(rb'"text_output"\s*:\s*""'))}
 
 
+# a non-empty token text is one token (a choice of an event); the regex counts a whole block in one call
+_EVENT = {api: re.compile(rb'"' + key + rb'"\s*:\s*"[^"]')
+          for api, key in (("openai", b"text"), ("openai-chat", b"content"), ("triton", b"text_output"))}
+
+
+def scan_sse(api: str, block: bytes) -> tuple[int, int | None]:
+    """Token events and the server's usage count (None if absent) in a block of complete SSE lines."""
+    if b'"error"' not in block and b'"completion_tokens"' not in block:
+        return len(_EVENT.get(api, _EVENT["triton"]).findall(block)), None
+    events, usage = 0, None
+    for line in block.split(b"\n"):
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            continue
+        total = usage_tokens(payload)
+        if total is not None:
+            usage = total
+        else:
+            events += raw_event_tokens(api, payload)
+    return events, usage
+
+
 def usage_tokens(payload: bytes) -> int | None:
     """completion_tokens of an OpenAI usage chunk (the last one, with stream_options.include_usage)."""
     if b'"completion_tokens"' not in payload:
@@ -100,20 +125,16 @@ async def send(session: aiohttp.ClientSession, api: str, method: str, url: str, 
                     buf = b""
                     async for chunk in resp.content.iter_any():
                         buf += chunk
-                        while b"\n" in buf:
-                            line, buf = buf.split(b"\n", 1)
-                            line = line.strip()
-                            if not line.startswith(b"data:"):
-                                continue
-                            data = line[5:].strip()
-                            if data == b"[DONE]":
-                                continue
-                            total = usage_tokens(data)
-                            if total is not None:
-                                out.usage_tokens = total
-                            elif n := raw_event_tokens(api, data):
-                                out.token_times.append(time.monotonic())
-                                out.tokens += n
+                        cut = buf.rfind(b"\n") + 1
+                        if not cut:
+                            continue
+                        n, usage = scan_sse(api, buf[:cut])
+                        buf = buf[cut:]
+                        if usage is not None:
+                            out.usage_tokens = usage
+                        if n:
+                            out.token_times.extend([time.monotonic()] * n)
+                            out.tokens += n
                     if out.usage_tokens is not None:
                         out.tokens = out.usage_tokens
                 else:

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from chaoskit.load.clients import Outcome, raw_event_tokens, usage_tokens
+from chaoskit.load.clients import Outcome, scan_sse
+
+_HEADER = re.compile(rb"\n(content-length|transfer-encoding|connection)[ \t]*:[ \t]*([^\r\n]*)")
 
 
 class _Conn(asyncio.Protocol):
@@ -24,16 +27,10 @@ class _Conn(asyncio.Protocol):
 
     def start(self, payload: bytes, api: str, stream: bool, on_done: Callable[[Outcome], None],
               deadline: float) -> None:
-        self.api, self.stream = api, stream
+        self.api, self.sse_tokens = api, stream and api != "http"
         self.out = Outcome()
-        self.buf = b""
-        self.headers_done = False
-        self.length: int | None = None
-        self.chunked = False
-        self.cstate, self.chunk_left = "size", 0
-        self.body_seen = 0
-        self.sse = b""
-        self.keep_alive = True
+        self.buf = self.sse = b""
+        self.headers_done, self.keep_alive = False, True
         self.on_done, self.deadline = on_done, deadline
         assert self.transport is not None
         self.transport.write(payload)
@@ -64,7 +61,7 @@ class _Conn(asyncio.Protocol):
             if not self.headers_done and not self._headers():
                 return
             self._body(now)
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, IndexError):
             self.out.error = "stream_error"
             self.keep_alive = False
             self._finish()
@@ -75,20 +72,19 @@ class _Conn(asyncio.Protocol):
         end = self.buf.find(b"\r\n\r\n")
         if end < 0:
             return False
-        head, self.buf = self.buf[:end].decode("latin-1"), self.buf[end + 4:]
-        lines = head.split("\r\n")
-        self.out.status = int(lines[0].split(" ", 2)[1])
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            name, value = name.strip().lower(), value.strip()
-            if name == "content-length":
+        head, self.buf = self.buf[:end + 2].lower(), self.buf[end + 4:]
+        self.out.status = status = int(head[:head.find(b"\r\n")].split(None, 2)[1])
+        self.length, self.chunked = None, False
+        for name, value in _HEADER.findall(head):
+            if name == b"content-length":
                 self.length = int(value)
-            elif name == "transfer-encoding" and "chunked" in value.lower():
-                self.chunked = True
-            elif name == "connection" and value.lower() == "close":
+            elif name == b"transfer-encoding":
+                self.chunked = b"chunked" in value
+            elif value.strip() == b"close":
                 self.keep_alive = False
+        self.cstate, self.chunk_left, self.body_seen = "size", 0, 0
         self.headers_done = True
-        if self.out.status >= 400:
+        if status >= 400:
             self.out.error = "http_status"
         return True
 
@@ -129,28 +125,24 @@ class _Conn(asyncio.Protocol):
                 self.cstate = "size"
 
     def _content(self, data: bytes, now: float) -> None:
-        if not (self.stream and self.api != "http") or self.out.error:
+        if not self.sse_tokens or self.out.error:
             return
-        self.sse += data
-        while b"\n" in self.sse:
-            line, self.sse = self.sse.split(b"\n", 1)
-            line = line.strip()
-            if line.startswith(b"data:"):
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    continue
-                total = usage_tokens(payload)
-                if total is not None:
-                    self.out.usage_tokens = total
-                elif n := raw_event_tokens(self.api, payload):
-                    self.out.token_times.append(now)
-                    self.out.tokens += n
+        sse = self.sse + data
+        cut = sse.rfind(b"\n") + 1  # whole lines now, the rest waits for more bytes
+        self.sse = sse[cut:]
+        if cut:
+            n, usage = scan_sse(self.api, sse[:cut])
+            if usage is not None:
+                self.out.usage_tokens = usage
+            if n:
+                self.out.token_times.extend([now] * n)
+                self.out.tokens += n
 
     def _finish(self) -> None:
         out = self.out
         if out.usage_tokens is not None:
             out.tokens = out.usage_tokens
-        if not out.error and not (self.stream and self.api != "http"):
+        if not out.error and not self.sse_tokens:
             out.token_times.append(time.monotonic())
             out.tokens = max(out.tokens, 1)
         if not self.keep_alive and self.transport is not None:
@@ -180,6 +172,15 @@ class Pool:
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(_Conn, self.host, self.port)
         return conn
+
+    async def warm(self, n: int, timeout: float = 1.0) -> None:
+        """Open up to n idle connections now, as benchmark tools do before the clock starts; what fails or
+        takes longer than `timeout` is left to the send path (which counts connect errors)."""
+        tasks = [asyncio.ensure_future(self._get()) for _ in range(n)]
+        done, pending = await asyncio.wait(tasks, timeout=timeout)
+        for t in pending:
+            t.cancel()
+        self.idle.extend(t.result() for t in done if not t.exception())
 
     def request_bytes(self, method: str, url: str, body: object) -> bytes:
         parts = urlsplit(url)

@@ -45,10 +45,11 @@ class _Workers:
 
     async def lines(self, k: int):
         proc = self.procs[k]
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stderr is not None
+        stderr = asyncio.create_task(_tail(proc.stderr))  # drained as it comes: a full pipe would block the worker
         async for line in proc.stdout:
             yield line[:1], json.loads(line[2:])
-        err = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
+        err = (await stderr).decode(errors="replace")
         await proc.wait()
         if proc.returncode:
             raise ChaoskitError(f"load worker {k} failed (exit {proc.returncode}): {err.strip()[-400:]}")
@@ -58,6 +59,13 @@ class _Workers:
             if p.returncode is None:
                 p.kill()
                 await p.wait()
+
+
+async def _tail(stream: asyncio.StreamReader, keep: int = 4000) -> bytes:
+    tail = b""
+    while chunk := await stream.read(65536):
+        tail = (tail + chunk)[-keep:]
+    return tail
 
 
 async def run_load(spec: LoadSpec, on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

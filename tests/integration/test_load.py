@@ -101,3 +101,34 @@ def test_cli_unreachable_url_is_a_clean_failure_report(tmp_path):
                        text=True, timeout=60)
     assert r.returncode == 1 and "Traceback" not in r.stderr and "connect" in r.stderr
     assert json.loads((tmp_path / "s.json").read_text())["errors"] == {"connect": 20}
+
+
+def test_a_server_that_hangs_up_before_answering_is_counted_not_crashed():
+    """Every connection is accepted, the request read, then closed with no reply: each request is an error of
+    class `other`, and the run ends on time (a protocol callback that raised used to stall the worker)."""
+    import socket
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except TimeoutError:
+                continue
+            c.recv(65536)
+            c.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        s = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{srv.getsockname()[1]}/v1", api="openai", model="m",
+                                          rate=50, duration=1, arrival="constant", timeout=3)))
+    finally:
+        stop.set()
+        t.join()
+        srv.close()
+    assert s["ok"] == 0 and s["errors"] == {"other": 50}

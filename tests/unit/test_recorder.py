@@ -1,0 +1,38 @@
+"""The load recorder's bulk path puts every value in the same HDR bucket as HdrHistogram.record_value."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from chaoskit.load.recorder import HIGHEST, LOWEST, Recorder, _hist, _sync, add
+
+
+def test_direct_counting_matches_record_value_bucket_for_bucket():
+    rng = random.Random(7)
+    seconds = [rng.lognormvariate(-7, 3) for _ in range(20000)] + [0.0, -1.0, 1e-7, 3599.99, 1e6, 0.0010005]
+    one, bulk = _hist(), _hist()
+    for s in seconds:
+        one.record_value(min(HIGHEST, max(LOWEST, round(s * 1e6))))
+        add(bulk.counts, s)
+    _sync(bulk)
+    assert np.array_equal(np.ctypeslib.as_array(one.counts), np.ctypeslib.as_array(bulk.counts))
+    assert one.total_count == bulk.total_count
+    assert one.values_are_equivalent(one.min_value, bulk.min_value)
+    assert one.values_are_equivalent(one.max_value, bulk.max_value)
+    for q in (50, 90, 99, 99.9, 100):
+        assert one.get_value_at_percentile(q) == bulk.get_value_at_percentile(q)
+
+
+def test_buffered_values_are_seen_by_summaries_and_merges():
+    a, b = Recorder(), Recorder()
+    for i in range(1, 1001):
+        a.sent_at(0.002 if i % 100 == 0 else 0.0001)
+        a.success(i / 1e3, i / 2e3, 0.0005, [0.001, 0.002], 3, True)
+    b.merge(a.to_json())
+    s = b.summary(1000, 1.0)
+    assert s["ok"] == 1000 and s["late_sends"] == 10 and s["max_late_ms"] == 2.0
+    assert abs(s["p50_ms"] - 500) <= 0.5 and abs(s["service_p99_ms"] - 495) <= 0.5
+    assert s["itl_p50_ms"] == 1.0 and b.hists["itl"].get_total_count() == 2000
+    assert b.hists["tpot"].get_total_count() == 1000

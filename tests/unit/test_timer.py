@@ -1,0 +1,30 @@
+"""The loop alarm (timerfd): fires never before its time, once per arming, and re-arming replaces the time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from chaoskit.load.timer import Alarm
+
+
+def test_alarm_fires_at_its_time_once_and_rearming_replaces_it():
+    async def main() -> list[float]:
+        loop = asyncio.get_running_loop()
+        fired: list[float] = []
+        alarm = Alarm(loop, lambda: fired.append(time.monotonic()))
+        try:
+            first = time.monotonic() + 0.02
+            alarm.at(time.monotonic() + 0.005)
+            alarm.at(first)  # replaces the 5 ms one
+            await asyncio.sleep(0.1)
+            assert len(fired) == 1 and fired[0] >= first
+            past = time.monotonic() - 1
+            alarm.at(past)  # already due: fires on the next loop turn
+            await asyncio.sleep(0.01)
+            assert len(fired) == 2
+            return fired
+        finally:
+            alarm.close()
+
+    asyncio.run(main())
