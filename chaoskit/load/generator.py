@@ -17,7 +17,6 @@ from chaoskit.load.recorder import Recorder
 from chaoskit.load.spec import LoadSpec
 from chaoskit.load.timer import Alarm
 
-SPIN_S = 0.00025  # a send closer than this is waited for by yielding to the loop, not by a timer wake-up
 WARM_S, WARM_MAX = 0.002, 16  # connections opened before the first send: 2 ms of sends (more open as needed)
 
 
@@ -98,9 +97,9 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
     pumping = spin_pending = False
 
     def pump() -> None:
-        """Send everything due by now, then wait for the next send: in epoll on the alarm when it is far
-        off, by yielding to the loop when it is close (a timer wake-up costs more than the wait). Runs from
-        the alarm, from the loop, and after each completion (a busy loop reaches a due send there first)."""
+        """Send everything due by now, then wait for the next send: in epoll on the alarm until `alarm.lead`
+        before it, then by yielding to the loop (a wake-up can come late; a yield cannot). Runs from the
+        alarm, from the loop, and after each completion (a busy loop reaches a due send there first)."""
         nonlocal due, pumping, spin_pending
         if pumping or due is None:
             return
@@ -117,8 +116,8 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
             pumping = False
         if due is None:
             return
-        if t0 + due[1] - time.monotonic() > SPIN_S:
-            alarm.at(t0 + due[1])
+        if t0 + due[1] - time.monotonic() > alarm.lead:
+            alarm.at(t0 + due[1] - alarm.lead)
         elif not spin_pending:
             spin_pending = True
             loop.call_soon(spin)
@@ -155,14 +154,16 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
         loop = asyncio.get_running_loop()
         alarm = Alarm(loop, pump)
         next_report = time.monotonic()
-        if due is not None:
-            alarm.at(t0 + due[1])
-        while due is not None:  # the alarm does the sending; this only reports
-            await asyncio.sleep(0.05)
-            if progress is not None and time.monotonic() >= next_report:
-                progress(rec, in_flight)
-                next_report = time.monotonic() + 0.5
-        alarm.close()
+        try:
+            if due is not None:
+                alarm.at(t0 + due[1])
+            while due is not None:  # the alarm and the completions do the sending; this only reports
+                await asyncio.sleep(0.05)
+                if progress is not None and time.monotonic() >= next_report:
+                    progress(rec, in_flight)
+                    next_report = time.monotonic() + 0.5
+        finally:
+            alarm.close()
         while tasks or in_flight:
             if tasks:
                 await asyncio.wait(set(tasks), timeout=0.5)
