@@ -156,7 +156,7 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
         next_report = time.monotonic()
         try:
             if due is not None:
-                alarm.at(t0 + due[1])
+                alarm.at(t0 + due[1] - alarm.lead)
             while due is not None:  # the alarm and the completions do the sending; this only reports
                 await asyncio.sleep(0.05)
                 if progress is not None and time.monotonic() >= next_report:
