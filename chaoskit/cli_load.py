@@ -37,7 +37,7 @@ def _validation(e: ValidationError) -> SpecError:
 
 def final_table(s: dict) -> Table:
     t = Table(title=f"load: {s['sent']} sent, {s['achieved_rps']:.1f}/s of {s['requested_rps']:g}/s requested, "
-                    f"{s['workers']} worker(s)")
+                    f"{s['workers']} {s['sender']} worker(s)")
     t.add_column("metric")
     for q in ("p50", "p90", "p99", "p999"):
         t.add_column(q + " ms", justify="right")
@@ -68,6 +68,8 @@ def load(
     concurrency_cap: int | None = typer.Option(None, help="most requests in flight"),
     slo: str | None = typer.Option(None, help="goodput limits, e.g. ttft:200ms,e2e:950ms"),
     workers: int = typer.Option(1, help="sender processes (one per core scales)"),
+    sender: str = typer.Option("auto", help="native (C, plain http://) | python (asyncio; aiohttp for https) | "
+                                            "auto: native when it applies"),
     seed: int = typer.Option(0),
     as_json: Path | None = typer.Option(None, "--json", help="also write the summary as JSON here"),
 ) -> None:
@@ -83,7 +85,8 @@ def load(
             spec = LoadSpec(url=url, api=api, rate=rate, duration=duration, arrival=arrival, burstiness=burstiness,
                             ramp_to=ramp_to, trace=trace, model=model, prompt_tokens=prompt_tokens,
                             max_tokens=max_tokens, stream=stream, prompts_file=prompts_file, timeout=timeout,
-                            concurrency_cap=concurrency_cap, slo=parse_slo(slo), workers=workers, seed=seed)
+                            concurrency_cap=concurrency_cap, slo=parse_slo(slo), workers=workers, seed=seed,
+                            sender=sender)
         except ValidationError as e:
             raise _validation(e) from None
         live_table = Table.grid(padding=(0, 2))

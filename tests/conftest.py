@@ -118,3 +118,17 @@ def mounted(loopdev, tmp_path):
     subprocess.run(["mount", loopdev, str(mnt)], check=True)
     yield mnt
     subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.fixture(params=["native", "python"])
+def load_sender(request) -> str:
+    """Each load-generator test that takes this runs with both senders (native skips without a C compiler)."""
+    from chaoskit.errors import ChaoskitError
+    from chaoskit.load import native
+
+    if request.param == "native":
+        try:
+            native.build()
+        except ChaoskitError as e:
+            pytest.skip(str(e))
+    return request.param

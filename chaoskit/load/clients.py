@@ -83,12 +83,14 @@ def scan_sse(api: str, block: bytes) -> tuple[int, int | None]:
     return events, usage
 
 
+_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
 def usage_tokens(payload: bytes) -> int | None:
-    """completion_tokens of an OpenAI usage chunk (the last one, with stream_options.include_usage)."""
-    if b'"completion_tokens"' not in payload:
-        return None
-    usage = json.loads(payload).get("usage") or {}
-    return int(usage["completion_tokens"]) if "completion_tokens" in usage else None
+    """completion_tokens of an OpenAI usage object (the last chunk with stream_options.include_usage, or the
+    end of a whole JSON body); None if absent."""
+    found = _USAGE.findall(payload)
+    return int(found[-1]) if found else None
 
 
 def raw_event_tokens(api: str, payload: bytes) -> int:

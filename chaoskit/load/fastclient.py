@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from chaoskit.load.clients import Outcome, scan_sse
+from chaoskit.load.clients import Outcome, scan_sse, usage_tokens
 
 _HEADER = re.compile(rb"\n(content-length|transfer-encoding|connection)[ \t]*:[ \t]*([^\r\n]*)")
 
@@ -125,7 +125,11 @@ class _Conn(asyncio.Protocol):
                 self.cstate = "size"
 
     def _content(self, data: bytes, now: float) -> None:
-        if not self.sse_tokens or self.out.error:
+        if self.out.error:
+            return
+        if not self.sse_tokens:
+            if self.api != "http":  # a JSON body: its usage object is at the end
+                self.sse = (self.sse + data)[-4096:]
             return
         sse = self.sse + data
         cut = sse.rfind(b"\n") + 1  # whole lines now, the rest waits for more bytes
@@ -140,6 +144,8 @@ class _Conn(asyncio.Protocol):
 
     def _finish(self) -> None:
         out = self.out
+        if not self.sse_tokens and self.api != "http" and not out.error:
+            out.usage_tokens = usage_tokens(self.sse)
         if out.usage_tokens is not None:
             out.tokens = out.usage_tokens
         if not out.error and not self.sse_tokens:
@@ -148,6 +154,17 @@ class _Conn(asyncio.Protocol):
         if not self.keep_alive and self.transport is not None:
             self.transport.close()
         self._complete()
+
+
+def request_bytes(method: str, url: str, body: object) -> bytes:
+    """One whole HTTP/1.1 request (keep-alive), JSON body when given."""
+    parts = urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    data = json.dumps(body).encode() if body is not None else b""
+    head = f"{method} {path} HTTP/1.1\r\nHost: {parts.hostname}:{parts.port or 80}\r\nAccept: */*\r\n"
+    if body is not None:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+    return head.encode() + b"\r\n" + data
 
 
 def _expire(conn: _Conn) -> None:
@@ -181,15 +198,6 @@ class Pool:
         for t in pending:
             t.cancel()
         self.idle.extend(t.result() for t in done if not t.exception())
-
-    def request_bytes(self, method: str, url: str, body: object) -> bytes:
-        parts = urlsplit(url)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        data = json.dumps(body).encode() if body is not None else b""
-        head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAccept: */*\r\n"
-        if body is not None:
-            head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-        return head.encode() + b"\r\n" + data
 
     def take_idle(self) -> _Conn | None:
         while self.idle:

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 
 from chaoskit.load.clients import Outcome, request_for, send
-from chaoskit.load.fastclient import Pool
+from chaoskit.load.fastclient import Pool, request_bytes
 from chaoskit.load.prompts import exact_bytes, from_file, synthetic
 from chaoskit.load.recorder import Recorder
 from chaoskit.load.spec import LoadSpec
@@ -25,6 +25,16 @@ def _prompts(spec: LoadSpec) -> list[str]:
         return from_file(spec.prompts_file)
     make = exact_bytes if spec.api == "triton" else synthetic  # tiny_lm counts bytes as tokens
     return [make(spec.prompt_tokens, spec.seed + i) for i in range(64)]
+
+
+def requests(spec: LoadSpec) -> list[tuple[str, str, Any]]:
+    """(method, URL, body) of each prompt, sent in turn."""
+    return [request_for(spec.api, spec.url, spec.model, p, spec.max_tokens, spec.stream, spec.method, spec.body)
+            for p in _prompts(spec)]
+
+
+def warm_count(spec: LoadSpec) -> int:
+    return min(WARM_MAX, 1 + int(spec.rate / spec.workers * WARM_S))
 
 
 def _good(spec: LoadSpec, e2e: float, ttft: float | None, itls: list[float], tokens: int) -> bool:
@@ -44,7 +54,7 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
               progress: Callable[[Recorder, int], None] | None = None) -> None:
     """Send at start_epoch + offset for each offset; record into `rec`."""
     t0 = time.monotonic() + (start_epoch - time.time())  # monotonic, not loop.time(): uvloop's is in ms
-    prompts = _prompts(spec)
+    reqs = requests(spec)
     cap = asyncio.Semaphore(spec.concurrency_cap) if spec.concurrency_cap else None
     conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=False)
     fast = Pool(spec.url) if spec.url.startswith("http://") else None  # https goes through aiohttp
@@ -53,11 +63,10 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
     in_flight = 0
 
     def request(i: int) -> tuple[str, str, Any, bytes | None]:
-        k = i % len(prompts)
+        k = i % len(reqs)
         if k not in payloads:
-            method, url, body = request_for(spec.api, spec.url, spec.model, prompts[k], spec.max_tokens,
-                                            spec.stream, spec.method, spec.body)
-            payloads[k] = (method, url, body, fast.request_bytes(method, url, body) if fast else None)
+            method, url, body = reqs[k]
+            payloads[k] = (method, url, body, request_bytes(method, url, body) if fast else None)
         return payloads[k]
 
     def record(out: Outcome, intended: float, sent: float) -> None:
@@ -150,7 +159,7 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
                                      timeout=aiohttp.ClientTimeout(total=None)) as session:
         sweeper = asyncio.create_task(fast.sweep_timeouts()) if fast is not None else None
         if fast is not None and cap is None:
-            await fast.warm(min(WARM_MAX, 1 + int(spec.rate / spec.workers * WARM_S)))
+            await fast.warm(warm_count(spec))
         loop = asyncio.get_running_loop()
         alarm = Alarm(loop, pump)
         next_report = time.monotonic()

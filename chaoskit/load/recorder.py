@@ -5,6 +5,8 @@ derived from the counts when the histograms are read, as hdrh itself does after 
 from __future__ import annotations
 
 import base64
+import ctypes
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,12 @@ def _hist() -> HdrHistogram:
 _L = _hist()  # every histogram here has this layout
 _MASK, _UNIT, _SHCM, _HALF = _L.sub_bucket_mask, _L.unit_magnitude, _L.sub_bucket_half_count_magnitude, \
     _L.sub_bucket_half_count
+
+
+def layout() -> dict[str, int]:
+    """The bucket layout every histogram here shares (for the native sender's copy of `add`)."""
+    return {"counts_len": _L.counts_len, "sub_bucket_mask": _MASK, "sub_bucket_half_count": _HALF,
+            "unit_magnitude": _UNIT, "sub_bucket_half_count_magnitude": _SHCM, "lowest": LOWEST, "highest": HIGHEST}
 
 
 def add(counts: Any, seconds: float) -> None:
@@ -88,10 +96,17 @@ class Recorder:
     def failure(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
+    def counts(self, metric: str) -> ctypes.Array:
+        """The bucket counts of one metric's histogram (the native sender adds to them in place)."""
+        return self._hists[metric].counts
+
     def reset(self) -> None:
-        """Start a new window (continuous probing reports per window)."""
-        fresh = Recorder()
-        self.__dict__.update(fresh.__dict__)
+        """Start a new window (continuous probing reports per window); the histograms are zeroed in place."""
+        for h in self._hists.values():
+            ctypes.memset(h.counts, 0, ctypes.sizeof(h.counts))
+            h.total_count, h.min_value, h.max_value = 0, sys.maxsize, 0
+        self.sent = self.ok = self.good = self.late = self.max_late_us = self.tokens = 0
+        self.errors = {}
 
     # ---------------------------------------------------------------- across processes
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chaoskit.errors import ChaoskitError
+from chaoskit.load import native
 from chaoskit.load.recorder import Recorder
 from chaoskit.load.schedule import iter_offsets
 from chaoskit.load.spec import LoadSpec
@@ -26,10 +27,13 @@ class _Workers:
                              spec.trace), None) is None:
             raise ChaoskitError(f"the schedule has no sends (rate {spec.rate}/s for {spec.duration}s)")
         self.spec, self.window_s, self.open_ended = spec, window_s, open_ended
-        self.start = time.time() + SPAWN_LEAD_S
+        self.start = 0.0
         self.procs: list[asyncio.subprocess.Process] = []
 
     async def spawn(self) -> None:
+        """Resolve the sender (building the native one on first use), then start the workers."""
+        self.spec = self.spec.model_copy(update={"sender": await asyncio.to_thread(native.choose, self.spec)})
+        self.start = time.time() + SPAWN_LEAD_S
         n = self.spec.workers
         for k in range(n):
             p = await asyncio.create_subprocess_exec(sys.executable, "-m", "chaoskit.load.worker",
@@ -93,6 +97,7 @@ async def run_load(spec: LoadSpec, on_progress: Callable[[dict[str, Any]], None]
         await w.stop()
     summary = rec.summary(spec.rate, spec.duration)
     summary["workers"] = spec.workers
+    summary["sender"] = w.spec.sender
     summary["recorder"] = rec
     return summary
 

@@ -31,6 +31,9 @@ class LoadSpec(StrictModel):
     slo: dict[Literal["ttft", "e2e", "tpot", "itl"], Duration] = Field(
         default_factory=dict, description="per-request limits for goodput, e.g. {ttft: 200ms, e2e: 950ms}")
     workers: int = Field(1, ge=1, le=64, description="sender processes")
+    sender: Literal["auto", "native", "python"] = Field(
+        "auto", description="native: the C sender (plain http://, built with the system C compiler on first use); "
+                            "python: asyncio (and aiohttp for https); auto: native when it applies")
     seed: int = 0
 
     @field_validator("url")

@@ -1,7 +1,7 @@
 """A sender process: `python -m chaoskit.load.worker` reads {"spec", "start_epoch", "worker", "workers",
 "window_s", "open_ended"} as JSON on stdin; sends every `workers`-th arrival of the schedule starting at
-`worker`; prints progress `P {...}`, per-window recorders `W {...}` (when window_s is set) and finally
-`R {recorder}` on stdout."""
+`worker` (with the native sender or the asyncio one, as spec.sender says); prints progress `P {...}`,
+per-window recorders `W {...}` (when window_s is set) and finally `R {recorder}` on stdout."""
 
 from __future__ import annotations
 
@@ -9,12 +9,26 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Iterable
+from itertools import islice
 
 from chaoskit.aio import run_fast
-from chaoskit.load.generator import run
+from chaoskit.load.fastclient import request_bytes
+from chaoskit.load.generator import requests, run, warm_count
 from chaoskit.load.recorder import Recorder
 from chaoskit.load.schedule import iter_offsets
 from chaoskit.load.spec import LoadSpec
+
+PROGRESS_S = 0.5
+
+
+def _progress(r: Recorder, in_flight: int) -> None:
+    print("P " + json.dumps({"sent": r.sent, "ok": r.ok, "errors": sum(r.errors.values()), "late": r.late,
+                             "in_flight": in_flight}), flush=True)
+
+
+def _window(k: int, rec: Recorder) -> None:
+    print("W " + json.dumps({"window": k, **rec.to_json()}), flush=True)
 
 
 def main() -> int:
@@ -23,23 +37,52 @@ def main() -> int:
     rec = Recorder()
     k, n = job["worker"], job["workers"]
     duration = float("inf") if job.get("open_ended") else spec.duration
-    mine = (off for i, off in enumerate(iter_offsets(spec.arrival, spec.rate, duration, spec.seed, spec.burstiness,
-                                                     spec.ramp_to, spec.trace)) if i % n == k)
-
-    def progress(r: Recorder, in_flight: int) -> None:
-        print("P " + json.dumps({"sent": r.sent, "ok": r.ok, "errors": sum(r.errors.values()), "late": r.late,
-                                 "in_flight": in_flight}), flush=True)
-
-    async def main() -> None:
-        window = job.get("window_s")
-        reporter = asyncio.create_task(_windows(rec, job["start_epoch"], window)) if window else None
-        await run(spec, mine, job["start_epoch"], rec, progress)
-        if reporter:
-            reporter.cancel()
-
-    run_fast(main())
+    mine = islice(iter_offsets(spec.arrival, spec.rate, duration, spec.seed, spec.burstiness, spec.ramp_to,
+                               spec.trace), k, None, n)
+    if spec.sender == "native":
+        _native(spec, mine, job["start_epoch"], job.get("window_s"), rec)
+    else:
+        run_fast(_asyncio(spec, mine, job["start_epoch"], job.get("window_s"), rec))
     print("R " + json.dumps(rec.to_json()), flush=True)
     return 0
+
+
+def _native(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, window: float | None,
+            rec: Recorder) -> None:
+    from chaoskit.load.native import Sender
+
+    sender = Sender(spec, [request_bytes(*r) for r in requests(spec)], rec)
+    try:
+        if not spec.concurrency_cap:
+            sender.warm(warm_count(spec))
+        t0 = time.monotonic() + (start_epoch - time.time())
+        next_window, next_progress = 1, time.monotonic()
+
+        def tick() -> None:
+            nonlocal next_window, next_progress
+            now = time.monotonic()
+            if window and now >= t0 + next_window * window:
+                sender.sync()
+                _window(next_window, rec)
+                sender.reset()
+                next_window += 1
+            if now >= next_progress:
+                sender.sync()
+                _progress(rec, sender.stats.in_flight)
+                next_progress = now + PROGRESS_S
+
+        sender.run(offsets, t0, tick)
+        sender.sync()
+    finally:
+        sender.close()
+
+
+async def _asyncio(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, window: float | None,
+                   rec: Recorder) -> None:
+    reporter = asyncio.create_task(_windows(rec, start_epoch, window)) if window else None
+    await run(spec, offsets, start_epoch, rec, _progress)
+    if reporter:
+        reporter.cancel()
 
 
 async def _windows(rec: Recorder, start_epoch: float, window: float) -> None:
@@ -47,7 +90,7 @@ async def _windows(rec: Recorder, start_epoch: float, window: float) -> None:
     k = 1
     while True:
         await asyncio.sleep(max(0.0, start_epoch + k * window - time.time()))
-        print("W " + json.dumps({"window": k, **rec.to_json()}), flush=True)
+        _window(k, rec)
         rec.reset()
         k += 1
 

@@ -35,7 +35,7 @@ def server():
         p.wait()
 
 
-def test_coordinated_omission_corrected_p99_matches_the_analytic_value(server):
+def test_coordinated_omission_corrected_p99_matches_the_analytic_value(server, load_sender):
     """Constant 200/s; the server stalls S = 0.5 s every T = 2 s. A request arriving in a stall waits for its
     end: latency uniform on (0, S] for a share S/T of requests, so p99 = S - 0.01 T = 0.48 s. With a
     concurrency cap of 16 the sender cannot send during a stall: measured from the actual send, the stall
@@ -43,7 +43,7 @@ def test_coordinated_omission_corrected_p99_matches_the_analytic_value(server):
     s, t = 0.5, 2.0
     port = server("stall", str(s), str(t))
     summary = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{port}/", rate=200, duration=4 * t,
-                                            arrival="constant", concurrency_cap=16)))
+                                            arrival="constant", concurrency_cap=16, sender=load_sender)))
     analytic = s - 0.01 * t
     corrected, uncorrected = summary["p99_ms"] / 1e3, summary["service_p99_ms"] / 1e3
     error = abs(corrected - analytic) / analytic
@@ -58,10 +58,10 @@ def test_coordinated_omission_corrected_p99_matches_the_analytic_value(server):
     assert summary["service_p90_ms"] < 0.2 * summary["p90_ms"]
 
 
-def test_streaming_ttft_and_itl_match_the_server_timing(server):
+def test_streaming_ttft_and_itl_match_the_server_timing(server, load_sender):
     port = server("sse", "40", "15", "12")
     summary = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{port}", api="openai", model="m", rate=5,
-                                            duration=2, arrival="constant", max_tokens=12)))
+                                            duration=2, arrival="constant", max_tokens=12, sender=load_sender)))
     print(f"\nSSE server TTFT 40 ms, ITL 15 ms: measured TTFT p50 {summary['ttft_p50_ms']:.2f} ms, "
           f"ITL p50 {summary['itl_p50_ms']:.2f} ms, TPOT p50 {summary['tpot_p50_ms']:.2f} ms")
     assert summary["ok"] == 10 and summary["output_tokens"] == 120
@@ -79,10 +79,10 @@ def test_goodput_counts_only_requests_meeting_every_slo(server):
     assert met["goodput_rps"] == pytest.approx(10, abs=0.5) and missed["goodput_rps"] == 0
 
 
-def test_several_workers_merge_their_histograms(server):
+def test_several_workers_merge_their_histograms(server, load_sender):
     port = server("stall", "0", "1")
     summary = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{port}/", rate=300, duration=2,
-                                            arrival="poisson", workers=2)))
+                                            arrival="poisson", workers=2, sender=load_sender)))
     assert summary["workers"] == 2 and summary["ok"] == summary["sent"] > 450
     assert summary["p50_ms"] < 50
 
@@ -103,7 +103,7 @@ def test_cli_unreachable_url_is_a_clean_failure_report(tmp_path):
     assert json.loads((tmp_path / "s.json").read_text())["errors"] == {"connect": 20}
 
 
-def test_a_server_that_hangs_up_before_answering_is_counted_not_crashed():
+def test_a_server_that_hangs_up_before_answering_is_counted_not_crashed(load_sender):
     """Every connection is accepted, the request read, then closed with no reply: each request is an error of
     class `other`, and the run ends on time (a protocol callback that raised used to stall the worker)."""
     import socket
@@ -126,7 +126,8 @@ def test_a_server_that_hangs_up_before_answering_is_counted_not_crashed():
     t.start()
     try:
         s = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{srv.getsockname()[1]}/v1", api="openai", model="m",
-                                          rate=50, duration=1, arrival="constant", timeout=3)))
+                                          rate=50, duration=1, arrival="constant", timeout=3,
+                                          sender=load_sender)))
     finally:
         stop.set()
         t.join()

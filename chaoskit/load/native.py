@@ -1,0 +1,197 @@
+"""The native sender (sender.c): built once with the system C compiler into a cache keyed by its source, then
+driven in slices from a worker process: Python feeds the schedule and reports, C sends, reads and records."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from functools import cache
+from itertools import islice
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from chaoskit.errors import ChaoskitError
+from chaoskit.load.recorder import METRICS, Recorder, layout
+from chaoskit.load.spec import LoadSpec
+
+SOURCE = Path(__file__).with_name("sender.c")
+CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall")
+ERRORS = ("timeout", "connect", "http_status", "stream_error", "other")  # sender.c's E_* order
+API = {"http": 0, "openai": 1, "openai-chat": 2, "triton": 3}
+SLICE_S = 0.01  # the C loop hands back to Python this often (progress, windows, more of the schedule)
+AHEAD_S, FILL, CHUNK = 0.1, 1024, 8192  # the schedule C holds: 0.1 s ahead, topped up <= 1024 at a time
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_int), ("port", ctypes.c_int), ("addr", ctypes.c_ubyte * 16),
+                ("n_payloads", ctypes.c_int), ("payloads", ctypes.POINTER(ctypes.c_char_p)),
+                ("payload_lens", ctypes.POINTER(ctypes.c_int)),
+                ("api", ctypes.c_int), ("stream", ctypes.c_int), ("cap", ctypes.c_int), ("max_conns", ctypes.c_int),
+                ("timeout", ctypes.c_double), ("slo", ctypes.c_double * 4),
+                ("counts", ctypes.c_void_p * len(METRICS)),
+                ("counts_len", ctypes.c_int64), ("sub_bucket_mask", ctypes.c_int64),
+                ("sub_bucket_half_count", ctypes.c_int64),
+                ("unit_magnitude", ctypes.c_int), ("sub_bucket_half_count_magnitude", ctypes.c_int),
+                ("lowest", ctypes.c_int64), ("highest", ctypes.c_int64)]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [(k, ctypes.c_int64) for k in ("sent", "ok", "good", "late", "tokens", "in_flight", "conns")] + \
+               [("errors", ctypes.c_int64 * len(ERRORS)), ("max_late", ctypes.c_double), ("lead", ctypes.c_double)]
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("CHAOSKIT_CACHE_DIR")
+    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "chaoskit"
+
+
+def build() -> Path:
+    """The shared library for this sender.c (compiled on first use); ChaoskitError when it cannot be."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(src + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    lib = cache_dir() / f"sender-{key}.so"
+    if lib.exists():
+        return lib
+    if not cc:
+        raise ChaoskitError("the native sender needs a C compiler (apt install gcc), or use --sender python")
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=lib.parent, suffix=".so")
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
+        if r.returncode:
+            raise ChaoskitError(f"compiling the native sender failed ({cc}): {r.stderr.strip()[-600:]}")
+        os.replace(tmp, lib)  # atomic: concurrent builders agree
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+@cache
+def _lib(path: str) -> ctypes.CDLL:
+    lib = ctypes.CDLL(path)
+    lib.ck_new.restype = ctypes.c_void_p
+    lib.ck_new.argtypes = [ctypes.POINTER(_Config)]
+    lib.ck_stats_of.restype = ctypes.POINTER(_Stats)
+    lib.ck_stats_of.argtypes = [ctypes.c_void_p]
+    lib.ck_warm.restype = ctypes.c_int
+    lib.ck_warm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_double]
+    lib.ck_run.restype = ctypes.c_int64
+    lib.ck_run.argtypes = [ctypes.c_void_p, ctypes.c_double, ctypes.c_void_p, ctypes.c_int64, ctypes.c_double]
+    lib.ck_free.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def choose(spec: LoadSpec) -> str:
+    """'native' or 'python' for this spec (building the library when native is wanted); errors name the cause."""
+    if spec.sender == "python" or (spec.sender == "auto" and spec.url.startswith("https://")):
+        return "python"
+    if spec.url.startswith("https://"):
+        raise ChaoskitError("--sender native speaks plain http:// only; use --sender python (aiohttp) for https")
+    try:
+        build()
+    except ChaoskitError:
+        if spec.sender == "native":
+            raise
+        return "python"
+    return "native"
+
+
+def _raise_fd_limit() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    return max(16, soft - 64)
+
+
+class Sender:
+    """One native sender: its connections, its config and the recorder its histograms count into."""
+
+    def __init__(self, spec: LoadSpec, payloads: list[bytes], rec: Recorder):
+        parts = urlsplit(spec.url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        try:
+            family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        except OSError as e:
+            raise ChaoskitError(f"cannot resolve {host}: {e}") from None
+        self.lib, self.rec = _lib(str(build())), rec
+        self._keep = [ctypes.create_string_buffer(p, len(p)) for p in payloads]
+        cfg = _Config(family=family, port=port, n_payloads=len(payloads), api=API[spec.api],
+                      stream=int(spec.stream), cap=spec.concurrency_cap or 0, max_conns=_raise_fd_limit(),
+                      timeout=spec.timeout)
+        packed = socket.inet_pton(family, sockaddr[0])
+        ctypes.memmove(cfg.addr, packed, len(packed))
+        self._ptrs = (ctypes.c_char_p * len(payloads))(*(ctypes.cast(b, ctypes.c_char_p) for b in self._keep))
+        self._lens = (ctypes.c_int * len(payloads))(*(len(p) for p in payloads))
+        cfg.payloads, cfg.payload_lens = self._ptrs, self._lens
+        for j, m in enumerate(("e2e", "ttft", "itl", "tpot")):
+            cfg.slo[j] = spec.slo.get(m, 0.0)
+        for j, m in enumerate(METRICS):
+            cfg.counts[j] = ctypes.addressof(rec.counts(m))
+        for name, value in layout().items():
+            setattr(cfg, name, value)
+        self._cfg = cfg
+        self.h = self.lib.ck_new(ctypes.byref(cfg))
+        if not self.h:
+            raise ChaoskitError("the native sender could not start (epoll/timerfd/memory)")
+        self.stats = self.lib.ck_stats_of(self.h).contents
+
+    def warm(self, n: int, timeout: float = 1.0) -> int:
+        return self.lib.ck_warm(self.h, n, timeout)
+
+    def sync(self) -> None:
+        """Copy the C counters into the recorder (the histograms are shared already)."""
+        s, r = self.stats, self.rec
+        r.sent, r.ok, r.good, r.late, r.tokens = s.sent, s.ok, s.good, s.late, s.tokens
+        r.max_late_us = round(s.max_late * 1e6)
+        r.errors = {k: s.errors[j] for j, k in enumerate(ERRORS) if s.errors[j]}
+
+    def reset(self) -> None:
+        """A new window: the recorder (in place, so the C side keeps its pointers) and the counters."""
+        self.rec.reset()
+        s = self.stats
+        s.sent = s.ok = s.good = s.late = s.tokens = 0
+        s.max_late = 0.0
+        for j in range(len(ERRORS)):
+            s.errors[j] = 0
+
+    def run(self, offsets: Iterable[float], t0: float, tick: Callable[[], None]) -> None:
+        """Send each offset (seconds after monotonic t0), calling `tick` between slices, then wait for what is
+        in flight (each request ends by its timeout at the latest). The schedule is handed over a little at a
+        time, AHEAD_S ahead of the clock, so no refill pauses the sending for long."""
+        buf = (ctypes.c_double * CHUNK)()
+        it: Iterator[float] = iter(offsets)
+        pos = cnt = 0
+        more = True
+        while True:
+            if more and (pos == cnt or buf[cnt - 1] < time.monotonic() - t0 + AHEAD_S):
+                if pos:  # what is left goes to the front
+                    ctypes.memmove(buf, ctypes.addressof(buf) + 8 * pos, 8 * (cnt - pos))
+                    cnt, pos = cnt - pos, 0
+                room = min(FILL, CHUNK - cnt)
+                for off in islice(it, room):
+                    buf[cnt] = off
+                    cnt += 1
+                    room -= 1
+                more = room == 0  # fewer than asked for: the schedule has ended
+            if pos == cnt and not more and self.stats.in_flight == 0:
+                return
+            pos += self.lib.ck_run(self.h, t0, ctypes.addressof(buf) + 8 * pos, cnt - pos, time.monotonic() + SLICE_S)
+            tick()
+
+    def close(self) -> None:
+        if self.h:
+            self.lib.ck_free(self.h)
+            self.h = None
+

@@ -1,0 +1,139 @@
+"""Both senders (native C and asyncio) against a scripted HTTP server on real sockets: the same wire bytes give
+the same outcome - chunked SSE cut at awkward places, usage counts, errors inside a 200 stream, HTTP errors,
+a silent server, close-delimited bodies, non-streamed JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from chaoskit.errors import ChaoskitError
+from chaoskit.load import native
+from chaoskit.load.runner import run_load
+from chaoskit.load.spec import LoadSpec
+
+
+def _sse(*events: object) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+def _chunked(body: bytes, size: int) -> bytes:
+    parts = [body[i:i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x;ext=1\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\nX-Trailer: 1\r\n\r\n"
+
+
+TOKENS = _sse(*({"choices": [{"text": f"t{i}", "index": 0}]} for i in range(3)),
+              {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": 5}})
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+
+# name: (wire bytes of one response, piece size (0: whole), close after it, spec overrides, expected)
+CASES: dict[str, tuple[bytes | None, int, bool, dict, dict]] = {
+    "chunked SSE in 7-byte pieces, usage chunk": (
+        SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(TOKENS, 23), 7, False, {},
+        {"ok": 10, "output_tokens": 50, "errors": {}}),
+    "error event inside a 200 stream": (
+        SSE_HEAD + b"Content-Length: %d\r\n\r\n" % len(body := _sse({"choices": [{"text": "a"}]},
+                                                                    {"error": {"message": "boom"}})) + body,
+        0, False, {}, {"ok": 0, "errors": {"stream_error": 10}}),
+    "HTTP 500": (b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 5\r\n\r\noops!", 0, False, {},
+                 {"ok": 0, "errors": {"http_status": 10}}),
+    "silent server": (None, 0, False, {"timeout": 0.3}, {"ok": 0, "errors": {"timeout": 10}}),
+    "close-delimited body": (SSE_HEAD + b"Connection: close\r\n\r\n" + _sse({"choices": [{"text": "a"}]},
+                                                                          {"choices": [{"text": "b"}]}),
+                             5, True, {}, {"ok": 10, "output_tokens": 20, "errors": {}}),
+    "non-streamed JSON with usage": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(
+            js := json.dumps({"choices": [{"text": "x" * 5000}], "usage": {"completion_tokens": 7}}).encode()) + js,
+        1000, False, {"stream": False}, {"ok": 10, "output_tokens": 70, "errors": {}}),
+    "chat: a role-only chunk is not a token": (
+        SSE_HEAD + b"Content-Length: %d\r\n\r\n" % len(chat := _sse(
+            {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+            *({"choices": [{"delta": {"content": c}}]} for c in "ab"))) + chat,
+        0, False, {"api": "openai-chat"}, {"ok": 10, "output_tokens": 20, "errors": {}}),
+}
+
+
+def _serve(response: bytes | None, piece: int, close: bool) -> tuple[int, Callable[[], None]]:
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.1)
+    stop = threading.Event()
+    conns: list[socket.socket] = []
+
+    def handle(c: socket.socket) -> None:
+        buf = b""
+        c.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                data = c.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            buf += data
+            while b"\r\n\r\n" in buf:
+                head, _, rest = buf.partition(b"\r\n\r\n")
+                n = int(next((ln.split(b":")[1] for ln in head.lower().split(b"\r\n")
+                              if ln.startswith(b"content-length")), b"0"))
+                if len(rest) < n:
+                    break
+                buf = rest[n:]
+                if response is None:
+                    continue  # silent: never answers
+                for i in range(0, len(response), piece or len(response)):
+                    c.sendall(response[i:i + (piece or len(response))])
+                    if piece:
+                        time.sleep(0.0005)
+                if close:
+                    c.close()
+                    return
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except TimeoutError:
+                continue
+            conns.append(c)
+            threading.Thread(target=handle, args=(c,), daemon=True).start()
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+
+    def shutdown() -> None:
+        stop.set()
+        t.join()
+        srv.close()
+        for c in conns:
+            c.close()
+
+    return srv.getsockname()[1], shutdown
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_same_wire_bytes_same_outcome(load_sender, case):
+    response, piece, close, overrides, expected = CASES[case]
+    port, shutdown = _serve(response, piece, close)
+    try:
+        spec = LoadSpec(**{"url": f"http://127.0.0.1:{port}", "api": "openai", "model": "m", "rate": 20,
+                           "duration": 0.5, "arrival": "constant", "timeout": 2, "sender": load_sender, **overrides})
+        s = asyncio.run(run_load(spec))
+    finally:
+        shutdown()
+    assert s["sender"] == load_sender
+    assert {k: s[k] for k in expected} == expected, case
+    if expected["ok"] and spec.stream:
+        assert s["ttft_p50_ms"] > 0 and s["itl_p50_ms"] is not None
+
+
+def test_native_refuses_https_and_auto_uses_python_there():
+    with pytest.raises(ChaoskitError, match="plain http"):
+        native.choose(LoadSpec(url="https://example.invalid", rate=1, duration=1, sender="native"))
+    assert native.choose(LoadSpec(url="https://example.invalid", rate=1, duration=1)) == "python"
