@@ -82,6 +82,17 @@ def _ebpf() -> Check:
     return Check("eBPF probes (bcc)", True, f"compiled and attached a tracepoint program; {btf}")
 
 
+def _load_sender() -> Check:
+    from chaoskit.errors import ChaoskitError
+    from chaoskit.load import native
+
+    try:
+        lib = native.build()
+    except ChaoskitError as e:
+        return Check("load sender (native)", False, f"{e}; `chaoskit load` falls back to the asyncio sender")
+    return Check("load sender (native)", True, f"built {lib}")
+
+
 def _nvml() -> Check:
     try:
         import pynvml
@@ -101,7 +112,8 @@ def _kube() -> Check:
     return Check("Kubernetes", cfg.exists(), f"kubeconfig {cfg}" if cfg.exists() else "no kubeconfig, not in a pod")
 
 
-CHECKS: tuple[Callable[[], Check], ...] = (_root, _process, _memory, _netem, _nft, _cgroup_io, _ebpf, _nvml, _kube)
+CHECKS: tuple[Callable[[], Check], ...] = (_root, _process, _memory, _netem, _nft, _cgroup_io, _ebpf, _load_sender, _nvml,
+                                         _kube)
 
 
 def run_checks() -> list[Check]:

@@ -71,6 +71,9 @@ def build() -> Path:
         if r.returncode:
             raise ChaoskitError(f"compiling the native sender failed ({cc}): {r.stderr.strip()[-600:]}")
         os.replace(tmp, lib)  # atomic: concurrent builders agree
+        for old in lib.parent.glob("sender-*.so"):  # builds of earlier sources (a mapped one stays usable)
+            if old != lib:
+                old.unlink(missing_ok=True)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
