@@ -120,15 +120,19 @@ def mounted(loopdev, tmp_path):
     subprocess.run(["umount", str(mnt)], check=True)
 
 
-@pytest.fixture(params=["native", "python"])
-def load_sender(request) -> str:
-    """Each load-generator test that takes this runs with both senders (native skips without a C compiler)."""
+def native_sender_or_skip() -> None:
     from chaoskit.errors import ChaoskitError
     from chaoskit.load import native
 
+    try:
+        native.build()
+    except ChaoskitError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(params=["native", "python"])
+def load_sender(request) -> str:
+    """Each load-generator test that takes this runs with both senders (native skips without a C compiler)."""
     if request.param == "native":
-        try:
-            native.build()
-        except ChaoskitError as e:
-            pytest.skip(str(e))
+        native_sender_or_skip()
     return request.param

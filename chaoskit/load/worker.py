@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from itertools import islice
 
 from chaoskit.aio import run_fast
+from chaoskit.errors import ChaoskitError
 from chaoskit.load.fastclient import request_bytes
 from chaoskit.load.generator import requests, run, warm_count
 from chaoskit.load.recorder import Recorder
@@ -40,7 +41,11 @@ def main() -> int:
     mine = islice(iter_offsets(spec.arrival, spec.rate, duration, spec.seed, spec.burstiness, spec.ramp_to,
                                spec.trace), k, None, n)
     if spec.sender == "native":
-        _native(spec, mine, job["start_epoch"], job.get("window_s"), rec)
+        try:
+            _native(spec, mine, job["start_epoch"], job.get("window_s"), rec)
+        except ChaoskitError as e:
+            print(e, file=sys.stderr)  # the parent reports it: no traceback for what the user can fix
+            return 2
     else:
         run_fast(_asyncio(spec, mine, job["start_epoch"], job.get("window_s"), rec))
     print("R " + json.dumps(rec.to_json()), flush=True)

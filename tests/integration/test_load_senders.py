@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +19,7 @@ from chaoskit.errors import ChaoskitError
 from chaoskit.load import native
 from chaoskit.load.runner import run_load
 from chaoskit.load.spec import LoadSpec
+from tests.conftest import ROOT, native_sender_or_skip
 
 
 def _sse(*events: object) -> bytes:
@@ -137,3 +140,11 @@ def test_native_refuses_https_and_auto_uses_python_there():
     with pytest.raises(ChaoskitError, match="plain http"):
         native.choose(LoadSpec(url="https://example.invalid", rate=1, duration=1, sender="native"))
     assert native.choose(LoadSpec(url="https://example.invalid", rate=1, duration=1)) == "python"
+
+
+def test_native_unresolvable_host_is_a_clear_error():
+    native_sender_or_skip()
+    r = subprocess.run([sys.executable, "-m", "chaoskit", "load", "http://no-such-host.invalid/", "--rate", "5",
+                        "--duration", "1s", "--sender", "native"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "cannot resolve no-such-host.invalid" in r.stderr and "Traceback" not in r.stderr
