@@ -91,6 +91,7 @@ def _lib(path: str) -> ctypes.CDLL:
     lib.ck_warm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_double]
     lib.ck_run.restype = ctypes.c_int64
     lib.ck_run.argtypes = [ctypes.c_void_p, ctypes.c_double, ctypes.c_void_p, ctypes.c_int64, ctypes.c_double]
+    lib.ck_add.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_double]
     lib.ck_free.argtypes = [ctypes.c_void_p]
     return lib
 

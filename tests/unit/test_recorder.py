@@ -36,3 +36,36 @@ def test_buffered_values_are_seen_by_summaries_and_merges():
     assert abs(s["p50_ms"] - 500) <= 0.5 and abs(s["service_p99_ms"] - 495) <= 0.5
     assert s["itl_p50_ms"] == 1.0 and b.hists["itl"].get_total_count() == 2000
     assert b.hists["tpot"].get_total_count() == 1000
+
+
+def test_native_sender_counts_in_the_same_buckets():
+    """sender.c's copy of `add`, through the histograms the recorder shares with it."""
+    from chaoskit.load import native
+    from chaoskit.load.recorder import METRICS
+    from chaoskit.load.spec import LoadSpec
+    from tests.conftest import native_sender_or_skip
+
+    native_sender_or_skip()
+    rng = random.Random(11)
+    seconds = [rng.lognormvariate(-7, 3) for _ in range(20000)] + [0.0, -1.0, 1e-7, 3599.99, 1e6, 0.0010005]
+    rec, expect = Recorder(), _hist()
+    sender = native.Sender(LoadSpec(url="http://127.0.0.1:9/", rate=1, duration=1), [b"GET / HTTP/1.1\r\n\r\n"], rec)
+    try:
+        for s in seconds:
+            sender.lib.ck_add(sender.h, METRICS.index("itl"), s)
+            add(expect.counts, s)
+    finally:
+        sender.close()
+    assert np.array_equal(np.ctypeslib.as_array(rec.counts("itl")), np.ctypeslib.as_array(expect.counts))
+    assert rec.hists["itl"].get_total_count() == len(seconds) and rec.hists["e2e"].get_total_count() == 0
+
+
+def test_reset_zeroes_in_place():
+    rec = Recorder()
+    counts = rec.counts("e2e")
+    rec.sent_at(0.002)
+    rec.success(0.01, 0.01, None, [], 1, True)
+    rec.failure("timeout")
+    rec.reset()
+    assert rec.counts("e2e") is counts and not any(counts)
+    assert rec.summary(1, 1)["sent"] == 0 and rec.hists["e2e"].get_total_count() == 0 and rec.errors == {}
