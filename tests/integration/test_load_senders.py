@@ -148,3 +148,18 @@ def test_native_unresolvable_host_is_a_clear_error():
                         "--duration", "1s", "--sender", "native"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and "cannot resolve no-such-host.invalid" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_request_larger_than_the_socket_buffer_is_sent_whole(load_sender, tmp_path):
+    """An 8 MB prompt: the send returns short and the rest goes out as the server reads (EPOLLOUT / drain)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("x" * 8_000_000 + "\n")
+    body = _sse({"choices": [{"text": "a"}]})
+    port, shutdown = _serve(SSE_HEAD + b"Content-Length: %d\r\n\r\n" % len(body) + body, 0, False)
+    try:
+        s = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{port}", api="openai", model="m", rate=4,
+                                          duration=0.5, arrival="constant", timeout=10, prompts_file=str(prompts),
+                                          sender=load_sender)))
+    finally:
+        shutdown()
+    assert s["ok"] == 2 and s["errors"] == {} and s["output_tokens"] == 2
