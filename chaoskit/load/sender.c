@@ -31,8 +31,8 @@ enum { C_SIZE, C_DATA, C_CRLF, C_TRAILER };
 #define LEAD_DECAY 0.999
 #define LATE_S 0.001
 #define HOLD_MAX (1 << 20) /* a header block or an SSE line longer than this is a broken stream */
-#define SWEEP_S 0.01
-#define BURST 16
+#define SWEEP_S 0.01 /* how often timeouts are looked for */
+#define BURST 16     /* sends in a row before reading, when behind schedule */
 
 typedef struct {
     int family, port;            /* AF_INET or AF_INET6; port in host order */
@@ -64,7 +64,7 @@ typedef struct conn {
     int64_t length, body_seen, chunk_left;
     char *hold;                  /* the header block, then the unfinished SSE line (or a plain body's tail) */
     int hold_len, hold_cap;
-    char line[64];               /* a chunk-size or trailer line */
+    char line[256];              /* a chunk-size or trailer line */
     int line_len;
     int64_t events, usage;       /* token events seen; the server's own count (-1: none) */
     double first, last;
@@ -245,30 +245,34 @@ static const char *find(const char *p, const char *end, const char *s, size_t n)
     return n && end - p >= (ptrdiff_t)n ? memmem(p, (size_t)(end - p), s, n) : NULL;
 }
 
-/* token events in one SSE data payload: occurrences of "KEY" : "<not a quote>" */
-static int64_t events(int api, const char *p, const char *end) {
-    const char *key = KEYS[api];
+/* the value after the first `"key" :` at or after p (spaces allowed around the colon), or NULL */
+static const char *value_of(const char *p, const char *end, const char *key) {
     size_t n = strlen(key);
-    int64_t count = 0;
     while ((p = find(p, end, key, n))) {
         p += n;
         while (p < end && (*p == ' ' || *p == '\t')) p++;
-        if (p >= end || *p != ':') continue;
-        p++;
-        while (p < end && (*p == ' ' || *p == '\t')) p++;
-        if (p + 1 < end && *p == '"' && p[1] != '"') count++;
+        if (p < end && *p == ':') {
+            for (p++; p < end && (*p == ' ' || *p == '\t');) p++;
+            return p;
+        }
     }
+    return NULL;
+}
+
+/* token events in one SSE data payload: each "KEY": "<not empty>" (one per choice) */
+static int64_t events(int api, const char *p, const char *end) {
+    int64_t count = 0;
+    while ((p = value_of(p, end, KEYS[api])))
+        if (p + 1 < end && *p == '"' && p[1] != '"') count++;
     return count;
 }
 
-static int64_t usage_of(const char *p, const char *end) { /* completion_tokens's value, -1 if absent */
-    static const char key[] = "\"completion_tokens\"";
-    const char *q = find(p, end, key, sizeof key - 1);
-    if (!q) return -1;
-    q += sizeof key - 1;
-    while (q < end && (*q == ' ' || *q == ':' || *q == '\t')) q++;
+static int64_t usage_of(const char *p, const char *end) { /* the last completion_tokens value, -1 if absent */
     int64_t v = -1;
-    for (; q < end && *q >= '0' && *q <= '9'; q++) v = (v < 0 ? 0 : v * 10) + (*q - '0');
+    while ((p = value_of(p, end, "\"completion_tokens\""))) {
+        if (p < end && *p >= '0' && *p <= '9') v = 0;
+        for (; p < end && *p >= '0' && *p <= '9'; p++) v = v * 10 + (*p - '0');
+    }
     return v;
 }
 
@@ -300,7 +304,7 @@ static int scan(ck *c, conn *k, const char *p, const char *end, double now) {
         if (e - q >= 5 && memcmp(q, "data:", 5) == 0) {
             q += 5;
             if (!find(q, e, "[DONE]", 6)) {
-                if (find(q, e, "\"error\"", 7)) return -1;
+                if (value_of(q, e, "\"error\"")) return -1;
                 int64_t u = usage_of(q, e);
                 if (u >= 0)
                     k->usage = u;
@@ -441,8 +445,11 @@ static int body(ck *c, conn *k, const char *p, const char *end, double now) {
     while (p < end) {
         if (k->cstate == C_SIZE || k->cstate == C_TRAILER) {
             const char *nl = memchr(p, '\n', (size_t)(end - p));
-            size_t n = (size_t)((nl ? nl : end) - p);
-            if (k->line_len + n >= sizeof k->line) return -1;
+            size_t n = (size_t)((nl ? nl : end) - p), room = sizeof k->line - 1 - (size_t)k->line_len;
+            if (n > room) {
+                if (k->cstate == C_SIZE) return -1;
+                n = room; /* a long trailer line: only whether it is empty matters */
+            }
             memcpy(k->line + k->line_len, p, n);
             k->line_len += (int)n;
             if (!nl) return 0;
