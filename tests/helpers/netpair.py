@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 from chaoskit.targets.netns import run_in_netns
 
@@ -49,8 +50,10 @@ class Pair:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def serve_in_threads(sock: socket.socket, handle) -> None:
-    """Accept on `sock` until it is closed, one thread per connection running handle(conn)."""
+def serve_in_threads(sock: socket.socket, handle) -> Callable[[], None]:
+    """Accept on `sock`, one thread per connection running handle(conn); returns `stop`, which shuts the socket
+    down (a plain close leaves accept() blocked and the port listening until the next connection) and waits for
+    the accept thread."""
 
     def loop() -> None:
         while True:
@@ -60,7 +63,18 @@ def serve_in_threads(sock: socket.socket, handle) -> None:
                 return
             threading.Thread(target=handle, args=(conn,), daemon=True).start()
 
-    threading.Thread(target=loop, daemon=True).start()
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+
+    def stop() -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+        t.join()
+
+    return stop
 
 
 class Server:
@@ -69,7 +83,7 @@ class Server:
     def __init__(self, ns_path: str, port: int = 7000, bulk: int = 0, sink: bool = False):
         self.sock = run_in_netns(ns_path, lambda: socket.create_server(("0.0.0.0", port), backlog=1024))
         self.bulk, self.sink, self.port = bulk, sink, port
-        serve_in_threads(self.sock, self._one)
+        self.close = serve_in_threads(self.sock, self._one)
 
     def _one(self, conn: socket.socket) -> None:
         with conn:
@@ -84,9 +98,6 @@ class Server:
                     conn.recv(1)
             except OSError:
                 pass
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def download_rate(ns_path: str, port: int, nbytes: int) -> float:

@@ -107,29 +107,18 @@ def test_a_server_that_hangs_up_before_answering_is_counted_not_crashed(load_sen
     """Every connection is accepted, the request read, then closed with no reply: each request is an error of
     class `other`, and the run ends on time (a protocol callback that raised used to stall the worker)."""
     import socket
-    import threading
+
+    from tests.helpers.netpair import serve_in_threads
+
+    def hang_up(c: socket.socket) -> None:
+        with c:
+            c.recv(65536)
 
     srv = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve() -> None:
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except TimeoutError:
-                continue
-            c.recv(65536)
-            c.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+    port, stop = srv.getsockname()[1], serve_in_threads(srv, hang_up)
     try:
-        s = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{srv.getsockname()[1]}/v1", api="openai", model="m",
-                                          rate=50, duration=1, arrival="constant", timeout=3,
-                                          sender=load_sender)))
+        s = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{port}/v1", api="openai", model="m", rate=50,
+                                          duration=1, arrival="constant", timeout=3, sender=load_sender)))
     finally:
-        stop.set()
-        t.join()
-        srv.close()
+        stop()
     assert s["ok"] == 0 and s["errors"] == {"other": 50}

@@ -9,7 +9,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 
@@ -20,6 +19,7 @@ from chaoskit.load import native
 from chaoskit.load.runner import run_load
 from chaoskit.load.spec import LoadSpec
 from tests.conftest import ROOT, native_sender_or_skip
+from tests.helpers.netpair import serve_in_threads
 
 
 def _sse(*events: object) -> bytes:
@@ -63,57 +63,40 @@ CASES: dict[str, tuple[bytes | None, int, bool, dict, dict]] = {
 
 
 def _serve(response: bytes | None, piece: int, close: bool) -> tuple[int, Callable[[], None]]:
+    """Answer each request on 127.0.0.1 with `response` (in `piece`-byte writes; None: never answer); returns
+    the port and a shutdown that also closes the connections it accepted."""
     srv = socket.create_server(("127.0.0.1", 0))
-    srv.settimeout(0.1)
-    stop = threading.Event()
     conns: list[socket.socket] = []
 
     def handle(c: socket.socket) -> None:
+        conns.append(c)
         buf = b""
-        c.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                data = c.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            if not data:
-                return
-            buf += data
-            while b"\r\n\r\n" in buf:
-                head, _, rest = buf.partition(b"\r\n\r\n")
-                n = int(next((ln.split(b":")[1] for ln in head.lower().split(b"\r\n")
-                              if ln.startswith(b"content-length")), b"0"))
-                if len(rest) < n:
-                    break
-                buf = rest[n:]
-                if response is None:
-                    continue  # silent: never answers
-                for i in range(0, len(response), piece or len(response)):
-                    c.sendall(response[i:i + (piece or len(response))])
-                    if piece:
-                        time.sleep(0.0005)
-                if close:
-                    c.close()
-                    return
+        try:
+            while data := c.recv(65536):
+                buf += data
+                while b"\r\n\r\n" in buf:
+                    head, _, rest = buf.partition(b"\r\n\r\n")
+                    n = int(next((ln.split(b":")[1] for ln in head.lower().split(b"\r\n")
+                                  if ln.startswith(b"content-length")), b"0"))
+                    if len(rest) < n:
+                        break
+                    buf = rest[n:]
+                    if response is None:
+                        continue  # silent: never answers
+                    for i in range(0, len(response), piece or len(response)):
+                        c.sendall(response[i:i + (piece or len(response))])
+                        if piece:
+                            time.sleep(0.0005)
+                    if close:
+                        c.close()
+                        return
+        except OSError:
+            return
 
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except TimeoutError:
-                continue
-            conns.append(c)
-            threading.Thread(target=handle, args=(c,), daemon=True).start()
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
+    stop = serve_in_threads(srv, handle)
 
     def shutdown() -> None:
-        stop.set()
-        t.join()
-        srv.close()
+        stop()
         for c in conns:
             c.close()
 

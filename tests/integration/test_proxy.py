@@ -21,7 +21,7 @@ class Upstream:
     def __init__(self, bulk: int = 0):
         self.sock = socket.create_server(("127.0.0.1", 0), backlog=256)
         self.port, self.bulk = self.sock.getsockname()[1], bulk
-        serve_in_threads(self.sock, self._one)
+        self.close = serve_in_threads(self.sock, self._one)
 
     def _one(self, conn: socket.socket) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -40,7 +40,7 @@ class Upstream:
 def upstream():
     u = Upstream()
     yield u
-    u.sock.close()
+    u.close()
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_bandwidth_toxic_holds_the_rate_within_10_percent(proxy):
         print(f"\nbandwidth toxic 2 MB/s: measured {rate / 1e6:.3f} MB/s")
         assert 2e6 * 0.9 < rate < 2e6 * 1.1
     finally:
-        bulk.sock.close()
+        bulk.close()
 
 
 def test_limit_data_closes_after_n_bytes(proxy):
@@ -127,7 +127,7 @@ def test_limit_data_closes_after_n_bytes(proxy):
         data, _, _ = read_all(proxy(bulk.port, [{"type": "limit_data", "bytes": 1000}]))
         assert len(data) == 1000
     finally:
-        bulk.sock.close()
+        bulk.close()
 
 
 def test_reset_peer_sends_rst(upstream, proxy):
@@ -156,7 +156,7 @@ def test_slicer_delivers_intact_data_in_delayed_slices(proxy):
         data, took, _ = read_all(port)
         assert data == b"b" * 1000 and took >= 0.09  # 10 slices, 10 ms apart
     finally:
-        bulk.sock.close()
+        bulk.close()
 
 
 def test_slow_close_delays_the_eof(proxy):
@@ -165,7 +165,7 @@ def test_slow_close_delays_the_eof(proxy):
         data, took, _ = read_all(proxy(bulk.port, [{"type": "slow_close", "delay": "300ms"}]))
         assert data == b"b" * 10 and took >= 0.29
     finally:
-        bulk.sock.close()
+        bulk.close()
 
 
 def test_listen_port_in_use_is_a_preflight_error(upstream):
