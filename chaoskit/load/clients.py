@@ -53,20 +53,17 @@ def request_for(api: str, url: str, model: str | None, prompt: str, max_tokens: 
     raise ChaoskitError(f"unknown api {api!r}: {', '.join(APIS)}")
 
 
-_TEXT = {"openai": (re.compile(rb'"text"\s*:\s*"'), re.compile(rb'"text"\s*:\s*""')),
-         "openai-chat": (re.compile(rb'"content"\s*:\s*"'), re.compile(rb'"content"\s*:\s*""')),
-         "triton": (re.compile(rb'"text_output"\s*:\s*"'), re.compile(rb'"text_output"\s*:\s*""'))}
-
-
 # a non-empty token text is one token (a choice of an event); the regex counts a whole block in one call
 _EVENT = {api: re.compile(rb'"' + key + rb'"\s*:\s*"[^"]')
           for api, key in (("openai", b"text"), ("openai-chat", b"content"), ("triton", b"text_output"))}
 
 
 def scan_sse(api: str, block: bytes) -> tuple[int, int | None]:
-    """Token events and the server's usage count (None if absent) in a block of complete SSE lines."""
+    """Token events and the server's usage count (None if absent) in a block of complete SSE lines. Servers hold
+    back tokens that end mid-character, so the usage chunk has the true total."""
+    event = _EVENT.get(api, _EVENT["triton"])
     if b'"error"' not in block and b'"completion_tokens"' not in block:
-        return len(_EVENT.get(api, _EVENT["triton"]).findall(block)), None
+        return len(event.findall(block)), None
     events, usage = 0, None
     for line in block.split(b"\n"):
         line = line.strip()
@@ -78,8 +75,10 @@ def scan_sse(api: str, block: bytes) -> tuple[int, int | None]:
         total = usage_tokens(payload)
         if total is not None:
             usage = total
+        elif b'"error"' in payload:
+            events += event_tokens(api, json.loads(payload))  # raises with the server's message
         else:
-            events += raw_event_tokens(api, payload)
+            events += len(event.findall(payload))
     return events, usage
 
 
@@ -91,15 +90,6 @@ def usage_tokens(payload: bytes) -> int | None:
     end of a whole JSON body); None if absent."""
     found = _USAGE.findall(payload)
     return int(found[-1]) if found else None
-
-
-def raw_event_tokens(api: str, payload: bytes) -> int:
-    """Token events in one SSE data payload without a full JSON parse (the hot path); errors parse for the
-    message. Servers hold back tokens that end mid-character, so the usage chunk has the true total."""
-    if b'"error"' in payload:
-        return event_tokens(api, json.loads(payload))
-    has, empty = _TEXT.get(api, _TEXT["triton"])
-    return 1 if has.search(payload) and not empty.search(payload) else 0
 
 
 def event_tokens(api: str, event: dict[str, Any]) -> int:

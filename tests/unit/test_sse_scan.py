@@ -33,5 +33,7 @@ def test_fast_count_matches_a_full_parse(api):
 def test_usage_and_errors_take_the_careful_path():
     usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7}}
     assert scan_sse("openai", block({"choices": [{"text": "a"}]}, usage, b"[DONE]")) == (1, 7)
+    two = {"choices": [{"text": "a", "index": 0}, {"text": "b", "index": 1}]}  # one per choice, as the fast path
+    assert scan_sse("openai", block(two, usage, b"[DONE]")) == (2, 7)
     with pytest.raises(ValueError, match="overloaded"):
         scan_sse("openai", block({"error": {"message": "overloaded"}}))
