@@ -17,6 +17,7 @@ from chaoskit.load.recorder import Recorder
 from chaoskit.load.spec import LoadSpec
 from chaoskit.load.timer import Alarm
 
+PROGRESS_S = 0.5  # how often a worker reports progress
 WARM_S, WARM_MAX = 0.002, 16  # connections opened before the first send: 2 ms of sends (more open as needed)
 
 
@@ -54,20 +55,16 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
               progress: Callable[[Recorder, int], None] | None = None) -> None:
     """Send at start_epoch + offset for each offset; record into `rec`."""
     t0 = time.monotonic() + (start_epoch - time.time())  # monotonic, not loop.time(): uvloop's is in ms
-    reqs = requests(spec)
     cap = asyncio.Semaphore(spec.concurrency_cap) if spec.concurrency_cap else None
     conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=False)
     fast = Pool(spec.url) if spec.url.startswith("http://") else None  # https goes through aiohttp
-    payloads: dict[int, tuple[str, str, Any, bytes | None]] = {}
+    payloads = [(method, url, body, request_bytes(method, url, body) if fast else None)
+                for method, url, body in requests(spec)]
     tasks: set[asyncio.Task] = set()
     in_flight = 0
 
     def request(i: int) -> tuple[str, str, Any, bytes | None]:
-        k = i % len(reqs)
-        if k not in payloads:
-            method, url, body = reqs[k]
-            payloads[k] = (method, url, body, request_bytes(method, url, body) if fast else None)
-        return payloads[k]
+        return payloads[i % len(payloads)]
 
     def record(out: Outcome, intended: float, sent: float) -> None:
         if out.error:
@@ -170,7 +167,7 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
                 await asyncio.sleep(0.05)
                 if progress is not None and time.monotonic() >= next_report:
                     progress(rec, in_flight)
-                    next_report = time.monotonic() + 0.5
+                    next_report = time.monotonic() + PROGRESS_S
         finally:
             alarm.close()
         while tasks or in_flight:
@@ -180,7 +177,7 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
                 await asyncio.sleep(0.05)
             if progress is not None and time.monotonic() >= next_report:
                 progress(rec, in_flight)
-                next_report = time.monotonic() + 0.5
+                next_report = time.monotonic() + PROGRESS_S
         if sweeper is not None:
             sweeper.cancel()
     if fast is not None:

@@ -15,12 +15,10 @@ from itertools import islice
 from chaoskit.aio import run_fast
 from chaoskit.errors import ChaoskitError
 from chaoskit.load.fastclient import request_bytes
-from chaoskit.load.generator import requests, run, warm_count
+from chaoskit.load.generator import PROGRESS_S, requests, run, warm_count
 from chaoskit.load.recorder import Recorder
 from chaoskit.load.schedule import iter_offsets
 from chaoskit.load.spec import LoadSpec
-
-PROGRESS_S = 0.5
 
 
 def _progress(r: Recorder, in_flight: int) -> None:
