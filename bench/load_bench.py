@@ -95,7 +95,7 @@ def wrk_rps(tmp: Path, url: str) -> float:
     return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 
 
-def trial(base: str, rate: float) -> tuple[bool, dict]:
+def trial(base: str, rate: float) -> bool:
     spec = LoadSpec(url=base, api="openai", model="m", rate=rate, duration=TRIAL_S, arrival="constant",
                     max_tokens=4, prompt_tokens=8, workers=WORKERS, timeout=5)
     s = asyncio.run(run_load(spec))
@@ -103,13 +103,13 @@ def trial(base: str, rate: float) -> tuple[bool, dict]:
     ok = s["late_share"] <= 0.01 and s["error_rate"] == 0 and s["output_tokens"] == 4 * s["ok"]
     print(f"  chaoskit load ({s['sender']}, {WORKERS} worker(s)) {rate:8.0f}/s: achieved {s['achieved_rps']:8.0f}/s, late {s['late_share']:.2%}, "
           f"errors {s['error_rate']:.3%}, p99 {s.get('p99_ms', 0):.2f} ms -> {'ok' if ok else 'too fast'}")
-    return ok, s
+    return ok
 
 
 def sustained(base: str, rate: float) -> bool:
     """A rate is sustained when one of two trials meets the bar: this VM has multi-millisecond hiccups
     (steal) that fail a single trial at any rate."""
-    return trial(base, rate)[0] or trial(base, rate)[0]
+    return trial(base, rate) or trial(base, rate)
 
 
 def max_rate(base: str) -> float:

@@ -44,8 +44,8 @@ class _Config(ctypes.Structure):
 
 
 class _Stats(ctypes.Structure):
-    _fields_ = [(k, ctypes.c_int64) for k in ("sent", "ok", "good", "late", "tokens", "in_flight", "conns")] + \
-               [("errors", ctypes.c_int64 * len(ERRORS)), ("max_late", ctypes.c_double), ("lead", ctypes.c_double)]
+    _fields_ = [(k, ctypes.c_int64) for k in ("sent", "ok", "good", "late", "tokens", "in_flight")] + \
+               [("errors", ctypes.c_int64 * len(ERRORS)), ("max_late", ctypes.c_double)]
 
 
 def cache_dir() -> Path:
@@ -87,7 +87,7 @@ def _lib(path: str) -> ctypes.CDLL:
     lib.ck_new.argtypes = [ctypes.POINTER(_Config)]
     lib.ck_stats_of.restype = ctypes.POINTER(_Stats)
     lib.ck_stats_of.argtypes = [ctypes.c_void_p]
-    lib.ck_warm.restype = ctypes.c_int
+    lib.ck_warm.restype = None
     lib.ck_warm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_double]
     lib.ck_run.restype = ctypes.c_int64
     lib.ck_run.argtypes = [ctypes.c_void_p, ctypes.c_double, ctypes.c_void_p, ctypes.c_int64, ctypes.c_double]
@@ -151,8 +151,9 @@ class Sender:
             raise ChaoskitError("the native sender could not start (epoll/timerfd/memory)")
         self.stats = self.lib.ck_stats_of(self.h).contents
 
-    def warm(self, n: int, timeout: float = 1.0) -> int:
-        return self.lib.ck_warm(self.h, n, timeout)
+    def warm(self, n: int, timeout: float = 1.0) -> None:
+        """Open up to n connections before the clock starts (waiting at most `timeout` for them)."""
+        self.lib.ck_warm(self.h, n, timeout)
 
     def sync(self) -> None:
         """Copy the C counters into the recorder (the histograms are shared already)."""

@@ -50,9 +50,9 @@ typedef struct {
 } ck_config;
 
 typedef struct {
-    int64_t sent, ok, good, late, tokens, in_flight, conns;
+    int64_t sent, ok, good, late, tokens, in_flight;
     int64_t errors[E_N];
-    double max_late, lead;
+    double max_late;
 } ck_stats;
 
 typedef struct conn {
@@ -77,7 +77,7 @@ typedef struct {
     ck_config cfg;
     ck_stats st;
     int ep, tfd;
-    double armed, last_sweep;
+    double armed, last_sweep, lead; /* lead: how early the alarm wakes before a send */
     conn **all, **idle;
     int n_all, n_idle;
     int64_t seq;
@@ -127,7 +127,6 @@ static void drop(ck *c, conn *k) { /* close; the struct goes back to the idle st
     if (k->fd >= 0) {
         close(k->fd); /* also leaves the epoll set */
         k->fd = -1;
-        c->st.conns--;
     }
     if (k->state == S_BUSY) c->st.in_flight--;
     int was_idle = k->state == S_IDLE;
@@ -167,7 +166,6 @@ static int dial(ck *c, conn *k) {
     }
     k->fd = fd;
     k->connecting = k->want_out = 1;
-    c->st.conns++;
     return 0;
 }
 
@@ -180,8 +178,6 @@ static conn *take(ck *c) { /* an idle (or reconnecting) connection; NULL when no
     c->all[c->n_all++] = k;
     return k;
 }
-
-static void finish(ck *c, conn *k, double now);
 
 static void fail(ck *c, conn *k, int err) {
     c->st.errors[err]++;
@@ -569,9 +565,9 @@ static void poll_once(ck *c, int timeout_ms) {
         if (!k) { /* the alarm: learn how late wake-ups come */
             uint64_t x;
             if (read(c->tfd, &x, sizeof x) == sizeof x && c->armed > 0) {
-                double late = mono() - c->armed, lead = c->st.lead * LEAD_DECAY;
+                double late = mono() - c->armed, lead = c->lead * LEAD_DECAY;
                 if (2 * late > lead) lead = 2 * late;
-                c->st.lead = lead < LEAD_MIN ? LEAD_MIN : lead > LEAD_MAX ? LEAD_MAX : lead;
+                c->lead = lead < LEAD_MIN ? LEAD_MIN : lead > LEAD_MAX ? LEAD_MAX : lead;
             }
             c->armed = 0;
             continue;
@@ -601,7 +597,7 @@ ck *ck_new(const ck_config *cfg) {
     ck *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->cfg = *cfg;
-    c->st.lead = LEAD_MAX; /* until wake-ups prove punctual */
+    c->lead = LEAD_MAX; /* until wake-ups prove punctual */
     c->ep = epoll_create1(EPOLL_CLOEXEC);
     c->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     c->all = calloc((size_t)cfg->max_conns, sizeof *c->all);
@@ -626,7 +622,7 @@ void ck_add(ck *c, int m, double seconds) {
 }
 
 /* open up to n connections and wait (at most `timeout` s) until they are connected */
-int ck_warm(ck *c, int n, double timeout) {
+void ck_warm(ck *c, int n, double timeout) {
     for (int i = 0; i < n; i++) {
         conn *k = take(c);
         if (!k) break;
@@ -641,7 +637,7 @@ int ck_warm(ck *c, int n, double timeout) {
     for (;;) {
         int pending = 0;
         for (int i = 0; i < c->n_all; i++) pending += c->all[i]->fd >= 0 && c->all[i]->connecting;
-        if (!pending || mono() >= stop) return c->st.conns;
+        if (!pending || mono() >= stop) return;
         poll_once(c, 10);
     }
 }
@@ -671,10 +667,10 @@ int64_t ck_run(ck *c, double t0, const double *offsets, int64_t n, double until)
         if (next <= now) { /* due but waiting for a slot: a completion frees one */
             arm(c, until < now + SWEEP_S ? until : now + SWEEP_S);
             poll_once(c, -1);
-        } else if (next - c->st.lead <= now) {
+        } else if (next - c->lead <= now) {
             poll_once(c, 0); /* close to a send: poll, do not sleep (a wake-up can come late) */
         } else {
-            double wake = next - c->st.lead;
+            double wake = next - c->lead;
             arm(c, wake < until ? wake : until);
             poll_once(c, -1);
         }
