@@ -93,16 +93,38 @@ def _load_sender() -> Check:
     return Check("load sender (native)", True, f"built {lib}")
 
 
-def _nvml() -> Check:
-    try:
-        import pynvml
+def _cuda() -> Check:
+    from chaoskit.errors import PreflightError
+    from chaoskit.gpu.cuda import Driver, library_path
 
-        pynvml.nvmlInit()
-        n = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-        return Check("GPU (NVML)", n > 0, f"{n} GPU(s)")
-    except Exception as e:
-        return Check("GPU (NVML)", False, f"NVML unavailable: {type(e).__name__}: {e}".strip())
+    try:
+        drv = Driver()
+        n = drv.device_count()
+    except PreflightError as e:
+        return Check("GPU memory pressure (CUDA driver)", False, str(e))
+    return Check("GPU memory pressure (CUDA driver)", n > 0, f"{library_path()} loaded, {n} CUDA device(s)")
+
+
+def _nvml() -> Check:
+    from chaoskit.errors import PreflightError
+    from chaoskit.gpu import nvml
+    from chaoskit.spec.units import format_size
+
+    try:
+        devs = nvml.devices()
+    except PreflightError as e:
+        return Check("GPU (NVML: nvml probe, gpu.mig)", False, str(e))
+    mig = {True: "MIG enabled", False: "MIG capable, disabled"}
+    rows = [f"{d.index}: {d.name} {d.uuid} {format_size(d.memory_total)} {d.pci_bus_id} "
+            + (mig[bool(d.mig_current)] + (" (change pending)" if d.mig_pending != d.mig_current else "")
+               if d.mig_capable else "not MIG-capable") for d in devs]
+    return Check("GPU (NVML: nvml probe, gpu.mig)", bool(devs), "; ".join(rows) or "NVML sees no GPU")
+
+
+def _kmsg() -> Check:
+    ok = os.access("/dev/kmsg", os.W_OK)
+    return Check("kernel log (gpu.xid, kernel_log)", ok and os.access("/dev/kmsg", os.R_OK),
+                 "/dev/kmsg readable and writable" if ok else "/dev/kmsg not writable (gpu.xid needs root)")
 
 
 def _kube() -> Check:
@@ -112,8 +134,8 @@ def _kube() -> Check:
     return Check("Kubernetes", cfg.exists(), f"kubeconfig {cfg}" if cfg.exists() else "no kubeconfig, not in a pod")
 
 
-CHECKS: tuple[Callable[[], Check], ...] = (_root, _process, _memory, _netem, _nft, _cgroup_io, _ebpf, _load_sender, _nvml,
-                                         _kube)
+CHECKS: tuple[Callable[[], Check], ...] = (_root, _process, _memory, _netem, _nft, _cgroup_io, _ebpf, _load_sender, _cuda,
+                                         _nvml, _kmsg, _kube)
 
 
 def run_checks() -> list[Check]:

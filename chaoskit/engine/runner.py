@@ -82,6 +82,7 @@ class Runner:
         self._method_task: asyncio.Task | None = None
         self._inflight: set[asyncio.Future] = set()
         self._faults: dict[int, dict[str, Any]] = {}
+        self._records: dict[int, dict[str, Any]] = {}  # final revert records of applied faults
         self._in_effect: asyncio.Event | None = None  # set once the method's first fault is applied
         self._active = 0  # faults in effect now: "during" samples are judged only while one is
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
@@ -209,10 +210,12 @@ class Runner:
             self.injectors[id(step)] = inj
             try:
                 inj.preflight()
-                lines = inj.plan()
             except PreflightError as e:
                 problems.append(str(e))
-                continue
+            try:  # the plan is shown even when preflight failed (--dry-run prints it beside the reason)
+                lines = inj.plan()
+            except Exception as e:
+                lines = [f"(no plan: {type(e).__name__}: {e})"]
             item = {"step": step.label(), "type": inj.type, "duration_s": step.duration, "changes": lines}
             plan.append(item)
         self.result.plan = plan
@@ -355,7 +358,9 @@ class Runner:
         self.ledger.applied(entry_id, final)
         fault["applied_at"] = time.time()
         fault["apply_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        self._records[entry_id] = final
         self.journal.emit("fault_applied", **fault)
+        await self._observe(entry_id, "applied")
         self._active += 1
         if self._in_effect is not None:
             self._in_effect.set()
@@ -363,10 +368,21 @@ class Runner:
             return  # stays until the rollback phase
         await asyncio.sleep(step.duration)
         self._active -= 1  # from here on, samples see the revert, not the fault
+        await self._observe(entry_id, "before_revert")
         entry = Entry(entry_id, inj.type, final, applied=True)
         error = await asyncio.to_thread(self._revert_one, entry)
         if error:
             raise _ApplyFailed(f"{step.label()}: revert at end of duration failed: {error}")
+
+    async def _observe(self, entry_id: int, when: str) -> None:
+        """Journal what the fault is doing (observe_details); an error here is journaled, never raised."""
+        fault, record = self._faults[entry_id], self._records[entry_id]
+        try:
+            details = await asyncio.to_thread(injector_class(fault["type"]).observe_details, record)
+        except Exception as e:
+            details = {"error": f"{type(e).__name__}: {e}"}
+        fault[f"observed_{when}"] = details
+        self.journal.emit("fault_observed", id=entry_id, type=fault["type"], when=when, details=details)
 
     def _revert_one(self, entry: Entry) -> str | None:
         assert self.ledger is not None
@@ -390,6 +406,9 @@ class Runner:
             return
         if self._inflight:  # an apply still running in its thread: let it land, then revert it too
             await asyncio.wait(list(self._inflight), timeout=APPLY_GRACE_S)
+        for entry_id in self._records:
+            if self._faults[entry_id]["reverted_at"] is None:
+                await self._observe(entry_id, "before_revert")
         t0 = time.perf_counter()
         result = await asyncio.to_thread(rollback, self.ledger, True, self._note_revert)
         self.journal.emit("rollback", reverted=len(result.reverted), failed=len(result.failed),

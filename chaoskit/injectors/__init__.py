@@ -6,13 +6,17 @@ from chaoskit.injectors.base import Injector
 from chaoskit.injectors.disk import DiskThrottle
 from chaoskit.injectors.diskfill import DiskFill
 from chaoskit.injectors.firewall import Drop, Partition
+from chaoskit.injectors.gpu import GpuMemoryPressure
 from chaoskit.injectors.memory import MemoryPressure
+from chaoskit.injectors.mig import MigReconfigure
 from chaoskit.injectors.network import Bandwidth, Netem
 from chaoskit.injectors.process import ProcessSignal
 from chaoskit.injectors.proxy import Proxy
+from chaoskit.injectors.xid import XidEvent
 
 INJECTORS: tuple[type[Injector], ...] = (
-    ProcessSignal, MemoryPressure, DiskThrottle, DiskFill, Netem, Bandwidth, Drop, Partition, Proxy,
+    ProcessSignal, MemoryPressure, DiskThrottle, DiskFill, Netem, Bandwidth, Drop, Partition, Proxy, GpuMemoryPressure,
+    XidEvent, MigReconfigure,
 )
 
 

@@ -44,3 +44,8 @@ class Injector(ABC):
     def observe(cls, record: dict[str, Any]) -> bool:
         """Is the fault in effect right now?"""
         return False
+
+    @classmethod
+    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
+        """What the fault is doing right now, for the journal (journaled after apply and before revert)."""
+        return {"in_effect": cls.observe(record)}

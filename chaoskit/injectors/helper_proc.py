@@ -13,10 +13,11 @@ from chaoskit.injectors.base import Injector
 from chaoskit.targets.process import ProcessRef, find_by_token, is_alive
 
 
-def spawn(module: str, token: str, args: list[str], what: str) -> ProcessRef:
-    """Run `python -m module token *args` in its own session; wait for its `ready` line."""
+def spawn(module: str, token: str, args: list[str], what: str, env: dict[str, str] | None = None) -> ProcessRef:
+    """Run `python -m module token *args` in its own session (extra `env` on top of ours); wait for `ready`."""
     proc = subprocess.Popen([sys.executable, "-m", module, token, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True, text=True,
+                            env={**os.environ, **env} if env else None)
     line = proc.stdout.readline() if proc.stdout else ""
     if line.strip() != "ready":
         proc.kill()
