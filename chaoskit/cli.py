@@ -39,6 +39,20 @@ def _fail(e: ChaoskitError) -> None:
     raise typer.Exit(e.exit_code)
 
 
+def _replay_orphans() -> None:
+    """Before any command that starts work: finish ledgers left by runs that died together with their watchdog."""
+    from chaoskit.engine.rollback import replay_orphans
+
+    for st, result in replay_orphans():
+        err.print(f"[yellow]note:[/] run {st.run_id} died together with its watchdog; replayed its ledger:",
+                  highlight=False)
+        for e in result.reverted:
+            err.print(f"  [green]reverted[/] #{e.id} {e.type} ({st.run_id})", highlight=False)
+        for e, why in result.failed:
+            err.print(f"  [bold red]FAILED[/] #{e.id} {e.type} ({st.run_id}): {why} - run `chaoskit rollback --all`",
+                      highlight=False)
+
+
 @app.command()
 def run(
     file: Path = typer.Argument(..., help="experiment YAML"),
@@ -61,6 +75,8 @@ def run(
         loaded = load_experiment(file, parse_cli_vars(var), strict=not dry_run)
     except ChaoskitError as e:
         _fail(e)
+    if not dry_run:
+        _replay_orphans()
     exp = loaded.experiment
     for note in loaded.notes:
         err.print(f"[yellow]note:[/] {note}", highlight=False)
@@ -154,6 +170,8 @@ def rollback(
         _fail(ChaoskitError("give exactly one of --ledger PATH or --all"))
     if ledger is not None and not ledger.is_file():
         _fail(ChaoskitError(f"{ledger}: no such ledger file"))
+    if ledger is not None:
+        _replay_orphans()
     ledgers = [Ledger(ledger)] if ledger else open_ledgers()
     if not ledgers:
         out.print(f"nothing to roll back (no unfinished ledger in {ledger_dir()})")
@@ -182,6 +200,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="machine-readable 
     """What this host can do: fault families and probes, and why not."""
     from chaoskit.doctor import python_info, run_checks
 
+    _replay_orphans()
     checks = run_checks()
     if as_json:
         print(json.dumps([c.__dict__ for c in checks], indent=2))

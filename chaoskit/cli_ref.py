@@ -65,6 +65,9 @@ def up(
             raise ChaoskitError(f"--latency-threshold: {e}") from None
         opts = RefOptions(engine=engine, replicas=replicas, port=port, netns=netns, health=health,
                           latency_threshold_ms=threshold_ms, model_params=_params(model_param))
+        from chaoskit.cli import _replay_orphans
+
+        _replay_orphans()
         facts = Deployment(dir).up(opts, say=lambda m: err.print(m, highlight=False))
     except ChaoskitError as e:
         _fail(e)

@@ -27,6 +27,19 @@ def _process() -> Check:
                                                                            if os.geteuid() == 0 else ""))
 
 
+def _watchdog() -> Check:
+    from chaoskit.targets.cgroups import hierarchy_roots
+
+    roots = hierarchy_roots()
+    if os.geteuid() != 0:
+        return Check("watchdog survives a whole-job kill", False,
+                     "not root: the watchdog leaves the job's session and process group but stays in its cgroups, "
+                     "so a CI cancel that kills the job's cgroup takes it too; run `chaoskit rollback --all` after")
+    return Check("watchdog survives a whole-job kill", bool(roots),
+                 f"as root it moves itself into the root cgroup of {len(roots)} hierarchies "
+                 f"({', '.join(str(r) for r in roots)}) and its own session" if roots else "no cgroup hierarchy mounted")
+
+
 def _memory() -> Check:
     from chaoskit.injectors.memory import meminfo
     from chaoskit.spec.units import format_size
@@ -134,7 +147,7 @@ def _kube() -> Check:
     return Check("Kubernetes", cfg.exists(), f"kubeconfig {cfg}" if cfg.exists() else "no kubeconfig, not in a pod")
 
 
-CHECKS: tuple[Callable[[], Check], ...] = (_root, _process, _memory, _netem, _nft, _cgroup_io, _ebpf, _load_sender, _cuda,
+CHECKS: tuple[Callable[[], Check], ...] = (_root, _watchdog, _process, _memory, _netem, _nft, _cgroup_io, _ebpf, _load_sender, _cuda,
                                          _nvml, _kmsg, _kube)
 
 

@@ -37,6 +37,7 @@ class LedgerState:
     experiment: str = ""
     owner: ProcessRef | None = None
     watchdog: ProcessRef | None = None
+    watching: dict[str, Any] | None = None  # the current watchdog's handshake: pid, cgroups it escaped to
     entries: dict[int, Entry] = field(default_factory=dict)
     closed: bool = False
 
@@ -46,6 +47,9 @@ class LedgerState:
 
     def owner_alive(self) -> bool:
         return self.owner is not None and is_alive(self.owner)
+
+    def watchdog_alive(self) -> bool:
+        return self.watchdog is not None and is_alive(self.watchdog)
 
 
 class Ledger:
@@ -74,6 +78,10 @@ class Ledger:
 
     def set_watchdog(self, ref: ProcessRef) -> None:
         self._append({"op": "watchdog", "proc": ref.to_json()})
+
+    def watching(self, info: dict[str, Any]) -> None:
+        """The watchdog's handshake: it is out of the job's cgroups (where it could be) and watching."""
+        self._append({"op": "watching", **info})
 
     def intent(self, type_name: str, record: dict[str, Any], plan: list[str]) -> int:
         new_id = max(self.read().entries, default=0) + 1
@@ -109,7 +117,9 @@ class Ledger:
                 st.run_id, st.experiment = obj.get("run_id", ""), obj.get("experiment", "")
                 st.owner = ProcessRef.from_json(obj["owner"]) if obj.get("owner") else None
             elif op == "watchdog":
-                st.watchdog = ProcessRef.from_json(obj["proc"])
+                st.watchdog, st.watching = ProcessRef.from_json(obj["proc"]), None
+            elif op == "watching" and st.watchdog is not None and obj.get("pid") == st.watchdog.pid:
+                st.watching = obj
             elif op == "intent":
                 st.entries[obj["id"]] = Entry(obj["id"], obj["type"], obj["record"], obj.get("plan", []))
             elif op in ("applied", "reverted", "revert_failed") and obj.get("id") in st.entries:

@@ -6,8 +6,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from chaoskit.engine.ledger import Entry, Ledger
+from chaoskit.engine.ledger import Entry, Ledger, LedgerState, open_ledgers
 from chaoskit.injectors import injector_class
 
 log = logging.getLogger(__name__)
@@ -66,3 +67,15 @@ def rollback(ledger: Ledger, close: bool = True,
     if close and result.complete:
         ledger.remove_lockfile()
     return result
+
+
+def replay_orphans(directory: Path | None = None) -> list[tuple[LedgerState, RollbackResult]]:
+    """Replay every unfinished ledger whose run and watchdog are both dead (a whole job killed, a reboot);
+    a ledger whose run or watchdog still lives is theirs to finish. Every chaoskit command starts with this."""
+    out = []
+    for ledger in open_ledgers(directory):
+        state = ledger.read()
+        if state.closed or state.owner_alive() or state.watchdog_alive():
+            continue
+        out.append((state, rollback(ledger)))
+    return out

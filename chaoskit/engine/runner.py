@@ -23,10 +23,12 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors import Injector, injector_class
 from chaoskit.probes import Probe, probe_class
 from chaoskit.spec.models import Experiment, Safeguard, Step
+from chaoskit.targets.process import ProcessRef, is_alive
 
 log = logging.getLogger(__name__)
 
 APPLY_GRACE_S = 10.0  # how long rollback waits for an apply that outlived its timeout or a cancel
+WATCHDOG_CHECK_S = 0.5
 
 
 @dataclass
@@ -83,6 +85,7 @@ class Runner:
         self._inflight: set[asyncio.Future] = set()
         self._faults: dict[int, dict[str, Any]] = {}
         self._records: dict[int, dict[str, Any]] = {}  # final revert records of applied faults
+        self._watchdog: ProcessRef | None = None
         self._in_effect: asyncio.Event | None = None  # set once the method's first fault is applied
         self._active = 0  # faults in effect now: "during" samples are judged only while one is
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
@@ -165,9 +168,11 @@ class Runner:
             return
         self.ledger = Ledger.create(self.result.run_id, self.exp.metadata.name, self.opts.ledger_dir)
         self.result.ledger_path = str(self.ledger.path)
-        if self.opts.use_watchdog:
-            wd = watchdog.spawn(self.ledger)
-            self.journal.emit("watchdog", pid=wd.pid, ledger=str(self.ledger.path))
+        if self.opts.use_watchdog and not await self._start_watchdog():
+            st.to(State.ROLLBACK)
+            await self._rollback()
+            st.to(State.FAILED, st.reason)
+            return
         st.to(State.METHOD)
         abort_reason = await self._method()
         st.to(State.ROLLBACK)
@@ -181,6 +186,35 @@ class Runner:
         self._finish_after_rollback(skip_after=self._stopped())
         if st.state is State.HYPOTHESIS_AFTER:
             await self._after()
+
+    async def _start_watchdog(self) -> bool:
+        """Spawn the watchdog and wait for its handshake; False (run failed, nothing applied) if none answers."""
+        assert self.ledger is not None
+        try:
+            ref, info = await asyncio.to_thread(watchdog.spawn, self.ledger)
+        except watchdog.WatchdogError as e:
+            self.status.fail(FailureKind.APPLY, f"no watchdog, so nothing was applied: {e}")
+            return False
+        self._watchdog = ref
+        self.journal.emit("watchdog", pid=ref.pid, ledger=str(self.ledger.path), escaped_to=info["escaped_to"],
+                          problems=info["problems"])
+        return True
+
+    async def _supervise_watchdog(self) -> None:
+        """During the method: a watchdog that died (killed, OOM) is replaced, so faults stay covered."""
+        assert self.ledger is not None
+        while self._watchdog is not None:
+            await asyncio.sleep(WATCHDOG_CHECK_S)
+            if is_alive(self._watchdog):
+                continue
+            self.journal.emit("watchdog_died", pid=self._watchdog.pid)
+            try:
+                self._watchdog, info = await asyncio.to_thread(watchdog.spawn, self.ledger)
+            except watchdog.WatchdogError as e:
+                self.journal.emit("error", where="watchdog", error=str(e))
+                continue
+            self.journal.emit("watchdog", pid=self._watchdog.pid, ledger=str(self.ledger.path), respawned=True,
+                              escaped_to=info["escaped_to"], problems=info["problems"])
 
     def _finish_after_rollback(self, skip_after: bool) -> None:
         if self._stopped():
@@ -240,6 +274,8 @@ class Runner:
         self._in_effect = asyncio.Event()
         self._sampling = True
         samplers = self._start_samplers(abort)
+        if self._watchdog is not None:
+            samplers.append(asyncio.create_task(self._supervise_watchdog()))
         try:
             await self._cancellable(self._steps(self.exp.method))
         except _ApplyFailed as e:

@@ -1,7 +1,9 @@
 """Per-run watchdog: a detached process that reverts the ledger if the chaoskit run dies without doing so.
 
-`python -m chaoskit.engine.watchdog LEDGER` — waits on a pidfd of the run's process (no polling race with
-PID reuse), exits quietly once the ledger is closed, and never reverts while the run is alive.
+`python -m chaoskit.engine.watchdog LEDGER` — leaves the job's session, process group and (as root) cgroups,
+so a CI runner, systemd or Kubernetes killing the job's whole cgroup does not kill it too; says so in the
+ledger (`watching`, the handshake the run waits for); waits on a pidfd of the run's process (no polling race
+with PID reuse), exits quietly once the ledger is closed, and never reverts while the run is alive.
 """
 
 from __future__ import annotations
@@ -13,25 +15,52 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from chaoskit.engine.ledger import Ledger
 from chaoskit.engine.rollback import rollback
+from chaoskit.targets.cgroups import cgroups_of, escape_to_roots
 from chaoskit.targets.process import ProcessRef, is_alive, proc_ref
 
 CHECK_CLOSED_EVERY_S = 0.5
+HANDSHAKE_S = 5.0
 
 
-def spawn(ledger: Ledger) -> ProcessRef:
-    """Start the watchdog for this run, detached (own session, survives the parent), and record it."""
-    log_path = str(ledger.path) + ".watchdog.log"
-    with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chaoskit.engine.watchdog", str(ledger.path)],
-            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True, close_fds=True,
-        )
-    ref = proc_ref(proc.pid) or ProcessRef(proc.pid, 0)
-    ledger.set_watchdog(ref)
-    return ref
+def spawn(ledger: Ledger, handshake_s: float = HANDSHAKE_S) -> tuple[ProcessRef, dict[str, Any]]:
+    """Start the watchdog for this run, detached (own session, survives the parent), record it, and wait for
+    its handshake. A watchdog that does not answer is killed and one more is tried; then WatchdogError."""
+    for _ in range(2):
+        log_path = str(ledger.path) + ".watchdog.log"
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "chaoskit.engine.watchdog", str(ledger.path)],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True, close_fds=True,
+            )
+        ref = proc_ref(proc.pid) or ProcessRef(proc.pid, 0)
+        ledger.set_watchdog(ref)
+        deadline = time.monotonic() + handshake_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            info = ledger.read().watching
+            if info is not None:
+                return ref, info
+            time.sleep(0.01)
+        proc.kill()
+        proc.wait()
+    raise WatchdogError(f"the watchdog did not start watching within {handshake_s:g}s (log: {log_path})")
+
+
+class WatchdogError(RuntimeError):
+    pass
+
+
+def _leave_job() -> dict[str, Any]:
+    """Out of the job's cgroups (root only: into each hierarchy's root cgroup); the handshake's content."""
+    if os.geteuid() != 0:
+        moved, problems = [], ["not root: stays in the job's cgroups (a whole-cgroup kill takes it too)"]
+    else:
+        moved, problems = escape_to_roots(os.getpid())
+    return {"pid": os.getpid(), "session": os.getsid(0), "escaped_to": moved, "problems": problems,
+            "cgroups": cgroups_of(os.getpid())}
 
 
 def _wait_for_owner(owner: ProcessRef, ledger: Ledger) -> bool:
@@ -61,6 +90,10 @@ def watch(path: Path) -> int:
     if state.owner is None:
         logging.error("ledger %s has no owner; nothing to watch", path)
         return 2
+    info = _leave_job()
+    for problem in info["problems"]:
+        logging.warning("cgroup: %s", problem)
+    ledger.watching(info)
     if not _wait_for_owner(state.owner, ledger):
         return 0
     if ledger.read().closed:

@@ -92,3 +92,33 @@ def find_io_hierarchy(mountinfo: Path = Path("/proc/self/mountinfo")) -> IoHiera
             return IoHierarchy(1, Path(mp))
     raise PreflightError("block I/O throttling needs the cgroup v2 io controller or a v1 blkio hierarchy; "
                          "neither is mounted here")
+
+
+def hierarchy_roots(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[Path]:
+    """The root directory of every mounted cgroup hierarchy (v1 controllers, named v1, v2), each once."""
+    seen: dict[tuple[str, ...], Path] = {}
+    for mp, fstype, _, opts in mounts(mountinfo):
+        if fstype == "cgroup2":
+            seen.setdefault(("cgroup2",), Path(mp))
+        elif fstype == "cgroup":
+            key = tuple(sorted(o for o in opts if o not in ("rw", "ro", "relatime", "nosuid", "nodev", "noexec")))
+            seen.setdefault(key, Path(mp))
+    return list(seen.values())
+
+
+def escape_to_roots(pid: int) -> tuple[list[str], list[str]]:
+    """Move `pid` into the root cgroup of every hierarchy, out of the cgroups of the job that started it
+    (what CI runners, systemd and Kubernetes kill on cancel). Returns (moved, problems) as readable lines."""
+    moved, problems = [], []
+    for root in hierarchy_roots():
+        try:
+            IoHierarchy.move(pid, root)
+            moved.append(str(root))
+        except OSError as e:
+            problems.append(f"{root}: {e.strerror or e}")
+    return moved, problems
+
+
+def cgroups_of(pid: int) -> list[str]:
+    """/proc/PID/cgroup lines (hierarchy:controllers:path), for the journal and tests."""
+    return _read(Path(f"/proc/{pid}/cgroup")).split()

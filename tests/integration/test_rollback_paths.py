@@ -109,6 +109,7 @@ def test_f_rollback_command_after_both_killed(tmp_path, state_dir, sleeper):
     ledger = wait_applied(state_dir)
     wd = next(json.loads(line)["proc"]["pid"] for line in ledger.read_text().splitlines()
               if json.loads(line)["op"] == "watchdog")
+    run.send_signal(signal.SIGSTOP)  # frozen first, so it cannot replace the watchdog killed next
     os.kill(wd, signal.SIGKILL)
     run.kill()
     run.wait()

@@ -1,0 +1,151 @@
+"""A CI job cancelled the way runners, systemd and Kubernetes do it: every process in the job's cgroups is
+killed at once. The watchdog must have left those cgroups, so it survives and reverts what the run applied.
+Also: a watchdog killed during the run is replaced, and a run that died together with its watchdog is
+replayed by the next chaoskit command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chaoskit.targets.cgroups import hierarchy_roots
+from tests.conftest import ROOT, ledger_ops, ledgers, proc_state, wait_for
+from tests.integration.test_rollback_paths import experiment, wait_applied
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create cgroups and move processes")
+
+
+def _procs(dirs: list[Path]) -> set[int]:
+    out: set[int] = set()
+    for d in dirs:
+        try:
+            out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+        except OSError:
+            pass
+    return out
+
+
+def kill_job(dirs: list[Path], timeout: float = 10.0) -> int:
+    """SIGKILL everything in the job's cgroups until they are empty (v2 cgroup.kill where it exists, as
+    systemd does; a kill loop over cgroup.procs in v1, as runners do). Returns how many processes died."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while (pids := _procs(dirs)) and time.monotonic() < deadline:
+        for d in dirs:
+            if (d / "cgroup.kill").exists():
+                (d / "cgroup.kill").write_text("1")
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+    assert not _procs(dirs), "the job's cgroups did not empty"
+    return len(killed)
+
+
+@pytest.fixture
+def job_cgroups() -> Iterator[list[Path]]:
+    """One cgroup per hierarchy for a pretend CI job (cpuset skipped: a new one has no CPUs to run on)."""
+    name = f"chaoskit-test-job-{uuid.uuid4().hex[:8]}"
+    dirs = []
+    for root in hierarchy_roots():
+        if "cpuset" in root.name:
+            continue
+        d = root / name
+        try:
+            d.mkdir()
+        except OSError:
+            continue
+        dirs.append(d)
+    assert dirs, "no cgroup hierarchy to make a job cgroup in"
+    yield dirs
+    kill_job(dirs)
+    for d in dirs:
+        for _ in range(100):
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+        assert not d.exists(), f"could not remove {d}"
+
+
+def run_in_job(dirs: list[Path], state: Path, *args: str) -> subprocess.Popen:
+    def enter() -> None:
+        for d in dirs:
+            (d / "cgroup.procs").write_text(str(os.getpid()))
+
+    env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state)}
+    return subprocess.Popen([sys.executable, "-m", "chaoskit", *args], env=env, cwd=ROOT, preexec_fn=enter,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def watchdog_pid(ledger: Path) -> int:
+    return [json.loads(x)["proc"]["pid"] for x in ledger.read_text().splitlines() if json.loads(x)["op"] == "watchdog"][-1]
+
+
+def test_whole_job_cgroup_kill_is_reverted_by_the_watchdog(tmp_path, state_dir, sleeper, job_cgroups):
+    run = run_in_job(job_cgroups, state_dir, "run", str(experiment(tmp_path)), "--var", f"pid={sleeper.pid}",
+                     "--out", str(tmp_path / "o"))
+    ledger = wait_applied(state_dir)
+    assert proc_state(sleeper.pid) == "T"
+    wd = watchdog_pid(ledger)
+    assert "watching" in ledger_ops(ledger)
+    assert run.pid in _procs(job_cgroups) and wd not in _procs(job_cgroups)  # it left the job's cgroups
+    assert kill_job(job_cgroups) >= 1
+    run.wait(timeout=5)
+    took = wait_for(lambda: proc_state(sleeper.pid) != "T", timeout=5)
+    assert took < 3.0, f"the watchdog took {took:.2f}s"
+    wait_for(lambda: ledger_ops(ledger)[-1] == "closed", timeout=3)
+
+
+def test_without_the_escape_the_job_kill_leaves_the_fault(tmp_path, state_dir, sleeper, job_cgroups):
+    """The test above can fail: a watchdog put back into the job's cgroups dies with it and the fault stays."""
+    run = run_in_job(job_cgroups, state_dir, "run", str(experiment(tmp_path)), "--var", f"pid={sleeper.pid}",
+                     "--out", str(tmp_path / "o"))
+    ledger = wait_applied(state_dir)
+    run.send_signal(signal.SIGSTOP)  # so it cannot replace the watchdog while we move it
+    for d in job_cgroups:
+        (d / "cgroup.procs").write_text(str(watchdog_pid(ledger)))
+    kill_job(job_cgroups)
+    run.wait(timeout=5)
+    time.sleep(1.0)
+    assert proc_state(sleeper.pid) == "T" and ledger_ops(ledger)[-1] != "closed"
+    # the next chaoskit command replays it and says so
+    doc = subprocess.run([sys.executable, "-m", "chaoskit", "doctor", "--json"], capture_output=True, text=True,
+                         env={**os.environ, "CHAOSKIT_STATE_DIR": str(state_dir)}, cwd=ROOT, timeout=120)
+    assert "died together with its watchdog" in doc.stderr and "reverted #1 process.signal" in doc.stderr
+    assert proc_state(sleeper.pid) in ("S", "R") and ledger_ops(ledger)[-1] == "closed"
+
+
+def test_a_killed_watchdog_is_replaced_during_the_run(tmp_path, state_dir, sleeper):
+    env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state_dir)}
+    run = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(experiment(tmp_path)), "--var",
+                            f"pid={sleeper.pid}", "--out", str(tmp_path / "o")], env=env, cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ledger = wait_applied(state_dir)
+        first = watchdog_pid(ledger)
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: watchdog_pid(ledger) != first and ledger_ops(ledger)[-1] == "watching", timeout=5)
+        run.kill()  # the replacement reverts
+        run.wait()
+        wait_for(lambda: proc_state(sleeper.pid) != "T", timeout=3)
+        wait_for(lambda: ledger_ops(ledger)[-1] == "closed", timeout=3)
+    finally:
+        run.kill()
+        run.wait()
+    events = [json.loads(x) for x in (tmp_path / "o" / "journal.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "watchdog_died" and e["pid"] == first for e in events)
+    assert ledgers(state_dir)
