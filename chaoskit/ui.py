@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -57,6 +58,7 @@ class LiveView:
         self.samples: dict[str, dict[str, Any]] = {}
         self.faults: dict[int, dict[str, Any]] = {}
         self.notes: list[str] = []
+        self._lock = threading.Lock()  # events arrive from the loop and from revert threads; Rich renders in its own
         self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False,
                          get_renderable=self._render)
 
@@ -68,6 +70,10 @@ class LiveView:
         self.live.__exit__(*exc)
 
     def __call__(self, ev: dict[str, Any]) -> None:
+        with self._lock:
+            self._update(ev)
+
+    def _update(self, ev: dict[str, Any]) -> None:
         kind = ev["event"]
         if kind == "state":
             self.state = ev["state"]
@@ -82,6 +88,10 @@ class LiveView:
                                                       if k not in ("t", "event", "traceback")))
 
     def _render(self) -> Group:
+        with self._lock:
+            return self._render_locked()
+
+    def _render_locked(self) -> Group:
         head = Text.assemble(("chaoskit ", "bold"), (self.name, "bold cyan"), "  phase: ", (self.state, "yellow"))
         probes = Table(title="probes", expand=True, title_justify="left")
         for col in ("probe", "phase", "verdict", "last value"):

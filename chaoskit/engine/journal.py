@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,17 +21,19 @@ class Journal:
         self.listeners = list(listeners or [])
         self.events: list[dict[str, Any]] = []
         self._fh = None
+        self._lock = threading.Lock()
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(path, "a", encoding="utf-8")
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         obj = {"t": round(time.time(), 6), "event": event, **fields}
-        self.events.append(obj)
-        if self._fh is not None:
-            self._fh.write(json.dumps(obj, default=str, separators=(",", ":")) + "\n")
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+        with self._lock:  # the run's loop and its revert threads both emit
+            self.events.append(obj)
+            if self._fh is not None:
+                self._fh.write(json.dumps(obj, default=str, separators=(",", ":")) + "\n")
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
         for listener in self.listeners:
             try:
                 listener(obj)

@@ -1,7 +1,7 @@
 """The ledger: one append-only, fsync'd JSON-lines file per run listing every fault and its revert record.
 
-Lines: open (run identity), watchdog, intent (written before apply), applied, reverted, revert_failed,
-closed. A ledger without `closed` has faults that may still be in effect.
+Lines: open (run identity), watchdog, watching (its handshake), intent (written before apply, with the time
+the fault expires), applied, reverted, revert_failed, closed. A ledger without `closed` has faults that may still be in effect.
 """
 
 from __future__ import annotations
@@ -19,6 +19,12 @@ from typing import Any
 from chaoskit.paths import ledger_dir
 from chaoskit.targets.process import ProcessRef, is_alive, proc_ref
 
+LOCK_TIMEOUT_S = 60.0
+
+
+class LedgerLockTimeout(RuntimeError):
+    pass
+
 
 @dataclass
 class Entry:
@@ -29,6 +35,7 @@ class Entry:
     applied: bool = False
     reverted: bool = False
     failures: list[str] = field(default_factory=list)
+    expires_at: float | None = None  # the watchdog reverts it after this even while the run lives (a hung run)
 
 
 @dataclass
@@ -83,13 +90,14 @@ class Ledger:
         """The watchdog's handshake: it is out of the job's cgroups (where it could be) and watching."""
         self._append({"op": "watching", **info})
 
-    def intent(self, type_name: str, record: dict[str, Any], plan: list[str]) -> int:
+    def intent(self, type_name: str, record: dict[str, Any], plan: list[str], expires_at: float | None = None) -> int:
         new_id = max(self.read().entries, default=0) + 1
-        self._append({"op": "intent", "id": new_id, "type": type_name, "record": record, "plan": plan})
+        self._append({"op": "intent", "id": new_id, "type": type_name, "record": record, "plan": plan,
+                      "expires_at": expires_at})
         return new_id
 
-    def applied(self, entry_id: int, record: dict[str, Any]) -> None:
-        self._append({"op": "applied", "id": entry_id, "record": record})
+    def applied(self, entry_id: int, record: dict[str, Any], expires_at: float | None = None) -> None:
+        self._append({"op": "applied", "id": entry_id, "record": record, "expires_at": expires_at})
 
     def reverted(self, entry_id: int) -> None:
         self._append({"op": "reverted", "id": entry_id})
@@ -121,11 +129,13 @@ class Ledger:
             elif op == "watching" and st.watchdog is not None and obj.get("pid") == st.watchdog.pid:
                 st.watching = obj
             elif op == "intent":
-                st.entries[obj["id"]] = Entry(obj["id"], obj["type"], obj["record"], obj.get("plan", []))
+                st.entries[obj["id"]] = Entry(obj["id"], obj["type"], obj["record"], obj.get("plan", []),
+                                              expires_at=obj.get("expires_at"))
             elif op in ("applied", "reverted", "revert_failed") and obj.get("id") in st.entries:
                 e = st.entries[obj["id"]]
                 if op == "applied":
                     e.applied, e.record = True, obj["record"]
+                    e.expires_at = obj.get("expires_at") or e.expires_at
                 elif op == "reverted":
                     e.reverted = True
                 else:
@@ -135,14 +145,28 @@ class Ledger:
         return st
 
     @contextmanager
-    def locked(self) -> Iterator[None]:
-        """Serialise reverts between the run, its watchdog and `chaoskit rollback`."""
+    def locked(self, timeout: float | None = None) -> Iterator[None]:
+        """Serialise reverts between the run, its watchdog and `chaoskit rollback`. Never waits forever: a lock
+        held longer than `timeout` (a revert stuck in a kernel call) is a LedgerLockTimeout, reported as a
+        failed revert, not a hung run."""
         fd = os.open(str(self.path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            timeout = LOCK_TIMEOUT_S if timeout is None else timeout
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise LedgerLockTimeout(f"{self.path}: another revert has held the ledger lock for "
+                                                f"{timeout:g}s") from None
+                    time.sleep(0.01)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
     def remove_lockfile(self) -> None:

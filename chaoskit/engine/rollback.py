@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaoskit.engine.ledger import Entry, Ledger, LedgerState, open_ledgers
+from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout, LedgerState, open_ledgers
 from chaoskit.injectors import injector_class
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,10 @@ def revert_entry(ledger: Ledger, entry: Entry, retries: int = RETRIES) -> str | 
     error = ""
     for attempt in range(1, retries + 1):
         try:
-            injector_class(entry.type).revert(entry.record)
+            cls = injector_class(entry.type)
+            cls.revert(entry.record)
+            if _still_in_effect(cls, entry.record):  # reconcile: reverted means observed gone
+                raise RuntimeError("still in effect after revert (observe() sees it)")
             ledger.reverted(entry.id)
             return None
         except KeyError:
@@ -46,9 +49,27 @@ def revert_entry(ledger: Ledger, entry: Entry, retries: int = RETRIES) -> str | 
     return error
 
 
+def _still_in_effect(cls: type, record: dict) -> bool:
+    """observe() after a revert; a fault that cannot be observed any more (its namespace gone) is gone."""
+    try:
+        return bool(cls.observe(record))
+    except Exception as e:
+        log.info("observe after revert failed (%s: %s): counted as gone", type(e).__name__, e)
+        return False
+
+
 def rollback(ledger: Ledger, close: bool = True,
              on_revert: Callable[[Entry, str | None], None] | None = None) -> RollbackResult:
-    """Revert every pending entry in reverse order; close the ledger if (and only if) all succeeded."""
+    """Revert every pending entry in reverse order; close the ledger if (and only if) all succeeded.
+    A ledger lock nobody releases (a revert stuck elsewhere) fails every pending entry: loud, never a hang."""
+    try:
+        return _rollback_locked(ledger, close, on_revert)
+    except LedgerLockTimeout as e:
+        return RollbackResult(failed=[(entry, str(e)) for entry in ledger.read().pending()])
+
+
+def _rollback_locked(ledger: Ledger, close: bool,
+                     on_revert: Callable[[Entry, str | None], None] | None) -> RollbackResult:
     result = RollbackResult()
     with ledger.locked():
         state = ledger.read()

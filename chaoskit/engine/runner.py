@@ -16,7 +16,7 @@ from typing import Any
 from chaoskit.engine import watchdog
 from chaoskit.engine.hypothesis import Sample, take_sample
 from chaoskit.engine.journal import Journal
-from chaoskit.engine.ledger import Entry, Ledger
+from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout
 from chaoskit.engine.rollback import revert_entry, rollback
 from chaoskit.engine.states import FailureKind, RunStatus, State
 from chaoskit.errors import PreflightError
@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 APPLY_GRACE_S = 10.0  # how long rollback waits for an apply that outlived its timeout or a cancel
 WATCHDOG_CHECK_S = 0.5
+OBSERVE_TIMEOUT_S = 10.0
+LATE_APPLY_S = 30.0  # after the rollback, how long to wait for such an apply to land so it can be reverted
 
 
 @dataclass
@@ -82,7 +84,7 @@ class Runner:
         self.injectors: dict[int, Injector] = {}  # id(step) -> injector
         self.ledger: Ledger | None = None
         self._method_task: asyncio.Task | None = None
-        self._inflight: set[asyncio.Future] = set()
+        self._inflight: dict[asyncio.Future, int] = {}  # applies still running in their thread -> entry id
         self._faults: dict[int, dict[str, Any]] = {}
         self._records: dict[int, dict[str, Any]] = {}  # final revert records of applied faults
         self._watchdog: ProcessRef | None = None
@@ -239,8 +241,8 @@ class Runner:
         plan = []
         for step in _inject_steps(self.exp.method):
             inj = injector_class(step.inject.type)(step.inject)  # type: ignore[union-attr]
-            if step.duration and hasattr(inj, "max_lifetime_s"):
-                inj.max_lifetime_s = step.duration + 60  # self-expiry as a last resort
+            if hasattr(inj, "max_lifetime_s"):
+                inj.max_lifetime_s = step.lifetime()  # helper processes also expire by themselves
             self.injectors[id(step)] = inj
             try:
                 inj.preflight()
@@ -372,15 +374,16 @@ class Runner:
         t0 = time.perf_counter()
         try:
             record = inj.prepare()
-            entry_id = self.ledger.intent(inj.type, record, inj.plan())
+            entry_id = self.ledger.intent(inj.type, record, inj.plan(),
+                                          expires_at=time.time() + step.timeout + step.lifetime())
         except Exception as e:
             raise _ApplyFailed(f"{step.label()}: could not prepare: {type(e).__name__}: {e}") from None
         fault = {"id": entry_id, "step": step.label(), "type": inj.type, "duration_s": step.duration,
                  "applied_at": None, "reverted_at": None, "apply_ms": None}
         self._faults[entry_id] = fault
         future = asyncio.ensure_future(asyncio.to_thread(inj.apply, record))
-        self._inflight.add(future)
-        future.add_done_callback(self._inflight.discard)
+        self._inflight[future] = entry_id
+        future.add_done_callback(lambda f: self._inflight.pop(f, None))
         try:
             async with asyncio.timeout(step.timeout):
                 final = await asyncio.shield(future)
@@ -391,7 +394,7 @@ class Runner:
         except Exception as e:
             self.journal.emit("error", where=f"apply {step.label()}", error=f"{type(e).__name__}: {e}")
             raise _ApplyFailed(f"{step.label()}: apply failed: {type(e).__name__}: {e}") from None
-        self.ledger.applied(entry_id, final)
+        self.ledger.applied(entry_id, final, expires_at=time.time() + step.lifetime())
         fault["applied_at"] = time.time()
         fault["apply_ms"] = round((time.perf_counter() - t0) * 1000, 3)
         self._records[entry_id] = final
@@ -414,7 +417,8 @@ class Runner:
         """Journal what the fault is doing (observe_details); an error here is journaled, never raised."""
         fault, record = self._faults[entry_id], self._records[entry_id]
         try:
-            details = await asyncio.to_thread(injector_class(fault["type"]).observe_details, record)
+            async with asyncio.timeout(OBSERVE_TIMEOUT_S):  # the thread may go on; the run does not wait for it
+                details = await asyncio.to_thread(injector_class(fault["type"]).observe_details, record)
         except Exception as e:
             details = {"error": f"{type(e).__name__}: {e}"}
         fault[f"observed_{when}"] = details
@@ -422,10 +426,13 @@ class Runner:
 
     def _revert_one(self, entry: Entry) -> str | None:
         assert self.ledger is not None
-        with self.ledger.locked():
-            if self.ledger.read().entries[entry.id].reverted:
-                return None
-            error = revert_entry(self.ledger, entry)
+        try:
+            with self.ledger.locked():
+                if self.ledger.read().entries[entry.id].reverted:
+                    return None
+                error = revert_entry(self.ledger, entry)
+        except LedgerLockTimeout as e:
+            error = str(e)
         self._note_revert(entry, error)
         return error
 
@@ -446,14 +453,39 @@ class Runner:
             if self._faults[entry_id]["reverted_at"] is None:
                 await self._observe(entry_id, "before_revert")
         t0 = time.perf_counter()
-        result = await asyncio.to_thread(rollback, self.ledger, True, self._note_revert)
-        self.journal.emit("rollback", reverted=len(result.reverted), failed=len(result.failed),
+        late = dict(self._inflight)  # still running after the grace: reverted from the intent now, and again below
+        result = await asyncio.to_thread(rollback, self.ledger, False, self._note_revert)
+        failed = [f"#{e.id} {e.type}: {err}" for e, err in result.failed] + await self._revert_late(late)
+        self.journal.emit("rollback", reverted=len(result.reverted), failed=len(failed),
                           ms=round((time.perf_counter() - t0) * 1000, 3), ledger=str(self.ledger.path))
-        if result.complete:
+        if not failed:
+            self.ledger.close()
+            self.ledger.remove_lockfile()
             self.ledger.discard()
         else:
             self.status.rollback_incomplete = True
-            self.status.reason = "; ".join(f"#{e.id} {e.type}: {err}" for e, err in result.failed)
+            self.status.reason = "; ".join(failed)
+
+    async def _revert_late(self, late: dict[asyncio.Future, int]) -> list[str]:
+        """An apply that outlived its timeout and the grace may still land after the rollback: wait for it and
+        revert what it did (from its final record); one that never finishes is a rollback failure (loud)."""
+        if not late:
+            return []
+        assert self.ledger is not None
+        self.journal.emit("late_apply_wait", ids=sorted(late.values()), seconds=LATE_APPLY_S)
+        done, pending = await asyncio.wait(list(late), timeout=LATE_APPLY_S)
+        failed = [f"#{late[f]} {self._faults[late[f]]['type']}: apply still running {APPLY_GRACE_S + LATE_APPLY_S:g}s "
+                  "after its timeout; it may still land" for f in pending]
+        for f in done:
+            entry_id = late[f]
+            record = f.result() if not f.cancelled() and f.exception() is None else None
+            entry = Entry(entry_id, self._faults[entry_id]["type"],
+                          record or self.ledger.read().entries[entry_id].record, applied=True)
+            error = await asyncio.to_thread(revert_entry, self.ledger, entry)
+            self.journal.emit("late_apply_reverted", id=entry_id, type=entry.type, error=error)
+            if error:
+                failed.append(f"#{entry_id} {entry.type}: late apply: {error}")
+        return failed
 
     async def _after(self) -> None:
         after = self.exp.steady_state.after

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaoskit.engine.ledger import Ledger
-from chaoskit.engine.rollback import rollback
+from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout, LedgerState
+from chaoskit.engine.rollback import revert_entry, rollback
 from chaoskit.targets.cgroups import cgroups_of, escape_to_roots
 from chaoskit.targets.process import ProcessRef, is_alive, proc_ref
 
@@ -76,12 +76,38 @@ def _wait_for_owner(owner: ProcessRef, ledger: Ledger) -> bool:
             ready, _, _ = select.select([pidfd], [], [], CHECK_CLOSED_EVERY_S)
             if ready:
                 return True
-            if ledger.read().closed:
+            state = ledger.read()
+            if state.closed:
                 return False
+            _revert_expired(ledger, state)
             if not is_alive(owner):  # zombie not yet reaped also counts as dead
                 return True
     finally:
         os.close(pidfd)
+
+
+def _revert_expired(ledger: Ledger, state: LedgerState) -> None:
+    """A fault past its maximum lifetime is reverted even though the run lives: the run may be hung."""
+    now = time.time()
+    expired = [e for e in state.pending() if e.expires_at is not None and now > e.expires_at]
+    if not expired:
+        return
+    try:
+        _revert_locked(ledger, state, expired)
+    except LedgerLockTimeout as e:
+        logging.error("could not revert expired faults: %s", e)
+
+
+def _revert_locked(ledger: Ledger, state: LedgerState, expired: list[Entry]) -> None:
+    with ledger.locked():
+        for entry in expired:
+            if ledger.read().entries[entry.id].reverted:
+                continue
+            logging.warning("fault #%d %s outlived its maximum lifetime while run %s (PID %d) lives; reverting",
+                            entry.id, entry.type, state.run_id, state.owner.pid if state.owner else -1)
+            error = revert_entry(ledger, entry)
+            if error:
+                logging.error("could not revert expired #%d %s: %s", entry.id, entry.type, error)
 
 
 def watch(path: Path) -> int:

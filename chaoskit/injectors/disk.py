@@ -104,6 +104,8 @@ class DiskThrottle(Injector):
         else:
             procs = [{**r.to_json(), "from": str(hier.cgroup_of(r.pid))} for r in self._pids()]
             rec.update(cgroup=str(hier.root / f"chaoskit-{uuid.uuid4().hex[:12]}"), dedicated=True, procs=procs)
+            # enabling +io in the parent is a change too: recorded before apply, undone by revert if ours
+            rec["enables_io"] = hier.version == 2 and not _io_enabled(hier.root)
         return rec
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -145,6 +147,8 @@ class DiskThrottle(Injector):
             os.rmdir(cg)
         except FileNotFoundError:
             pass
+        if record.get("enables_io"):
+            _disable_io_if_unused(cg.parent)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
@@ -155,7 +159,21 @@ class DiskThrottle(Injector):
         return all(now.get(k) == v for k, v in record["limits"].items())
 
 
+def _io_enabled(parent: Path) -> bool:
+    return "io" in (parent / "cgroup.subtree_control").read_text().split()
+
+
 def _enable_io(parent: Path) -> None:
-    ctl = parent / "cgroup.subtree_control"
-    if "io" not in ctl.read_text().split():
-        ctl.write_text("+io\n")
+    if not _io_enabled(parent):
+        (parent / "cgroup.subtree_control").write_text("+io\n")
+
+
+def _disable_io_if_unused(parent: Path) -> None:
+    """Undo the +io chaoskit enabled, unless a child cgroup now has io limits of its own (someone else's)."""
+    if not _io_enabled(parent):
+        return
+    for child in parent.iterdir():
+        io_max = child / "io.max"
+        if child.is_dir() and io_max.exists() and io_max.read_text().strip():
+            return
+    (parent / "cgroup.subtree_control").write_text("-io\n")

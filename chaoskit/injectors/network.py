@@ -287,6 +287,7 @@ class _TcFault(Injector):
                                "ifname": t.ifname, "direction": self.spec.direction}
         if self.spec.direction == "ingress":
             rec["ifb"] = f"ck{uuid.uuid4().hex[:10]}"
+            rec["had_ingress"] = tc.find(t.ns_path, t.ifindex, tc.TC_H_INGRESS) is not None
         else:
             rec["previous"] = tc.find(t.ns_path, t.ifindex, tc.TC_H_ROOT)
         return rec
@@ -298,6 +299,9 @@ class _TcFault(Injector):
     def _install(self, ipr: Any, record: dict[str, Any]) -> None:
         index = record["ifindex"]
         if record["direction"] == "ingress":
+            if record.get("had_ingress"):
+                raise RuntimeError(f"{record['ifname']} already has an ingress qdisc that is not chaoskit's; "
+                                   "refusing to replace it")
             ipr.link("add", ifname=record["ifb"], kind="ifb")
             index = ipr.link_lookup(ifname=record["ifb"])[0]
             ipr.link("set", index=index, state="up")
@@ -322,7 +326,9 @@ class _TcFault(Injector):
             return
         ns, index = record["ns"], record["ifindex"]
         if record["direction"] == "ingress":
-            tc.delete(ns, index, tc.TC_H_INGRESS)
+            # ours only if our IFB exists (apply creates it before the ingress qdisc) and none was there before
+            if _ifb_exists(record) and not record.get("had_ingress", False):
+                tc.delete(ns, index, tc.TC_H_INGRESS)
             with_iproute(ns, lambda ipr: [ipr.link("del", index=i) for i in ipr.link_lookup(ifname=record["ifb"])])
             return
         current = tc.find(ns, index, tc.TC_H_ROOT)
@@ -339,9 +345,13 @@ class _TcFault(Injector):
         if not same_namespace(record):
             return False
         if record["direction"] == "ingress":
-            return tc.find(record["ns"], record["ifindex"], tc.TC_H_INGRESS) is not None
+            return _ifb_exists(record) and tc.find(record["ns"], record["ifindex"], tc.TC_H_INGRESS) is not None
         current = tc.find(record["ns"], record["ifindex"], tc.TC_H_ROOT)
         return current is not None and current["handle"] == ROOT_HANDLE
+
+
+def _ifb_exists(record: dict[str, Any]) -> bool:
+    return bool(with_iproute(record["ns"], lambda ipr: ipr.link_lookup(ifname=record["ifb"])))
 
 
 class Netem(_TcFault):

@@ -135,4 +135,4 @@ class ProcessSignal(Injector):
         if record.get("signal") == "SIGSTOP":
             return any(proc_state(t["pid"]) == "T" and is_alive(ProcessRef.from_json(t))
                        for t in record.get("targets", []))
-        return not any(is_alive(ProcessRef.from_json(t)) for t in record.get("targets", []))
+        return False  # a terminating signal is an event: nothing stays in effect to take back

@@ -7,6 +7,7 @@ import socket
 import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
@@ -79,16 +80,30 @@ Toxic = Annotated[LatencyToxic | BandwidthToxic | SlowCloseToxic | TimeoutToxic 
 class ProxySpec(StrictModel):
     type: Literal["network.proxy"]
     listen: str = Field(description="host:port clients connect to (127.0.0.1 by default when only ':port')")
-    upstream: str = Field(description="host:port of the real service")
+    upstream: str = Field(description="host:port of the real service (a URL such as http://host:8000/v1 gives "
+                                      "its host:port: the proxy works below HTTP)")
     toxics: list[Toxic] = Field(default_factory=list, description="applied in order")
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _url(cls, v: object) -> object:
+        if isinstance(v, str) and "://" in v:
+            url = urlsplit(v)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError(f"expected host:port or an http(s) URL (got {v!r})")
+            host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+            return f"{host}:{url.port or (443 if url.scheme == 'https' else 80)}"
+        return v
 
     @field_validator("listen", "upstream")
     @classmethod
     def _addr(cls, v: str) -> str:
         try:
-            _, port = split_addr(v)
+            host, port = split_addr(v)
         except ValueError:
             raise ValueError(f"expected host:port (got {v!r})") from None
+        if "/" in host:
+            raise ValueError(f"expected host:port, not a URL (got {v!r})")
         if not 0 < port < 65536:
             raise ValueError(f"port {port} is out of range")
         return v

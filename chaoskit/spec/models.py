@@ -14,6 +14,10 @@ InjectSpec = Annotated[Union[tuple(cls.Spec for cls in INJECTORS)], Field(discri
 ProbeSpec = Annotated[Union[tuple(cls.Spec for cls in PROBES)], Field(discriminator="type")]  # type: ignore # noqa: UP007
 
 
+LIFETIME_MARGIN_S = 60.0
+DEFAULT_LIFETIME_S = 3600.0
+
+
 class Metadata(StrictModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="experiment name")
     description: str = ""
@@ -64,6 +68,15 @@ class Step(StrictModel):
     pause: Duration | None = Field(None, ge=0, description="wait this long")
     parallel: list[Step] | None = Field(None, min_length=1, description="steps run at the same time")
     timeout: Duration = Field(30.0, gt=0, description="limit for applying the fault")
+    max_lifetime: Duration | None = Field(None, gt=0, description="the watchdog reverts the fault this long after "
+                                          "it was applied even if the run still lives (a hung run); default: "
+                                          "duration + 60s, or 1h for a fault without a duration")
+
+    def lifetime(self) -> float:
+        """Seconds a fault of this step may stay applied at most."""
+        if self.max_lifetime is not None:
+            return self.max_lifetime
+        return self.duration + LIFETIME_MARGIN_S if self.duration else DEFAULT_LIFETIME_S
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Step:
@@ -71,8 +84,10 @@ class Step(StrictModel):
         if len(given) != 1:
             raise ValueError("a step needs exactly one of 'inject', 'pause' or 'parallel'"
                              + (f" (got {', '.join(given)})" if given else ""))
-        if self.duration is not None and self.inject is None:
-            raise ValueError("'duration' only applies to an 'inject' step")
+        if (self.duration is not None or self.max_lifetime is not None) and self.inject is None:
+            raise ValueError("'duration' and 'max_lifetime' only apply to an 'inject' step")
+        if self.max_lifetime is not None and self.duration is not None and self.max_lifetime < self.duration:
+            raise ValueError(f"max_lifetime ({self.max_lifetime:g}s) is shorter than duration ({self.duration:g}s)")
         return self
 
     def label(self) -> str:

@@ -149,3 +149,44 @@ def test_a_killed_watchdog_is_replaced_during_the_run(tmp_path, state_dir, sleep
     events = [json.loads(x) for x in (tmp_path / "o" / "journal.jsonl").read_text().splitlines()]
     assert any(e["event"] == "watchdog_died" and e["pid"] == first for e in events)
     assert ledgers(state_dir)
+
+
+HUNG = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {{name: hung-run}}
+steadyState:
+  probes:
+    - {{name: probe, type: command, argv: ["true"], phases: [before, after]}}
+method:
+  - inject: {{type: process.signal, pid: {pid}}}
+    duration: 1s
+    max_lifetime: 2s
+"""
+
+
+def test_a_hung_run_loses_its_fault_at_its_maximum_lifetime(tmp_path, state_dir, sleeper):
+    """The run lives but hangs (here: SIGSTOPped right after the apply): the watchdog reverts the fault at
+    max_lifetime although the run is alive, and the run's own rollback later finds nothing left to do."""
+    (tmp_path / "hung.yaml").write_text(HUNG.format(pid=sleeper.pid))
+    env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state_dir)}
+    run = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(tmp_path / "hung.yaml"), "--out",
+                            str(tmp_path / "o")], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        ledger = wait_applied(state_dir)
+        run.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        wait_for(lambda: proc_state(sleeper.pid) != "T", timeout=6)
+        took = time.monotonic() - t0
+        assert proc_state(run.pid) == "T"  # the run is still there, hung
+        assert 0.5 < took < 3.5, took
+        assert ledger_ops(ledger)[-1] == "reverted"
+        assert "outlived its maximum lifetime" in Path(str(ledger) + ".watchdog.log").read_text()
+        run.send_signal(signal.SIGCONT)
+        out, err = run.communicate(timeout=30)
+    finally:
+        run.kill()
+        run.wait()
+    assert run.returncode == 0, out + err
+    assert not ledgers(state_dir)  # the run's own rollback found it reverted and closed the ledger

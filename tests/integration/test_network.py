@@ -182,6 +182,23 @@ def test_bandwidth_ingress_goes_through_ifb(pair):
         server.close()
 
 
+def test_ingress_qdisc_that_is_not_ours_is_refused_and_left_alone(pair):
+    """An ingress qdisc someone else installed after preflight (which refuses one): apply refuses, and the
+    revert of the failed apply (from the intent record, as the engine does) must not delete it (it used to
+    delete any ingress qdisc)."""
+    inj = Bandwidth(Bandwidth.Spec(type="network.bandwidth", target={"netns": pair.cli}, rate="16mbit",
+                                   direction="ingress"))
+    inj.preflight()
+    sh("ip", "netns", "exec", pair.cli, "tc", "qdisc", "add", "dev", "eth0", "ingress")
+    before = pair.qdiscs(pair.cli)
+    rec = inj.prepare()
+    with pytest.raises(RuntimeError, match="already has an ingress qdisc that is not chaoskit's"):
+        inj.apply(rec)
+    assert not Bandwidth.observe(rec)
+    Bandwidth.revert(rec)
+    assert pair.qdiscs(pair.cli) == before and "ingress" in str(before)
+
+
 def test_previous_root_qdisc_is_restored_byte_exactly(pair):
     sh("ip", "netns", "exec", pair.srv, "tc", "qdisc", "add", "dev", "eth0", "root", "handle", "5:", "tbf",
        "rate", "3mbit", "burst", "20k", "latency", "70ms")

@@ -205,3 +205,24 @@ method:
     with pytest.raises(SpecError) as e:
         load(tmp_path, text, strict=False)
     assert "less than 65536" in str(e.value) and "valid integer" not in str(e.value)
+
+
+@pytest.mark.parametrize("upstream, want", [("http://127.0.0.1:8400", "127.0.0.1:8400"),
+                                            ("https://example.com/v1", "example.com:443"),
+                                            ("http://[::1]:8000/health", "[::1]:8000"),
+                                            ("127.0.0.1:9000", "127.0.0.1:9000")])
+def test_proxy_upstream_url_gives_host_port(upstream, want):
+    from chaoskit.injectors.proxy import ProxySpec
+
+    assert ProxySpec(type="network.proxy", listen="127.0.0.1:18080", upstream=upstream).upstream == want
+
+
+@pytest.mark.parametrize("field, value", [("upstream", "ftp://x:1"), ("listen", "http://127.0.0.1:18080")])
+def test_proxy_refuses_what_is_not_an_address(field, value):
+    from pydantic import ValidationError
+
+    from chaoskit.injectors.proxy import ProxySpec
+
+    spec = {"type": "network.proxy", "listen": "127.0.0.1:18080", "upstream": "127.0.0.1:9", field: value}
+    with pytest.raises(ValidationError, match="expected host:port"):
+        ProxySpec(**spec)

@@ -1,0 +1,102 @@
+"""Reconcile: after every revert the fault is observed again; one still in effect is a revert failure."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from chaoskit.engine.ledger import Ledger
+from chaoskit.engine.rollback import revert_entry, rollback
+from chaoskit.injectors.process import ProcessSignal
+from chaoskit.targets.process import proc_ref
+from tests.conftest import proc_state, wait_for
+
+
+def _stopped_entry(tmp_path, sleeper):
+    os.kill(sleeper.pid, signal.SIGSTOP)
+    wait_for(lambda: proc_state(sleeper.pid) == "T")
+    ledger = Ledger.create("reconcile", "x", tmp_path)
+    record = {"signal": "SIGSTOP", "targets": [proc_ref(sleeper.pid).to_json()]}
+    entry_id = ledger.intent("process.signal", record, ["stop"])
+    ledger.applied(entry_id, record)
+    return ledger, ledger.read().entries[entry_id]
+
+
+def test_a_revert_that_leaves_the_fault_is_a_failure(tmp_path, sleeper, monkeypatch: pytest.MonkeyPatch):
+    ledger, entry = _stopped_entry(tmp_path, sleeper)
+    monkeypatch.setattr(ProcessSignal, "revert", classmethod(lambda cls, record: None))  # "succeeds", does nothing
+    error = revert_entry(ledger, entry, retries=2)
+    assert error == "RuntimeError: still in effect after revert (observe() sees it)"
+    st = ledger.read()
+    assert not st.entries[entry.id].reverted and len(st.entries[entry.id].failures) == 2
+    monkeypatch.undo()
+    result = rollback(ledger)  # the real revert: observed gone, ledger closed
+    assert result.complete and proc_state(sleeper.pid) in ("S", "R") and ledger.read().closed
+
+
+LATE = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {{name: late-apply}}
+steadyState:
+  probes:
+    - {{name: probe, type: command, argv: ["true"], phases: [before]}}
+method:
+  - inject: {{type: process.signal, pid: {pid}}}
+    duration: 5s
+    timeout: 300ms
+"""
+
+
+def test_an_apply_that_lands_after_the_rollback_is_reverted(tmp_path, sleeper, state_dir,
+                                                             monkeypatch: pytest.MonkeyPatch):
+    """A stuck apply (a netlink call that hangs, say) outlives its timeout and the grace, the rollback runs,
+    then the apply lands: the run must wait for it and revert it, not leave the process stopped."""
+    import asyncio
+    import time
+
+    from chaoskit.engine import runner as runner_mod
+    from chaoskit.engine.journal import Journal
+    from chaoskit.spec.loader import load_experiment
+
+    real_apply = ProcessSignal.apply
+
+    def stuck_apply(self, record):
+        time.sleep(1.5)  # lands after timeout (0.3 s) + grace (0.5 s) + the rollback
+        return real_apply(self, record)
+
+    monkeypatch.setattr(ProcessSignal, "apply", stuck_apply)
+    monkeypatch.setattr(runner_mod, "APPLY_GRACE_S", 0.5)
+    (tmp_path / "late.yaml").write_text(LATE.format(pid=sleeper.pid))
+    exp = load_experiment(tmp_path / "late.yaml").experiment
+    journal = Journal(tmp_path / "journal.jsonl")
+    run = runner_mod.Runner(exp, journal, runner_mod.RunOptions(use_watchdog=False))
+    result = asyncio.run(run.execute())
+    events = [e["event"] for e in journal.events]
+    assert "late_apply_wait" in events and "late_apply_reverted" in events
+    assert proc_state(sleeper.pid) in ("S", "R")  # stopped late, resumed by the late revert
+    assert not result.status.rollback_incomplete
+
+
+def test_a_ledger_lock_nobody_releases_fails_loudly_instead_of_hanging(tmp_path, sleeper,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    import fcntl
+    import time
+
+    from chaoskit.engine import ledger as ledger_mod
+
+    ledger, entry = _stopped_entry(tmp_path, sleeper)
+    monkeypatch.setattr(ledger_mod, "LOCK_TIMEOUT_S", 0.5)
+    fd = os.open(str(ledger.path) + ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a revert stuck elsewhere holds the lock
+    try:
+        t0 = time.monotonic()
+        result = rollback(ledger)
+        took = time.monotonic() - t0
+    finally:
+        os.close(fd)
+    assert 0.4 < took < 3 and [e.id for e, _ in result.failed] == [entry.id]
+    assert "held the ledger lock for 0.5s" in result.failed[0][1] and not ledger.read().closed
+    assert rollback(ledger).complete and proc_state(sleeper.pid) in ("S", "R")
