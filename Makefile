@@ -32,6 +32,9 @@ bench: setup
 	$(PY) bench/reference_bench.py
 	$(PY) bench/load_bench.py
 	$(PY) bench/ebpf_overhead.py
+	$(PY) bench/torture.py --runs 50
+	$(PY) bench/fuzz.py
+	$(PY) bench/soak.py
 
 clean:
 	rm -rf .venv build *.egg-info chaoskit-runs .pytest_cache

@@ -19,7 +19,7 @@ from typing import Any
 
 from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout, LedgerState
 from chaoskit.engine.rollback import revert_entry, rollback
-from chaoskit.targets.cgroups import cgroups_of, escape_to_roots
+from chaoskit.targets.cgroups import cgroups_of, escape_to_roots, hierarchy_roots
 from chaoskit.targets.process import ProcessRef, is_alive, proc_ref
 
 CHECK_CLOSED_EVERY_S = 0.5
@@ -29,12 +29,14 @@ HANDSHAKE_S = 5.0
 def spawn(ledger: Ledger, handshake_s: float = HANDSHAKE_S) -> tuple[ProcessRef, dict[str, Any]]:
     """Start the watchdog for this run, detached (own session, survives the parent), record it, and wait for
     its handshake. A watchdog that does not answer is killed and one more is tried; then WatchdogError."""
+    procs_files = [str(r / "cgroup.procs") for r in hierarchy_roots()] if os.geteuid() == 0 else []
     for _ in range(2):
         log_path = str(ledger.path) + ".watchdog.log"
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "chaoskit.engine.watchdog", str(ledger.path)],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True, close_fds=True,
+                preexec_fn=(lambda: _escape_now(procs_files)) if procs_files else None,
             )
         ref = proc_ref(proc.pid) or ProcessRef(proc.pid, 0)
         ledger.set_watchdog(ref)
@@ -47,6 +49,21 @@ def spawn(ledger: Ledger, handshake_s: float = HANDSHAKE_S) -> tuple[ProcessRef,
         proc.kill()
         proc.wait()
     raise WatchdogError(f"the watchdog did not start watching within {handshake_s:g}s (log: {log_path})")
+
+
+def _escape_now(procs_files: list[str]) -> None:
+    """In the forked child, before exec: out of the job's cgroups at once, so a job kill that lands while the
+    watchdog's Python starts up cannot take it (only plain syscalls here: the parent has threads)."""
+    me = str(os.getpid()).encode()
+    for path in procs_files:
+        try:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, me)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # the watchdog tries again itself and reports what it could not do
 
 
 class WatchdogError(RuntimeError):

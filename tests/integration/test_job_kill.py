@@ -11,83 +11,29 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from chaoskit.targets.cgroups import hierarchy_roots
 from tests.conftest import ROOT, ledger_ops, ledgers, proc_state, wait_for
+from tests.helpers.jobcgroup import enter_job, job_procs, kill_job, make_job_cgroups, remove_job_cgroups
 from tests.integration.test_rollback_paths import experiment, wait_applied
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create cgroups and move processes")
 
 
-def _procs(dirs: list[Path]) -> set[int]:
-    out: set[int] = set()
-    for d in dirs:
-        try:
-            out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
-        except OSError:
-            pass
-    return out
-
-
-def kill_job(dirs: list[Path], timeout: float = 10.0) -> int:
-    """SIGKILL everything in the job's cgroups until they are empty (v2 cgroup.kill where it exists, as
-    systemd does; a kill loop over cgroup.procs in v1, as runners do). Returns how many processes died."""
-    killed: set[int] = set()
-    deadline = time.monotonic() + timeout
-    while (pids := _procs(dirs)) and time.monotonic() < deadline:
-        for d in dirs:
-            if (d / "cgroup.kill").exists():
-                (d / "cgroup.kill").write_text("1")
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.02)
-    assert not _procs(dirs), "the job's cgroups did not empty"
-    return len(killed)
-
-
 @pytest.fixture
 def job_cgroups() -> Iterator[list[Path]]:
-    """One cgroup per hierarchy for a pretend CI job (cpuset skipped: a new one has no CPUs to run on)."""
-    name = f"chaoskit-test-job-{uuid.uuid4().hex[:8]}"
-    dirs = []
-    for root in hierarchy_roots():
-        if "cpuset" in root.name:
-            continue
-        d = root / name
-        try:
-            d.mkdir()
-        except OSError:
-            continue
-        dirs.append(d)
-    assert dirs, "no cgroup hierarchy to make a job cgroup in"
+    dirs = make_job_cgroups()
     yield dirs
-    kill_job(dirs)
-    for d in dirs:
-        for _ in range(100):
-            try:
-                d.rmdir()
-                break
-            except OSError:
-                time.sleep(0.05)
-        assert not d.exists(), f"could not remove {d}"
+    remove_job_cgroups(dirs)
 
 
 def run_in_job(dirs: list[Path], state: Path, *args: str) -> subprocess.Popen:
-    def enter() -> None:
-        for d in dirs:
-            (d / "cgroup.procs").write_text(str(os.getpid()))
-
     env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state)}
-    return subprocess.Popen([sys.executable, "-m", "chaoskit", *args], env=env, cwd=ROOT, preexec_fn=enter,
+    return subprocess.Popen([sys.executable, "-m", "chaoskit", *args], env=env, cwd=ROOT,
+                            preexec_fn=lambda: enter_job(dirs),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -102,7 +48,7 @@ def test_whole_job_cgroup_kill_is_reverted_by_the_watchdog(tmp_path, state_dir, 
     assert proc_state(sleeper.pid) == "T"
     wd = watchdog_pid(ledger)
     assert "watching" in ledger_ops(ledger)
-    assert run.pid in _procs(job_cgroups) and wd not in _procs(job_cgroups)  # it left the job's cgroups
+    assert run.pid in job_procs(job_cgroups) and wd not in job_procs(job_cgroups)  # it left the job's cgroups
     assert kill_job(job_cgroups) >= 1
     run.wait(timeout=5)
     took = wait_for(lambda: proc_state(sleeper.pid) != "T", timeout=5)
