@@ -28,3 +28,35 @@ def test_rule():
     assert str(rule) == "error_rate > 0.5"
     with pytest.raises(ValueError):
         parse_rule("error_rate >")
+
+
+# Boundaries: every operator at, just below and just above its bound (a `<` written as `<=` must fail here).
+@pytest.mark.parametrize("op, below, at, above", [
+    ("<", True, False, False), ("<=", True, True, False), (">", False, False, True), (">=", False, True, True),
+    ("==", False, True, False), ("!=", True, False, True),
+])
+@pytest.mark.parametrize("bound", [950, 0.99, 0, -5])
+def test_every_operator_at_its_boundary(op, below, at, above, bound):
+    tol = parse_tolerance(f"{op} {bound}")
+    eps = 1e-9 if isinstance(bound, float) else 1
+    assert tol.check(bound - eps)[0] is below
+    assert tol.check(bound)[0] is at
+    assert tol.check(bound + eps)[0] is above
+    rule = parse_rule(f"m {op} {bound}")  # safeguard rules share the operators
+    assert [rule.matches({"m": v})[0] for v in (bound - eps, bound, bound + eps)] == [below, at, above]
+
+
+@pytest.mark.parametrize("spec", ["100..200", [100, 200], "100 .. 200"])
+def test_ranges_include_both_ends(spec):
+    tol = parse_tolerance(spec)
+    assert [tol.check(v)[0] for v in (99.999, 100, 150, 200, 200.001)] == [False, True, True, True, False]
+
+
+def test_negative_and_degenerate_ranges():
+    assert [parse_tolerance("-5..-1").check(v)[0] for v in (-5.001, -5, -1, -0.999)] == [False, True, True, False]
+    assert [parse_tolerance("3..3").check(v)[0] for v in (2.999, 3, 3.001)] == [False, True, False]
+
+
+def test_nan_and_booleans_are_not_numbers():
+    assert not parse_tolerance("< 1").check(float("nan"))[0]
+    assert not parse_tolerance("0..1").check(True)[0]
