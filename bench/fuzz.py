@@ -13,13 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from typer.testing import CliRunner  # noqa: E402
 
@@ -51,6 +53,9 @@ def main() -> int:
                 crashes.append(f"doc {i}: {traceback.format_exc(limit=3)}\n{f.read_text()[:400]}")
         docs_s = time.perf_counter() - t0
         os.environ["CHAOSKIT_STATE_DIR"] = str(Path(tmp) / "state")
+        shutil.copytree(ROOT / "experiments", Path(tmp) / "experiments")  # the CLI gets copies to (mis)use
+        os.chdir(tmp)
+        originals = {p: p.read_bytes() for p in (Path(tmp) / "experiments").rglob("*.yaml")}
         arg_crashes = 0
         runner = CliRunner()
         for _ in range(a.args):
@@ -62,9 +67,13 @@ def main() -> int:
                 arg_crashes += 1
                 crashes.append(f"args {args}: exit {r.exit_code} {r.exception!r}")
         ledgers = list((Path(tmp) / "state" / "ledgers").glob("*.jsonl"))
+        changed = [str(p) for p, data in originals.items() if p.read_bytes() != data]
+        crashes += [f"the CLI wrote to {p}" for p in changed]
+        os.chdir(ROOT)
     print(f"documents: {a.docs} in {docs_s:.1f}s: {counts['ok']} valid, {counts['invalid']} clear errors, "
           f"{a.docs - counts['ok'] - counts['invalid']} crashes")
-    print(f"CLI argument lists: {a.args}, crashes {arg_crashes}; ledgers written: {len(ledgers)}")
+    print(f"CLI argument lists: {a.args}, crashes {arg_crashes}; ledgers written: {len(ledgers)}; "
+          f"input files changed: {len(changed)}")
     for c in crashes[:5]:
         print(c)
     print(f"RESULT docs={a.docs} docs_ok={counts['ok']} docs_invalid={counts['invalid']} "

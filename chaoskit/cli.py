@@ -170,6 +170,8 @@ def rollback(
         _fail(ChaoskitError("give exactly one of --ledger PATH or --all"))
     if ledger is not None and not ledger.is_file():
         _fail(ChaoskitError(f"{ledger}: no such ledger file"))
+    if ledger is not None and not Ledger(ledger).is_ledger():
+        _fail(ChaoskitError(f"{ledger}: not a chaoskit ledger (its first line is no 'open' record); nothing written"))
     if ledger is not None:
         _replay_orphans()
     ledgers = [Ledger(ledger)] if ledger else open_ledgers()

@@ -108,6 +108,14 @@ class Ledger:
     def close(self) -> None:
         self._append({"op": "closed"})
 
+    def is_ledger(self) -> bool:
+        """Does the file start with a ledger's `open` line? (`rollback --ledger` must never write to another file.)"""
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                return json.loads(f.readline()).get("op") == "open"
+        except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+            return False
+
     def read(self) -> LedgerState:
         st = LedgerState()
         try:

@@ -6,6 +6,7 @@ import difflib
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -135,7 +136,7 @@ def _substitute(loc: Located, facts: dict[str, Any], strict: bool, notes: list[s
                 notes.append(f"{loc.where(path)}: {{{key}}} is resolved at run time")
                 deferred.add(path)
                 # a stand-in of the right shape, so the rest of the field still gets validated
-                return "http://target.invalid" if key == "target.url" else m.group(0)
+                return "http://target.invalid" if key.endswith("url") else m.group(0)
             known = ", ".join(sorted(k for k in facts if not k.startswith("var."))) or "none"
             hint = difflib.get_close_matches(key, list(facts), n=1)
             raise SpecError(f"{loc.where(path)}: {_dotted(path)}: unknown substitution {{{key}}}"
@@ -245,6 +246,30 @@ def format_validation_error(err: ValidationError, loc: Located) -> list[str]:
     return problems
 
 
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, str):
+        yield value
+
+
+def _check_cli_vars(cli_vars: dict[str, str], declared: dict[str, Any], data: Any, path: Path) -> None:
+    """A --var the file (with its includes) neither declares in `vars:` nor uses as {NAME} / {var.NAME} is a
+    typo: exit 2, naming what it declares."""
+    used = {m.group(1).removeprefix("var.") for text in _strings(data) for m in _PLACEHOLDER.finditer(text)}
+    known = sorted(set(declared) | {u for u in used if not u.startswith("target.")})
+    for name in cli_vars:
+        if name not in known:
+            hint = difflib.get_close_matches(name, known, n=1)
+            raise SpecError(f"--var {name}: {path} has no variable '{name}'"
+                            + (f" (did you mean '{hint[0]}'?)" if hint else "")
+                            + f"; it declares: {', '.join(known) or 'none'}")
+
+
 def load_experiment(path: str | Path, cli_vars: dict[str, str] | None = None, strict: bool = True) -> Loaded:
     """Load, include, substitute and validate. SpecError (exit 2) on any problem; PreflightError (exit 4)
     when run-time facts are missing in strict mode."""
@@ -253,8 +278,9 @@ def load_experiment(path: str | Path, cli_vars: dict[str, str] | None = None, st
     if not isinstance(loc.data, dict):
         raise SpecError(f"{loc.where(())}: the top level must be a mapping (apiVersion, kind, metadata, ...)")
     variables = dict(loc.data.get("vars") or {}) if isinstance(loc.data.get("vars"), dict) else {}
-    variables.update(cli_vars or {})
     _resolve_includes(loc, path)
+    _check_cli_vars(cli_vars or {}, variables, loc.data, path)
+    variables.update(cli_vars or {})
     facts, notes = _facts(loc.data, variables, strict)
     deferred = _substitute(loc, facts, strict, notes)
     try:

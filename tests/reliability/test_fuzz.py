@@ -51,3 +51,15 @@ def test_an_invalid_file_run_for_real_applies_nothing(tmp_path, state_dir, sleep
     out, err = run.communicate(timeout=60)
     assert run.returncode == 2 and "Traceback" not in out + err and "signal must be one of" in err
     assert proc_state(sleeper.pid) == "S" and not ledgers(state_dir)
+
+
+def test_rollback_never_writes_to_a_file_that_is_not_a_ledger(tmp_path, state_dir):
+    """bench/fuzz.py found it: `rollback --ledger experiment.yaml` appended a `closed` line to the experiment."""
+    from tests.conftest import ROOT, chaoskit
+
+    f = tmp_path / "drop.yaml"
+    f.write_bytes((ROOT / "experiments/network/drop.yaml").read_bytes())
+    rb = chaoskit("rollback", "--ledger", str(f), state=state_dir)
+    out, err = rb.communicate(timeout=60)
+    assert rb.returncode == 2 and "not a chaoskit ledger" in err
+    assert f.read_bytes() == (ROOT / "experiments/network/drop.yaml").read_bytes()

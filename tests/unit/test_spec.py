@@ -226,3 +226,25 @@ def test_proxy_refuses_what_is_not_an_address(field, value):
     spec = {"type": "network.proxy", "listen": "127.0.0.1:18080", "upstream": "127.0.0.1:9", field: value}
     with pytest.raises(ValidationError, match="expected host:port"):
         ProxySpec(**spec)
+
+
+def test_a_misspelt_var_is_an_error_naming_the_declared_ones(tmp_path):
+    from chaoskit.errors import SpecError
+
+    f = Path(__file__).resolve().parents[2] / "experiments" / "basic" / "memory-pressure.yaml"
+    assert load_experiment(f, {"size": "64MiB"}).experiment  # declared: fine
+    with pytest.raises(SpecError, match=r"--var sizee: .* has no variable 'sizee' \(did you mean 'size'\?\); "
+                                        r"it declares: port, size"):
+        load_experiment(f, {"sizee": "64MiB"})
+    g = tmp_path / "used.yaml"  # a variable used as {NAME} without a default is known too
+    g.write_text(f.read_text().replace("vars:\n  port: 8765\n  size: 256MiB\n", ""))
+    assert load_experiment(g, {"port": "1", "size": "1MiB"}).experiment
+
+
+def test_every_url_fact_validates_before_the_deployment_exists(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("apiVersion: chaoskit/v1\nkind: Experiment\nmetadata: {name: r}\ntarget: {reference: triton}\n"
+                 "steadyState:\n  probes:\n    - {name: h, type: http, url: \"{target.replica_url}/v2/health/ready\"}\n"
+                 "    - {name: m, type: prometheus, url: \"{target.replica_metrics_url}\", metric: x}\n"
+                 "method:\n  - pause: 1s\n")
+    assert load_experiment(f, strict=False).experiment
