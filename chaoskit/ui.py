@@ -28,12 +28,16 @@ class PlainView:
         self.console = console
 
     def __call__(self, ev: dict[str, Any]) -> None:
-        ts = time.strftime("%H:%M:%S", time.localtime(ev["t"]))
         kind = ev["event"]
+        # a sample's `t` is when it started; the line is printed (and stamped) when its verdict is known, so the
+        # log never goes back in time; the journal keeps the start
+        t = ev["t"] + ev.get("duration_ms", 0) / 1000 if kind == "sample" else ev["t"]
+        ts = time.strftime("%H:%M:%S", time.localtime(t))
         if kind == "state":
             line = f"state {ev['state']}" + (f": {ev['reason']}" if ev.get("reason") else "")
         elif kind == "sample":
-            line = f"probe {ev['probe']} [{ev['phase']}] {ev['verdict']}: {_values(ev)}"
+            line = (f"probe {ev['probe']} [{ev['phase']}] {ev['verdict']} after {ev.get('duration_ms', 0):.0f} ms: "
+                    f"{_values(ev)}")
         elif kind == "fault_applied":
             dur = f" for {ev['duration_s']:g}s" if ev.get("duration_s") else " until rollback"
             line = f"fault #{ev['id']} {ev['type']} applied{dur} ({ev['apply_ms']:.1f} ms)"
