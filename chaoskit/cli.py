@@ -218,10 +218,10 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="machine-readable 
 
 @app.command()
 def schema() -> None:
-    """Print the JSON Schema of the experiment file."""
-    from chaoskit.spec.models import Experiment
+    """Print the JSON Schema of the experiment file (placeholders and probe includes allowed, as the loader does)."""
+    from chaoskit.spec.schema import experiment_schema
 
-    print(json.dumps(Experiment.model_json_schema(by_alias=True), indent=2))
+    print(json.dumps(experiment_schema(), indent=2))
 
 
 @app.command("list")

@@ -248,3 +248,18 @@ def test_every_url_fact_validates_before_the_deployment_exists(tmp_path):
                  "    - {name: m, type: prometheus, url: \"{target.replica_metrics_url}\", metric: x}\n"
                  "method:\n  - pause: 1s\n")
     assert load_experiment(f, strict=False).experiment
+
+
+PROBE_LIBRARY = sorted((Path(__file__).resolve().parents[2] / "probes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("probe", PROBE_LIBRARY, ids=lambda p: p.stem)
+def test_every_library_probe_is_includable(tmp_path, probe):
+    assert {p.stem for p in PROBE_LIBRARY} >= {"triton-ready", "vllm-health", "generate-through-gateway",
+                                                 "sla-under-load", "kv-cache-metrics", "local-http-ready"}
+    f = tmp_path / "inc.yaml"
+    f.write_text(f"apiVersion: chaoskit/v1\nkind: Experiment\nmetadata: {{name: inc}}\ntarget: {{reference: triton}}\n"
+                 f"vars: {{port: 8000}}\nsteadyState:\n  probes:\n    - {{include: {probe.stem}, name: p}}\n"
+                 f"method:\n  - pause: 1s\n")
+    exp = load_experiment(f, strict=False).experiment
+    assert exp.steady_state.probes[0].name == "p"
