@@ -18,7 +18,7 @@ from chaoskit.errors import PreflightError, SpecError
 from chaoskit.spec.models import Experiment
 from chaoskit.spec.yamlsafe import Located, Path_, load_yaml, read_text
 
-_PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_][\w\-]*(?:\.[A-Za-z_][\w\-]*)*)\}(?!\})")
+_PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_][\w\-]*(?:\[\d+\])?(?:\.[A-Za-z_][\w\-]*(?:\[\d+\])?)*)\}(?!\})")
 _VAR_NAME = re.compile(r"^[A-Za-z_][\w\-]*$")
 
 
@@ -95,13 +95,26 @@ def reference_facts(engine: str) -> dict[str, Any]:
     return facts
 
 
+def _addressable(prefix: str, facts: dict[str, Any]) -> dict[str, Any]:
+    """Facts by name, and list facts item by item: {target.replica_pids[1]}, {target.replicas[1].pid}."""
+    out: dict[str, Any] = {}
+    for key, value in facts.items():
+        out[f"{prefix}.{key}"] = value
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                out[f"{prefix}.{key}[{i}]"] = item
+                if isinstance(item, dict):
+                    out.update({f"{prefix}.{key}[{i}].{k}": v for k, v in item.items()})
+    return out
+
+
 def _facts(data: dict, variables: dict[str, Any], strict: bool) -> tuple[dict[str, Any], list[str]]:
     facts: dict[str, Any] = {}
     notes: list[str] = []
     target = data.get("target") if isinstance(data.get("target"), dict) else {}
     if isinstance(target.get("reference"), str):
         try:
-            facts.update({f"target.{k}": v for k, v in reference_facts(target["reference"]).items()})
+            facts.update(_addressable("target", reference_facts(target["reference"])))
         except PreflightError as e:
             if strict:
                 raise

@@ -8,7 +8,7 @@ from typing import Any
 
 from chaoskit.spec.models import Experiment
 
-PLACEHOLDER = {"type": "string", "pattern": r"\{[A-Za-z_][\w\-]*(\.[A-Za-z_][\w\-]*)*\}",
+PLACEHOLDER = {"type": "string", "pattern": r"\{[A-Za-z_][\w\-]*(\[\d+\])?(\.[A-Za-z_][\w\-]*(\[\d+\])?)*\}",
                "description": "a {NAME}, {var.NAME} or {target.FACT} placeholder, substituted before validation"}
 INCLUDE = {"type": "object", "required": ["include"],
            "properties": {"include": {"type": "string", "pattern": r"^[A-Za-z0-9_.\-]+$",

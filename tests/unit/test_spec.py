@@ -263,3 +263,26 @@ def test_every_library_probe_is_includable(tmp_path, probe):
                  f"method:\n  - pause: 1s\n")
     exp = load_experiment(f, strict=False).experiment
     assert exp.steady_state.probes[0].name == "p"
+
+
+def test_list_facts_are_addressable_per_replica(tmp_path, monkeypatch):
+    import json
+
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "facts.json").write_text(json.dumps({
+        "url": "http://127.0.0.1:8000", "replica_pids": [11, 22],
+        "replicas": [{"name": "triton-0", "pid": 11, "url": "http://10.0.0.2:8001", "netns": "a"},
+                     {"name": "triton-1", "pid": 22, "url": "http://10.0.1.2:8001", "netns": "b"}]}))
+    monkeypatch.setenv("CHAOSKIT_REF_DIR", str(ref))
+    f = tmp_path / "r1.yaml"
+    f.write_text("apiVersion: chaoskit/v1\nkind: Experiment\nmetadata: {name: r1}\ntarget: {reference: triton}\n"
+                 "steadyState:\n  probes:\n    - {name: h, type: http, url: \"{target.replicas[1].url}/v2/health/ready\"}\n"
+                 "method:\n  - inject: {type: process.signal, pid: \"{target.replica_pids[1]}\"}\n"
+                 "  - inject: {type: network.drop, target: {netns: \"{target.replicas[1].netns}\"}, percent: 5%}\n")
+    exp = load_experiment(f).experiment
+    assert exp.method[0].inject.pid == 22 and exp.method[1].inject.target.netns == "b"
+    assert exp.steady_state.probes[0].url == "http://10.0.1.2:8001/v2/health/ready"
+    with pytest.raises(SpecError, match=r"unknown substitution \{target.replicas\[2\].pid\}"):
+        f.write_text(f.read_text().replace("replica_pids[1]", "replicas[2].pid"))
+        load_experiment(f)
