@@ -17,6 +17,23 @@ from chaoskit.errors import PreflightError
 _PCI_RE = re.compile(r"^([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
+_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f\-/]*$")
+
+
+def parse_device(value: int | str, pci: bool = True) -> int | str:
+    """A device as the spec gives it: an index (int or digits), a GPU-/MIG- UUID, or (with `pci`) a PCI bus id.
+    ValueError otherwise (a spec error at validation)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("device index must be >= 0")
+        return value
+    if _UUID_RE.match(value) or (pci and _PCI_RE.match(value)):
+        return value
+    raise ValueError(f"expected a GPU index, GPU-/MIG- UUID{' or PCI bus id' if pci else ''} (got {value!r})")
+
+
 def module() -> Any:
     try:
         import pynvml

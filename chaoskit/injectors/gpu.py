@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -22,7 +21,6 @@ from chaoskit.paths import state_dir
 from chaoskit.spec.types import Duration, Percent, StrictModel
 from chaoskit.spec.units import format_size, is_percent, parse_size
 
-_DEVICE_RE = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f\-/]*)$")
 PROBE_TIMEOUT_S = 60.0
 CORRECTIONS_IN_REPORT = 2000
 
@@ -59,13 +57,7 @@ class GpuMemoryPressureSpec(StrictModel):
     @field_validator("device")
     @classmethod
     def _device(cls, v: int | str) -> int | str:
-        if isinstance(v, int):
-            if v < 0:
-                raise ValueError("a device index cannot be negative")
-            return v
-        if not _DEVICE_RE.match(v):
-            raise ValueError(f"expected a GPU index, GPU-UUID or MIG-UUID (got {v!r})")
-        return int(v) if v.isdigit() else v
+        return nvml.parse_device(v, pci=False)  # CUDA_VISIBLE_DEVICES takes an index or a UUID, not a bus id
 
     @field_validator("bytes_", "leave_free")
     @classmethod

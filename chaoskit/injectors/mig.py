@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.gpu import mig
+from chaoskit.gpu import mig, nvml
 from chaoskit.gpu.mig import MigBackend, MigError, MigPlanError, format_layout, layout_of, normalize_target
 from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import StrictModel
@@ -30,13 +30,7 @@ class MigSpec(StrictModel):
     @field_validator("device")
     @classmethod
     def _device(cls, v: int | str) -> int | str:
-        if isinstance(v, str) and v.strip().isdigit():
-            v = int(v)
-        if isinstance(v, int) and v < 0:
-            raise ValueError("device index must be >= 0")
-        if isinstance(v, str) and not v.strip():
-            raise ValueError("device must be an index, a GPU UUID or a PCI bus id")
-        return v
+        return nvml.parse_device(v)
 
     @field_validator("mig_devices")
     @classmethod

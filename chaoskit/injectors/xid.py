@@ -104,6 +104,13 @@ class XidSpec(StrictModel):
             parse_bus_id(v)
         return v
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: int | str | None) -> int | str | None:
+        from chaoskit.gpu.nvml import parse_device
+
+        return v if v is None else parse_device(v)
+
     @field_validator("message")
     @classmethod
     def _message(cls, v: str | None) -> str | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
@@ -11,8 +10,6 @@ from pydantic import Field, field_validator
 from chaoskit.errors import PreflightError
 from chaoskit.gpu import nvml
 from chaoskit.probes.base import Probe, ProbeSpecBase
-
-_DEVICE_RE = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f\-/]*|([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])$")
 
 
 class NvmlProbeSpec(ProbeSpecBase):
@@ -26,9 +23,7 @@ class NvmlProbeSpec(ProbeSpecBase):
     @field_validator("device")
     @classmethod
     def _device(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 0 or isinstance(v, str) and not _DEVICE_RE.match(v):
-            raise ValueError(f"expected a GPU index, GPU-/MIG- UUID or PCI bus id (got {v!r})")
-        return v
+        return nvml.parse_device(v)
 
 
 class NvmlProbe(Probe):

@@ -31,8 +31,8 @@ def test_target_handed_to_the_holder(kw, target):
     ({"bytes": 0}, "must be greater than 0"),
     ({"percent": "0%"}, "percent must be greater than 0%"),
     ({"percent": "120%"}, "between 0% and 100%"),
-    ({"bytes": "1GiB", "device": "gpu0"}, "expected a GPU index, GPU-UUID or MIG-UUID"),
-    ({"bytes": "1GiB", "device": -1}, "cannot be negative"),
+    ({"bytes": "1GiB", "device": "gpu0"}, r"expected a GPU index, GPU-/MIG- UUID \(got"),
+    ({"bytes": "1GiB", "device": -1}, "device index must be >= 0"),
     ({"bytes": "1GiB", "hold": "wobbly"}, "'fixed' or 'steady'"),
     ({"bytes": "1GiB", "size": "1GiB"}, "Extra inputs are not permitted"),
 ])
