@@ -335,7 +335,10 @@ class Runner:
         while self._sampling:
             judging = judged and self._active > 0
             phase = "during" if judging else ("between" if judged else "safeguard")  # between: no fault in effect
-            sample = await take_sample(probe, phase)
+            sample = await self._take_guarded(probe, phase, guards)
+            if isinstance(sample, str):  # a latency safeguard tripped while the probe was still out
+                self._trip(probe, sample, abort)
+                return
             self._record(sample)
             if judging and sample.verdict != "ok" and not deviated:
                 deviated = True  # the first deviation of each probe is the news; the journal has every sample
@@ -343,15 +346,35 @@ class Runner:
                                     + (sample.error or "; ".join(d for d in sample.details)))
             for g in guards:
                 reason = _tripped(g, sample)
-                if reason and not abort:
-                    abort.append(reason)
-                    self.journal.emit("safeguard", probe=probe.spec.name, reason=reason)
-                    if self._method_task is not None:
-                        self._method_task.cancel()
+                if reason:
+                    self._trip(probe, reason, abort)
                     return
             # next slot on the fixed grid; slots missed by a slow sample are skipped, not bunched
             elapsed = time.monotonic() - start
             await asyncio.sleep((int(elapsed / every) + 1) * every - elapsed)
+
+    def _trip(self, probe: Probe, reason: str, abort: list[str]) -> None:
+        if not abort:
+            abort.append(reason)
+            self.journal.emit("safeguard", probe=probe.spec.name, reason=reason)
+            if self._method_task is not None:
+                self._method_task.cancel()
+
+    @staticmethod
+    async def _take_guarded(probe: Probe, phase: str, guards: list[Safeguard]) -> Sample | str:
+        """A sample, or the trip reason of a safeguard latency rule (`latency_ms > 300`) whose threshold passed
+        without an answer: the rule is decided then, not when the probe's timeout ends."""
+        bound = _latency_bound(guards)
+        task = asyncio.ensure_future(take_sample(probe, phase))
+        try:
+            if bound is not None:
+                done, _ = await asyncio.wait({task}, timeout=bound[0])
+                if not done:
+                    return f"safeguard {probe.spec.name}: {bound[1]}: no answer after {bound[0] * 1000:g} ms"
+            return await task
+        finally:
+            if not task.done():
+                task.cancel()
 
     async def _step(self, step: Step) -> None:
         if step.pause is not None:
@@ -509,6 +532,17 @@ class Runner:
 
 class _ApplyFailed(Exception):
     pass
+
+
+LATENCY_METRICS = ("latency_ms", "duration_ms")  # what a probe answer's own lateness already decides
+
+
+def _latency_bound(guards: list[Safeguard]) -> tuple[float, str] | None:
+    """(seconds, rule) of the tightest `latency_ms > X` / `duration_ms >= X` rule among the safeguards."""
+    bounds = [(rule.tolerance.value / 1000, str(rule)) for g in guards for rule in g.rules()
+              if rule.metric in LATENCY_METRICS and rule.tolerance.kind == "cmp" and rule.tolerance.op in (">", ">=")
+              and isinstance(rule.tolerance.value, float)]
+    return min(bounds) if bounds else None
 
 
 def _tripped(guard: Safeguard, sample: Sample) -> str | None:

@@ -100,3 +100,38 @@ def test_a_ledger_lock_nobody_releases_fails_loudly_instead_of_hanging(tmp_path,
     assert 0.4 < took < 3 and [e.id for e, _ in result.failed] == [entry.id]
     assert "held the ledger lock for 0.5s" in result.failed[0][1] and not ledger.read().closed
     assert rollback(ledger).complete and proc_state(sleeper.pid) in ("S", "R")
+
+
+GUARD = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {{name: slow-guard}}
+steadyState:
+  probes:
+    - {{name: alive, type: command, argv: ["true"], phases: [before]}}
+method:
+  - inject: {{type: process.signal, pid: {pid}}}
+    duration: 20s
+safeguards:
+  - probe: {{name: slow, type: command, argv: ["sleep", "3"], timeout: 5s}}
+    abort_when: "duration_ms > 300"
+    every: 200ms
+"""
+
+
+def test_a_latency_safeguard_trips_when_its_threshold_passes_not_when_the_probe_returns(tmp_path, state_dir,
+                                                                                        sleeper):
+    import json
+
+    from tests.conftest import chaoskit
+
+    (tmp_path / "g.yaml").write_text(GUARD.format(pid=sleeper.pid))
+    run = chaoskit("run", str(tmp_path / "g.yaml"), "--out", str(tmp_path / "o"), state=state_dir)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 3, out + err  # aborted by the safeguard
+    events = [json.loads(x) for x in (tmp_path / "o" / "journal.jsonl").read_text().splitlines()]
+    method = next(e["t"] for e in events if e["event"] == "state" and e["state"] == "method")
+    guard = next(e for e in events if e["event"] == "safeguard")
+    assert "no answer after 300 ms" in guard["reason"]
+    assert guard["t"] - method < 1.5, guard["t"] - method  # was 3 s: the probe's own return
+    assert proc_state(sleeper.pid) in ("S", "R")
