@@ -5,8 +5,12 @@ through the gateway, resident memory (RSS) of the replica's whole process group 
 backend stubs) and of the gateway, then `ref down`. Anchor, same run: a bare tritonserver with an empty
 model repository, time to ready (what model loading adds on top of the server itself).
 
+The same N runs with `--engine vllm` (one replica; `make vllm` installs it): time until a real completion
+succeeds through the gateway, RSS of the replica's process group (API server, EngineCore, Worker).
+
 RESULT keys: triton_startup_s (median), triton_bare_ready_s (anchor median), model_load_overhead_ratio
-(startup / bare), triton_replica_rss_mib, gateway_rss_mib.
+(startup / bare), triton_replica_rss_mib, gateway_rss_mib, vllm_startup_s, vllm_replica_rss_mib (nan when the
+vLLM engine is not installed).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from chaoskit.reference import triton
+from chaoskit.reference import triton, vllm
 from chaoskit.reference.deploy import Deployment, RefOptions
 from chaoskit.targets.process import group_members
 
@@ -79,9 +83,29 @@ def main() -> None:
             print(f"run {i + 1}: up {starts[-1]:.2f}s (bare tritonserver ready {bares[-1]:.2f}s), replica RSS "
                   f"{replica_rss[-1]:.0f} MiB, gateway {gateway_rss[-1]:.0f} MiB")
             d.down(say=lambda _m: None)
+    vstart, vrss = vllm_runs()
     s, b = statistics.median(starts), statistics.median(bares)
     print(f"RESULT triton_startup_s={s:.2f} triton_bare_ready_s={b:.2f} model_load_overhead_ratio={s / b:.2f} "
-          f"triton_replica_rss_mib={statistics.median(replica_rss):.0f} gateway_rss_mib={statistics.median(gateway_rss):.0f}")
+          f"triton_replica_rss_mib={statistics.median(replica_rss):.0f} gateway_rss_mib={statistics.median(gateway_rss):.0f} "
+          f"vllm_startup_s={vstart:.2f} vllm_replica_rss_mib={vrss:.0f}")
+
+
+def vllm_runs() -> tuple[float, float]:
+    """Median startup (s) and replica RSS (MiB) of the vLLM engine over N runs; nan when it is not installed."""
+    if not vllm.installed():
+        print("vLLM engine not installed (`make vllm`): vllm_* are nan")
+        return float("nan"), float("nan")
+    starts, rss = [], []
+    for i in range(N):
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Deployment(Path(tmp) / "ref")
+            t0 = time.monotonic()
+            d.up(RefOptions(engine="vllm", port=19500 + 10 * i, replicas=1), say=lambda _m: None)
+            starts.append(time.monotonic() - t0)
+            rss.append(rss_mib({p["name"]: p["pid"] for p in d.processes()}["vllm-0"]))
+            print(f"vllm run {i + 1}: up {starts[-1]:.2f}s, replica RSS {rss[-1]:.0f} MiB")
+            d.down(say=lambda _m: None)
+    return statistics.median(starts), statistics.median(rss)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaoskit.errors import ChaoskitError, PreflightError
+from chaoskit.targets.process import all_pids, parent_pid, proc_ref
 
 if TYPE_CHECKING:
     from chaoskit.reference.deploy import Deployment, RefOptions
@@ -119,5 +120,16 @@ def start(dep: Deployment, opts: RefOptions, say: Callable[[str], None]) -> list
     probe = {"model": SERVED_NAME, "prompt": "ready?", "max_tokens": 1}
     for r in replicas:  # readiness = a real 1-token completion, not /health
         dep.wait_ready(r["name"], lambda r=r: http_status(f"{r['url']}/v1/completions", probe, 30) == 200, r["pid"])
-        say(f"{r['name']} ready at {r['url']} (pid {r['pid']})")
+        r["engine_pid"] = engine_core_pid(r["pid"])
+        say(f"{r['name']} ready at {r['url']} (pid {r['pid']}, EngineCore {r['engine_pid']})")
     return replicas
+
+
+def engine_core_pid(api_server: int) -> int | None:
+    """The replica's `VLLM::EngineCore` process: a child of that API server (by parent PID, not by name alone:
+    every replica has one)."""
+    for pid in all_pids():
+        ref = proc_ref(pid)
+        if ref is not None and ref.comm.startswith("VLLM::EngineCor") and parent_pid(pid) == api_server:
+            return pid
+    return None

@@ -63,3 +63,13 @@ def test_vllm_metrics_through_gateway(ref):
     with urllib.request.urlopen(f"{ref['url']}/gateway/replicas/vllm-0/metrics", timeout=10) as r:
         text = r.read().decode()
     assert "vllm:num_requests_running" in text and "vllm:e2e_request_latency_seconds" in text
+
+
+def test_each_replica_names_its_engine_core(ref):
+    """{target.replicas[N].engine_pid}: the EngineCore child of that replica's API server (what the incident's
+    blind-spot scenario freezes)."""
+    from chaoskit.targets.process import parent_pid, proc_ref
+
+    engine = ref["replicas"][0]["engine_pid"]
+    assert engine and parent_pid(engine) == ref["replicas"][0]["pid"]
+    assert proc_ref(engine).comm.startswith("VLLM::EngineCor")
