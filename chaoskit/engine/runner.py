@@ -13,24 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaoskit.engine import watchdog
+from chaoskit.engine.faults import FaultFailed, Faults
 from chaoskit.engine.hypothesis import Sample, take_sample
 from chaoskit.engine.journal import Journal
-from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout
-from chaoskit.engine.rollback import revert_entry, rollback
-from chaoskit.engine.states import FailureKind, RunStatus, State
+from chaoskit.engine.ledger import Ledger
+from chaoskit.engine.plan import plan_faults
+from chaoskit.engine.safeguards import take_guarded, tripped
+from chaoskit.engine.states import Event, FailureKind, RunStatus, State
 from chaoskit.errors import PreflightError
-from chaoskit.injectors import Injector, injector_class
+from chaoskit.injectors import Injector
 from chaoskit.probes import Probe, probe_class
 from chaoskit.spec.models import Experiment, Safeguard, Step
-from chaoskit.targets.process import ProcessRef, is_alive
 
 log = logging.getLogger(__name__)
 
-APPLY_GRACE_S = 10.0  # how long rollback waits for an apply that outlived its timeout or a cancel
-WATCHDOG_CHECK_S = 0.5
-OBSERVE_TIMEOUT_S = 10.0
-LATE_APPLY_S = 30.0  # after the rollback, how long to wait for such an apply to land so it can be reverted
 
 
 @dataclass
@@ -61,16 +57,6 @@ def new_run_id(name: str) -> str:
     return time.strftime("%Y%m%dT%H%M%S") + f"-{name}-{uuid.uuid4().hex[:6]}"
 
 
-def _inject_steps(steps: list[Step]) -> list[Step]:
-    out: list[Step] = []
-    for s in steps:
-        if s.inject is not None:
-            out.append(s)
-        elif s.parallel:
-            out.extend(_inject_steps(s.parallel))
-    return out
-
-
 class Runner:
     def __init__(self, experiment: Experiment, journal: Journal, options: RunOptions | None = None,
                  run_id: str | None = None):
@@ -82,12 +68,8 @@ class Runner:
         self.probes: dict[str, Probe] = {}
         self.safeguard_probes: list[tuple[Safeguard, Probe]] = []
         self.injectors: dict[int, Injector] = {}  # id(step) -> injector
-        self.ledger: Ledger | None = None
+        self.faults: Faults | None = None  # once the ledger exists
         self._method_task: asyncio.Task | None = None
-        self._inflight: dict[asyncio.Future, int] = {}  # applies still running in their thread -> entry id
-        self._faults: dict[int, dict[str, Any]] = {}
-        self._records: dict[int, dict[str, Any]] = {}  # final revert records of applied faults
-        self._watchdog: ProcessRef | None = None
         self._in_effect: asyncio.Event | None = None  # set once the method's first fault is applied
         self._active = 0  # faults in effect now: "during" samples are judged only while one is
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
@@ -120,13 +102,9 @@ class Runner:
         except Exception as e:  # an engine bug: still roll back, then fail loudly
             self.journal.emit("error", where="engine", error=f"{type(e).__name__}: {e}",
                               traceback=traceback.format_exc())
-            self.status.fail(FailureKind.INTERNAL, f"internal error: {type(e).__name__}: {e}")
-            if self.status.state in (State.HYPOTHESIS_BEFORE, State.METHOD):
-                self.status.to(State.ROLLBACK)
-            if self.status.state is State.ROLLBACK:
+            if self.status.on(Event.ENGINE_ERROR, f"internal error: {type(e).__name__}: {e}") is State.ROLLBACK:
                 await self._rollback()
-            if not self.status.terminal:
-                self.status.to(State.FAILED, self.status.reason)
+                self.status.on(Event.ROLLBACK_DONE)
         finally:
             for p in [*self.probes.values(), *(p for _, p in self.safeguard_probes)]:
                 try:
@@ -134,7 +112,7 @@ class Runner:
                 except Exception:
                     pass
         r.ended = time.time()
-        r.faults = list(self._faults.values())
+        r.faults = list(self.faults.faults.values()) if self.faults else []
         self.journal.emit("end", verdict=self.status.verdict, exit_code=self.status.exit_code(),
                           reason=self.status.reason, deviations=self.status.deviations,
                           recovery_s=r.recovery_s)
@@ -144,87 +122,34 @@ class Runner:
         return self.status.signal is not None
 
     async def _execute(self) -> None:
+        """Report each phase's outcome to the state machine; it decides what comes next."""
         st = self.status
-        st.to(State.VALIDATING)
-        st.to(State.PREFLIGHT)
+        st.dry_run = self.opts.dry_run
+        st.on(Event.BEGIN)
+        st.on(Event.VALIDATED)
         try:
             self._preflight()
         except PreflightError as e:
-            st.fail(FailureKind.PREFLIGHT, str(e))
-            st.to(State.FAILED, str(e))
+            st.on(Event.PREFLIGHT_FAILED, str(e))
             return
-        if self.opts.dry_run:
-            st.dry_run = True
-            st.to(State.DONE, "dry run: nothing applied")
+        if st.on(Event.PREFLIGHT_OK) is not State.HYPOTHESIS_BEFORE:
             return
-        if self._stopped():
-            st.to(State.INTERRUPTED, "interrupted before anything was applied")
-            return
-        st.to(State.HYPOTHESIS_BEFORE)
         held = bool(await self._cancellable(self._check_once("before")))
-        if self._stopped() or not held:
-            if not held and not self._stopped():
-                st.deviate("steady state did not hold before the method; nothing was injected")
-            st.to(State.ROLLBACK)
-            self._finish_after_rollback(skip_after=True)
-            return
-        self.ledger = Ledger.create(self.result.run_id, self.exp.metadata.name, self.opts.ledger_dir)
-        self.result.ledger_path = str(self.ledger.path)
-        if self.opts.use_watchdog and not await self._start_watchdog():
-            st.to(State.ROLLBACK)
-            await self._rollback()
-            st.to(State.FAILED, st.reason)
-            return
-        st.to(State.METHOD)
-        abort_reason = await self._method()
-        st.to(State.ROLLBACK)
+        if not held and not self._stopped():
+            st.deviate("steady state did not hold before the method; nothing was injected")
+        if held and not self._stopped():
+            ledger = Ledger.create(self.result.run_id, self.exp.metadata.name, self.opts.ledger_dir)
+            self.result.ledger_path = str(ledger.path)
+            self.faults = Faults(self.journal, ledger)
+            if self.opts.use_watchdog and (why := await self.faults.start_watchdog()):
+                st.on(Event.WATCHDOG_FAILED, why)
+        if st.state is State.HYPOTHESIS_BEFORE and st.on(Event.BEFORE_CHECKED) is State.METHOD:
+            st.aborted = await self._method() or ""
+            st.on(Event.METHOD_DONE)
         await self._rollback()
-        if abort_reason:
-            st.to(State.ABORTED, abort_reason)
-            return
-        if st.failure is FailureKind.APPLY:
-            st.to(State.FAILED, st.reason)
-            return
-        self._finish_after_rollback(skip_after=self._stopped())
-        if st.state is State.HYPOTHESIS_AFTER:
+        if st.on(Event.ROLLBACK_DONE) is State.HYPOTHESIS_AFTER:
             await self._after()
-
-    async def _start_watchdog(self) -> bool:
-        """Spawn the watchdog and wait for its handshake; False (run failed, nothing applied) if none answers."""
-        assert self.ledger is not None
-        try:
-            ref, info = await asyncio.to_thread(watchdog.spawn, self.ledger)
-        except watchdog.WatchdogError as e:
-            self.status.fail(FailureKind.APPLY, f"no watchdog, so nothing was applied: {e}")
-            return False
-        self._watchdog = ref
-        self.journal.emit("watchdog", pid=ref.pid, ledger=str(self.ledger.path), escaped_to=info["escaped_to"],
-                          problems=info["problems"])
-        return True
-
-    async def _supervise_watchdog(self) -> None:
-        """During the method: a watchdog that died (killed, OOM) is replaced, so faults stay covered."""
-        assert self.ledger is not None
-        while self._watchdog is not None:
-            await asyncio.sleep(WATCHDOG_CHECK_S)
-            if is_alive(self._watchdog):
-                continue
-            self.journal.emit("watchdog_died", pid=self._watchdog.pid)
-            try:
-                self._watchdog, info = await asyncio.to_thread(watchdog.spawn, self.ledger)
-            except watchdog.WatchdogError as e:
-                self.journal.emit("error", where="watchdog", error=str(e))
-                continue
-            self.journal.emit("watchdog", pid=self._watchdog.pid, ledger=str(self.ledger.path), respawned=True,
-                              escaped_to=info["escaped_to"], problems=info["problems"])
-
-    def _finish_after_rollback(self, skip_after: bool) -> None:
-        if self._stopped():
-            self.status.to(State.INTERRUPTED, "interrupted; everything applied was reverted")
-        elif skip_after:
-            self.status.to(State.DONE)
-        else:
-            self.status.to(State.HYPOTHESIS_AFTER)
+            st.on(Event.AFTER_DONE)
 
     def _preflight(self) -> None:
         problems: list[str] = []
@@ -238,22 +163,8 @@ class Runner:
                 p.preflight()
             except PreflightError as e:
                 problems.append(str(e))
-        plan = []
-        for step in _inject_steps(self.exp.method):
-            inj = injector_class(step.inject.type)(step.inject)  # type: ignore[union-attr]
-            if hasattr(inj, "max_lifetime_s"):
-                inj.max_lifetime_s = step.lifetime()  # helper processes also expire by themselves
-            self.injectors[id(step)] = inj
-            try:
-                inj.preflight()
-            except PreflightError as e:
-                problems.append(str(e))
-            try:  # the plan is shown even when preflight failed (--dry-run prints it beside the reason)
-                lines = inj.plan()
-            except Exception as e:
-                lines = [f"(no plan: {type(e).__name__}: {e})"]
-            item = {"step": step.label(), "type": inj.type, "duration_s": step.duration, "changes": lines}
-            plan.append(item)
+        self.injectors, plan, more = plan_faults(self.exp.method)
+        problems += more
         self.result.plan = plan
         self.journal.emit("plan", steps=plan)
         if problems:
@@ -276,11 +187,11 @@ class Runner:
         self._in_effect = asyncio.Event()
         self._sampling = True
         samplers = self._start_samplers(abort)
-        if self._watchdog is not None:
-            samplers.append(asyncio.create_task(self._supervise_watchdog()))
+        if self.faults is not None and self.opts.use_watchdog:
+            samplers.append(asyncio.create_task(self.faults.supervise_watchdog()))
         try:
             await self._cancellable(self._steps(self.exp.method))
-        except _ApplyFailed as e:
+        except FaultFailed as e:
             self.status.fail(FailureKind.APPLY, str(e))
         finally:
             self._sampling = False
@@ -335,7 +246,7 @@ class Runner:
         while self._sampling:
             judging = judged and self._active > 0
             phase = "during" if judging else ("between" if judged else "safeguard")  # between: no fault in effect
-            sample = await self._take_guarded(probe, phase, guards)
+            sample = await take_guarded(probe, phase, guards)
             if isinstance(sample, str):  # a latency safeguard tripped while the probe was still out
                 self._trip(probe, sample, abort)
                 return
@@ -345,7 +256,7 @@ class Runner:
                 self.status.deviate(f"{probe.spec.name} deviated during the method: "
                                     + (sample.error or "; ".join(d for d in sample.details)))
             for g in guards:
-                reason = _tripped(g, sample)
+                reason = tripped(g, sample)
                 if reason:
                     self._trip(probe, reason, abort)
                     return
@@ -359,22 +270,6 @@ class Runner:
             self.journal.emit("safeguard", probe=probe.spec.name, reason=reason)
             if self._method_task is not None:
                 self._method_task.cancel()
-
-    @staticmethod
-    async def _take_guarded(probe: Probe, phase: str, guards: list[Safeguard]) -> Sample | str:
-        """A sample, or the trip reason of a safeguard latency rule (`latency_ms > 300`) whose threshold passed
-        without an answer: the rule is decided then, not when the probe's timeout ends."""
-        bound = _latency_bound(guards)
-        task = asyncio.ensure_future(take_sample(probe, phase))
-        try:
-            if bound is not None:
-                done, _ = await asyncio.wait({task}, timeout=bound[0])
-                if not done:
-                    return f"safeguard {probe.spec.name}: {bound[1]}: no answer after {bound[0] * 1000:g} ms"
-            return await task
-        finally:
-            if not task.done():
-                task.cancel()
 
     async def _step(self, step: Step) -> None:
         if step.pause is not None:
@@ -392,37 +287,8 @@ class Runner:
             await self._inject(step)
 
     async def _inject(self, step: Step) -> None:
-        assert self.ledger is not None and step.inject is not None
-        inj = self.injectors[id(step)]
-        t0 = time.perf_counter()
-        try:
-            record = inj.prepare()
-            entry_id = self.ledger.intent(inj.type, record, inj.plan(),
-                                          expires_at=time.time() + step.timeout + step.lifetime())
-        except Exception as e:
-            raise _ApplyFailed(f"{step.label()}: could not prepare: {type(e).__name__}: {e}") from None
-        fault = {"id": entry_id, "step": step.label(), "type": inj.type, "duration_s": step.duration,
-                 "applied_at": None, "reverted_at": None, "apply_ms": None}
-        self._faults[entry_id] = fault
-        future = asyncio.ensure_future(asyncio.to_thread(inj.apply, record))
-        self._inflight[future] = entry_id
-        future.add_done_callback(lambda f: self._inflight.pop(f, None))
-        try:
-            async with asyncio.timeout(step.timeout):
-                final = await asyncio.shield(future)
-        except TimeoutError:
-            raise _ApplyFailed(f"{step.label()}: apply timed out after {step.timeout:g}s") from None
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            self.journal.emit("error", where=f"apply {step.label()}", error=f"{type(e).__name__}: {e}")
-            raise _ApplyFailed(f"{step.label()}: apply failed: {type(e).__name__}: {e}") from None
-        self.ledger.applied(entry_id, final, expires_at=time.time() + step.lifetime())
-        fault["applied_at"] = time.time()
-        fault["apply_ms"] = round((time.perf_counter() - t0) * 1000, 3)
-        self._records[entry_id] = final
-        self.journal.emit("fault_applied", **fault)
-        await self._observe(entry_id, "applied")
+        assert self.faults is not None
+        entry_id = await self.faults.apply(step, self.injectors[id(step)])
         self._active += 1
         if self._in_effect is not None:
             self._in_effect.set()
@@ -430,85 +296,16 @@ class Runner:
             return  # stays until the rollback phase
         await asyncio.sleep(step.duration)
         self._active -= 1  # from here on, samples see the revert, not the fault
-        await self._observe(entry_id, "before_revert")
-        entry = Entry(entry_id, inj.type, final, applied=True)
-        error = await asyncio.to_thread(self._revert_one, entry)
-        if error:
-            raise _ApplyFailed(f"{step.label()}: revert at end of duration failed: {error}")
-
-    async def _observe(self, entry_id: int, when: str) -> None:
-        """Journal what the fault is doing (observe_details); an error here is journaled, never raised."""
-        fault, record = self._faults[entry_id], self._records[entry_id]
-        try:
-            async with asyncio.timeout(OBSERVE_TIMEOUT_S):  # the thread may go on; the run does not wait for it
-                details = await asyncio.to_thread(injector_class(fault["type"]).observe_details, record)
-        except Exception as e:
-            details = {"error": f"{type(e).__name__}: {e}"}
-        fault[f"observed_{when}"] = details
-        self.journal.emit("fault_observed", id=entry_id, type=fault["type"], when=when, details=details)
-
-    def _revert_one(self, entry: Entry) -> str | None:
-        assert self.ledger is not None
-        try:
-            with self.ledger.locked():
-                if self.ledger.read().entries[entry.id].reverted:
-                    return None
-                error = revert_entry(self.ledger, entry)
-        except LedgerLockTimeout as e:
-            error = str(e)
-        self._note_revert(entry, error)
-        return error
-
-    def _note_revert(self, entry: Entry, error: str | None) -> None:
-        fault = self._faults.get(entry.id)
-        if fault is not None and error is None:
-            fault["reverted_at"] = time.time()
-        self.journal.emit("fault_reverted" if error is None else "revert_failed", id=entry.id, type=entry.type,
-                          error=error)
+        await self.faults.end(entry_id, step.label())
 
     # -- rollback and after ---------------------------------------------------------------------------
     async def _rollback(self) -> None:
-        if self.ledger is None:
+        if self.faults is None:
             return
-        if self._inflight:  # an apply still running in its thread: let it land, then revert it too
-            await asyncio.wait(list(self._inflight), timeout=APPLY_GRACE_S)
-        for entry_id in self._records:
-            if self._faults[entry_id]["reverted_at"] is None:
-                await self._observe(entry_id, "before_revert")
-        t0 = time.perf_counter()
-        late = dict(self._inflight)  # still running after the grace: reverted from the intent now, and again below
-        result = await asyncio.to_thread(rollback, self.ledger, False, self._note_revert)
-        failed = [f"#{e.id} {e.type}: {err}" for e, err in result.failed] + await self._revert_late(late)
-        self.journal.emit("rollback", reverted=len(result.reverted), failed=len(failed),
-                          ms=round((time.perf_counter() - t0) * 1000, 3), ledger=str(self.ledger.path))
-        if not failed:
-            self.ledger.close()
-            self.ledger.remove_lockfile()
-            self.ledger.discard()
-        else:
+        failed = await self.faults.rollback()
+        if failed:
             self.status.rollback_incomplete = True
             self.status.reason = "; ".join(failed)
-
-    async def _revert_late(self, late: dict[asyncio.Future, int]) -> list[str]:
-        """An apply that outlived its timeout and the grace may still land after the rollback: wait for it and
-        revert what it did (from its final record); one that never finishes is a rollback failure (loud)."""
-        if not late:
-            return []
-        assert self.ledger is not None
-        self.journal.emit("late_apply_wait", ids=sorted(late.values()), seconds=LATE_APPLY_S)
-        done, pending = await asyncio.wait(list(late), timeout=LATE_APPLY_S)
-        failed = [f"#{late[f]} {self._faults[late[f]]['type']}: apply still running {APPLY_GRACE_S + LATE_APPLY_S:g}s "
-                  "after its timeout; it may still land" for f in pending]
-        for f in done:
-            entry_id = late[f]
-            record = f.result() if not f.cancelled() and f.exception() is None else None
-            entry = Entry(entry_id, self._faults[entry_id]["type"],
-                          record or self.ledger.read().entries[entry_id].record, applied=True)
-            error = await asyncio.to_thread(revert_entry, self.ledger, entry)
-            self.journal.emit("late_apply_reverted", id=entry_id, type=entry.type, error=error)
-            if error:
-                failed.append(f"#{entry_id} {entry.type}: late apply: {error}")
-        return failed
 
     async def _after(self) -> None:
         after = self.exp.steady_state.after
@@ -524,32 +321,3 @@ class Runner:
                 self.status.deviate(f"steady state did not hold again within {after.within:g}s after rollback")
                 break
             await asyncio.sleep(after.every)
-        if self._stopped():
-            self.status.to(State.INTERRUPTED, "interrupted; everything applied was reverted")
-        else:
-            self.status.to(State.DONE)
-
-
-class _ApplyFailed(Exception):
-    pass
-
-
-LATENCY_METRICS = ("latency_ms", "duration_ms")  # what a probe answer's own lateness already decides
-
-
-def _latency_bound(guards: list[Safeguard]) -> tuple[float, str] | None:
-    """(seconds, rule) of the tightest `latency_ms > X` / `duration_ms >= X` rule among the safeguards."""
-    bounds = [(rule.tolerance.value / 1000, str(rule)) for g in guards for rule in g.rules()
-              if rule.metric in LATENCY_METRICS and rule.tolerance.kind == "cmp" and rule.tolerance.op in (">", ">=")
-              and isinstance(rule.tolerance.value, float)]
-    return min(bounds) if bounds else None
-
-
-def _tripped(guard: Safeguard, sample: Sample) -> str | None:
-    if sample.verdict == "error":
-        return f"{sample.probe}: probe error ({sample.error})" if guard.on_error == "abort" else None
-    for rule in guard.rules():
-        ok, why = rule.matches(sample.values)
-        if ok:
-            return f"safeguard {sample.probe}: {why}"
-    return None

@@ -33,7 +33,7 @@ TRANSITIONS: dict[State, set[State]] = {
     S.HYPOTHESIS_BEFORE: {S.METHOD, S.ROLLBACK},  # ROLLBACK: did not hold / interrupted (nothing applied)
     S.METHOD: {S.ROLLBACK},
     S.ROLLBACK: {S.HYPOTHESIS_AFTER, S.DONE, S.ABORTED, S.INTERRUPTED, S.FAILED},
-    S.HYPOTHESIS_AFTER: {S.DONE, S.INTERRUPTED},
+    S.HYPOTHESIS_AFTER: {S.DONE, S.INTERRUPTED, S.FAILED},
 }
 
 
@@ -42,6 +42,24 @@ class FailureKind(str, Enum):
     PREFLIGHT = "preflight"
     APPLY = "apply"
     INTERNAL = "internal"
+
+
+class Event(str, Enum):
+    """What the runner reports; `RunStatus.on` alone decides the next state from it and the flags."""
+
+    BEGIN = "begin"
+    VALIDATED = "validated"
+    PREFLIGHT_FAILED = "preflight_failed"
+    PREFLIGHT_OK = "preflight_ok"
+    BEFORE_CHECKED = "before_checked"  # held or not: `deviated` says
+    WATCHDOG_FAILED = "watchdog_failed"
+    METHOD_DONE = "method_done"  # normally, aborted by a safeguard, interrupted, or an apply failed: flags say
+    ROLLBACK_DONE = "rollback_done"
+    AFTER_DONE = "after_done"
+    ENGINE_ERROR = "engine_error"
+
+
+INTERRUPTED_AFTER = "interrupted; everything applied was reverted"
 
 
 @dataclass
@@ -56,6 +74,8 @@ class RunStatus:
     signal: int | None = None
     rollback_incomplete: bool = False
     dry_run: bool = False
+    aborted: str = ""  # the safeguard's reason, once one tripped
+    method_ran: bool = False  # faults may have been applied (the after-check and its recovery time apply)
     history: list[tuple[str, float]] = field(default_factory=lambda: [(State.PENDING.value, time.time())])
     on_change: Callable[[State, State, str], None] | None = None
 
@@ -68,6 +88,49 @@ class RunStatus:
             self.reason = reason
         if self.on_change:
             self.on_change(old, new, reason)
+
+    def on(self, event: Event, reason: str = "") -> State:
+        """The one place the next state is decided: from the current state, the event and the flags."""
+        new, why = self._decide(event, reason)
+        if new is not self.state:  # an engine error during the rollback stays there: the rollback finishes
+            self.to(new, why)
+        return new
+
+    def _decide(self, event: Event, reason: str) -> tuple[State, str]:
+        s, stopped = self.state, self.signal is not None
+        if event is Event.ENGINE_ERROR:
+            self.fail(FailureKind.INTERNAL, reason)
+            return (S.ROLLBACK, reason) if s in (S.HYPOTHESIS_BEFORE, S.METHOD, S.ROLLBACK) else (S.FAILED, reason)
+        if event is Event.PREFLIGHT_FAILED:
+            self.fail(FailureKind.PREFLIGHT, reason)
+            return S.FAILED, reason
+        if event is Event.WATCHDOG_FAILED:
+            self.fail(FailureKind.APPLY, reason)
+            return S.ROLLBACK, reason
+        if event is Event.PREFLIGHT_OK:
+            if self.dry_run:
+                return S.DONE, "dry run: nothing applied"
+            return (S.INTERRUPTED, "interrupted before anything was applied") if stopped else (S.HYPOTHESIS_BEFORE, "")
+        if event is Event.BEFORE_CHECKED:
+            if stopped or self.deviated:
+                return S.ROLLBACK, reason
+            self.method_ran = True
+            return S.METHOD, reason
+        if event is Event.ROLLBACK_DONE:
+            return self._after_rollback()
+        if event is Event.AFTER_DONE:
+            return (S.INTERRUPTED, INTERRUPTED_AFTER) if stopped else (S.DONE, "")
+        simple = {Event.BEGIN: S.VALIDATING, Event.VALIDATED: S.PREFLIGHT, Event.METHOD_DONE: S.ROLLBACK}
+        return simple[event], reason
+
+    def _after_rollback(self) -> tuple[State, str]:
+        if self.aborted:
+            return S.ABORTED, self.aborted
+        if self.failure is not None:
+            return S.FAILED, self.reason
+        if self.signal is not None:
+            return S.INTERRUPTED, INTERRUPTED_AFTER
+        return (S.HYPOTHESIS_AFTER, "") if self.method_ran else (S.DONE, "")
 
     def deviate(self, why: str) -> None:
         self.deviated = True

@@ -57,6 +57,7 @@ def test_an_apply_that_lands_after_the_rollback_is_reverted(tmp_path, sleeper, s
     import asyncio
     import time
 
+    from chaoskit.engine import faults as faults_mod
     from chaoskit.engine import runner as runner_mod
     from chaoskit.engine.journal import Journal
     from chaoskit.spec.loader import load_experiment
@@ -68,7 +69,7 @@ def test_an_apply_that_lands_after_the_rollback_is_reverted(tmp_path, sleeper, s
         return real_apply(self, record)
 
     monkeypatch.setattr(ProcessSignal, "apply", stuck_apply)
-    monkeypatch.setattr(runner_mod, "APPLY_GRACE_S", 0.5)
+    monkeypatch.setattr(faults_mod, "APPLY_GRACE_S", 0.5)
     (tmp_path / "late.yaml").write_text(LATE.format(pid=sleeper.pid))
     exp = load_experiment(tmp_path / "late.yaml").experiment
     journal = Journal(tmp_path / "journal.jsonl")

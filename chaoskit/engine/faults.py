@@ -1,0 +1,172 @@
+"""The faults of one run: ledgered applies with a timeout, what they do (observe), the revert at the end of a
+duration, the full rollback (late applies included), and the watchdog that covers them all."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from chaoskit.engine import watchdog
+from chaoskit.engine.journal import Journal
+from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout
+from chaoskit.engine.rollback import revert_entry, rollback
+from chaoskit.injectors import Injector, injector_class
+from chaoskit.spec.models import Step
+from chaoskit.targets.process import ProcessRef, is_alive
+
+APPLY_GRACE_S = 10.0  # how long rollback waits for an apply that outlived its timeout or a cancel
+LATE_APPLY_S = 30.0  # after the rollback, how long to wait for such an apply to land so it can be reverted
+WATCHDOG_CHECK_S = 0.5
+OBSERVE_TIMEOUT_S = 10.0
+
+
+class FaultFailed(Exception):
+    """A fault could not be prepared, applied or reverted at the end of its duration (the run fails)."""
+
+
+class Faults:
+    def __init__(self, journal: Journal, ledger: Ledger):
+        self.journal, self.ledger = journal, ledger
+        self.faults: dict[int, dict[str, Any]] = {}  # entry id -> what the summary reports
+        self._records: dict[int, dict[str, Any]] = {}  # final revert records of applied faults
+        self._inflight: dict[asyncio.Future, int] = {}  # applies still running in their thread -> entry id
+        self._watchdog: ProcessRef | None = None
+
+    # -- the watchdog ---------------------------------------------------------------------------------
+    async def start_watchdog(self) -> str | None:
+        """Spawn it and wait for its handshake; the reason to fail the run (nothing applied) if none answers."""
+        try:
+            ref, info = await asyncio.to_thread(watchdog.spawn, self.ledger)
+        except watchdog.WatchdogError as e:
+            return f"no watchdog, so nothing was applied: {e}"
+        self._watchdog = ref
+        self.journal.emit("watchdog", pid=ref.pid, ledger=str(self.ledger.path), escaped_to=info["escaped_to"],
+                          problems=info["problems"])
+        return None
+
+    async def supervise_watchdog(self) -> None:
+        """During the method: a watchdog that died (killed, OOM) is replaced, so faults stay covered."""
+        while self._watchdog is not None:
+            await asyncio.sleep(WATCHDOG_CHECK_S)
+            if is_alive(self._watchdog):
+                continue
+            self.journal.emit("watchdog_died", pid=self._watchdog.pid)
+            try:
+                self._watchdog, info = await asyncio.to_thread(watchdog.spawn, self.ledger)
+            except watchdog.WatchdogError as e:
+                self.journal.emit("error", where="watchdog", error=str(e))
+                continue
+            self.journal.emit("watchdog", pid=self._watchdog.pid, ledger=str(self.ledger.path), respawned=True,
+                              escaped_to=info["escaped_to"], problems=info["problems"])
+
+    # -- one fault --------------------------------------------------------------------------------------
+    async def apply(self, step: Step, inj: Injector) -> int:
+        """Intent in the ledger (fsync'd), apply within the step's timeout, applied in the ledger; the entry id."""
+        t0 = time.perf_counter()
+        try:
+            record = inj.prepare()
+            entry_id = self.ledger.intent(inj.type, record, inj.plan(),
+                                          expires_at=time.time() + step.timeout + step.lifetime())
+        except Exception as e:
+            raise FaultFailed(f"{step.label()}: could not prepare: {type(e).__name__}: {e}") from None
+        fault = {"id": entry_id, "step": step.label(), "type": inj.type, "duration_s": step.duration,
+                 "applied_at": None, "reverted_at": None, "apply_ms": None}
+        self.faults[entry_id] = fault
+        future = asyncio.ensure_future(asyncio.to_thread(inj.apply, record))
+        self._inflight[future] = entry_id
+        future.add_done_callback(lambda f: self._inflight.pop(f, None))
+        try:
+            async with asyncio.timeout(step.timeout):
+                final = await asyncio.shield(future)
+        except TimeoutError:
+            raise FaultFailed(f"{step.label()}: apply timed out after {step.timeout:g}s") from None
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.journal.emit("error", where=f"apply {step.label()}", error=f"{type(e).__name__}: {e}")
+            raise FaultFailed(f"{step.label()}: apply failed: {type(e).__name__}: {e}") from None
+        self.ledger.applied(entry_id, final, expires_at=time.time() + step.lifetime())
+        fault["applied_at"] = time.time()
+        fault["apply_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        self._records[entry_id] = final
+        self.journal.emit("fault_applied", **fault)
+        await self.observe(entry_id, "applied")
+        return entry_id
+
+    async def end(self, entry_id: int, label: str) -> None:
+        """The end of a fault's duration: observe, then revert it (FaultFailed if that fails)."""
+        await self.observe(entry_id, "before_revert")
+        entry = Entry(entry_id, self.faults[entry_id]["type"], self._records[entry_id], applied=True)
+        error = await asyncio.to_thread(self._revert_one, entry)
+        if error:
+            raise FaultFailed(f"{label}: revert at end of duration failed: {error}")
+
+    async def observe(self, entry_id: int, when: str) -> None:
+        """Journal what the fault is doing (observe_details); an error here is journaled, never raised."""
+        fault, record = self.faults[entry_id], self._records[entry_id]
+        try:
+            async with asyncio.timeout(OBSERVE_TIMEOUT_S):  # the thread may go on; the run does not wait for it
+                details = await asyncio.to_thread(injector_class(fault["type"]).observe_details, record)
+        except Exception as e:
+            details = {"error": f"{type(e).__name__}: {e}"}
+        fault[f"observed_{when}"] = details
+        self.journal.emit("fault_observed", id=entry_id, type=fault["type"], when=when, details=details)
+
+    def _revert_one(self, entry: Entry) -> str | None:
+        try:
+            with self.ledger.locked():
+                if self.ledger.read().entries[entry.id].reverted:
+                    return None
+                error = revert_entry(self.ledger, entry)
+        except LedgerLockTimeout as e:
+            error = str(e)
+        self._note_revert(entry, error)
+        return error
+
+    def _note_revert(self, entry: Entry, error: str | None) -> None:
+        fault = self.faults.get(entry.id)
+        if fault is not None and error is None:
+            fault["reverted_at"] = time.time()
+        self.journal.emit("fault_reverted" if error is None else "revert_failed", id=entry.id, type=entry.type,
+                          error=error)
+
+    # -- all of them ------------------------------------------------------------------------------------
+    async def rollback(self) -> list[str]:
+        """Revert everything the ledger holds, newest first; the failures (empty: the ledger is discarded)."""
+        if self._inflight:  # an apply still running in its thread: let it land, then revert it too
+            await asyncio.wait(list(self._inflight), timeout=APPLY_GRACE_S)
+        for entry_id in self._records:
+            if self.faults[entry_id]["reverted_at"] is None:
+                await self.observe(entry_id, "before_revert")
+        t0 = time.perf_counter()
+        late = dict(self._inflight)  # still running after the grace: reverted from the intent now, and again below
+        result = await asyncio.to_thread(rollback, self.ledger, False, self._note_revert)
+        failed = [f"#{e.id} {e.type}: {err}" for e, err in result.failed] + await self._revert_late(late)
+        self.journal.emit("rollback", reverted=len(result.reverted), failed=len(failed),
+                          ms=round((time.perf_counter() - t0) * 1000, 3), ledger=str(self.ledger.path))
+        if not failed:
+            self.ledger.close()
+            self.ledger.remove_lockfile()
+            self.ledger.discard()
+        return failed
+
+    async def _revert_late(self, late: dict[asyncio.Future, int]) -> list[str]:
+        """An apply that outlived its timeout and the grace may still land after the rollback: wait for it and
+        revert what it did (from its final record); one that never finishes is a rollback failure (loud)."""
+        if not late:
+            return []
+        self.journal.emit("late_apply_wait", ids=sorted(late.values()), seconds=LATE_APPLY_S)
+        done, pending = await asyncio.wait(list(late), timeout=LATE_APPLY_S)
+        failed = [f"#{late[f]} {self.faults[late[f]]['type']}: apply still running {APPLY_GRACE_S + LATE_APPLY_S:g}s "
+                  "after its timeout; it may still land" for f in pending]
+        for f in done:
+            entry_id = late[f]
+            record = f.result() if not f.cancelled() and f.exception() is None else None
+            entry = Entry(entry_id, self.faults[entry_id]["type"],
+                          record or self.ledger.read().entries[entry_id].record, applied=True)
+            error = await asyncio.to_thread(revert_entry, self.ledger, entry)
+            self.journal.emit("late_apply_reverted", id=entry_id, type=entry.type, error=error)
+            if error:
+                failed.append(f"#{entry_id} {entry.type}: late apply: {error}")
+        return failed

@@ -1,0 +1,45 @@
+"""Safeguards: when a sample trips one, and latency rules that trip as soon as their threshold passes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from chaoskit.engine.hypothesis import Sample, take_sample
+from chaoskit.probes import Probe
+from chaoskit.spec.models import Safeguard
+
+LATENCY_METRICS = ("latency_ms", "duration_ms")  # what a probe answer's own lateness already decides
+
+
+def latency_bound(guards: list[Safeguard]) -> tuple[float, str] | None:
+    """(seconds, rule) of the tightest `latency_ms > X` / `duration_ms >= X` rule among the safeguards."""
+    bounds = [(rule.tolerance.value / 1000, str(rule)) for g in guards for rule in g.rules()
+              if rule.metric in LATENCY_METRICS and rule.tolerance.kind == "cmp" and rule.tolerance.op in (">", ">=")
+              and isinstance(rule.tolerance.value, float)]
+    return min(bounds) if bounds else None
+
+
+def tripped(guard: Safeguard, sample: Sample) -> str | None:
+    if sample.verdict == "error":
+        return f"{sample.probe}: probe error ({sample.error})" if guard.on_error == "abort" else None
+    for rule in guard.rules():
+        ok, why = rule.matches(sample.values)
+        if ok:
+            return f"safeguard {sample.probe}: {why}"
+    return None
+
+
+async def take_guarded(probe: Probe, phase: str, guards: list[Safeguard]) -> Sample | str:
+    """A sample, or the trip reason of a safeguard latency rule (`latency_ms > 300`) whose threshold passed
+    without an answer: the rule is decided then, not when the probe's timeout ends."""
+    bound = latency_bound(guards)
+    task = asyncio.ensure_future(take_sample(probe, phase))
+    try:
+        if bound is not None:
+            done, _ = await asyncio.wait({task}, timeout=bound[0])
+            if not done:
+                return f"safeguard {probe.spec.name}: {bound[1]}: no answer after {bound[0] * 1000:g} ms"
+        return await task
+    finally:
+        if not task.done():
+            task.cancel()
