@@ -44,7 +44,7 @@ def kill_job(dirs: list[Path], timeout: float = 10.0) -> int:
 
 def make_job_cgroups() -> list[Path]:
     """One cgroup per hierarchy for a pretend CI job (cpuset skipped: a new one has no CPUs to run on)."""
-    name = f"chaoskit-test-job-{uuid.uuid4().hex[:8]}"
+    name = f"cktest-job-{uuid.uuid4().hex[:8]}"  # not chaoskit-*: that prefix is what leftover checks look for
     dirs = []
     for root in hierarchy_roots():
         if "cpuset" in root.name:

@@ -181,10 +181,12 @@ def test_residue_exhausts_the_pool_like_an_oom(tmp_path):
                                    "memory_budget": "8MiB"})
     try:
         url = facts["replica_url"]
-        with ThreadPoolExecutor(3) as pool:
-            assert list(pool.map(lambda _: generate(url, "M" * 1000, 2)[0], range(3))) == [200] * 3
+        # growing sizes, one after the other: none fits in an earlier one's residue, so three residues stay
+        # (three concurrent requests of one size left one or three, as the batcher happened to overlap them)
+        assert [generate(url, "M" * n, 2)[0] for n in (900, 950, 1000)] == [200] * 3
         status, headers, body = generate(facts["url"], "L" * 2000, 2)
-        print(f"\nKV pool 8 MiB, residue of 3 x 1000-token requests, then 2000 tokens: HTTP {status} {body[:120]!r}")
+        print(f"\nKV pool 8 MiB, residue of 900 + 950 + 1000-token requests, then 2000 tokens: HTTP {status} "
+              f"{body[:120]!r}")
         assert status >= 400 and b"out of memory" in body and float(headers["X-Model-Latency"]) > 0
         assert _metric(http(facts["replica_metrics_url"])[2].decode(), "tiny_lm_kv_oom_total") >= 1
     finally:
