@@ -7,6 +7,7 @@ import faulthandler
 import json
 import signal
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import typer
@@ -39,6 +40,14 @@ def _fail(e: ChaoskitError) -> None:
     raise typer.Exit(e.exit_code)
 
 
+def _say(message: str) -> None:
+    err.print(message, highlight=False)
+
+
+def _term_as_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _replay_orphans() -> None:
     """Before any command that starts work: finish ledgers left by runs that died together with their watchdog."""
     from chaoskit.engine.rollback import replay_orphans
@@ -68,39 +77,62 @@ def run(
     from chaoskit.engine.journal import Journal
     from chaoskit.engine.reports import summary, write_html, write_junit, write_summary
     from chaoskit.engine.runner import Runner, RunOptions, new_run_id
+    from chaoskit.reference.scenario import deployment_for, describe
     from chaoskit.spec.loader import load_experiment, parse_cli_vars
+    from chaoskit.spec.models import Reference
     from chaoskit.ui import LiveView, PlainView
 
     try:
-        loaded = load_experiment(file, parse_cli_vars(var), strict=not dry_run)
+        cli_vars = parse_cli_vars(var)
+        loaded = load_experiment(file, cli_vars, strict=not dry_run)
     except ChaoskitError as e:
         _fail(e)
     if not dry_run:
         _replay_orphans()
     exp = loaded.experiment
-    for note in loaded.notes:
-        err.print(f"[yellow]note:[/] {note}", highlight=False)
+    own = exp.target.reference.effective(loaded.variables) if isinstance(exp.target.reference, Reference) else None
     run_id = new_run_id(exp.metadata.name)
     run_dir = out_dir or Path("chaoskit-runs") / run_id
     journal_path = journal or run_dir / "journal.jsonl"
     use_live = out.is_terminal if live is None else live
-    view = LiveView(out, exp.metadata.name) if use_live else PlainView(out)
-    jr = Journal(None if dry_run else journal_path, [view])
-    runner = Runner(exp, jr, RunOptions(dry_run=dry_run), run_id=run_id)
+    with ExitStack() as deployed:
+        if own is not None and dry_run:
+            err.print(f"[yellow]note:[/] would start the reference deployment: {describe(own)}", highlight=False)
+        elif own is not None:
+            signal.signal(signal.SIGTERM, _term_as_interrupt)  # a stop while it starts: stop what started
+            try:
+                facts = deployed.enter_context(deployment_for(own, run_id, exp.metadata.name, _say))
+                loaded = load_experiment(file, cli_vars, deployed=facts)
+            except KeyboardInterrupt:
+                deployed.close()
+                err.print("[red]interrupted[/] while the reference deployment was starting (stopped again)")
+                raise typer.Exit(errors.EXIT_SIGINT) from None
+            except ChaoskitError as e:
+                deployed.close()
+                _fail(e)
+            exp = loaded.experiment
+        for note in loaded.notes:
+            err.print(f"[yellow]note:[/] {note}", highlight=False)
+        view = LiveView(out, exp.metadata.name) if use_live else PlainView(out)
+        jr = Journal(None if dry_run else journal_path, [view])
+        unresolved = frozenset(loaded.deferred_steps()) if own is not None and dry_run else frozenset()
+        runner = Runner(exp, jr, RunOptions(dry_run=dry_run, unresolved_steps=unresolved), run_id=run_id)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
 
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, runner.interrupt, sig)
+            await runner.execute()
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, runner.interrupt, sig)
-        await runner.execute()
-
-    if use_live:
-        with view:  # type: ignore[attr-defined]
+        if use_live:
+            with view:  # type: ignore[attr-defined]
+                asyncio.run(main())
+        else:
             asyncio.run(main())
-    else:
-        asyncio.run(main())
+        if own is not None and not dry_run:
+            for sig in (signal.SIGINT, signal.SIGTERM):  # the deployment is stopping: let it finish (≤ 15 s)
+                signal.signal(sig, signal.SIG_IGN)
     jr.close()
     result = runner.result
     code = result.exit_code

@@ -79,7 +79,7 @@ def up(
     for r in facts["replicas"]:
         out.print(f"  {r['name']}: {r['url']} pid {r['pid']}" + (f" netns {r['netns']}" if r["netns"] else ""),
                   highlight=False)
-    out.print("facts for experiments ({target.*}): " + ", ".join(k for k in facts if k != "replicas"), highlight=False)
+    out.print("facts for experiments ({target.*}): " + ", ".join(k for k in facts if k not in ("replicas", "settings")), highlight=False)
 
 
 @ref_app.command()

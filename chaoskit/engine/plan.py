@@ -19,9 +19,14 @@ def inject_steps(steps: list[Step]) -> list[Step]:
     return out
 
 
-def plan_faults(method: list[Step]) -> tuple[dict[int, Injector], list[dict[str, Any]], list[str]]:
+UNRESOLVED = "(planned at run time: its target comes from the deployment the run starts)"
+
+
+def plan_faults(method: list[Step], unresolved: frozenset[int] = frozenset()) -> tuple[
+        dict[int, Injector], list[dict[str, Any]], list[str]]:
     """(injector per id(step), the plan, preflight problems). The plan is made even where preflight failed:
-    --dry-run prints it beside the reason."""
+    --dry-run prints it beside the reason. Steps in `unresolved` (a dry run's {target.*} not known yet) are
+    listed but neither checked nor planned."""
     injectors: dict[int, Injector] = {}
     plan, problems = [], []
     for step in inject_steps(method):
@@ -29,6 +34,9 @@ def plan_faults(method: list[Step]) -> tuple[dict[int, Injector], list[dict[str,
         if hasattr(inj, "max_lifetime_s"):
             inj.max_lifetime_s = step.lifetime()  # helper processes also expire by themselves
         injectors[id(step)] = inj
+        if id(step) in unresolved:
+            plan.append({"step": step.label(), "type": inj.type, "duration_s": step.duration, "changes": [UNRESOLVED]})
+            continue
         try:
             inj.preflight()
         except PreflightError as e:

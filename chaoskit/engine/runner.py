@@ -34,6 +34,7 @@ class RunOptions:
     dry_run: bool = False
     ledger_dir: Path | None = None
     use_watchdog: bool = True
+    unresolved_steps: frozenset[int] = frozenset()  # dry run: id() of steps whose target is not known yet
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Runner:
         self._method_task: asyncio.Task | None = None
         self._in_effect: asyncio.Event | None = None  # set once the method's first fault is applied
         self._active = 0  # faults in effect now: "during" samples are judged only while one is
+        self._applied_at = 0.0  # monotonic time of the latest apply (steadyState.during.grace counts from it)
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
 
     # -- events -------------------------------------------------------------------------------------
@@ -163,7 +165,7 @@ class Runner:
                 p.preflight()
             except PreflightError as e:
                 problems.append(str(e))
-        self.injectors, plan, more = plan_faults(self.exp.method)
+        self.injectors, plan, more = plan_faults(self.exp.method, self.opts.unresolved_steps)
         problems += more
         self.result.plan = plan
         self.journal.emit("plan", steps=plan)
@@ -239,13 +241,16 @@ class Runner:
     async def _sample_loop(self, probe: Probe, every: float, judged: bool, guards: list[Safeguard],
                            abort: list[str]) -> None:
         assert self._in_effect is not None
+        grace = self.exp.steady_state.during.grace if self.exp.steady_state.during else 0.0
         if not guards:  # "during" means while a fault is in effect; safeguards watch the applies too
             await self._in_effect.wait()
         start = time.monotonic()
         deviated = False
         while self._sampling:
-            judging = judged and self._active > 0
-            phase = "during" if judging else ("between" if judged else "safeguard")  # between: no fault in effect
+            in_effect = judged and self._active > 0
+            judging = in_effect and time.monotonic() - self._applied_at >= grace
+            # between: no fault in effect; grace: one is, but the system may still be adapting to it
+            phase = "during" if judging else ("grace" if in_effect else ("between" if judged else "safeguard"))
             sample = await take_guarded(probe, phase, guards)
             if isinstance(sample, str):  # a latency safeguard tripped while the probe was still out
                 self._trip(probe, sample, abort)
@@ -290,6 +295,7 @@ class Runner:
         assert self.faults is not None
         entry_id = await self.faults.apply(step, self.injectors[id(step)])
         self._active += 1
+        self._applied_at = time.monotonic()
         if self._in_effect is not None:
             self._in_effect.set()
         if step.duration is None:

@@ -21,7 +21,10 @@ INJECTORS: tuple[type[Injector], ...] = (
 
 
 def injector_class(type_name: str) -> type[Injector]:
-    for cls in INJECTORS:
+    """The class behind a ledger entry's type: an experiment's injectors, or an internal one."""
+    from chaoskit.injectors.reference import ReferenceDeployment
+
+    for cls in (*INJECTORS, ReferenceDeployment):
         if cls.type == type_name:
             return cls
     raise KeyError(type_name)

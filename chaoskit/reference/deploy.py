@@ -40,6 +40,12 @@ class RefOptions:
     latency_threshold_ms: float = 500.0
     model_params: dict[str, str] = field(default_factory=dict)
 
+    def settings(self) -> dict[str, Any]:
+        """What makes two deployments the same, whatever their ports (an experiment reuses a running one)."""
+        return {"engine": self.engine, "replicas": self.replicas, "netns": self.netns, "health": self.health,
+                "latency_threshold_ms": round(self.latency_threshold_ms, 3),
+                "model_params": dict(sorted(self.model_params.items()))}
+
 
 def _port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
@@ -139,6 +145,7 @@ class Deployment:
             "replica_metrics_url": r0["metrics_url"], "replica_pid": r0["pid"], "replica_pids": [r["pid"] for r in replicas],
             "model_repository": str(self.root / "model_repository"), "python": sys.executable,
             "model": "tiny_lm" if opts.engine == "triton" else vllm_completion_probe()["model"], "startup_s": round(time.monotonic() - t_start, 2),
+            "settings": opts.settings(),
         }
         if opts.netns:
             facts["netns"] = r0["netns"]

@@ -28,6 +28,24 @@ class Loaded:
     path: Path
     located: Located
     notes: list[str] = field(default_factory=list)
+    variables: dict[str, Any] = field(default_factory=dict)
+    deferred: set[Path_] = field(default_factory=set)  # fields holding {target.*} known only at run time
+
+    def deferred_steps(self) -> set[int]:
+        """id() of each method step whose fault has a field known only at run time."""
+        out: set[int] = set()
+        for path in self.deferred:
+            steps, step = self.experiment.method, None
+            rest = list(path[1:]) if path[:1] == ("method",) else []
+            while rest and isinstance(rest[0], int) and steps and rest[0] < len(steps):
+                step = steps[rest.pop(0)]
+                if rest[:1] != ["parallel"]:
+                    break
+                rest.pop(0)
+                steps = step.parallel or []
+            if step is not None and step.inject is not None:
+                out.add(id(step))
+        return out
 
 
 def parse_cli_vars(items: list[str]) -> dict[str, str]:
@@ -40,12 +58,13 @@ def parse_cli_vars(items: list[str]) -> dict[str, str]:
     return out
 
 
-def probe_library_dirs(experiment_path: Path) -> list[Path]:
-    """Where `include:` looks: `probes/` beside the file and in its ancestors, then $CHAOSKIT_PROBES_PATH."""
-    dirs = [p / "probes" for p in [experiment_path.parent, *experiment_path.resolve().parent.parents]]
-    extra = os.environ.get("CHAOSKIT_PROBES_PATH", "")
+def library_dirs(experiment_path: Path, kind: str = "probes") -> list[Path]:
+    """Where `include:` looks: `probes/` (or `faults/`) beside the file and in its ancestors, then
+    $CHAOSKIT_PROBES_PATH (or $CHAOSKIT_FAULTS_PATH), then the bundled library."""
+    dirs = [p / kind for p in [experiment_path.parent, *experiment_path.resolve().parent.parents]]
+    extra = os.environ.get(f"CHAOSKIT_{kind.upper()}_PATH", "")
     dirs += [Path(p) for p in extra.split(":") if p]
-    dirs.append(Path(__file__).resolve().parents[2] / "probes")
+    dirs.append(Path(__file__).resolve().parents[2] / kind)
     seen, out = set(), []
     for d in dirs:
         if d.is_dir() and d.resolve() not in seen:
@@ -54,25 +73,40 @@ def probe_library_dirs(experiment_path: Path) -> list[Path]:
     return out
 
 
-def _include(entry: dict, where: str, experiment_path: Path) -> dict:
+def _include(entry: dict, where: str, experiment_path: Path, kind: str = "probes") -> dict:
+    what = "probe" if kind == "probes" else "fault step"
     name = entry["include"]
     if not isinstance(name, str) or not _VAR_NAME.match(name):
-        raise SpecError(f"{where}: include: expected a probe name like 'triton-ready' (got {name!r})")
-    for d in probe_library_dirs(experiment_path):
+        example = "triton-ready" if kind == "probes" else "freeze-replica-0"
+        raise SpecError(f"{where}: include: expected a {what} name like '{example}' (got {name!r})")
+    dirs = library_dirs(experiment_path, kind)
+    for d in dirs:
         f = d / f"{name}.yaml"
         if f.is_file():
             base = load_yaml(read_text(f), str(f)).data
             if not isinstance(base, dict):
-                raise SpecError(f"{f}: a probe definition must be a mapping")
+                raise SpecError(f"{f}: a {what} definition must be a mapping")
             merged = {**base, **{k: v for k, v in entry.items() if k != "include"}}
             merged.setdefault("name", name)
             return merged
-    raise SpecError(f"{where}: include: no probe definition '{name}.yaml' in "
-                    + (", ".join(str(d) for d in probe_library_dirs(experiment_path)) or "any probes/ directory"))
+    raise SpecError(f"{where}: include: no {what} definition '{name}.yaml' in "
+                    + (", ".join(str(d) for d in dirs) or f"any {kind}/ directory"))
+
+
+def _include_steps(steps: Any, path: Path_, loc: Located, experiment_path: Path, depth: int = 0) -> None:
+    """`- include: NAME` in the method (and in parallel blocks) becomes the step in faults/NAME.yaml."""
+    if not isinstance(steps, list) or depth > 8:
+        return
+    for i, step in enumerate(steps):
+        if isinstance(step, dict) and "include" in step:
+            steps[i] = step = _include(step, loc.where(path + (i,)), experiment_path, "faults")
+        if isinstance(step, dict):
+            _include_steps(step.get("parallel"), path + (i, "parallel"), loc, experiment_path, depth + 1)
 
 
 def _resolve_includes(loc: Located, experiment_path: Path) -> None:
     data = loc.data
+    _include_steps(data.get("method"), ("method",), loc, experiment_path)
     ss = data.get("steadyState")
     if isinstance(ss, dict) and isinstance(ss.get("probes"), list):
         for i, entry in enumerate(ss["probes"]):
@@ -108,11 +142,14 @@ def _addressable(prefix: str, facts: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _facts(data: dict, variables: dict[str, Any], strict: bool) -> tuple[dict[str, Any], list[str]]:
+def _facts(data: dict, variables: dict[str, Any], strict: bool,
+           deployed: dict[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
     facts: dict[str, Any] = {}
     notes: list[str] = []
     target = data.get("target") if isinstance(data.get("target"), dict) else {}
-    if isinstance(target.get("reference"), str):
+    if deployed is not None:
+        facts.update(_addressable("target", deployed))
+    elif isinstance(target.get("reference"), str):
         try:
             facts.update(_addressable("target", reference_facts(target["reference"])))
         except PreflightError as e:
@@ -283,9 +320,11 @@ def _check_cli_vars(cli_vars: dict[str, str], declared: dict[str, Any], data: An
                             + f"; it declares: {', '.join(known) or 'none'}")
 
 
-def load_experiment(path: str | Path, cli_vars: dict[str, str] | None = None, strict: bool = True) -> Loaded:
+def load_experiment(path: str | Path, cli_vars: dict[str, str] | None = None, strict: bool = True,
+                    deployed: dict[str, Any] | None = None) -> Loaded:
     """Load, include, substitute and validate. SpecError (exit 2) on any problem; PreflightError (exit 4)
-    when run-time facts are missing in strict mode."""
+    when run-time facts are missing in strict mode. `deployed`: the facts of the deployment the experiment
+    brought up itself (target.reference as a mapping); without them its {target.*} wait for run time."""
     path = Path(path)
     loc = load_yaml(read_text(path), str(path))
     if not isinstance(loc.data, dict):
@@ -294,12 +333,14 @@ def load_experiment(path: str | Path, cli_vars: dict[str, str] | None = None, st
     _resolve_includes(loc, path)
     _check_cli_vars(cli_vars or {}, variables, loc.data, path)
     variables.update(cli_vars or {})
-    facts, notes = _facts(loc.data, variables, strict)
-    deferred = _substitute(loc, facts, strict, notes)
+    facts, notes = _facts(loc.data, variables, strict, deployed)
+    target = loc.data.get("target")
+    own_deployment = isinstance(target, dict) and isinstance(target.get("reference"), dict) and deployed is None
+    deferred = _substitute(loc, facts, strict and not own_deployment, notes)
     try:
         exp = _validate(loc, deferred)
     except ValidationError as e:
         raise SpecError(format_validation_error(e, loc)) from None
     except RecursionError:
         raise SpecError(f"{path}: nesting too deep") from None
-    return Loaded(exp, path, loc, notes)
+    return Loaded(exp, path, loc, notes, variables, deferred)

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from chaoskit.injectors import INJECTORS
 from chaoskit.probes import PROBES
-from chaoskit.spec.types import Duration, RuleSpec, StrictModel
+from chaoskit.spec.types import Duration, Port, RuleSpec, StrictModel
 
 InjectSpec = Annotated[Union[tuple(cls.Spec for cls in INJECTORS)], Field(discriminator="type")]  # type: ignore # noqa: UP007
 ProbeSpec = Annotated[Union[tuple(cls.Spec for cls in PROBES)], Field(discriminator="type")]  # type: ignore # noqa: UP007
@@ -24,16 +24,59 @@ class Metadata(StrictModel):
     tags: list[str] = Field(default_factory=list)
 
 
+ParamValue = str | int | float | bool
+
+
+class RefSettings(StrictModel):
+    """What a scenario changes in its reference deployment when a variable is true (see Reference.when)."""
+
+    replicas: int | None = Field(None, ge=1, le=8, description="replicas behind the gateway")
+    health: Literal["status", "latency"] | None = Field(None, description="gateway health checks")
+    latency_threshold: Duration | None = Field(None, gt=0, description="for health: latency")
+    netns: bool | None = Field(None, description="each replica in its own network namespace")
+    model_params: dict[str, ParamValue] = Field(default_factory=dict, description="tiny_lm parameters")
+
+
+class Reference(StrictModel):
+    """The reference deployment a scenario needs: `chaoskit run` brings it up (or reuses a running one with
+    the same settings), runs, and takes it down again; ledgered, so a killed run leaves no replica behind."""
+
+    engine: Literal["triton", "vllm"] = Field("triton", description="triton (light) or vllm")
+    replicas: int = Field(2, ge=1, le=8, description="replicas behind the gateway")
+    health: Literal["status", "latency"] = Field("status", description="gateway health checks: status (HTTP 200 "
+                                                 "only) or latency (also eject replicas slower than the threshold)")
+    latency_threshold: Duration = Field(0.5, gt=0, description="for health: latency")
+    netns: bool = Field(False, description="each replica in its own network namespace (needs root)")
+    model_params: dict[str, ParamValue] = Field(default_factory=dict, description="tiny_lm parameters, e.g. "
+                                                "isolate_kv_cache: false")
+    port: Port | None = Field(None, description="gateway port (default: the first free block from 18000)")
+    when: dict[str, RefSettings] = Field(default_factory=dict, description="settings that apply when the named "
+                                         "variable is true, e.g. when: {fix: {health: latency}} and --var fix=true")
+
+    def effective(self, variables: dict[str, Any]) -> Reference:
+        """These settings with every `when` block of a true variable laid over them."""
+        out = self
+        for name, overlay in self.when.items():
+            if str(variables.get(name, "")).strip().lower() in ("true", "1", "yes", "on"):
+                given = overlay.model_dump(exclude_none=True, exclude={"model_params"})
+                out = out.model_copy(update={**given, "model_params": {**out.model_params, **overlay.model_params}})
+        return out
+
+
 class Target(StrictModel):
     url: str | None = Field(None, pattern=r"^https?://", description="base URL of the service; {target.url}")
-    reference: Literal["triton", "vllm"] | None = Field(
-        None, description="use the bundled reference deployment's facts (`chaoskit ref up` first)")
+    reference: Literal["triton", "vllm"] | Reference | None = Field(
+        None, description="triton|vllm: the facts of a deployment started with `chaoskit ref up`; a mapping: "
+                          "the deployment this experiment brings up itself (engine, replicas, health, ...)")
     facts: dict[str, str | int | float] = Field(default_factory=dict,
                                                 description="extra facts, usable as {target.NAME}")
 
 
 class During(StrictModel):
     every: Duration = Field(2.0, gt=0, description="interval between samples of each probe during the method")
+    grace: Duration = Field(0.0, ge=0, description="samples taken this soon after a fault is applied are recorded "
+                            "but not judged (phase 'grace'): the time the system is allowed to adapt, e.g. the "
+                            "gateway's ejection window")
 
 
 class After(StrictModel):
@@ -125,6 +168,11 @@ class Experiment(StrictModel):
     @model_validator(mode="after")
     def _refs(self) -> Experiment:
         names = {p.name for p in self.steady_state.probes}
+        ref = self.target.reference
+        for var in ref.when if isinstance(ref, Reference) else {}:
+            if var not in self.vars:
+                raise ValueError(f"target.reference.when.{var}: no variable '{var}' in vars "
+                                 f"(declare it, e.g. vars: {{{var}: false}})")
         for i, sg in enumerate(self.safeguards):
             if isinstance(sg.probe, str) and sg.probe not in names:
                 raise ValueError(f"safeguards[{i}].probe: no steady-state probe named '{sg.probe}' "

@@ -1,0 +1,40 @@
+"""reference.deployment: the reference deployment a scenario brought up, as a ledger entry (revert = take it
+down), so a killed run leaves no replica behind. Internal: no experiment names this type."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from chaoskit.injectors.base import Injector
+from chaoskit.spec.types import StrictModel
+
+
+class ReferenceDeploymentSpec(StrictModel):
+    type: Literal["reference.deployment"]
+    dir: str
+
+
+class ReferenceDeployment(Injector):
+    type: ClassVar[str] = "reference.deployment"
+    summary: ClassVar[str] = "the reference deployment an experiment declared (started and stopped by the run)"
+    Spec = ReferenceDeploymentSpec
+
+    def plan(self) -> list[str]:
+        return [f"start the reference deployment in {self.spec.dir}"]
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError("started by chaoskit.reference.scenario, not by the engine")
+
+    @classmethod
+    def revert(cls, record: dict[str, Any]) -> None:
+        from chaoskit.reference.deploy import Deployment
+
+        Deployment(Path(record["dir"])).down(say=lambda _m: None)
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        from chaoskit.reference.deploy import Deployment
+        from chaoskit.targets.process import ProcessRef, is_alive
+
+        return any(is_alive(ProcessRef.from_json(p)) for p in Deployment(Path(record["dir"])).processes())
