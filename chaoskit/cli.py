@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import json
+import os
 import signal
 import sys
 from contextlib import ExitStack
@@ -44,7 +45,16 @@ def _say(message: str) -> None:
     err.print(message, highlight=False)
 
 
+_MAIN_PID = os.getpid()
+
+
 def _term_as_interrupt(signum: int, _frame: object) -> None:
+    """SIGTERM while the deployment starts: unwind like Ctrl-C, so what started is stopped. Only here: a child
+    forked by a library (pyroute2's netns helper) that inherits this handler just dies of the signal."""
+    if os.getpid() != _MAIN_PID:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     raise KeyboardInterrupt
 
 

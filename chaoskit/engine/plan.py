@@ -30,20 +30,50 @@ def plan_faults(method: list[Step], unresolved: frozenset[int] = frozenset()) ->
     injectors: dict[int, Injector] = {}
     plan, problems = [], []
     for step in inject_steps(method):
-        inj = injector_class(step.inject.type)(step.inject)  # type: ignore[union-attr]
-        if hasattr(inj, "max_lifetime_s"):
-            inj.max_lifetime_s = step.lifetime()  # helper processes also expire by themselves
-        injectors[id(step)] = inj
+        entry: dict[str, Any] = {"step": step.label(), "duration_s": step.duration}
         if id(step) in unresolved:
-            plan.append({"step": step.label(), "type": inj.type, "duration_s": step.duration, "changes": [UNRESOLVED]})
-            continue
+            inj = _injector(step, step.inject)
+            entry["changes"] = [UNRESOLVED]
+        else:
+            inj, problem, passed_over = _choose(step)
+            if problem:
+                problems.append(problem)
+            entry["changes"] = _lines(inj)
+            if passed_over:
+                entry["variant"] = inj.type
+                entry["passed_over"] = passed_over
+                entry["changes"].insert(0, f"variant {inj.type}: " + "; ".join(passed_over))
+        injectors[id(step)] = inj
+        plan.append({**entry, "type": inj.type})
+    return injectors, plan, problems
+
+
+def _injector(step: Step, spec: Any) -> Injector:
+    inj = injector_class(spec.type)(spec)
+    if hasattr(inj, "max_lifetime_s"):
+        inj.max_lifetime_s = step.lifetime()  # helper processes also expire by themselves
+    return inj
+
+
+def _choose(step: Step) -> tuple[Injector, str | None, list[str]]:
+    """The step's fault, or the first fallback this host can apply: (injector, its preflight problem or None,
+    why each fault before it was passed over)."""
+    passed_over: list[str] = []
+    candidates = [step.inject, *step.fallback]
+    for i, spec in enumerate(candidates):
+        inj = _injector(step, spec)
         try:
             inj.preflight()
+            return inj, None, passed_over
         except PreflightError as e:
-            problems.append(str(e))
-        try:
-            lines = inj.plan()
-        except Exception as e:
-            lines = [f"(no plan: {type(e).__name__}: {e})"]
-        plan.append({"step": step.label(), "type": inj.type, "duration_s": step.duration, "changes": lines})
-    return injectors, plan, problems
+            if i == len(candidates) - 1:
+                return inj, str(e) if not passed_over else "; ".join([*passed_over, str(e)]), passed_over
+            passed_over.append(f"{spec.type} cannot run here ({e})")
+    raise AssertionError("unreachable")
+
+
+def _lines(inj: Injector) -> list[str]:
+    try:
+        return inj.plan()
+    except Exception as e:
+        return [f"(no plan: {type(e).__name__}: {e})"]

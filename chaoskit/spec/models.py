@@ -106,6 +106,9 @@ class Step(StrictModel):
 
     name: str | None = None
     inject: InjectSpec | None = None
+    fallback: list[InjectSpec] = Field(default_factory=list, description="faults to use instead, in order, when "
+                                       "this host cannot apply `inject` (its preflight fails); the journal and "
+                                       "the plan say which variant ran and why")
     duration: Duration | None = Field(None, gt=0, description="how long the fault stays; omitted = until the "
                                                                 "end of the method")
     pause: Duration | None = Field(None, ge=0, description="wait this long")
@@ -127,8 +130,8 @@ class Step(StrictModel):
         if len(given) != 1:
             raise ValueError("a step needs exactly one of 'inject', 'pause' or 'parallel'"
                              + (f" (got {', '.join(given)})" if given else ""))
-        if (self.duration is not None or self.max_lifetime is not None) and self.inject is None:
-            raise ValueError("'duration' and 'max_lifetime' only apply to an 'inject' step")
+        if (self.duration is not None or self.max_lifetime is not None or self.fallback) and self.inject is None:
+            raise ValueError("'duration', 'max_lifetime' and 'fallback' only apply to an 'inject' step")
         if self.max_lifetime is not None and self.duration is not None and self.max_lifetime < self.duration:
             raise ValueError(f"max_lifetime ({self.max_lifetime:g}s) is shorter than duration ({self.duration:g}s)")
         return self
