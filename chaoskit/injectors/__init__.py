@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from chaoskit.injectors.base import Injector
+from chaoskit.injectors.cpu import CpuStress, CpuThrottle
 from chaoskit.injectors.disk import DiskThrottle
 from chaoskit.injectors.diskfill import DiskFill
 from chaoskit.injectors.firewall import Drop, Partition
+from chaoskit.injectors.flood import Flood
 from chaoskit.injectors.gpu import GpuMemoryPressure
 from chaoskit.injectors.memory import MemoryPressure
 from chaoskit.injectors.mig import MigReconfigure
@@ -16,7 +18,7 @@ from chaoskit.injectors.xid import XidEvent
 
 INJECTORS: tuple[type[Injector], ...] = (
     ProcessSignal, MemoryPressure, DiskThrottle, DiskFill, Netem, Bandwidth, Drop, Partition, Proxy, GpuMemoryPressure,
-    XidEvent, MigReconfigure,
+    XidEvent, MigReconfigure, CpuThrottle, CpuStress, Flood,
 )
 
 

@@ -1,8 +1,11 @@
-"""process.signal: SIGSTOP (revert SIGCONT) or kill processes chosen by PID or name."""
+"""process.signal: SIGSTOP (revert SIGCONT) or kill processes chosen by PID, name or parent (`child_of`).
+
+Also the process selection other injectors share (process.cpu_throttle): `pid`, `name`, `child_of` [+ `name`]."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from typing import Any, ClassVar, Literal
@@ -12,7 +15,16 @@ from pydantic import Field, field_validator, model_validator
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import StrictModel
-from chaoskit.targets.process import ProcessRef, find_by_name, is_alive, parent_pid, proc_ref, proc_state
+from chaoskit.targets.process import (
+    ProcessRef,
+    all_pids,
+    cmdline,
+    find_by_name,
+    is_alive,
+    parent_pid,
+    proc_ref,
+    proc_state,
+)
 
 _ALLOWED_SIGNALS = ("SIGSTOP", "SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
 
@@ -20,7 +32,10 @@ _ALLOWED_SIGNALS = ("SIGSTOP", "SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGUSR
 class ProcessSignalSpec(StrictModel):
     type: Literal["process.signal"]
     pid: int | None = Field(None, gt=0, description="target PID")
-    name: str | None = Field(None, min_length=1, description="regex on the process name (comm)")
+    name: str | None = Field(None, min_length=1, description="regex on the process name (comm); with child_of, "
+                                                             "among that PID's descendants")
+    child_of: int | None = Field(None, gt=0, description="descendants (recursive) of this PID, e.g. "
+                                                         "'{target.replica_pid}'; narrowed by name if given")
     full_cmdline: bool = Field(False, description="match `name` against the whole command line")
     select: Literal["all", "one"] = Field("all", description="signal every match, or only the oldest")
     signal: str = Field("SIGSTOP", description="SIGSTOP (revert: SIGCONT) or a terminating signal")
@@ -34,11 +49,98 @@ class ProcessSignalSpec(StrictModel):
             raise ValueError(f"signal must be one of {', '.join(_ALLOWED_SIGNALS)} (got '{v}')")
         return name
 
+    @field_validator("name")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        return check_regex(v)
+
     @model_validator(mode="after")
     def _one_target(self) -> ProcessSignalSpec:
-        if (self.pid is None) == (self.name is None):
-            raise ValueError("give exactly one of 'pid' or 'name'")
+        check_selector(self.pid, self.name, self.child_of)
         return self
+
+
+def check_regex(pattern: str | None) -> str | None:
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ValueError(f"not a valid regular expression: {e}") from None
+    return pattern
+
+
+# Which target fields may go together: (pid given, name given, child_of given) -> allowed.
+_SELECTORS = {
+    (True, False, False): "pid",
+    (False, True, False): "name",
+    (False, False, True): "child_of",
+    (False, True, True): "child_of + name",
+}
+
+
+def check_selector(pid: object, name: object, child_of: object) -> None:
+    """ValueError unless the target is exactly one of: pid; name; child_of (optionally narrowed by name)."""
+    given = (pid is not None, name is not None, child_of is not None)
+    if given not in _SELECTORS:
+        what = ", ".join(f for f, g in zip(("pid", "name", "child_of"), given, strict=True) if g) or "none"
+        raise ValueError(f"give exactly one target: pid, name, or child_of (optionally with name); got {what}")
+
+
+def descendants(root: int) -> list[ProcessRef]:
+    """Live children, grandchildren ... of `root` (not `root` itself, nor this process), by PID."""
+    children: dict[int, list[int]] = {}
+    for pid in all_pids():
+        ppid = parent_pid(pid)
+        if ppid is not None:
+            children.setdefault(ppid, []).append(pid)
+    found, seen, todo = [], {root}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        ref = proc_ref(pid)
+        if ref is not None and pid != os.getpid() and proc_state(pid) not in ("Z", "X"):
+            found.append(ref)
+        todo.extend(children.get(pid, []))
+    return sorted(found, key=lambda r: r.pid)
+
+
+def select_processes(pid: int | list[int] | None, name: str | None, child_of: int | None = None,
+                     full_cmdline: bool = False, allow_host: bool = False) -> list[ProcessRef]:
+    """The running processes a selector means. Explicit PIDs are returned as given (preflight refuses protected
+    ones loudly); matches by name or parent leave out PID 1 and chaoskit's own tree unless `allow_host`."""
+    if pid is not None:
+        refs = [proc_ref(p) for p in ([pid] if isinstance(pid, int) else pid)]
+        return [r for r in refs if r is not None]
+    if child_of is not None:
+        found = descendants(child_of)
+        if name is not None:
+            rx = re.compile(name)
+            found = [r for r in found if rx.search(" ".join(cmdline(r.pid)) if full_cmdline else r.comm)]
+    else:
+        found = find_by_name(name, full=full_cmdline)  # type: ignore[arg-type]
+    if not allow_host:
+        protected = _protected_pids()
+        found = [r for r in found if r.pid not in protected]
+    return found
+
+
+def describe_selector(pid: int | list[int] | None, name: str | None, child_of: int | None) -> str:
+    if pid is not None:
+        return f"PID {pid}" if isinstance(pid, int) else f"PIDs {', '.join(map(str, pid))}"
+    if child_of is not None:
+        return f"descendants of PID {child_of}" + (f" named /{name}/" if name is not None else "")
+    return f"name /{name}/"
+
+
+def refuse_protected(who: str, refs: list[ProcessRef], verb: str = "target") -> None:
+    """PreflightError if any target is PID 1 or chaoskit's own process tree."""
+    protected = _protected_pids()
+    bad = [r.pid for r in refs if r.pid in protected]
+    if bad:
+        raise PreflightError(f"{who}: refusing to {verb} PID {bad[0]} (init or chaoskit's own process tree); "
+                             "set allow_host: true to force")
 
 
 def _protected_pids() -> set[int]:
@@ -65,36 +167,28 @@ class ProcessSignal(Injector):
 
     def _targets(self) -> list[ProcessRef]:
         s = self.spec
-        if s.pid is not None:
-            ref = proc_ref(s.pid)
-            refs = [ref] if ref is not None else []
-        else:
-            refs = find_by_name(s.name, full=s.full_cmdline)  # type: ignore[arg-type]
-            if not s.allow_host:
-                protected = _protected_pids()
-                refs = [r for r in refs if r.pid not in protected]
-            if s.select == "one":
-                refs = sorted(refs, key=lambda r: r.start_time)[:1]
+        refs = select_processes(s.pid, s.name, s.child_of, s.full_cmdline, s.allow_host)
+        if s.pid is None and s.select == "one":
+            refs = sorted(refs, key=lambda r: r.start_time)[:1]
         return refs
 
+    def _what(self) -> str:
+        return describe_selector(self.spec.pid, self.spec.name, self.spec.child_of)
+
     def preflight(self) -> None:
+        if self.spec.child_of is not None and proc_ref(self.spec.child_of) is None:
+            raise PreflightError(f"process.signal: child_of: no running process with PID {self.spec.child_of}")
         refs = self._targets()
-        what = f"PID {self.spec.pid}" if self.spec.pid else f"name /{self.spec.name}/"
         if not refs:
-            raise PreflightError(f"process.signal: no running process matches {what}")
+            raise PreflightError(f"process.signal: no running process matches {self._what()}")
         if not self.spec.allow_host:
-            protected = _protected_pids()
-            bad = [r.pid for r in refs if r.pid in protected]
-            if bad:
-                raise PreflightError(f"process.signal: refusing to signal PID {bad[0]} (init or chaoskit's own "
-                                     "process tree); set allow_host: true to force")
+            refuse_protected("process.signal", refs, "signal")
 
     def plan(self) -> list[str]:
         refs = self._targets()
         revert = "SIGCONT on revert" if self.spec.signal == "SIGSTOP" else "not restarted on revert"
         if not refs:
-            return [f"send {self.spec.signal} to processes matching {self.spec.name or self.spec.pid} "
-                    "(none running now)"]
+            return [f"send {self.spec.signal} to {self._what()} (none running now)"]
         return [f"send {self.spec.signal} to PID {r.pid} ({r.comm}); {revert}" for r in refs]
 
     def prepare(self) -> dict[str, Any]:

@@ -122,3 +122,84 @@ def escape_to_roots(pid: int) -> tuple[list[str], list[str]]:
 def cgroups_of(pid: int) -> list[str]:
     """/proc/PID/cgroup lines (hierarchy:controllers:path), for the journal and tests."""
     return _read(Path(f"/proc/{pid}/cgroup")).split()
+
+
+# -- CPU bandwidth (process.cpu_throttle) ------------------------------------------------------------
+@dataclass(frozen=True)
+class CpuHierarchy:
+    """Where CPU bandwidth limits are written: `version` 2 (`cpu.max`) or 1 (`cpu.cfs_quota_us` and
+    `cpu.cfs_period_us`), rooted at `root`. Quotas and periods are in microseconds; quota None = unlimited."""
+
+    version: int
+    root: Path
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "root": str(self.root)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> CpuHierarchy:
+        return cls(int(d["version"]), Path(d["root"]))
+
+    def read_limit(self, cgroup: Path) -> tuple[int | None, int]:
+        """(quota, period) of `cgroup`; period 0 when the cgroup is gone."""
+        if self.version == 2:
+            parts = _read(cgroup / "cpu.max").split()
+            if len(parts) != 2:
+                return None, 0
+            return (None if parts[0] == "max" else int(parts[0])), int(parts[1])
+        quota, period = _read(cgroup / "cpu.cfs_quota_us").strip(), _read(cgroup / "cpu.cfs_period_us").strip()
+        if not quota or not period:
+            return None, 0
+        return (None if int(quota) < 0 else int(quota)), int(period)
+
+    def write_limit(self, cgroup: Path, quota: int | None, period: int) -> None:
+        if self.version == 2:
+            (cgroup / "cpu.max").write_text(f"{'max' if quota is None else quota} {period}\n")
+            return
+        (cgroup / "cpu.cfs_period_us").write_text(f"{period}\n")  # period first: the quota is checked against it
+        (cgroup / "cpu.cfs_quota_us").write_text(f"{-1 if quota is None else quota}\n")
+
+    def stat(self, cgroup: Path) -> dict[str, int]:
+        """cpu.stat (nr_periods, nr_throttled, throttled time ...) as integers."""
+        out = {}
+        for line in _read(cgroup / "cpu.stat").splitlines():
+            key, _, value = line.partition(" ")
+            if value.strip().isdigit():
+                out[key] = int(value)
+        return out
+
+    def cgroup_of(self, pid: int, tid: int | None = None) -> Path | None:
+        """The cgroup of process `pid` (or of its thread `tid`) in this hierarchy; None if it is gone."""
+        text = _read(Path(f"/proc/{pid}/task/{tid}/cgroup") if tid else Path(f"/proc/{pid}/cgroup"))
+        if not text:
+            return None
+        for line in text.splitlines():
+            hid, controllers, rel = line.split(":", 2)
+            if (self.version == 2 and hid == "0") or (self.version == 1 and "cpu" in controllers.split(",")):
+                return self.root / rel.lstrip("/")
+        raise PreflightError(f"PID {pid}: not found in the {'v2' if self.version == 2 else 'cpu'} hierarchy")
+
+    def tasks(self, cgroup: Path) -> list[int]:
+        """Every thread (task id) in `cgroup`."""
+        return [int(x) for x in _read(cgroup / ("cgroup.threads" if self.version == 2 else "tasks")).split()]
+
+    def move_task(self, pid: int, tid: int, cgroup: Path) -> None:
+        """Move one thread (v1 `tasks`); v2 domain cgroups hold whole processes, so there it moves `pid`."""
+        if self.version == 2:
+            IoHierarchy.move(pid, cgroup)
+        else:
+            (cgroup / "tasks").write_text(f"{tid}\n")
+
+
+def find_cpu_hierarchy(mountinfo: Path = Path("/proc/self/mountinfo")) -> CpuHierarchy:
+    """Prefer cgroup v2 with the cpu controller; fall back to a v1 hierarchy with cpu; PreflightError if neither."""
+    all_mounts = mounts(mountinfo)
+    for mp, fstype, _, _ in all_mounts:
+        if fstype == "cgroup2" and "cpu" in _read(Path(mp) / "cgroup.controllers").split():
+            return CpuHierarchy(2, Path(mp))
+    for mp, fstype, _, opts in all_mounts:
+        if fstype == "cgroup" and "cpu" in opts:
+            return CpuHierarchy(1, Path(mp))
+    raise PreflightError("CPU throttling needs the cgroup v2 cpu controller or a v1 cpu hierarchy; neither is "
+                         "mounted here (/proc/self/mountinfo has no cgroup2 with cpu in cgroup.controllers and no "
+                         "cgroup mount with the cpu option)")

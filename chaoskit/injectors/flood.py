@@ -1,0 +1,71 @@
+"""load.flood: a traffic flood as a fault (a noisy tenant, a burst of long contexts): open-loop load from a
+helper process for as long as the fault lasts; revert = the helper and its senders stop."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from chaoskit.injectors import helper_proc
+from chaoskit.load.spec import LoadSpec
+from chaoskit.spec.types import StrictModel
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class FloodLoad(StrictModel):
+    """The flood's requests: LoadSpec's fields except duration (the step's duration is the flood's)."""
+
+    url: str = Field(min_length=1, pattern=r"^https?://", description="base URL (openai, triton) or full URL (http)")
+    api: Literal["openai", "openai-chat", "triton", "http"] = "triton"
+    model: str | None = Field(None, description="model name (openai: required; triton: default tiny_lm)")
+    rate: float = Field(gt=0, le=5000, description="requests per second")
+    arrival: Literal["constant", "poisson", "gamma"] = "poisson"
+    burstiness: float = Field(1.0, gt=0, description="gamma: squared coefficient of variation of the gaps")
+    timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="per request, seconds")
+    concurrency_cap: int | None = Field(None, gt=0, description="most requests in flight")
+    prompt_tokens: int = Field(128, gt=0)
+    max_tokens: int = Field(16, gt=0)
+    stream: bool = False
+    method: Literal["GET", "POST"] = "GET"
+    body: Any = None
+    workers: int = Field(1, ge=1, le=16, description="sender processes")
+    seed: int = 1
+
+
+class FloodSpec(StrictModel):
+    type: Literal["load.flood"]
+    load: FloodLoad = Field(description="what to send (like the slo probe's load, without duration)")
+
+
+class Flood(helper_proc.HelperFault):
+    type: ClassVar[str] = "load.flood"
+    summary: ClassVar[str] = "send an open-loop request flood from a helper process (revert: it stops)"
+    Spec = FloodSpec
+    spec: FloodSpec
+
+    def load_spec(self, seconds: float) -> LoadSpec:
+        return LoadSpec(**self.spec.load.model_dump(), duration=seconds)
+
+    def preflight(self) -> None:
+        self.load_spec(1.0)  # the combination is a valid load (e.g. openai needs a model)
+
+    def plan(self) -> list[str]:
+        ld = self.spec.load
+        return [f"start a load helper sending {ld.rate:g} req/s ({ld.arrival}, {ld.api}, {ld.prompt_tokens} prompt "
+                f"tokens, {ld.max_tokens} max) to {ld.url}; revert: SIGTERM it (it also stops by itself after "
+                f"{self.max_lifetime_s:g}s)"]
+
+    def prepare(self) -> dict[str, Any]:
+        return {"token": f"chaoskit-flood-{uuid.uuid4().hex}"}
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        spec = self.load_spec(self.max_lifetime_s)
+        ref = helper_proc.spawn("chaoskit.injectors.flood_proc", record["token"],
+                                [spec.model_dump_json(), f"{time.time() + self.max_lifetime_s:.3f}"],
+                                f"load flood to {spec.url}")
+        return {**record, "helper": ref.to_json(), "load": json.loads(spec.model_dump_json())}
