@@ -1,5 +1,6 @@
 """The reference gateway: round-robin reverse proxy over replicas that stamps X-Model-Latency, streams SSE
-unbuffered, ejects replicas by active health checks (`status` or `latency` mode) and exports /metrics.
+unbuffered, ejects replicas by active health checks (`status` or `latency` mode; latency mode also ejects a
+replica whose real responses are slower than the threshold, for ejection_s x its ejections) and exports /metrics.
 
 Run as `python -m chaoskit.reference.gateway CONFIG.json` (see GatewayConfig); prints `ready` once listening.
 """
@@ -30,6 +31,8 @@ class Replica:
     metrics_url: str = ""
     healthy: bool = True
     passes: int = 0
+    ejections: int = 0
+    ejected_until: float = 0.0  # latency mode: not readmitted before this (monotonic), however checks go
     last_check: dict[str, Any] = field(default_factory=dict)
 
 
@@ -45,6 +48,7 @@ class GatewayConfig:
     check_every_s: float = 1.0
     check_timeout_s: float = 2.0
     readmit_after: int = 2  # consecutive passing checks before an ejected replica gets traffic again
+    ejection_s: float = 30.0  # latency mode: an ejected replica stays out at least ejection_s x its ejections
     upstream_timeout_s: float = 60.0
 
 
@@ -95,6 +99,9 @@ class Gateway:
                                      headers={"X-Upstream-Replica": replica.name})
         latency = time.perf_counter() - t0
         self.m_latency.labels(replica.name).observe(latency)
+        slow = self.cfg.health_mode == "latency" and latency * 1e3 > self.cfg.latency_threshold_ms
+        if slow and sum(r.healthy for r in self.replicas) > 1:  # real traffic never ejects the last one
+            self.eject(replica, f"served a request in {latency * 1e3:.0f} ms > {self.cfg.latency_threshold_ms:g} ms")
         if upstream.status >= 500:
             self.m_errors.labels(replica.name).inc()
         out = web.StreamResponse(status=upstream.status, headers={
@@ -140,15 +147,28 @@ class Gateway:
             results = await asyncio.gather(*(self.check(r) for r in self.replicas))
             for r, (ok, info) in zip(self.replicas, results, strict=True):
                 r.last_check = {**info, "at": time.time()}
-                if not ok and r.healthy:
-                    r.healthy, r.passes = False, 0
-                    self.m_ejections.labels(r.name).inc()
-                elif ok and not r.healthy:
+                if not ok:
+                    self.eject(r, info.get("reason") or info.get("error") or f"HTTP {info.get('status')}")
+                elif not r.healthy:
                     r.passes += 1
-                    if r.passes >= self.cfg.readmit_after:
+                    if r.passes >= self.cfg.readmit_after and time.monotonic() >= r.ejected_until:
                         r.healthy = True
                 self.m_healthy.labels(r.name).set(1 if r.healthy else 0)
             await asyncio.sleep(self.cfg.check_every_s)
+
+    def eject(self, r: Replica, reason: str) -> None:
+        """Out of rotation. In latency mode also for at least ejection_s x its ejections (like Envoy's outlier
+        ejection), so a replica that is only fast while idle does not flap back in between checks."""
+        r.passes = 0
+        if not r.healthy:
+            return
+        r.healthy = False
+        r.ejections += 1
+        if self.cfg.health_mode == "latency":
+            r.ejected_until = time.monotonic() + self.cfg.ejection_s * r.ejections
+        r.last_check = {**r.last_check, "ejected": reason}
+        self.m_ejections.labels(r.name).inc()
+        self.m_healthy.labels(r.name).set(0)
 
     # ---------------------------------------------------------------- own endpoints
 

@@ -1,0 +1,147 @@
+"""experiments/sits2026/: every scenario validates and documents its verdict; each CPU-runnable one runs with
+one command (it brings up its own deployment) and ends with exactly its documented exit code, with and without
+`--var fix=true`; nothing is left running afterwards, also after a SIGKILL of the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from chaoskit.reference import vllm
+from tests.conftest import ROOT, chaoskit, requires_triton, wait_for
+
+SCENARIOS = ROOT / "experiments" / "sits2026"
+EXPECTED = re.compile(r"^# Expected:", re.MULTILINE)
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="replicas in network namespaces need root")
+needs_vllm = pytest.mark.skipif(not vllm.installed(), reason=f"vLLM not installed in {vllm.home()} (make vllm)")
+
+
+def test_the_library_has_every_chain_and_each_validates_and_documents_its_verdict(state_dir):
+    files = sorted(SCENARIOS.glob("*.yaml"))
+    assert len(files) >= 9, [f.name for f in files]
+    for f in files:
+        head = f.read_text()
+        assert head.startswith("# SITS2026") and EXPECTED.search(head) and "# Run:" in head, f.name
+        p = chaoskit("validate", str(f), state=state_dir)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, out + err
+
+
+def _leftovers(ref_root: Path) -> list[str]:
+    """Processes and namespaces of any deployment under ref_root that are still there."""
+    from chaoskit.reference.deploy import Deployment
+    from chaoskit.targets.process import ProcessRef, is_alive
+
+    left = []
+    for d in ref_root.parent.glob(ref_root.name + "*"):
+        dep = Deployment(d)
+        left += [f"{p['name']} {p['pid']}" for p in dep.processes() if is_alive(ProcessRef.from_json(p))]
+        left += [f"netns {n}" for n in (dep._load("netns.json") or []) if Path(f"/run/netns/{n}").exists()]
+    return left
+
+
+def run_scenario(name: str, tmp_path: Path, state: Path, *variables: str, ref_root: Path | None = None,
+                 timeout: float = 300) -> tuple[int, dict, str]:
+    ref_root = ref_root or tmp_path / "ref"
+    args = ["run", str(SCENARIOS / f"{name}.yaml"), "--out", str(tmp_path / "o"), "--plain"]
+    for v in variables:
+        args += ["--var", v]
+    env_before = os.environ.get("CHAOSKIT_REF_DIR")
+    os.environ["CHAOSKIT_REF_DIR"] = str(ref_root)
+    try:
+        p = chaoskit(*args, state=state)
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        os.environ.pop("CHAOSKIT_REF_DIR")
+        if env_before is not None:
+            os.environ["CHAOSKIT_REF_DIR"] = env_before
+    summary_file = tmp_path / "o" / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    assert _leftovers(ref_root) == [], out + err
+    return p.returncode, summary, out + err
+
+
+def values(summary: dict, probe: str, phase: str, key: str) -> list:
+    return [s["values"][key] for s in summary["samples"]
+            if s["probe"] == probe and s["phase"] == phase and s["values"].get(key) is not None]
+
+
+@requires_triton
+@pytest.mark.parametrize("fix, expected", [("false", 1), ("true", 0)])
+def test_health_check_blindspot_flips_with_latency_health(tmp_path, state_dir, fix, expected):
+    code, s, out = run_scenario("health-check-blindspot", tmp_path, state_dir, f"fix={fix}")
+    assert code == expected, out
+    assert all(x["verdict"] == "ok" for x in s["samples"] if x["probe"] == "replica-0-ready"), out  # the blind spot
+    assert s["rollback_complete"]
+
+
+@requires_triton
+@pytest.mark.parametrize("fix, expected", [("false", 1), ("true", 0)])
+def test_kv_cache_pollution_flips_with_isolation(tmp_path, state_dir, fix, expected):
+    code, s, out = run_scenario("kv-cache-pollution", tmp_path, state_dir, f"fix={fix}")
+    assert code == expected, out
+    frag = values(s, "kv-fragmentation", "during", "value")
+    print(f"\nisolate_kv_cache {fix}: fragmentation during the flood {frag}")
+    assert (max(frag) > 0.3) == (fix == "false")
+
+
+@requires_triton
+@needs_root
+def test_netem_timeout_holds_and_names_its_variant(tmp_path, state_dir):
+    from chaoskit.targets.tc import netem_missing_reason
+
+    code, s, out = run_scenario("netem-timeout", tmp_path, state_dir, "duration=8s")
+    assert code == 0, out
+    variant = "network.netem" if netem_missing_reason() is None else "network.drop"
+    assert [f["type"] for f in s["faults"]] == [variant]
+    if variant == "network.drop":
+        assert "variant network.drop: network.netem cannot run here" in out
+
+
+@requires_triton
+def test_lora_hot_load_io_slows_the_reload(mounted, tmp_path, state_dir):
+    code, s, out = run_scenario("lora-hot-load-io", tmp_path, state_dir, "duration=8s", ref_root=mounted / "ref")
+    reloads = {ph: values(s, "model-reload-seconds", ph, "stdout_number") for ph in ("before", "during")}
+    print(f"\nmodel reload seconds: before {reloads['before']}, throttled {reloads['during']}")
+    assert code == 1, out  # the reload SLO (< 3 s) breaks while the disk is throttled
+    assert max(reloads["during"]) > 2 * max(reloads["before"]) and s["recovery_s"] is not None
+
+
+@requires_triton
+def test_a_killed_run_leaves_no_replica_behind(tmp_path, state_dir):
+    """SIGKILL the run once its deployment serves: the deployment's watchdog takes it down."""
+    ref_root = tmp_path / "ref"
+    os.environ["CHAOSKIT_REF_DIR"] = str(ref_root)
+    try:
+        p = chaoskit("run", str(SCENARIOS / "kv-cache-pollution.yaml"), "--out", str(tmp_path / "o"), "--plain",
+                     state=state_dir)
+    finally:
+        os.environ.pop("CHAOSKIT_REF_DIR")
+    try:
+        wait_for(lambda: any(ref_root.parent.glob("ref-*/facts.json")), timeout=120, every=0.1)
+        pids = [x["pid"] for d in ref_root.parent.glob("ref-*") for x in json.loads((d / "processes.json").read_text())]
+        p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=10)
+        t0 = time.monotonic()
+        wait_for(lambda: _leftovers(ref_root) == [], timeout=30, every=0.1)
+        print(f"\n{len(pids)} deployment processes gone {time.monotonic() - t0:.1f} s after SIGKILL of the run")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for d in ref_root.parent.glob("ref-*"):
+            subprocess.run(["python", "-m", "chaoskit", "ref", "down", "--dir", str(d)], cwd=ROOT, capture_output=True)
+
+
+@needs_vllm
+@pytest.mark.parametrize("fix, expected", [("false", 1), ("true", 0)])
+def test_vllm_engine_stall_blindspot_flips_with_latency_health(tmp_path, state_dir, fix, expected):
+    code, s, out = run_scenario("vllm-engine-stall-blindspot", tmp_path, state_dir, f"fix={fix}", timeout=600)
+    assert code == expected, out
+    assert all(x["verdict"] == "ok" for x in s["samples"] if x["probe"] == "replica-0-health"), out  # the blind spot
