@@ -10,6 +10,7 @@ import signal
 import sys
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -56,6 +57,17 @@ def _term_as_interrupt(signum: int, _frame: object) -> None:
         os.kill(os.getpid(), signum)
         return
     raise KeyboardInterrupt
+
+
+def _host_preflight(loaded: Any) -> None:
+    """Before starting a deployment: the faults that do not need its facts must be possible on this host
+    (a GPU-only scenario on a CPU host is refused at once, not after the replicas are up)."""
+    from chaoskit.engine.plan import plan_faults
+    from chaoskit.errors import PreflightError
+
+    _, _, problems = plan_faults(loaded.experiment.method, frozenset(loaded.deferred_steps()))
+    if problems:
+        raise PreflightError("\n".join(problems) + "\n(the reference deployment was not started)")
 
 
 def _replay_orphans() -> None:
@@ -111,6 +123,7 @@ def run(
         elif own is not None:
             signal.signal(signal.SIGTERM, _term_as_interrupt)  # a stop while it starts: stop what started
             try:
+                _host_preflight(loaded)
                 facts = deployed.enter_context(deployment_for(own, run_id, exp.metadata.name, _say))
                 loaded = load_experiment(file, cli_vars, deployed=facts)
             except KeyboardInterrupt:

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# make demo: start the bundled reference deployment (2 real Triton replicas + gateway), run a bundled
-# experiment against it, print the verdict and report path, then stop the deployment.
+# make demo: one command replays the SITS2026 health-check blind spot. `chaoskit run` brings up its own
+# reference deployment (2 real Triton replicas + gateway), CPU-throttles replica 0's model process, and
+# takes the deployment down again: once as shipped (status-only health checks: the replica's health probe
+# passes while the latency SLA deviates), once with the fix (latency-aware health checks eject it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CHAOSKIT_REF_DIR=${CHAOSKIT_REF_DIR:-.chaoskit/demo-ref}
-PORT=${DEMO_PORT:-8400}
 CK=.venv/bin/chaoskit
-trap '$CK ref down' EXIT
-$CK ref up --port "$PORT" || exit $?
-$CK run experiments/reference/stall-one-replica.yaml --out chaoskit-runs/demo \
-  --junit chaoskit-runs/demo/junit.xml
+SCENARIO=experiments/sits2026/health-check-blindspot.yaml
+$CK run "$SCENARIO" --out chaoskit-runs/demo --junit chaoskit-runs/demo/junit.xml
 code=$?
-echo "demo: chaoskit exited $code (0 held; 1 deviated: requests reached the frozen replica before the gateway ejected it)"
-echo "demo: report chaoskit-runs/demo/report.html, journal chaoskit-runs/demo/journal.jsonl"
-[ "$code" -le 1 ]
+echo "demo: without the fix chaoskit exited $code (expected 1, deviated: replica-0-ready passed while the" \
+     "SLA broke - the blind spot)"
+$CK run "$SCENARIO" --var fix=true --out chaoskit-runs/demo-fix --junit chaoskit-runs/demo-fix/junit.xml
+fixed=$?
+echo "demo: with --var fix=true chaoskit exited $fixed (expected 0, held: latency health ejected replica 0)"
+echo "demo: reports chaoskit-runs/demo/report.html and chaoskit-runs/demo-fix/report.html"
+[ "$code" -eq 1 ] && [ "$fixed" -eq 0 ]

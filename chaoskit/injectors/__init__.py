@@ -24,9 +24,9 @@ INJECTORS: tuple[type[Injector], ...] = (
 
 def injector_class(type_name: str) -> type[Injector]:
     """The class behind a ledger entry's type: an experiment's injectors, or an internal one."""
-    from chaoskit.injectors.reference import ReferenceDeployment
+    from chaoskit.injectors.reference import ReferenceDeployment, ReferenceGateway
 
-    for cls in (*INJECTORS, ReferenceDeployment):
+    for cls in (*INJECTORS, ReferenceDeployment, ReferenceGateway):
         if cls.type == type_name:
             return cls
     raise KeyError(type_name)

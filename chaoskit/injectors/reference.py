@@ -38,3 +38,43 @@ class ReferenceDeployment(Injector):
         from chaoskit.targets.process import ProcessRef, is_alive
 
         return any(is_alive(ProcessRef.from_json(p)) for p in Deployment(Path(record["dir"])).processes())
+
+
+class ReferenceGatewaySpec(StrictModel):
+    type: Literal["reference.gateway"]
+    url: str
+
+
+class ReferenceGateway(Injector):
+    """A reused deployment's gateway switched to a run's health settings; revert switches it back."""
+
+    type: ClassVar[str] = "reference.gateway"
+    summary: ClassVar[str] = "a reused reference gateway's health settings, switched for one run"
+    Spec = ReferenceGatewaySpec
+
+    def plan(self) -> list[str]:
+        return [f"switch the health settings of the gateway at {self.spec.url}"]
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError("switched by chaoskit.reference.scenario, not by the engine")
+
+    @classmethod
+    def revert(cls, record: dict[str, Any]) -> None:
+        from chaoskit.reference.scenario import set_gateway_health
+
+        try:
+            set_gateway_health(record["url"], record["previous"])
+        except ConnectionRefusedError:
+            pass  # the gateway is gone: nothing to switch back
+        except OSError as e:
+            if not isinstance(getattr(e, "reason", None), ConnectionRefusedError):
+                raise
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        from chaoskit.reference.scenario import gateway_health
+
+        try:
+            return gateway_health(record["url"]) != record["previous"]
+        except OSError:
+            return False

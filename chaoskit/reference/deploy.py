@@ -41,10 +41,14 @@ class RefOptions:
     model_params: dict[str, str] = field(default_factory=dict)
 
     def settings(self) -> dict[str, Any]:
-        """What makes two deployments the same, whatever their ports (an experiment reuses a running one)."""
-        return {"engine": self.engine, "replicas": self.replicas, "netns": self.netns, "health": self.health,
-                "latency_threshold_ms": round(self.latency_threshold_ms, 3),
+        """What makes two deployments' replicas the same, whatever their ports (an experiment reuses a running
+        one, switching the gateway's health settings where they differ)."""
+        return {"engine": self.engine, "replicas": self.replicas, "netns": self.netns,
                 "model_params": dict(sorted(self.model_params.items()))}
+
+    def health_settings(self) -> dict[str, Any]:
+        """The gateway's health settings (POST /gateway/config takes the same)."""
+        return {"health_mode": self.health, "latency_threshold_ms": round(self.latency_threshold_ms, 3)}
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -188,13 +188,35 @@ class Gateway:
             return web.json_response({"error": f"{r.name}: {type(e).__name__}: {e}"}, status=502)
 
     async def status(self, _: web.Request) -> web.Response:
-        return web.json_response({"health_mode": self.cfg.health_mode, "replicas": [
+        return web.json_response({**self.health_settings(), "replicas": [
             {"name": r.name, "url": r.url, "healthy": r.healthy, "last_check": r.last_check} for r in self.replicas]})
+
+    def health_settings(self) -> dict[str, Any]:
+        return {"health_mode": self.cfg.health_mode, "latency_threshold_ms": self.cfg.latency_threshold_ms}
+
+    async def configure(self, request: web.Request) -> web.Response:
+        """POST {health_mode, latency_threshold_ms}: switch health checking (an experiment reusing this
+        deployment with other health settings); every replica starts healthy again. Answers the previous."""
+        try:
+            body = await request.json()
+            mode = body.get("health_mode", self.cfg.health_mode)
+            threshold = float(body.get("latency_threshold_ms", self.cfg.latency_threshold_ms))
+        except (ValueError, TypeError, AttributeError) as e:
+            return web.json_response({"error": f"expected JSON {{health_mode, latency_threshold_ms}}: {e}"}, status=400)
+        if mode not in ("status", "latency") or threshold <= 0:
+            return web.json_response({"error": "health_mode: status|latency; latency_threshold_ms > 0"}, status=400)
+        previous = self.health_settings()
+        self.cfg.health_mode, self.cfg.latency_threshold_ms = mode, threshold
+        for r in self.replicas:
+            r.healthy, r.passes, r.ejections, r.ejected_until = True, 0, 0, 0.0
+            self.m_healthy.labels(r.name).set(1)
+        return web.json_response({"previous": previous, "now": self.health_settings()})
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/gateway/status", self.status)
+        app.router.add_post("/gateway/config", self.configure)
         app.router.add_get("/gateway/replicas/{name}/metrics", self.replica_metrics)
         app.router.add_route("*", "/{tail:.*}", self.proxy)
         return app

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,6 +43,40 @@ def _running_with(d: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
     return facts if st["processes"] and all(p["alive"] and p["ready"] for p in st["processes"]) else None
 
 
+def gateway_health(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/gateway/status", timeout=5) as r:
+        st = json.loads(r.read())
+    return {"health_mode": st["health_mode"], "latency_threshold_ms": st["latency_threshold_ms"]}
+
+
+def set_gateway_health(url: str, health: dict[str, Any]) -> dict[str, Any]:
+    """POST the health settings; the previous ones."""
+    req = urllib.request.Request(f"{url}/gateway/config", data=json.dumps(health).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.loads(r.read())["previous"]
+
+
+@contextmanager
+def _reused(d: Path, facts: dict[str, Any], opts: RefOptions, ledger: Ledger,
+            say: Callable[[str], None]) -> Iterator[dict[str, Any]]:
+    """A running deployment with these replicas; its gateway switched to this run's health settings (ledgered,
+    switched back after)."""
+    want = opts.health_settings()
+    previous = gateway_health(facts["url"])
+    if previous == want:
+        say(f"reusing the running reference deployment in {d}")
+        yield facts
+        return
+    record = {"url": facts["url"], "previous": previous}
+    entry = ledger.intent("reference.gateway", record, [f"gateway {facts['url']}: health {want}"])
+    set_gateway_health(facts["url"], want)
+    ledger.applied(entry, record)
+    say(f"reusing the running reference deployment in {d}; its gateway's health checks switched to "
+        f"{want['health_mode']} for this run")
+    yield {**facts, "health_mode": want["health_mode"]}
+
+
 def _free_port(replicas: int) -> int:
     for k in range(100):
         base = FIRST_PORT + PORT_STRIDE * k
@@ -52,41 +87,56 @@ def _free_port(replicas: int) -> int:
 
 @contextmanager
 def deployment_for(ref: Reference, run_id: str, experiment: str, say: Callable[[str], None]) -> Iterator[dict[str, Any]]:
-    """Yield the facts of a deployment with these settings: a running one (left running), or a new one that
-    is taken down when the block ends, also on an exception or interrupt (and by the watchdog if we die)."""
-    settings = options(ref).settings()
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-    own = ref_dir().parent / f"ref-{digest}"
-    for d in (ref_dir(), own):
-        facts = _running_with(d, settings)
-        if facts is not None:
-            say(f"reusing the running reference deployment in {d} ({describe(ref)})")
-            yield facts
-            return
-    dep = Deployment(own)
-    if dep.processes():
-        dep.down(say=lambda _m: None)  # records of one whose run died: stop what is left of it
+    """Yield the facts of a deployment with these settings (and of its neighbour, under "neighbour"): a running
+    one (left running; only its gateway's health settings are switched for the run), or a new one that is
+    taken down when the block ends, also on an exception or interrupt (and by the watchdog if we die)."""
     ledger = Ledger.create(f"{run_id}-deployment", experiment)
     try:
-        watchdog.spawn(ledger)
-    except watchdog.WatchdogError as e:
-        ledger.close()
-        raise PreflightError(f"no watchdog, so the reference deployment was not started: {e}") from None
+        try:
+            watchdog.spawn(ledger)
+        except watchdog.WatchdogError as e:
+            raise PreflightError(f"no watchdog, so the reference deployment was not started: {e}") from None
+        with _one(ref, ledger, say) as facts:
+            if ref.neighbour is None:
+                yield facts
+            else:
+                with _one(ref.neighbour, ledger, say) as neighbour:
+                    yield {**facts, "neighbour": neighbour}
+    finally:
+        result = rollback(ledger)
+        for entry, why in result.failed:
+            say(f"could not undo {entry.type} {entry.record}: {why}; `chaoskit rollback --ledger {ledger.path}`")
+
+
+@contextmanager
+def _one(ref: Reference, ledger: Ledger, say: Callable[[str], None]) -> Iterator[dict[str, Any]]:
+    opts = options(ref)
+    digest = hashlib.sha256(json.dumps(opts.settings(), sort_keys=True).encode()).hexdigest()[:10]
+    own = ref_dir().parent / f"ref-{digest}"
+    running = [(d, f) for d in (ref_dir(), own) if (f := _running_with(d, opts.settings())) is not None]
+    if running:
+        with _reused(*running[0], opts, ledger, say) as facts:
+            yield facts
+    else:
+        with _brought_up(Deployment(own), ref, ledger, say) as facts:
+            yield facts
+
+
+@contextmanager
+def _brought_up(dep: Deployment, ref: Reference, ledger: Ledger,
+                say: Callable[[str], None]) -> Iterator[dict[str, Any]]:
+    if dep.processes():
+        dep.down(say=lambda _m: None)  # records of one whose run died: stop what is left of it
     record = {"dir": str(dep.root)}
     entry = ledger.intent("reference.deployment", record, [f"start {describe(ref)} in {dep.root}"])
+    say(f"starting the reference deployment: {describe(ref)} (state {dep.root})")
     try:
-        say(f"starting the reference deployment: {describe(ref)} (state {dep.root})")
-        try:
-            facts = dep.up(options(ref, port=ref.port or _free_port(ref.replicas)), say=say)
-        except PreflightError:
-            raise
-        except ChaoskitError as e:
-            raise PreflightError(f"the reference deployment did not start: {e}") from None
-        ledger.applied(entry, record)
-        yield facts
+        facts = dep.up(options(ref, port=ref.port or _free_port(ref.replicas)), say=say)
+    except PreflightError:
+        raise
+    except ChaoskitError as e:
+        raise PreflightError(f"the reference deployment did not start: {e}") from None
     finally:
-        say("stopping the reference deployment")
-        result = rollback(ledger)
-        for _, why in result.failed:
-            say(f"could not stop the reference deployment in {dep.root}: {why}; "
-                f"`chaoskit ref down --dir {dep.root}`")
+        ledger.applied(entry, record)  # applied or not, its revert (down) stops what started
+    yield facts
+    say("stopping the reference deployment")

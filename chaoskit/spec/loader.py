@@ -134,6 +134,8 @@ def _addressable(prefix: str, facts: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in facts.items():
         out[f"{prefix}.{key}"] = value
+        if isinstance(value, dict):  # a neighbour deployment's facts: {target.neighbour.url}
+            out.update(_addressable(f"{prefix}.{key}", value))
         if isinstance(value, list):
             for i, item in enumerate(value):
                 out[f"{prefix}.{key}[{i}]"] = item

@@ -52,6 +52,14 @@ class Reference(StrictModel):
     port: Port | None = Field(None, description="gateway port (default: the first free block from 18000)")
     when: dict[str, RefSettings] = Field(default_factory=dict, description="settings that apply when the named "
                                          "variable is true, e.g. when: {fix: {health: latency}} and --var fix=true")
+    neighbour: Reference | None = Field(None, description="a second deployment on the same host (another tenant), "
+                                        "e.g. {engine: vllm}; its facts are {target.neighbour.url} and so on")
+
+    @model_validator(mode="after")
+    def _one_level(self) -> Reference:
+        if self.neighbour is not None and (self.neighbour.neighbour is not None or self.neighbour.when):
+            raise ValueError("neighbour: a neighbour has no neighbour or when of its own")
+        return self
 
     def effective(self, variables: dict[str, Any]) -> Reference:
         """These settings with every `when` block of a true variable laid over them."""

@@ -34,13 +34,15 @@ def test_the_library_has_every_chain_and_each_validates_and_documents_its_verdic
         assert p.returncode == 0, out + err
 
 
-def _leftovers(ref_root: Path) -> list[str]:
-    """Processes and namespaces of any deployment under ref_root that are still there."""
+def _leftovers(ref_root: Path, keep: Path | None = None) -> list[str]:
+    """Processes and namespaces of any deployment under ref_root that are still there (but `keep`)."""
     from chaoskit.reference.deploy import Deployment
     from chaoskit.targets.process import ProcessRef, is_alive
 
     left = []
     for d in ref_root.parent.glob(ref_root.name + "*"):
+        if keep is not None and d.resolve() == keep.resolve():
+            continue
         dep = Deployment(d)
         left += [f"{p['name']} {p['pid']}" for p in dep.processes() if is_alive(ProcessRef.from_json(p))]
         left += [f"netns {n}" for n in (dep._load("netns.json") or []) if Path(f"/run/netns/{n}").exists()]
@@ -48,7 +50,9 @@ def _leftovers(ref_root: Path) -> list[str]:
 
 
 def run_scenario(name: str, tmp_path: Path, state: Path, *variables: str, ref_root: Path | None = None,
-                 timeout: float = 300) -> tuple[int, dict, str]:
+                 timeout: float = 300, shared: bool = False) -> tuple[int, dict, str]:
+    """Run a scenario with one command; afterwards nothing it started may be left (with `shared`, the
+    deployment already running in ref_root, which the run reuses, stays)."""
     ref_root = ref_root or tmp_path / "ref"
     args = ["run", str(SCENARIOS / f"{name}.yaml"), "--out", str(tmp_path / "o"), "--plain"]
     for v in variables:
@@ -64,7 +68,7 @@ def run_scenario(name: str, tmp_path: Path, state: Path, *variables: str, ref_ro
             os.environ["CHAOSKIT_REF_DIR"] = env_before
     summary_file = tmp_path / "o" / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
-    assert _leftovers(ref_root) == [], out + err
+    assert _leftovers(ref_root, keep=ref_root if shared else None) == [], out + err
     return p.returncode, summary, out + err
 
 
@@ -139,9 +143,55 @@ def test_a_killed_run_leaves_no_replica_behind(tmp_path, state_dir):
             subprocess.run(["python", "-m", "chaoskit", "ref", "down", "--dir", str(d)], cwd=ROOT, capture_output=True)
 
 
+@pytest.fixture(scope="module")
+def vllm_pair(tmp_path_factory):
+    """Two vLLM replicas (status health), started once: both runs reuse them, the fix switching the gateway."""
+    from chaoskit.reference.deploy import Deployment, RefOptions
+
+    d = Deployment(tmp_path_factory.mktemp("vllm") / "ref")
+    d.up(RefOptions(engine="vllm", replicas=2, port=18960), say=print)
+    yield d.root
+    d.down(say=lambda _m: None)
+
+
 @needs_vllm
 @pytest.mark.parametrize("fix, expected", [("false", 1), ("true", 0)])
-def test_vllm_engine_stall_blindspot_flips_with_latency_health(tmp_path, state_dir, fix, expected):
-    code, s, out = run_scenario("vllm-engine-stall-blindspot", tmp_path, state_dir, f"fix={fix}", timeout=600)
+def test_vllm_engine_stall_blindspot_flips_with_latency_health(vllm_pair, tmp_path, state_dir, fix, expected):
+    code, s, out = run_scenario("vllm-engine-stall-blindspot", tmp_path, state_dir, f"fix={fix}",
+                                ref_root=vllm_pair, shared=True)
     assert code == expected, out
+    assert "reusing the running reference deployment" in out
     assert all(x["verdict"] == "ok" for x in s["samples"] if x["probe"] == "replica-0-health"), out  # the blind spot
+    from chaoskit.reference.scenario import gateway_health
+
+    facts = json.loads((vllm_pair / "facts.json").read_text())
+    assert gateway_health(facts["url"])["health_mode"] == "status"  # switched back after the fix's run
+
+
+@needs_vllm
+@requires_triton
+def test_two_tenants_flooding_vllm_moves_the_triton_tenants_p99(vllm_pair, tmp_path, state_dir):
+    code, s, out = run_scenario("two-tenants-one-host", tmp_path, state_dir, ref_root=vllm_pair, shared=True)
+    before, during = (values(s, "triton-tenant", ph, "p99_ms") for ph in ("before", "during"))
+    print(f"\ntriton tenant p99 ms: before {before}, while the vLLM tenant is flooded {during}")
+    assert code == 1, out
+    assert max(during) > 3 * before[0] and s["faults"][0]["type"] == "load.flood"
+
+
+def _cuda_missing() -> str | None:
+    from chaoskit.gpu import cuda
+
+    try:
+        cuda.Driver()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+@pytest.mark.parametrize("name, reason", [("gpu-memory-fragmentation", "no libcuda"),
+                                          ("mig-reconfig-under-load", "no NVML")])
+def test_gpu_scenarios_are_refused_plainly_without_a_gpu(tmp_path, state_dir, name, reason):
+    if _cuda_missing() is None:
+        pytest.skip("this host has a CUDA driver: the GPU scenarios run for real (bench/gpu_check.sh)")
+    code, s, out = run_scenario(name, tmp_path, state_dir)
+    assert code == 4 and reason in out and not s["faults"], out
