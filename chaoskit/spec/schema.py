@@ -1,5 +1,6 @@
 """The published JSON Schema of the experiment file: pydantic's, plus what the loader accepts before it
-validates — `{...}` placeholders wherever a value may be substituted, and `- include: NAME` probe entries."""
+validates — `{...}` placeholders wherever a value may be substituted, and `- include: NAME` probe entries
+and method steps."""
 
 from __future__ import annotations
 
@@ -46,4 +47,12 @@ def experiment_schema() -> dict[str, Any]:
     schema = _allow_placeholders(copy.deepcopy(Experiment.model_json_schema(by_alias=True)))
     probes = schema["$defs"]["SteadyState"]["properties"]["probes"]
     probes["items"] = {"anyOf": [probes["items"], INCLUDE]}
+    step = {"type": "object", "required": ["include"],
+            "properties": {"include": {**INCLUDE["properties"]["include"],
+                                       "description": "a method step faults/NAME.yaml; other keys override it"},
+                           **{k: {} for k in schema["$defs"]["Step"]["properties"] if k != "inject"}},
+            "additionalProperties": False, "description": "a reusable method step, included by name"}
+    for steps in (schema["properties"]["method"], schema["$defs"]["Step"]["properties"]["parallel"]):
+        holder = steps if "items" in steps else next(x for x in steps["anyOf"] if x.get("type") == "array")
+        holder["items"] = {"anyOf": [holder["items"], step]}
     return schema
