@@ -1,12 +1,15 @@
-"""Take one sample of a probe (with its timeout) and judge it against the probe's tolerances."""
+"""Take one sample of a probe (with its timeout) and judge it against the probe's tolerances; the values of
+the before phase are kept as the baselines that tolerances like `< 3x baseline` compare with later."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from chaoskit.engine.tolerance import Tolerance
 from chaoskit.probes.base import Probe
 
 
@@ -25,8 +28,62 @@ class Sample:
         return asdict(self)
 
 
-async def take_sample(probe: Probe, phase: str) -> Sample:
-    """Never raises (except cancellation): exceptions and timeouts become `error` samples."""
+class Baselines:
+    """Each probe's measured values in the before phase of a run: what `baseline` means in its tolerances."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, dict[str, Any]] = {}
+        self._errors: dict[str, str] = {}
+
+    def record(self, probe: str, values: dict[str, Any] | None, error: str | None = None) -> None:
+        if values is None:
+            self._errors[probe] = error or "no values"
+        else:
+            self._values[probe] = dict(values)
+
+    def get(self, probe: str, key: str) -> tuple[float | None, str]:
+        """(the before value of probe's key, "") or (None, why there is none)."""
+        if probe in self._errors:
+            return None, f"no baseline: the before sample of {probe} was an error ({self._errors[probe]})"
+        if probe not in self._values:
+            return None, f"no baseline: {probe} was not sampled in the before phase"
+        if key not in self._values[probe]:
+            return None, f"no baseline: {key} was not measured in the before phase"
+        value = _number(self._values[probe][key])
+        if value is None:
+            return None, f"no baseline: {key} was {self._values[probe][key]!r} in the before phase, not a number"
+        return value, ""
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        return None
+    try:
+        f = float(v)
+    except ValueError:
+        return None
+    return None if math.isnan(f) else f
+
+
+def _judge(tol: Tolerance, value: Any, phase: str, probe: str, key: str,
+           baselines: Baselines | None) -> tuple[bool, str]:
+    if not tol.relative:
+        return tol.check(value)
+    if phase == "before":  # the baseline itself: comparing it with itself says nothing
+        num = _number(value)
+        if num is None:
+            return False, f"{value!r} is not a number: no baseline for '{tol}'"
+        return True, f"{num:g} baseline measured (later samples: {tol}, {tol.value.resolve(num)[1]})"
+    base, why = (baselines.get(probe, key) if baselines is not None
+                 else (None, f"no baseline: {probe} was not sampled in the before phase"))
+    if base is None:
+        return False, f"{value!r} {tol}: {why}"
+    return tol.check(value, base)
+
+
+async def take_sample(probe: Probe, phase: str, baselines: Baselines | None = None) -> Sample:
+    """Never raises (except cancellation): exceptions and timeouts become `error` samples. A before sample is
+    recorded into `baselines`; later samples judge baseline tolerances against it."""
     spec = probe.spec
     t, t0 = time.time(), time.perf_counter()
     try:
@@ -35,21 +92,25 @@ async def take_sample(probe: Probe, phase: str) -> Sample:
         async with asyncio.timeout(spec.timeout):
             values = await probe.measure()
     except TimeoutError:
-        return Sample(spec.name, phase, t, "error", error=f"timed out after {spec.timeout:g}s",
-                      duration_ms=_ms(t0))
+        error = f"timed out after {spec.timeout:g}s"
     except asyncio.CancelledError:
         raise
     except Exception as e:
-        return Sample(spec.name, phase, t, "error", error=f"{type(e).__name__}: {e}".strip(),
-                      duration_ms=_ms(t0))
+        error = f"{type(e).__name__}: {e}".strip()
+    else:
+        error = None
+    if phase == "before" and baselines is not None:
+        baselines.record(spec.name, None if error else values, error)
+    if error is not None:
+        return Sample(spec.name, phase, t, "error", error=error, duration_ms=_ms(t0))
     expect = spec.flat_expect()
     details, ok = [], True
     for key, tol in expect.items():
         if key not in values:
             ok = False
-            details.append(f"{key}: not measured")
+            details.append(f"{key}: {probe.missing(key, values)}")
             continue
-        passed, why = tol.check(values[key])
+        passed, why = _judge(tol, values[key], phase, spec.name, key, baselines)
         ok = ok and passed
         details.append(f"{key}: {why}")
     kept = {k: (v[:200] if isinstance(v, str) else v) for k, v in values.items()}

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.engine.faults import FaultFailed, Faults
-from chaoskit.engine.hypothesis import Sample, take_sample
+from chaoskit.engine.hypothesis import Baselines, Sample, take_sample
 from chaoskit.engine.journal import Journal
 from chaoskit.engine.ledger import Ledger
 from chaoskit.engine.plan import plan_faults
@@ -67,6 +67,7 @@ class Runner:
         self.status = RunStatus(on_change=self._on_state)
         self.result = RunResult(run_id or new_run_id(experiment.metadata.name), self.status)
         self.probes: dict[str, Probe] = {}
+        self.baselines = Baselines()  # the before phase's values: what `baseline` in a tolerance means
         self.safeguard_probes: list[tuple[Safeguard, Probe]] = []
         self.injectors: dict[int, Injector] = {}  # id(step) -> injector
         self.faults: Faults | None = None  # once the ledger exists
@@ -174,7 +175,7 @@ class Runner:
 
     async def _check_once(self, phase: str) -> bool:
         probes = [p for p in self.probes.values() if phase in p.spec.phases]
-        samples = await asyncio.gather(*(take_sample(p, phase) for p in probes))
+        samples = await asyncio.gather(*(take_sample(p, phase, self.baselines) for p in probes))
         held = True
         for s in samples:
             self._record(s)
@@ -251,7 +252,7 @@ class Runner:
             judging = in_effect and time.monotonic() - self._applied_at >= grace
             # between: no fault in effect; grace: one is, but the system may still be adapting to it
             phase = "during" if judging else ("grace" if in_effect else ("between" if judged else "safeguard"))
-            sample = await take_guarded(probe, phase, guards)
+            sample = await take_guarded(probe, phase, guards, self.baselines)
             if isinstance(sample, str):  # a latency safeguard tripped while the probe was still out
                 self._trip(probe, sample, abort)
                 return

@@ -1,10 +1,11 @@
-"""Safeguards: when a sample trips one, and latency rules that trip as soon as their threshold passes."""
+"""Safeguards: when a sample trips one, and latency rules that trip as soon as their threshold passes.
+Rules compare with fixed numbers (parse_rule refuses `baseline`); the sample's own tolerances may use it."""
 
 from __future__ import annotations
 
 import asyncio
 
-from chaoskit.engine.hypothesis import Sample, take_sample
+from chaoskit.engine.hypothesis import Baselines, Sample, take_sample
 from chaoskit.probes import Probe
 from chaoskit.spec.models import Safeguard
 
@@ -29,11 +30,12 @@ def tripped(guard: Safeguard, sample: Sample) -> str | None:
     return None
 
 
-async def take_guarded(probe: Probe, phase: str, guards: list[Safeguard]) -> Sample | str:
+async def take_guarded(probe: Probe, phase: str, guards: list[Safeguard],
+                       baselines: Baselines | None = None) -> Sample | str:
     """A sample, or the trip reason of a safeguard latency rule (`latency_ms > 300`) whose threshold passed
     without an answer: the rule is decided then, not when the probe's timeout ends."""
     bound = latency_bound(guards)
-    task = asyncio.ensure_future(take_sample(probe, phase))
+    task = asyncio.ensure_future(take_sample(probe, phase, baselines))
     try:
         if bound is not None:
             done, _ = await asyncio.wait({task}, timeout=bound[0])

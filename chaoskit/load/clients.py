@@ -24,6 +24,7 @@ class Outcome:
     tokens: int = 0
     status: int = 0
     usage_tokens: int | None = None  # the server's own count, when it sends one
+    group: str | None = None  # group_by: the response header's value (None: no response head, or no header)
 
 
 def _usage(stream: bool) -> dict[str, Any]:
@@ -103,12 +104,14 @@ def event_tokens(api: str, event: dict[str, Any]) -> int:
 
 
 async def send(session: aiohttp.ClientSession, api: str, method: str, url: str, body: Any, stream: bool,
-               timeout: float) -> Outcome:
+               timeout: float, group_by: str | None = None) -> Outcome:
     out = Outcome()
     try:
         async with asyncio.timeout(timeout):
             async with session.request(method, url, json=body) as resp:
                 out.status = resp.status
+                if group_by is not None:
+                    out.group = resp.headers.get(group_by)
                 if resp.status >= 400:
                     await resp.read()
                     out.error = "http_status"

@@ -16,8 +16,16 @@ from chaoskit.load.clients import Outcome, scan_sse, usage_tokens
 _HEADER = re.compile(rb"\n(content-length|transfer-encoding|connection)[ \t]*:[ \t]*([^\r\n]*)")
 
 
+def group_header(name: str | None) -> re.Pattern[bytes] | None:
+    """The pattern that finds header `name`'s value in a response head (case-insensitive name), for group_by."""
+    if name is None:
+        return None
+    return re.compile(rb"\n" + re.escape(name.encode("ascii")) + rb"[ \t]*:[ \t]*([^\r\n]*)", re.IGNORECASE)
+
+
 class _Conn(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, group: re.Pattern[bytes] | None = None) -> None:
+        self.group = group  # group_by: the header whose value each outcome carries
         self.transport: asyncio.Transport | None = None
         self.on_done: Callable[[Outcome], None] | None = None  # set while a request is in flight
         self.deadline = 0.0
@@ -72,7 +80,10 @@ class _Conn(asyncio.Protocol):
         end = self.buf.find(b"\r\n\r\n")
         if end < 0:
             return False
-        head, self.buf = self.buf[:end + 2].lower(), self.buf[end + 4:]
+        raw, self.buf = self.buf[:end + 2], self.buf[end + 4:]
+        head = raw.lower()
+        if self.group is not None and (m := self.group.search(raw)):
+            self.out.group = m.group(1).strip().decode("latin-1")
         self.out.status = status = int(head[:head.find(b"\r\n")].split(None, 2)[1])
         self.length, self.chunked = None, False
         for name, value in _HEADER.findall(head):
@@ -179,15 +190,16 @@ def _expire(conn: _Conn) -> None:
 class Pool:
     """Keep-alive connections to one host:port."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, group_by: str | None = None):
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.group = group_header(group_by)
         self.idle: list[_Conn] = []
         self.busy: set[_Conn] = set()
 
     async def _get(self) -> _Conn:
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(_Conn, self.host, self.port)
+        _, conn = await loop.create_connection(lambda: _Conn(self.group), self.host, self.port)
         return conn
 
     async def warm(self, n: int, timeout: float = 1.0) -> None:

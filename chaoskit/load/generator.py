@@ -52,12 +52,13 @@ def _good(spec: LoadSpec, e2e: float, ttft: float | None, itls: list[float], tok
 
 
 async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec: Recorder,
-              progress: Callable[[Recorder, int], None] | None = None) -> None:
-    """Send at start_epoch + offset for each offset; record into `rec`."""
+              progress: Callable[[Recorder, int], None] | None = None, group_by: str | None = None) -> None:
+    """Send at start_epoch + offset for each offset; record into `rec` (and, with group_by, also into the
+    recorder of the group named by that response header)."""
     t0 = time.monotonic() + (start_epoch - time.time())  # monotonic, not loop.time(): uvloop's is in ms
     cap = asyncio.Semaphore(spec.concurrency_cap) if spec.concurrency_cap else None
     conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=False)
-    fast = Pool(spec.url) if spec.url.startswith("http://") else None  # https goes through aiohttp
+    fast = Pool(spec.url, group_by) if spec.url.startswith("http://") else None  # https goes through aiohttp
     payloads = [(method, url, body, request_bytes(method, url, body) if fast else None)
                 for method, url, body in requests(spec)]
     tasks: set[asyncio.Task] = set()
@@ -69,13 +70,18 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
     def record(out: Outcome, intended: float, sent: float) -> None:
         if out.error:
             rec.failure(out.error)
+            if group_by is not None:
+                rec.group(out.group).failure(out.error)
             return
         end = out.token_times[-1] if out.token_times else time.monotonic()
         streamed = spec.stream and spec.api != "http"
         ttft = out.token_times[0] - intended if streamed and out.token_times else None
         itls = [b - a for a, b in zip(out.token_times, out.token_times[1:], strict=False)]
         e2e = end - intended
-        rec.success(e2e, end - sent, ttft, itls, out.tokens, _good(spec, e2e, ttft, itls, out.tokens))
+        good = _good(spec, e2e, ttft, itls, out.tokens)
+        rec.success(e2e, end - sent, ttft, itls, out.tokens, good)
+        if group_by is not None:
+            rec.group(out.group).success(e2e, end - sent, ttft, itls, out.tokens, good)
 
     def fire(i: int, intended: float) -> bool:
         """The hot path: an idle keep-alive connection, no cap -> send now, no task; False if not possible."""
@@ -145,7 +151,7 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
             if fast is not None and raw is not None:
                 out = await fast.send(raw, spec.api, spec.stream, spec.timeout)
             else:
-                out = await send(session, spec.api, method, url, body, spec.stream, spec.timeout)
+                out = await send(session, spec.api, method, url, body, spec.stream, spec.timeout, group_by)
         finally:
             in_flight -= 1
             if cap is not None:

@@ -96,8 +96,14 @@ def _lib(path: str) -> ctypes.CDLL:
     return lib
 
 
-def choose(spec: LoadSpec) -> str:
-    """'native' or 'python' for this spec (building the library when native is wanted); errors name the cause."""
+def choose(spec: LoadSpec, group_by: str | None = None) -> str:
+    """'native' or 'python' for this spec (building the library when native is wanted); errors name the cause.
+    group_by needs the python sender: sender.c parses only the headers that frame a response."""
+    if group_by is not None:
+        if spec.sender == "native":
+            raise ChaoskitError(f"group_by {group_by} needs the python sender: the native sender (sender.c) does "
+                                "not read response headers; use sender: python or auto")
+        return "python"
     if spec.sender == "python" or (spec.sender == "auto" and spec.url.startswith("https://")):
         return "python"
     if spec.url.startswith("https://"):

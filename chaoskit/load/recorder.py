@@ -1,6 +1,7 @@
 """HDR histograms of one load run (microseconds), mergeable across worker processes, and the summary.
 The hot path adds to a histogram's counts directly (~0.5 us a value, no pauses); totals and min/max are
-derived from the counts when the histograms are read, as hdrh itself does after a merge."""
+derived from the counts when the histograms are read, as hdrh itself does after a merge. With group_by, each
+response is also recorded in the recorder of its group (a response header's value, e.g. the replica)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ METRICS = ("e2e", "service", "ttft", "itl", "tpot")  # e2e/ttft from the intende
 LOWEST, HIGHEST, DIGITS = 1, 3_600_000_000, 3
 LATE_US = 1000  # a send more than 1 ms after its intended time is late
 LATE_S = LATE_US / 1e6
+NO_GROUP = "none"  # a request without the header in its answer: no response head came (connect error, timeout)
+OTHER_GROUP = "other"  # values after the first MAX_GROUPS distinct ones (a per-request header would explode)
+MAX_GROUPS = 32
+GROUP_VALUE_MAX = 64
 
 
 def _hist() -> HdrHistogram:
@@ -63,6 +68,21 @@ class Recorder:
     late: int = 0
     max_late_us: int = 0
     tokens: int = 0
+    groups: dict[str, Recorder] = field(default_factory=dict)  # group_by: one recorder per header value
+
+    def group(self, value: str | None) -> Recorder:
+        """The recorder of one group (created on first use): `none` without a value; the values after the first
+        MAX_GROUPS distinct ones share `other`."""
+        name = group_name(value)
+        rec = self.groups.get(name)
+        if rec is None:
+            if name not in (NO_GROUP, OTHER_GROUP) and \
+                    len(self.groups.keys() - {NO_GROUP, OTHER_GROUP}) >= MAX_GROUPS:
+                name = OTHER_GROUP
+                rec = self.groups.get(name)
+            if rec is None:
+                rec = self.groups[name] = Recorder()
+        return rec
 
     def sent_at(self, lateness_s: float) -> None:
         self.sent += 1
@@ -107,14 +127,18 @@ class Recorder:
             h.total_count, h.min_value, h.max_value = 0, sys.maxsize, 0
         self.sent = self.ok = self.good = self.late = self.max_late_us = self.tokens = 0
         self.errors = {}
+        self.groups = {}
 
     # ---------------------------------------------------------------- across processes
 
     def to_json(self) -> dict[str, Any]:
-        return {"hists": {m: base64.b64encode(h.encode()).decode() if h.get_total_count() else None
-                          for m, h in self.hists.items()},
-                "sent": self.sent, "ok": self.ok, "good": self.good, "errors": self.errors, "late": self.late,
-                "max_late_us": self.max_late_us, "tokens": self.tokens}
+        out = {"hists": {m: base64.b64encode(h.encode()).decode() if h.get_total_count() else None
+                         for m, h in self.hists.items()},
+               "sent": self.sent, "ok": self.ok, "good": self.good, "errors": self.errors, "late": self.late,
+               "max_late_us": self.max_late_us, "tokens": self.tokens}
+        if self.groups:
+            out["groups"] = {name: rec.to_json() for name, rec in self.groups.items()}
+        return out
 
     def merge(self, data: dict[str, Any]) -> None:
         for m, enc in data["hists"].items():
@@ -125,6 +149,8 @@ class Recorder:
         self.max_late_us = max(self.max_late_us, data["max_late_us"])
         for kind, n in data["errors"].items():
             self.errors[kind] = self.errors.get(kind, 0) + n
+        for name, part in data.get("groups", {}).items():
+            self.group(name).merge(part)
 
     # ---------------------------------------------------------------- summary
 
@@ -133,14 +159,24 @@ class Recorder:
         return h.get_value_at_percentile(q) / 1e3 if h.get_total_count() else None
 
     def summary(self, requested_rps: float, elapsed_s: float) -> dict[str, Any]:
+        """The run's numbers; with groups also each group's outcomes as `KEY[group]` (p99_ms[triton-0])."""
+        out: dict[str, Any] = {
+            "requested_rps": requested_rps, "achieved_rps": round(self.sent / elapsed_s, 3) if elapsed_s else 0.0,
+            "sent": self.sent, "errors": dict(self.errors), "late_sends": self.late,
+            "late_share": self.late / self.sent if self.sent else 0.0, "max_late_ms": self.max_late_us / 1e3,
+            **self.outcomes(elapsed_s),
+        }
+        for group, rec in sorted(self.groups.items()):
+            out.update({f"{k}[{group}]": v for k, v in rec.outcomes(elapsed_s).items()})
+        return out
+
+    def outcomes(self, elapsed_s: float) -> dict[str, Any]:
+        """What is known of the answers (so also per group): requests completed, errors, goodput, percentiles."""
         failed = sum(self.errors.values())
         done = self.ok + failed
         out: dict[str, Any] = {
-            "requested_rps": requested_rps, "achieved_rps": round(self.sent / elapsed_s, 3) if elapsed_s else 0.0,
-            "sent": self.sent, "ok": self.ok, "errors": dict(self.errors), "error_rate": failed / done if done else 0.0,
-            "goodput_rps": round(self.good / elapsed_s, 3) if elapsed_s else 0.0, "late_sends": self.late,
-            "late_share": self.late / self.sent if self.sent else 0.0, "max_late_ms": self.max_late_us / 1e3,
-            "output_tokens": self.tokens,
+            "requests": done, "ok": self.ok, "error_rate": failed / done if done else 0.0,
+            "goodput_rps": round(self.good / elapsed_s, 3) if elapsed_s else 0.0, "output_tokens": self.tokens,
         }
         for m in METRICS:
             for name, q in (("p50", 50), ("p90", 90), ("p99", 99), ("p999", 99.9)):
@@ -148,3 +184,10 @@ class Recorder:
                 if v is not None:
                     out[f"{name}_ms" if m == "e2e" else f"{m}_{name}_ms"] = round(v, 3)
         return out
+
+
+def group_name(value: str | None) -> str:
+    """A header value as a group name usable in a key: trimmed, brackets replaced, at most GROUP_VALUE_MAX."""
+    if value is None or not value.strip():
+        return NO_GROUP
+    return value.strip().replace("[", "(").replace("]", ")")[:GROUP_VALUE_MAX]

@@ -22,17 +22,19 @@ SPAWN_LEAD_S = 1.0  # workers start sending this long after launch (python start
 class _Workers:
     """The sender processes of one run and the lines they print."""
 
-    def __init__(self, spec: LoadSpec, window_s: float | None = None, open_ended: bool = False):
+    def __init__(self, spec: LoadSpec, window_s: float | None = None, open_ended: bool = False,
+                 group_by: str | None = None):
         if next(iter_offsets(spec.arrival, spec.rate, spec.duration, spec.seed, spec.burstiness, spec.ramp_to,
                              spec.trace), None) is None:
             raise ChaoskitError(f"the schedule has no sends (rate {spec.rate}/s for {spec.duration}s)")
-        self.spec, self.window_s, self.open_ended = spec, window_s, open_ended
+        self.spec, self.window_s, self.open_ended, self.group_by = spec, window_s, open_ended, group_by
         self.start = 0.0
         self.procs: list[asyncio.subprocess.Process] = []
 
     async def spawn(self) -> None:
         """Resolve the sender (building the native one on first use), then start the workers."""
-        self.spec = self.spec.model_copy(update={"sender": await asyncio.to_thread(native.choose, self.spec)})
+        sender = await asyncio.to_thread(native.choose, self.spec, self.group_by)
+        self.spec = self.spec.model_copy(update={"sender": sender})
         self.start = time.time() + SPAWN_LEAD_S
         n = self.spec.workers
         for k in range(n):
@@ -42,7 +44,7 @@ class _Workers:
             assert p.stdin is not None
             p.stdin.write(json.dumps({"spec": self.spec.model_dump(mode="json"), "start_epoch": self.start,
                                       "worker": k, "workers": n, "window_s": self.window_s,
-                                      "open_ended": self.open_ended}).encode())
+                                      "open_ended": self.open_ended, "group_by": self.group_by}).encode())
             await p.stdin.drain()
             p.stdin.close()
             self.procs.append(p)
@@ -72,8 +74,10 @@ async def _tail(stream: asyncio.StreamReader, keep: int = 4000) -> bytes:
     return tail
 
 
-async def run_load(spec: LoadSpec, on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    w = _Workers(spec)
+async def run_load(spec: LoadSpec, on_progress: Callable[[dict[str, Any]], None] | None = None,
+                   group_by: str | None = None) -> dict[str, Any]:
+    """One bounded run; with group_by (a response header) the summary also has KEY[value] for each value."""
+    w = _Workers(spec, group_by=group_by)
     rec = Recorder()
     progress: list[dict[str, Any]] = [{} for _ in range(spec.workers)]
     got = [False] * spec.workers
@@ -106,9 +110,9 @@ class ContinuousLoad:
     """Load that runs until closed; `window()` returns the summary of everything completed since the last call
     (waiting for at least one whole window)."""
 
-    def __init__(self, spec: LoadSpec, window_s: float):
+    def __init__(self, spec: LoadSpec, window_s: float, group_by: str | None = None):
         self.spec, self.window_s = spec, window_s
-        self._w = _Workers(spec, window_s=window_s, open_ended=True)
+        self._w = _Workers(spec, window_s=window_s, open_ended=True, group_by=group_by)
         self._parts: dict[int, list[dict[str, Any]]] = {}
         self._ready: asyncio.Queue[Recorder] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []

@@ -1,5 +1,5 @@
 """A sender process: `python -m chaoskit.load.worker` reads {"spec", "start_epoch", "worker", "workers",
-"window_s", "open_ended"} as JSON on stdin; sends every `workers`-th arrival of the schedule starting at
+"window_s", "open_ended", "group_by"} as JSON on stdin; sends every `workers`-th arrival of the schedule starting at
 `worker` (with the native sender or the asyncio one, as spec.sender says); prints progress `P {...}`,
 per-window recorders `W {...}` (when window_s is set) and finally `R {recorder}` on stdout."""
 
@@ -38,14 +38,17 @@ def main() -> int:
     duration = float("inf") if job.get("open_ended") else spec.duration
     mine = islice(iter_offsets(spec.arrival, spec.rate, duration, spec.seed, spec.burstiness, spec.ramp_to,
                                spec.trace), k, None, n)
+    group_by = job.get("group_by")
     if spec.sender == "native":
         try:
+            if group_by is not None:
+                raise ChaoskitError("group_by needs the python sender: the native one does not read headers")
             _native(spec, mine, job["start_epoch"], job.get("window_s"), rec)
         except ChaoskitError as e:
             print(e, file=sys.stderr)  # the parent reports it: no traceback for what the user can fix
             return 2
     else:
-        run_fast(_asyncio(spec, mine, job["start_epoch"], job.get("window_s"), rec))
+        run_fast(_asyncio(spec, mine, job["start_epoch"], job.get("window_s"), rec, group_by))
     print("R " + json.dumps(rec.to_json()), flush=True)
     return 0
 
@@ -81,9 +84,9 @@ def _native(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, window
 
 
 async def _asyncio(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, window: float | None,
-                   rec: Recorder) -> None:
+                   rec: Recorder, group_by: str | None = None) -> None:
     reporter = asyncio.create_task(_windows(rec, start_epoch, window)) if window else None
-    await run(spec, offsets, start_epoch, rec, _progress)
+    await run(spec, offsets, start_epoch, rec, _progress, group_by)
     if reporter:
         reporter.cancel()
 

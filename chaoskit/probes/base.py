@@ -29,13 +29,23 @@ class ProbeSpecBase(StrictModel):
             raise ValueError(f"phases: unknown phase '{bad[0]}' (use before, during, after)")
         for key, value in self.expect.items():
             nested = key + "." in self.expect_keys
-            if key not in self.expect_keys and not nested:
-                allowed = ", ".join(k.rstrip(".") for k in self.expect_keys)
-                raise ValueError(f"expect: unknown key '{key}' for this probe (allowed: {allowed})")
+            if not nested and (why := self.unknown_key(key)):
+                raise ValueError(why)
             if nested != isinstance(value, dict):
                 raise ValueError(f"expect.{key}: " + ("expected a map of name: tolerance" if nested
                                                       else "expected a tolerance, not a map"))
+        for key, tol in self.flat_expect().items():
+            if tol.relative and "before" not in self.phases:
+                raise ValueError(f"expect.{key}: '{tol}' compares with this probe's {key} in the before phase, "
+                                 f"but its phases ({', '.join(self.phases)}) leave out before")
         return self
+
+    def unknown_key(self, key: str) -> str | None:
+        """Why `key` cannot be in expect (None: it can). Probes with computed keys override this."""
+        if key in self.expect_keys:
+            return None
+        allowed = ", ".join(k.rstrip(".") for k in self.expect_keys)
+        return f"expect: unknown key '{key}' for this probe (allowed: {allowed})"
 
     def flat_expect(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -63,6 +73,10 @@ class Probe(ABC):
     @abstractmethod
     async def measure(self) -> dict[str, Any]:
         """Take one measurement. Exceptions become `error` results, never engine crashes."""
+
+    def missing(self, key: str, values: dict[str, Any]) -> str:
+        """Why an expected key is absent from a measurement (probes that know say more)."""
+        return "not measured"
 
     async def close(self) -> None:
         """Release what the probe holds (sessions, BPF programs)."""

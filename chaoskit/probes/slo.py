@@ -2,23 +2,28 @@
 
 Two modes: `window` (each sample runs a fresh load of `load.duration`) and `continuous` (load runs from the
 first sample to the end of the run; each sample reports what completed since the previous one, so a
-deviation shows within one interval)."""
+deviation shows within one interval). With `group_by: HEADER` the outcomes are also broken down by that
+response header's value (e.g. the replica a gateway picked): `p99_ms[triton-0]`, `error_rate[triton-0]` ..."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from chaoskit.load.recorder import NO_GROUP
 from chaoskit.load.runner import ContinuousLoad, run_load
 from chaoskit.load.spec import LoadSpec
 from chaoskit.probes.base import Probe, ProbeSpecBase
 from chaoskit.spec.types import Duration
 
 _PCT = ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
-_KEYS = (*_PCT, *(f"{m}_{p}" for m in ("service", "ttft", "itl", "tpot") for p in _PCT),
-         "error_rate", "goodput_rps", "achieved_rps", "requested_rps", "achieved_ratio", "late_sends", "late_share",
-         "sent", "ok", "output_tokens")
+_PCTS = (*_PCT, *(f"{m}_{p}" for m in ("service", "ttft", "itl", "tpot") for p in _PCT))
+_GROUP_KEYS = (*_PCTS, "requests", "ok", "error_rate", "goodput_rps", "output_tokens")  # known of each answer
+_KEYS = (*_GROUP_KEYS, "achieved_rps", "requested_rps", "achieved_ratio", "late_sends", "late_share", "sent")
+_GROUPED = re.compile(r"^([a-z0-9_]+)\[([^\[\]]+)\]$")
+_TOKEN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"  # an HTTP header name
 
 
 class SloProbeSpec(ProbeSpecBase):
@@ -28,6 +33,10 @@ class SloProbeSpec(ProbeSpecBase):
                                                                         "experiment, samples report each interval")
     window: Duration = Field(2.0, gt=0, description="continuous: reporting window")
     timeout: Duration | None = Field(None, description="default: load duration (or window) + load timeout + 10s")
+    group_by: str | None = Field(None, pattern=_TOKEN, description="a response header (e.g. X-Upstream-Replica): "
+                                 "outcomes also per value as KEY[value], e.g. p99_ms[triton-0]; answers without "
+                                 "it (connect errors, timeouts before the response head) in group 'none'. Needs "
+                                 "the python sender (sender auto picks it)")
     expect_keys: ClassVar[tuple[str, ...]] = _KEYS
 
     @model_validator(mode="after")
@@ -35,7 +44,26 @@ class SloProbeSpec(ProbeSpecBase):
         if self.timeout is None:
             span = self.window if self.mode == "continuous" else self.load.duration
             object.__setattr__(self, "timeout", span + self.load.timeout + 10.0)
+        if self.group_by is not None and self.load.sender == "native":
+            raise ValueError(f"group_by: the native sender (load.sender: native) does not read response headers, "
+                             f"so it cannot group by {self.group_by}; use load.sender: python or auto (auto "
+                             f"picks python when group_by is set)")
         return self
+
+    def unknown_key(self, key: str) -> str | None:
+        m = _GROUPED.match(key)
+        if m is None:
+            return super().unknown_key(key)
+        if self.group_by is None:
+            return f"expect: '{key}' names a group, but the probe has no group_by (e.g. group_by: X-Upstream-Replica)"
+        if m.group(1) not in _GROUP_KEYS:
+            return (f"expect: '{m.group(1)}' is not measured per group (per group: "
+                    f"{', '.join(_GROUP_KEYS)})")
+        return None
+
+    def expected_groups(self) -> set[str]:
+        """The groups the tolerances name (so a group that got no answer at all still reports requests 0)."""
+        return {m.group(2) for key in self.expect if (m := _GROUPED.match(key))}
 
 
 class SloProbe(Probe):
@@ -49,16 +77,29 @@ class SloProbe(Probe):
         self._continuous: ContinuousLoad | None = None
 
     async def measure(self) -> dict[str, Any]:
+        group_by = self.spec.group_by
         if self.spec.mode == "window":
-            summary = await run_load(self.spec.load)
+            summary = await run_load(self.spec.load, group_by=group_by)
             summary.pop("recorder", None)
         else:
             if self._continuous is None:
-                self._continuous = ContinuousLoad(self.spec.load, self.spec.window)
+                self._continuous = ContinuousLoad(self.spec.load, self.spec.window, group_by=group_by)
                 await self._continuous.start()
             summary = await self._continuous.window(timeout=self.spec.timeout or 60.0)
         summary["achieved_ratio"] = summary["achieved_rps"] / summary["requested_rps"]
+        if group_by is not None:
+            for group in self.spec.expected_groups() | {NO_GROUP}:
+                summary.setdefault(f"requests[{group}]", 0)  # no answer carried this value: say so, as a number
         return summary
+
+    def missing(self, key: str, values: dict[str, Any]) -> str:
+        m = _GROUPED.match(key)
+        name, group = (m.group(1), m.group(2)) if m else (key, None)
+        if name not in _PCTS:
+            return "not measured"
+        at = f"[{group}]" if group else ""
+        return (f"not measured: no answer{f' from {group}' if group else ''} completed successfully in this sample "
+                f"(requests{at} {values.get(f'requests{at}', 0)}, ok{at} {values.get(f'ok{at}', 0)})")
 
     async def close(self) -> None:
         if self._continuous is not None:

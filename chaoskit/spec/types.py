@@ -40,11 +40,14 @@ ToleranceSpec = Annotated[
     PlainValidator(_tol),
     PlainSerializer(str),
     WithJsonSchema({"description": "tolerance: '< 950', '>= 0.99', '100..200', '== 0', '~ regex', "
-                                   "[low, high] or a plain value for equality"}),
+                                   "[low, high], a plain value for equality, or a comparison with the value "
+                                   "measured in the before phase: '< 3x baseline', '<= baseline + 0.01', "
+                                   "'< baseline * 1.5 + 20'"}),
 ]
 RuleSpec = Annotated[
     Rule,
     PlainValidator(parse_rule),
     PlainSerializer(str),
-    WithJsonSchema({"type": "string", "description": "rule 'metric op value', e.g. 'error_rate > 0.5'"}),
+    WithJsonSchema({"type": "string", "description": "rule 'metric op value' with a fixed value, e.g. "
+                                                     "'error_rate > 0.5' (no baseline)"}),
 ]
