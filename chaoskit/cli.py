@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from chaoskit import __version__, errors
@@ -38,7 +39,7 @@ _add_subcommands()
 
 def _fail(e: ChaoskitError) -> None:
     for line in str(e).splitlines():
-        err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(line)}", markup=True, highlight=False, soft_wrap=True)
     raise typer.Exit(e.exit_code)
 
 
@@ -80,7 +81,7 @@ def _replay_orphans() -> None:
         for e in result.reverted:
             err.print(f"  [green]reverted[/] #{e.id} {e.type} ({st.run_id})", highlight=False)
         for e, why in result.failed:
-            err.print(f"  [bold red]FAILED[/] #{e.id} {e.type} ({st.run_id}): {why} - run `chaoskit rollback --all`",
+            err.print(f"  [bold red]FAILED[/] #{e.id} {e.type} ({st.run_id}): {escape(why)} - run `chaoskit rollback --all`",
                       highlight=False)
 
 
@@ -135,7 +136,7 @@ def run(
                 _fail(e)
             exp = loaded.experiment
         for note in loaded.notes:
-            err.print(f"[yellow]note:[/] {note}", highlight=False)
+            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
         view = LiveView(out, exp.metadata.name) if use_live else PlainView(out)
         jr = Journal(None if dry_run else journal_path, [view])
         unresolved = frozenset(loaded.deferred_steps()) if own is not None and dry_run else frozenset()
@@ -165,9 +166,9 @@ def run(
             dur = f" for {p['duration_s']:g}s" if p["duration_s"] else " until the end of the method"
             out.print(f"  • {p['step']} ({p['type']}{dur})")
             for change in p["changes"]:
-                out.print(f"      {change}", highlight=False)
+                out.print(f"      {change}", highlight=False, markup=False)
         if code != 0:
-            err.print(f"[red]preflight failed:[/] {result.status.reason}", highlight=False)
+            err.print(f"[red]preflight failed:[/] {escape(result.status.reason)}", highlight=False)
         raise typer.Exit(code)
     data = summary(result, exp)
     write_summary(journal_path.with_name("summary.json"), data)
@@ -177,9 +178,9 @@ def run(
         write_junit(junit, data)
     style = {0: "green", 1: "yellow"}.get(code, "red")
     out.print(f"[bold {style}]{result.status.verdict}[/] (exit {code}) {exp.metadata.name}"
-              + (f" — {result.status.reason}" if result.status.reason else ""), highlight=False)
+              + (f" — {escape(result.status.reason)}" if result.status.reason else ""), highlight=False)
     for d in result.status.deviations:
-        out.print(f"  deviation: {d}", highlight=False)
+        out.print(f"  deviation: {d}", highlight=False, markup=False)
     if result.recovery_s is not None:
         out.print(f"  recovered {result.recovery_s:.2f}s after rollback")
     out.print(f"  journal {journal_path}  report {report_path}" + (f"  junit {junit}" if junit else ""))
@@ -201,12 +202,12 @@ def validate(files: list[Path] = typer.Argument(..., help="experiment YAML files
         except ChaoskitError as e:
             bad += 1
             for line in str(e).splitlines():
-                err.print(f"[red]✗[/] {line}", highlight=False, soft_wrap=True)
+                err.print(f"[red]✗[/] {escape(line)}", highlight=False, soft_wrap=True)
             continue
         out.print(f"[green]✓[/] {f}: {loaded.experiment.metadata.name} "
                   f"({len(loaded.experiment.method)} steps)", highlight=False)
         for note in loaded.notes:
-            out.print(f"  [yellow]note:[/] {note}", highlight=False)
+            out.print(f"  [yellow]note:[/] {escape(note)}", highlight=False)
     raise typer.Exit(errors.EXIT_INVALID if bad else 0)
 
 
@@ -248,7 +249,7 @@ def rollback(
             out.print(f"[green]reverted[/] #{e.id} {e.type} ({st.run_id})", highlight=False)
         for e, why in result.failed:
             failed += 1
-            err.print(f"[bold red]FAILED[/] #{e.id} {e.type} ({st.run_id}): {why}", highlight=False)
+            err.print(f"[bold red]FAILED[/] #{e.id} {e.type} ({st.run_id}): {escape(why)}", highlight=False)
     raise typer.Exit(errors.EXIT_ROLLBACK_INCOMPLETE if failed else 0)
 
 

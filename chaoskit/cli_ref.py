@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from chaoskit.errors import ChaoskitError
@@ -21,7 +22,7 @@ DIR_OPT = typer.Option(None, "--dir", help="state dir (default $CHAOSKIT_REF_DIR
 
 def _fail(e: ChaoskitError) -> None:
     for line in str(e).splitlines():
-        err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(line)}", markup=True, highlight=False, soft_wrap=True)
     raise typer.Exit(e.exit_code)
 
 
