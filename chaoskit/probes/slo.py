@@ -32,6 +32,9 @@ class SloProbeSpec(ProbeSpecBase):
     mode: Literal["window", "continuous"] = Field("window", description="continuous: load runs for the whole "
                                                                         "experiment, samples report each interval")
     window: Duration = Field(2.0, gt=0, description="continuous: reporting window")
+    warmup: Duration = Field(0.0, ge=0, description="continuous: the load runs this long before the first "
+                             "sample is measured (its windows are dropped: connection set-up, a sender starting "
+                             "late, a cold cache), so a baseline is the steady state, not the start")
     timeout: Duration | None = Field(None, description="default: load duration (or window) + load timeout + 10s")
     group_by: str | None = Field(None, pattern=_TOKEN, description="a response header (e.g. X-Upstream-Replica): "
                                  "outcomes also per value as KEY[value], e.g. p99_ms[triton-0]; answers without "
@@ -42,7 +45,7 @@ class SloProbeSpec(ProbeSpecBase):
     @model_validator(mode="after")
     def _timeout(self) -> SloProbeSpec:
         if self.timeout is None:
-            span = self.window if self.mode == "continuous" else self.load.duration
+            span = self.window + self.warmup if self.mode == "continuous" else self.load.duration
             object.__setattr__(self, "timeout", span + self.load.timeout + 10.0)
         if self.group_by is not None and self.load.sender == "native":
             raise ValueError(f"group_by: the native sender (load.sender: native) does not read response headers, "
@@ -85,12 +88,19 @@ class SloProbe(Probe):
             if self._continuous is None:
                 self._continuous = ContinuousLoad(self.spec.load, self.spec.window, group_by=group_by)
                 await self._continuous.start()
+                await self._warm_up()
             summary = await self._continuous.window(timeout=self.spec.timeout or 60.0)
         summary["achieved_ratio"] = summary["achieved_rps"] / summary["requested_rps"]
         if group_by is not None:
             for group in self.spec.expected_groups() | {NO_GROUP}:
                 summary.setdefault(f"requests[{group}]", 0)  # no answer carried this value: say so, as a number
         return summary
+
+    async def _warm_up(self) -> None:
+        assert self._continuous is not None
+        dropped = 0.0
+        while dropped < self.spec.warmup:
+            dropped += (await self._continuous.window(timeout=self.spec.timeout or 60.0))["window_s"]
 
     def missing(self, key: str, values: dict[str, Any]) -> str:
         m = _GROUPED.match(key)
