@@ -63,7 +63,10 @@ def _reused(d: Path, facts: dict[str, Any], opts: RefOptions, ledger: Ledger,
     """A running deployment with these replicas; its gateway switched to this run's health settings (ledgered,
     switched back after)."""
     want = opts.health_settings()
-    previous = gateway_health(facts["url"])
+    try:
+        previous = gateway_health(facts["url"])
+    except (OSError, ValueError, KeyError) as e:
+        raise PreflightError(f"the running reference deployment in {d} does not answer /gateway/status: {e}") from None
     if previous == want:
         say(f"reusing the running reference deployment in {d}")
         yield facts
