@@ -9,6 +9,7 @@ from chaoskit.injectors.diskfill import DiskFill
 from chaoskit.injectors.firewall import Drop, Partition
 from chaoskit.injectors.flood import Flood
 from chaoskit.injectors.gpu import GpuMemoryPressure
+from chaoskit.injectors.memlimit import MemoryLimit
 from chaoskit.injectors.memory import MemoryPressure
 from chaoskit.injectors.mig import MigReconfigure
 from chaoskit.injectors.network import Bandwidth, Netem
@@ -18,7 +19,7 @@ from chaoskit.injectors.xid import XidEvent
 
 INJECTORS: tuple[type[Injector], ...] = (
     ProcessSignal, MemoryPressure, DiskThrottle, DiskFill, Netem, Bandwidth, Drop, Partition, Proxy, GpuMemoryPressure,
-    XidEvent, MigReconfigure, CpuThrottle, CpuStress, Flood,
+    XidEvent, MigReconfigure, CpuThrottle, CpuStress, Flood, MemoryLimit,
 )
 
 

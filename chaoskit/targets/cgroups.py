@@ -203,3 +203,134 @@ def find_cpu_hierarchy(mountinfo: Path = Path("/proc/self/mountinfo")) -> CpuHie
     raise PreflightError("CPU throttling needs the cgroup v2 cpu controller or a v1 cpu hierarchy; neither is "
                          "mounted here (/proc/self/mountinfo has no cgroup2 with cpu in cgroup.controllers and no "
                          "cgroup mount with the cpu option)")
+
+
+# -- memory (process.memory_limit) --------------------------------------------------------------------
+UNLIMITED_V1 = 1 << 62  # v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 with 4 KiB pages)
+
+
+@dataclass(frozen=True)
+class MemHierarchy:
+    """Where memory limits are written: `version` 2 (`memory.max`, `memory.current`, `memory.events`) or 1
+    (`memory.limit_in_bytes`, `memory.usage_in_bytes`, `memory.failcnt`, `memory.oom_control`), rooted at
+    `root`. Sizes are bytes; a limit of None = unlimited."""
+
+    version: int
+    root: Path
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "root": str(self.root)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> MemHierarchy:
+        return cls(int(d["version"]), Path(d["root"]))
+
+    def _file(self, v2: str, v1: str) -> str:
+        return v2 if self.version == 2 else v1
+
+    def usage(self, cgroup: Path) -> int | None:
+        """Bytes charged to `cgroup` now; None when it is gone."""
+        text = _read(cgroup / self._file("memory.current", "memory.usage_in_bytes")).strip()
+        return int(text) if text.isdigit() else None
+
+    def peak(self, cgroup: Path) -> int | None:
+        """The most ever charged to `cgroup` (v2 `memory.peak` where the kernel has it); None if unknown."""
+        text = _read(cgroup / self._file("memory.peak", "memory.max_usage_in_bytes")).strip()
+        return int(text) if text.isdigit() else None
+
+    def read_limit(self, cgroup: Path) -> int | None:
+        """The limit of `cgroup` in bytes; None = unlimited (or the cgroup is gone)."""
+        text = _read(cgroup / self._file("memory.max", "memory.limit_in_bytes")).strip()
+        if not text.isdigit():
+            return None
+        n = int(text)
+        return None if self.version == 1 and n >= UNLIMITED_V1 else n
+
+    def write_limit(self, cgroup: Path, nbytes: int) -> None:
+        """Set the limit. v1 also sets `memory.memsw.limit_in_bytes` (memory + swap) where swap is accounted,
+        so swap cannot absorb what the limit is meant to refuse; memory first: memsw may never be below it."""
+        if self.version == 2:
+            (cgroup / "memory.max").write_text(f"{nbytes}\n")
+            swap = cgroup / "memory.swap.max"
+            if swap.exists():
+                swap.write_text("0\n")
+            return
+        (cgroup / "memory.limit_in_bytes").write_text(f"{nbytes}\n")
+        memsw = cgroup / "memory.memsw.limit_in_bytes"
+        if memsw.exists():
+            memsw.write_text(f"{nbytes}\n")
+
+    def move_charges_on_immigrate(self, cgroup: Path) -> bool:
+        """v1: ask the kernel to move a task's existing charges with it into `cgroup`
+        (`memory.move_charge_at_immigrate` = 3: anonymous and file pages). False where it cannot: v2 never
+        moves charges, and newer kernels refuse the v1 knob (EINVAL)."""
+        if self.version == 2:
+            return False
+        try:
+            (cgroup / "memory.move_charge_at_immigrate").write_text("3\n")
+        except OSError:
+            return False
+        return _read(cgroup / "memory.move_charge_at_immigrate").strip() == "3"
+
+    def events(self, cgroup: Path) -> dict[str, int]:
+        """OOM and limit counters: v2 `memory.events` (max, oom, oom_kill ...); v1 `failcnt` and `memsw_failcnt`
+        (times a charge hit the memory / memory+swap limit) and `memory.oom_control`'s `under_oom` and `oom_kill`
+        (where the kernel has it)."""
+        out: dict[str, int] = {}
+        names = ["memory.events"] if self.version == 2 else ["memory.oom_control"]
+        for name in names:
+            for line in _read(cgroup / name).splitlines():
+                key, _, value = line.partition(" ")
+                if value.strip().isdigit():
+                    out[key] = int(value)
+        if self.version == 1:  # with memsw limited too, the kernel charges (and fails) memory+swap first
+            for key, name in (("failcnt", "memory.failcnt"), ("memsw_failcnt", "memory.memsw.failcnt")):
+                text = _read(cgroup / name).strip()
+                if text.isdigit():
+                    out[key] = int(text)
+        return out
+
+    def force_empty(self, cgroup: Path) -> None:
+        """v1: reclaim what an emptied cgroup still has charged (helps a removal that the kernel reports busy)."""
+        if self.version == 1:
+            try:
+                (cgroup / "memory.force_empty").write_text("0\n")
+            except OSError:
+                pass
+
+    def cgroup_of(self, pid: int, tid: int | None = None) -> Path | None:
+        """The cgroup of process `pid` (or of its thread `tid`) in this hierarchy; None if it is gone."""
+        text = _read(Path(f"/proc/{pid}/task/{tid}/cgroup") if tid else Path(f"/proc/{pid}/cgroup"))
+        if not text:
+            return None
+        for line in text.splitlines():
+            hid, controllers, rel = line.split(":", 2)
+            if (self.version == 2 and hid == "0") or (self.version == 1 and "memory" in controllers.split(",")):
+                return self.root / rel.lstrip("/")
+        raise PreflightError(f"PID {pid}: not found in the {'v2' if self.version == 2 else 'memory'} hierarchy")
+
+    def tasks(self, cgroup: Path) -> list[int]:
+        """Every thread (task id) in `cgroup`."""
+        return [int(x) for x in _read(cgroup / ("cgroup.threads" if self.version == 2 else "tasks")).split()]
+
+    def move_task(self, pid: int, tid: int, cgroup: Path) -> None:
+        """Move one thread (v1 `tasks`); v2 domain cgroups hold whole processes, so there it moves `pid`."""
+        if self.version == 2:
+            IoHierarchy.move(pid, cgroup)
+        else:
+            (cgroup / "tasks").write_text(f"{tid}\n")
+
+
+def find_mem_hierarchy(mountinfo: Path = Path("/proc/self/mountinfo")) -> MemHierarchy:
+    """Prefer cgroup v2 with the memory controller; fall back to a v1 memory hierarchy; PreflightError if
+    neither."""
+    all_mounts = mounts(mountinfo)
+    for mp, fstype, _, _ in all_mounts:
+        if fstype == "cgroup2" and "memory" in _read(Path(mp) / "cgroup.controllers").split():
+            return MemHierarchy(2, Path(mp))
+    for mp, fstype, _, opts in all_mounts:
+        if fstype == "cgroup" and "memory" in opts:
+            return MemHierarchy(1, Path(mp))
+    raise PreflightError("memory limits need the cgroup v2 memory controller or a v1 memory hierarchy; neither "
+                         "is mounted here (/proc/self/mountinfo has no cgroup2 with memory in cgroup.controllers "
+                         "and no cgroup mount with the memory option)")

@@ -1,0 +1,386 @@
+"""process.memory_limit: move target processes into a `chaoskit-*` memory cgroup with a limit (v2 memory.max /
+v1 memory.limit_in_bytes), optionally with a holder process inside it that takes part of the room and that the
+kernel's OOM killer never picks (oom_score_adj -1000): when the cgroup runs out, a target is OOM-killed.
+Revert: the holder stops, surviving targets go back to their previous cgroups, the cgroup is removed.
+
+Run as `python -m chaoskit.injectors.memlimit TOKEN CGROUP BYTES UNTIL PARENT_PID` it is that holder: it joins
+CGROUP, protects itself from the OOM killer and runs chaoskit.injectors.memory_holder."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
+
+from chaoskit.errors import PreflightError
+from chaoskit.injectors import helper_proc, memory_holder
+from chaoskit.injectors.base import Injector
+from chaoskit.injectors.process import (
+    check_regex,
+    check_selector,
+    descendants,
+    describe_selector,
+    refuse_protected,
+    select_processes,
+)
+from chaoskit.spec.types import StrictModel
+from chaoskit.spec.units import format_size, parse_size
+from chaoskit.targets.cgroups import IoHierarchy, MemHierarchy, find_mem_hierarchy
+from chaoskit.targets.process import ProcessRef, is_alive, parent_pid, proc_ref
+
+RMDIR_WAIT_S = 10.0  # a memory cgroup whose task was just OOM-killed stays busy for a moment
+HOLDER_OOM_SCORE_ADJ = -1000  # never the OOM killer's pick (OOM_SCORE_ADJ_MIN)
+PR_SET_PDEATHSIG = 1
+
+
+def parse_bytes(value: object) -> int:
+    """'300MiB', '1.5GiB', '64M' or a number of bytes; not a percentage (of what?)."""
+    if isinstance(value, str) and "%" in value:
+        raise ValueError(f"expected a size like '300MiB' (got {value!r}; a percentage has nothing to be of here)")
+    return parse_size(value)
+
+
+Bytes = Annotated[
+    int,
+    BeforeValidator(parse_bytes),
+    WithJsonSchema({"type": ["string", "integer"], "pattern": r"^\d+(\.\d+)?\s*([KMGTkmgt][iI]?[bB]?|[bB])?$",
+                    "description": "a size like '300MiB' or '2GiB', or bytes"}),
+]
+
+
+class MemoryLimitSpec(StrictModel):
+    type: Literal["process.memory_limit"]
+    limit: Bytes | None = Field(None, gt=0, description="memory limit of the cgroup the targets are moved into, "
+                                                        "e.g. '300MiB' (one of limit or headroom)")
+    headroom: Bytes | None = Field(None, gt=0, description="limit = what is charged to the new cgroup right after "
+                                                           "the move + this, e.g. '64MiB': how much more the "
+                                                           "targets may take (one of limit or headroom)")
+    pressure: Bytes | None = Field(None, gt=0, description="a holder process inside the same cgroup takes this "
+                                                           "much of the room (oom_score_adj -1000: the kernel's "
+                                                           "OOM killer picks a target, never the holder); less "
+                                                           "than headroom")
+    pid: int | list[int] | None = Field(None, description="target process(es); moved into a dedicated cgroup")
+    descendants: bool = Field(False, description="with pid: also every descendant of those processes, e.g. "
+                                                 "tritonserver and the python backend stubs it started")
+    name: str | None = Field(None, min_length=1, description="regex on process names (comm); with child_of, "
+                                                             "among that PID's descendants")
+    child_of: int | None = Field(None, gt=0, description="descendants (recursive) of this PID, e.g. "
+                                                         "'{target.replica_pid}'; narrowed by name if given")
+    full_cmdline: bool = Field(False, description="match `name` against the whole command line")
+    allow_host: bool = Field(False, description="allow PID 1 and chaoskit's own ancestors")
+
+    @field_validator("pid")
+    @classmethod
+    def _pids(cls, v: int | list[int] | None) -> int | list[int] | None:
+        if v is not None and (v == [] or any(p <= 0 for p in ([v] if isinstance(v, int) else v))):
+            raise ValueError("PIDs are positive integers (and a list needs at least one)")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        return check_regex(v)
+
+    @model_validator(mode="after")
+    def _check(self) -> MemoryLimitSpec:
+        check_selector(self.pid, self.name, self.child_of)
+        if self.descendants and self.pid is None:
+            raise ValueError("descendants goes with pid (child_of already selects descendants)")
+        if (self.limit is None) == (self.headroom is None):
+            raise ValueError("give exactly one of limit (absolute, e.g. '300MiB') or headroom (on top of what the "
+                             "targets have charged after the move, e.g. '64MiB')")
+        room = self.headroom if self.headroom is not None else self.limit
+        if self.pressure is not None and room is not None and self.pressure >= room:
+            what = "headroom" if self.headroom is not None else "limit"
+            raise ValueError(f"pressure ({format_size(self.pressure)}) must be less than {what} "
+                             f"({format_size(room)}): the holder takes part of the room and the targets run out "
+                             "of the rest; a holder that cannot fit would wait at the limit forever")
+        return self
+
+
+class MemoryLimit(Injector):
+    type: ClassVar[str] = "process.memory_limit"
+    summary: ClassVar[str] = ("limit the memory of processes in a cgroup, optionally with an OOM-proof holder "
+                              "taking part of it (memory.max / memory.limit_in_bytes; revert: moved back)")
+    Spec = MemoryLimitSpec
+    spec: MemoryLimitSpec
+    max_lifetime_s: float = 3600.0  # the holder exits by itself after this; the runner sets duration + 60 s
+
+    def __init__(self, spec: BaseModel):
+        super().__init__(spec)
+        self.cgroup_name = f"chaoskit-{uuid.uuid4().hex[:12]}"  # chosen once, so plan names what apply creates
+
+    def _targets(self) -> list[ProcessRef]:
+        s = self.spec
+        refs = select_processes(s.pid, s.name, s.child_of, s.full_cmdline, s.allow_host)
+        if s.descendants:
+            for root in list(refs):
+                refs += [d for d in descendants(root.pid) if d not in refs]
+        return refs
+
+    def _what(self) -> str:
+        s = self.spec
+        return describe_selector(s.pid, s.name, s.child_of) + (" and their descendants" if s.descendants else "")
+
+    def _limit_words(self) -> str:
+        s = self.spec
+        if s.limit is not None:
+            return f"limit {format_size(s.limit)}"
+        return f"limit = what is charged to it right after the move + {format_size(s.headroom or 0)} headroom"
+
+    def preflight(self) -> None:
+        if os.geteuid() != 0:
+            raise PreflightError("process.memory_limit: needs root (it creates a memory cgroup, moves processes "
+                                 "into it and sets oom_score_adj)")
+        find_mem_hierarchy()
+        if self.spec.child_of is not None and proc_ref(self.spec.child_of) is None:
+            raise PreflightError(f"process.memory_limit: child_of: no running process with PID {self.spec.child_of}")
+        refs = self._targets()
+        if not refs:
+            raise PreflightError(f"process.memory_limit: no running process matches {self._what()}")
+        if not self.spec.allow_host:
+            refuse_protected("process.memory_limit", refs, "limit")
+
+    def plan(self) -> list[str]:
+        s, refs = self.spec, self._targets()
+        try:
+            hier = find_mem_hierarchy()
+        except PreflightError as e:
+            return [f"limit the memory of {self._what()} ({self._limit_words()}; no memory controller here: {e})"]
+        cg = hier.root / self.cgroup_name
+        lines = [f"create cgroup {cg} (cgroup v{hier.version} memory) with {self._limit_words()}"
+                 + ("" if hier.version == 2 else "; memory.move_charge_at_immigrate = 3 where the kernel still "
+                                                 "moves charges")]
+        for r in refs:
+            lines.append(f"move PID {r.pid} ({r.comm}) from {hier.cgroup_of(r.pid)} into it")
+        if not refs:
+            lines.append(f"move {self._what()} into it (none running now)")
+        if s.pressure:
+            lines.append(f"start a holder process inside it that takes {format_size(s.pressure)} of the room, "
+                         "asking for oom_score_adj -1000 so the kernel's OOM killer picks a target, not the holder "
+                         "(without CAP_SYS_RESOURCE the host refuses and the killer picks by size; it exits by "
+                         f"itself after {self.max_lifetime_s:g}s)")
+        lines.append(f"revert: stop the holder, move every task in {cg} back to its previous cgroup (children "
+                     "started meanwhile go where their parent came from; an OOM-killed target is no error), "
+                     "then remove the cgroup")
+        return lines
+
+    def prepare(self) -> dict[str, Any]:
+        hier, s = find_mem_hierarchy(), self.spec
+        procs = [p for p in (_proc_record(hier, r) for r in self._targets()) if p is not None]
+        return {"hierarchy": hier.to_json(), "cgroup": str(hier.root / self.cgroup_name), "limit": s.limit,
+                "headroom": s.headroom, "pressure": s.pressure, "procs": procs,
+                "token": f"chaoskit-holder-memlimit-{uuid.uuid4().hex}" if s.pressure else None,
+                # enabling +memory in the parent is a change too: recorded before apply, undone by revert if ours
+                "enables_memory": hier.version == 2 and not _memory_enabled(hier.root)}
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._apply(record)
+        except BaseException:
+            try:
+                type(self).revert(record)  # the prepared record is enough to undo a half-applied limit
+            except Exception:
+                pass  # the ledger still holds the intent: rollback tries again and reports it
+            raise
+
+    def _apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
+        if hier.version == 2:
+            _enable_memory(cg.parent)
+        cg.mkdir(exist_ok=True)
+        charges_moved = hier.move_charges_on_immigrate(cg)
+        moved = []
+        for p in record["procs"]:
+            ref = ProcessRef.from_json(p)
+            if not is_alive(ref):
+                continue
+            known = {t["tid"] for t in p["threads"]}  # threads started since prepare: where they are now
+            extra = [{"tid": t, "from": str(c)} for t in _threads(ref.pid)
+                     if t not in known and (c := hier.cgroup_of(ref.pid, t)) is not None]
+            try:
+                IoHierarchy.move(ref.pid, cg)  # cgroup.procs: every thread of the process at once (v1 and v2)
+            except ProcessLookupError:
+                continue
+            moved.append({**p, "threads": p["threads"] + extra})
+        if not moved:
+            raise RuntimeError("process.memory_limit: every target exited before it could be moved")
+        usage = hier.usage(cg) or 0
+        limit = record["limit"] if record["limit"] is not None else usage + record["headroom"]
+        pressure = record["pressure"] or 0
+        if pressure and pressure >= limit - usage:
+            raise RuntimeError(f"process.memory_limit: pressure {format_size(pressure)} does not fit the "
+                               f"{format_size(max(limit - usage, 0))} left under the limit {format_size(limit)} "
+                               f"({format_size(usage)} charged after the move); raise limit or lower pressure")
+        try:
+            hier.write_limit(cg, limit)
+        except OSError as e:
+            raise RuntimeError(f"process.memory_limit: cannot set a limit of {format_size(limit)} on {cg}: "
+                               f"{e.strerror} ({format_size(usage)} is charged to it after the move)") from None
+        out = {**record, "procs": moved, "usage_at_move": usage, "limit_bytes": limit, "charges_moved": charges_moved}
+        if pressure:
+            until = time.time() + self.max_lifetime_s
+            # the holder's PR_SET_PDEATHSIG fires when the spawning *thread* ends (see gpu.py)
+            holder = helper_proc.spawn(__name__, record["token"], [str(cg), str(pressure), f"{until:.3f}",
+                                                                   str(os.getpid())],
+                                       f"memory holder for {format_size(pressure)} in {cg}",
+                                       env={"PYTHONWARNINGS": "ignore::RuntimeWarning"})  # runpy: imported first
+            out["holder"] = holder.to_json()
+            out["holder_oom_score_adj"] = _oom_score_adj(holder.pid)
+        return out
+
+    @classmethod
+    def revert(cls, record: dict[str, Any]) -> None:
+        helper_proc.stop(record.get("token"))  # first: it holds memory in the cgroup and is not a target
+        hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
+        if cg.is_dir():
+            _move_back_and_remove(hier, cg, record.get("procs", []))
+        if record.get("enables_memory"):
+            _disable_memory_if_unused(cg.parent)
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
+        if not cg.is_dir() or record.get("limit_bytes") is None or hier.read_limit(cg) != record["limit_bytes"]:
+            return False
+        inside = set(IoHierarchy.procs(cg))
+        return any(p["pid"] in inside and is_alive(ProcessRef.from_json(p)) for p in record.get("procs", []))
+
+    @classmethod
+    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
+        hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
+        procs = record.get("procs", [])
+        alive = [p for p in procs if is_alive(ProcessRef.from_json(p))]
+        out: dict[str, Any] = {
+            "in_effect": cls.observe(record), "cgroup": str(cg), "charges_moved": record.get("charges_moved"),
+            "usage_at_move": record.get("usage_at_move"),
+            "survivors": [f"{p['pid']} {p['comm']}" for p in alive],
+            "gone": [f"{p['pid']} {p['comm']}" for p in procs if p not in alive],  # OOM-killed, or exited
+        }
+        if record.get("holder"):
+            out["holder_alive"] = is_alive(ProcessRef.from_json(record["holder"]))
+            out["holder_bytes"] = record.get("pressure")
+            out["holder_oom_score_adj"] = record.get("holder_oom_score_adj")  # -1000 unless the host refused it
+        if cg.is_dir():
+            events = hier.events(cg)
+            # times a charge hit the limit: v1 counts memory and memory+swap apart, v2 says `max`
+            hits = events.get("failcnt", 0) + events.get("memsw_failcnt", 0) if hier.version == 1 else events.get("max")
+            out.update(limit=hier.read_limit(cg), usage=hier.usage(cg), peak=hier.peak(cg), events=events,
+                       failcnt=hits, oom_kills=events.get("oom_kill"), tasks=len(hier.tasks(cg)))
+        return out
+
+
+def _proc_record(hier: MemHierarchy, ref: ProcessRef) -> dict[str, Any] | None:
+    """The target with its cgroup and each thread's cgroup before the move; None if it is gone."""
+    home = hier.cgroup_of(ref.pid)
+    if home is None:
+        return None
+    threads = [{"tid": t, "from": str(c)} for t in _threads(ref.pid) if (c := hier.cgroup_of(ref.pid, t)) is not None]
+    return {**ref.to_json(), "from": str(home), "threads": threads}
+
+
+def _move_back_and_remove(hier: MemHierarchy, cg: Path, procs: list[dict[str, Any]]) -> None:
+    """Move what is in `cg` now back where it came from, then rmdir it (retrying while the kernel says busy)."""
+    by_pid = {p["pid"]: Path(p["from"]) for p in procs}
+    by_tid = {(p["pid"], t["tid"]): Path(t["from"]) for p in procs for t in p["threads"]}
+    fallback = Path(procs[0]["from"]) if procs else hier.root
+    deadline = time.monotonic() + RMDIR_WAIT_S
+    while True:
+        # only what is in our cgroup now is moved: a task someone else moved meanwhile is left alone
+        tasks = [(p, p) for p in IoHierarchy.procs(cg)] if hier.version == 2 else \
+            [(_tgid(t), t) for t in hier.tasks(cg)]
+        for pid, tid in tasks:
+            if pid is None:
+                continue
+            dest = by_tid.get((pid, tid)) or by_pid.get(pid) or by_pid.get(parent_pid(pid) or 0) or fallback
+            try:
+                hier.move_task(pid, tid, dest if dest.is_dir() else hier.root)
+            except OSError:  # exited meanwhile (ESRCH) or not movable: the rmdir below tells
+                pass
+        try:
+            os.rmdir(cg)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise RuntimeError(f"process.memory_limit: cannot remove {cg}: {e.strerror}; tasks still in it: "
+                                   f"{hier.tasks(cg)[:10]}") from None
+            if not hier.tasks(cg):
+                hier.force_empty(cg)
+            time.sleep(0.05)
+
+
+def _oom_score_adj(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return []
+
+
+def _tgid(tid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{tid}/status").read_text().splitlines():
+            if line.startswith("Tgid:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _memory_enabled(parent: Path) -> bool:
+    return "memory" in (parent / "cgroup.subtree_control").read_text().split()
+
+
+def _enable_memory(parent: Path) -> None:
+    if not _memory_enabled(parent):
+        (parent / "cgroup.subtree_control").write_text("+memory\n")
+
+
+def _disable_memory_if_unused(parent: Path) -> None:
+    """Undo the +memory chaoskit enabled, unless a child cgroup now has a memory limit of its own."""
+    if not _memory_enabled(parent):
+        return
+    for child in parent.iterdir():
+        limit = child / "memory.max"
+        if child.is_dir() and limit.exists() and limit.read_text().strip() != "max":
+            return
+    (parent / "cgroup.subtree_control").write_text("-memory\n")
+
+
+# ---------------------------------------------------------------- the holder process
+
+def holder_main(argv: list[str]) -> int:
+    """Join the cgroup, ask for oom_score_adj -1000, then become memory_holder.py (run as a file, so the holder
+    does not carry chaoskit's imports: its own size decides who the OOM killer picks where -1000 is refused)."""
+    token, cgroup, nbytes, until, parent = argv[0], Path(argv[1]), argv[2], argv[3], int(argv[4])
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # kept across exec; KILL: TERM waits for the pages
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        return 0
+    (cgroup / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    try:
+        Path("/proc/self/oom_score_adj").write_text(f"{HOLDER_OOM_SCORE_ADJ}\n")
+    except PermissionError:  # below oom_score_adj_min needs CAP_SYS_RESOURCE; apply records what it got
+        pass
+    os.execv(sys.executable, [sys.executable, memory_holder.__file__, token, nbytes, until])
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(holder_main(sys.argv[1:]))
