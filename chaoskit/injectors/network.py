@@ -371,8 +371,8 @@ class Netem(_TcFault):
         super().preflight()
 
     def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:
-        tuple(ipr.nlm_request(netem_message(self.spec, ifindex, parent, handle), RTM_NEWQDISC,
-                              NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE))
+        tc.request(ipr, netem_message(self.spec, ifindex, parent, handle), RTM_NEWQDISC,
+                   NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE)
 
 
 class Bandwidth(_TcFault):

@@ -10,21 +10,13 @@ import signal
 import time
 from typing import Any, ClassVar, Literal
 
+import psutil
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import StrictModel
-from chaoskit.targets.process import (
-    ProcessRef,
-    all_pids,
-    cmdline,
-    find_by_name,
-    is_alive,
-    parent_pid,
-    proc_ref,
-    proc_state,
-)
+from chaoskit.targets.process import ProcessRef, cmdline, find_by_name, is_alive, proc_ref, proc_state
 
 _ALLOWED_SIGNALS = ("SIGSTOP", "SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
 
@@ -87,23 +79,14 @@ def check_selector(pid: object, name: object, child_of: object) -> None:
 
 
 def descendants(root: int) -> list[ProcessRef]:
-    """Live children, grandchildren ... of `root` (not `root` itself, nor this process), by PID."""
-    children: dict[int, list[int]] = {}
-    for pid in all_pids():
-        ppid = parent_pid(pid)
-        if ppid is not None:
-            children.setdefault(ppid, []).append(pid)
-    found, seen, todo = [], {root}, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        ref = proc_ref(pid)
-        if ref is not None and pid != os.getpid() and proc_state(pid) not in ("Z", "X"):
-            found.append(ref)
-        todo.extend(children.get(pid, []))
-    return sorted(found, key=lambda r: r.pid)
+    """Live children, grandchildren ... of `root` (not `root` itself, nor this process), by PID. psutil leaves out
+    a "child" older than `root` (a reused PID)."""
+    try:
+        tree = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return []
+    refs = (proc_ref(p.pid) for p in tree if p.pid != os.getpid())
+    return sorted((r for r in refs if r is not None and is_alive(r)), key=lambda r: r.pid)
 
 
 def select_processes(pid: int | list[int] | None, name: str | None, child_of: int | None = None,
@@ -145,12 +128,8 @@ def refuse_protected(who: str, refs: list[ProcessRef], verb: str = "target") -> 
 
 def _protected_pids() -> set[int]:
     """PID 1, chaoskit and its ancestors (the shell, the CI runner)."""
-    pids: set[int] = {1}
-    pid: int | None = os.getpid()
-    while pid and pid > 1 and pid not in pids:
-        pids.add(pid)
-        pid = parent_pid(pid)
-    return pids
+    me = psutil.Process()
+    return {1, me.pid, *(p.pid for p in me.parents())}
 
 
 def _wait_state(targets: list[dict[str, Any]], done: Any, timeout: float = 1.0) -> None:

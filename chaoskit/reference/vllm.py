@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from chaoskit.errors import ChaoskitError, PreflightError
-from chaoskit.targets.process import all_pids, parent_pid, proc_ref
 
 if TYPE_CHECKING:
     from chaoskit.reference.deploy import Deployment, RefOptions
@@ -128,8 +129,14 @@ def start(dep: Deployment, opts: RefOptions, say: Callable[[str], None]) -> list
 def engine_core_pid(api_server: int) -> int | None:
     """The replica's `VLLM::EngineCore` process: a child of that API server (by parent PID, not by name alone:
     every replica has one)."""
-    for pid in all_pids():
-        ref = proc_ref(pid)
-        if ref is not None and ref.comm.startswith("VLLM::EngineCor") and parent_pid(pid) == api_server:
-            return pid
+    try:
+        children = psutil.Process(api_server).children()
+    except psutil.Error:
+        return None
+    for child in children:
+        try:
+            if child.name().startswith("VLLM::EngineCor"):
+                return child.pid
+        except psutil.Error:
+            continue
     return None

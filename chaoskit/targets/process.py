@@ -1,4 +1,4 @@
-"""Find processes by PID, name or marker token, and tell a live process from a reused PID."""
+"""Find processes by PID, name or marker token, and tell a live process from a reused PID (via psutil)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-PROC = Path("/proc")
+import psutil
+
+# psutil's status names back to the kernel's one-letter states that callers compare (T = stopped, Z = zombie).
+_STATE_LETTERS = {
+    psutil.STATUS_RUNNING: "R", psutil.STATUS_SLEEPING: "S", psutil.STATUS_DISK_SLEEP: "D",
+    psutil.STATUS_STOPPED: "T", psutil.STATUS_TRACING_STOP: "t", psutil.STATUS_ZOMBIE: "Z",
+    psutil.STATUS_DEAD: "X", psutil.STATUS_WAKING: "W", psutil.STATUS_IDLE: "I", psutil.STATUS_PARKED: "P",
+}
 
 
 @dataclass(frozen=True)
@@ -26,63 +33,65 @@ class ProcessRef:
         return cls(int(data["pid"]), int(data["start_time"]), str(data.get("comm", "")))
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def start_ticks(pid: int) -> int | None:
+    """The kernel start time of `pid` in clock ticks since boot (/proc/PID/stat field 22): the unit ledgers store.
+
+    Read here, not through psutil: its create_time() is wall-clock seconds (boot time + ticks / CLK_TCK, with a
+    boot time that moves when the clock is stepped), which does not convert back to the same integer reliably."""
     try:
-        raw = (PROC / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
         return None
-    # comm is in parentheses and may contain spaces or ')'; split after the last ')'.
-    head, _, tail = raw.rpartition(")")
-    comm = head.partition("(")[2]
-    return [str(pid), comm] + tail.split()
+    return int(raw.rpartition(b")")[2].split()[19])  # after "pid (comm)": field 3 is index 0
 
 
 def proc_ref(pid: int) -> ProcessRef | None:
     """The identity of a running process, or None if there is no such process."""
-    f = _stat_fields(pid)
-    if f is None:
+    start = start_ticks(pid)
+    try:
+        return None if start is None else ProcessRef(pid=pid, start_time=start, comm=psutil.Process(pid).name())
+    except psutil.Error:
         return None
-    return ProcessRef(pid=pid, start_time=int(f[21]), comm=f[1])
 
 
 def parent_pid(pid: int) -> int | None:
-    f = _stat_fields(pid)
-    return int(f[3]) if f else None
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
 
 
 def proc_state(pid: int) -> str | None:
     """One-letter scheduler state (R, S, T = stopped, Z = zombie ...) or None if gone."""
-    f = _stat_fields(pid)
-    return f[2] if f else None
+    try:
+        return _STATE_LETTERS.get(psutil.Process(pid).status(), "?")
+    except psutil.Error:
+        return None
 
 
 def is_alive(ref: ProcessRef) -> bool:
     """True if that very process (same start time) still exists and is not a zombie."""
-    cur = proc_ref(ref.pid)
-    return cur is not None and cur.start_time == ref.start_time and proc_state(ref.pid) not in ("Z", "X")
+    return start_ticks(ref.pid) == ref.start_time and proc_state(ref.pid) not in (None, "Z", "X")
 
 
 def cmdline(pid: int) -> list[str]:
     try:
-        raw = (PROC / str(pid) / "cmdline").read_bytes()
-    except OSError:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
         return []
-    return [p.decode(errors="replace") for p in raw.split(b"\0") if p]
 
 
 def all_pids() -> list[int]:
-    return sorted(int(p.name) for p in PROC.iterdir() if p.name.isdigit())
+    return sorted(psutil.pids())
 
 
 def find_by_name(pattern: str, full: bool = False) -> list[ProcessRef]:
-    """Processes whose comm (or full command line when `full`) matches the regex `pattern`."""
+    """Processes whose name (or full command line when `full`) matches the regex `pattern`."""
     rx = re.compile(pattern)
     me = os.getpid()
     found = []
     for pid in all_pids():
-        if pid == me:
-            continue
-        ref = proc_ref(pid)
+        ref = proc_ref(pid) if pid != me else None
         if ref is None or proc_state(pid) == "Z":
             continue
         text = " ".join(cmdline(pid)) if full else ref.comm
@@ -93,20 +102,17 @@ def find_by_name(pattern: str, full: bool = False) -> list[ProcessRef]:
 
 def find_by_token(token: str) -> list[ProcessRef]:
     """Processes whose command line carries the marker `token` as one argument."""
-    found = []
-    for pid in all_pids():
-        if token in cmdline(pid):
-            ref = proc_ref(pid)
-            if ref is not None:
-                found.append(ref)
-    return found
+    refs = (proc_ref(pid) for pid in all_pids() if token in cmdline(pid))
+    return [r for r in refs if r is not None]
 
 
 def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group `pgid`."""
+    """Live (non-zombie) processes of process group `pgid` (psutil has no pgid: getpgid(2) per process)."""
     out = []
     for pid in all_pids():
-        f = _stat_fields(pid)
-        if f and f[4] == str(pgid) and f[2] not in ("Z", "X"):
-            out.append(pid)
+        try:
+            if os.getpgid(pid) == pgid and proc_state(pid) not in (None, "Z", "X"):
+                out.append(pid)
+        except OSError:
+            continue
     return out

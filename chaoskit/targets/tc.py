@@ -1,82 +1,83 @@
-"""Snapshot, restore and delete root/ingress qdiscs byte-exactly over a raw rtnetlink socket."""
+"""Snapshot, restore and delete root/ingress qdiscs byte-exactly, with pyroute2's tcmsg."""
 
 from __future__ import annotations
 
 import errno
 import os
 import socket
-import struct
 import uuid
 from typing import Any
 
-from chaoskit.targets.netns import run_in_netns, with_iproute
+from pyroute2.netlink import (
+    NLA_F_NESTED,
+    NLA_F_NET_BYTEORDER,
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_REPLACE,
+    NLM_F_REQUEST,
+)
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_DELQDISC, RTM_GETQDISC, RTM_NEWQDISC, TC_H_INGRESS, TC_H_ROOT
+from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-NETLINK_ROUTE = 0
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-RTM_NEWQDISC, RTM_DELQDISC, RTM_GETQDISC = 36, 37, 38
-F_REQUEST, F_ACK, F_REPLACE, F_EXCL, F_CREATE, F_DUMP = 0x1, 0x4, 0x100, 0x200, 0x400, 0x300
-TCA_KIND, TCA_OPTIONS = 1, 2
-TC_H_ROOT, TC_H_INGRESS = 0xFFFFFFFF, 0xFFFFFFF1
-_TCMSG = struct.Struct("=BxxxiIII")
-_NLMSG = struct.Struct("=IHHII")
-_RTA = struct.Struct("=HH")
+from chaoskit.targets.netns import with_iproute
 
+__all__ = ["TC_H_INGRESS", "TC_H_ROOT", "QdiscMessage", "delete", "find", "is_default", "netem_missing_reason",
+           "qdisc_message", "qdiscs", "request", "restore", "restore_message", "snapshot"]  # TC_H_*: for callers
 
-def _align(n: int) -> int:
-    return (n + 3) & ~3
-
-
-def _attr(kind: int, data: bytes) -> bytes:
-    return _RTA.pack(_RTA.size + len(data), kind) + data + b"\0" * (_align(len(data)) - len(data))
-
-
-def _talk(msg_type: int, flags: int, body: bytes) -> list[bytes]:
-    """Send one request in the current namespace; return the payloads of the answers (raise OSError on NACK)."""
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as s:
-        s.bind((0, 0))
-        s.send(_NLMSG.pack(_NLMSG.size + len(body), msg_type, flags, 1, 0) + body)
-        out: list[bytes] = []
-        while True:
-            data = s.recv(1 << 16)
-            off = 0
-            while off + _NLMSG.size <= len(data):
-                length, kind, _flags, _seq, _pid = _NLMSG.unpack_from(data, off)
-                payload = data[off + _NLMSG.size: off + length]
-                off += _align(length)
-                if kind == NLMSG_DONE:
-                    return out
-                if kind == NLMSG_ERROR:
-                    err = struct.unpack_from("=i", payload)[0]
-                    if err:
-                        raise OSError(-err, f"rtnetlink: {os.strerror(-err)}")
-                    return out
-                out.append(payload)
-            if not flags & F_DUMP and not flags & F_ACK:
-                return out
+TCA_OPTIONS = 2  # the attribute type a snapshot records, with the flag bits the kernel dumped it with
+INGRESS_HANDLE = 0xFFFF0000
 
 
-def _parse_qdisc(payload: bytes) -> dict[str, Any]:
-    _family, ifindex, handle, parent, _info = _TCMSG.unpack_from(payload)
-    q: dict[str, Any] = {"ifindex": ifindex, "handle": handle, "parent": parent, "kind": "", "options": None}
-    off = _TCMSG.size
-    while off + _RTA.size <= len(payload):
-        length, kind = _RTA.unpack_from(payload, off)
-        if length < _RTA.size:
-            break
-        data = payload[off + _RTA.size: off + length]
-        if kind == TCA_KIND:
-            q["kind"] = data.rstrip(b"\0").decode()
-        elif kind & 0x3FFF == TCA_OPTIONS:
-            q["options"] = {"type": kind, "hex": data.hex()}
-        off += _align(length)
-    return q
+class QdiscMessage(tcmsg):
+    """pyroute2's tcmsg, except that TCA_OPTIONS stays the kernel's own bytes both ways (pyroute2's `cdata` NLA):
+    a snapshot keeps what the kernel dumped and a restore sends exactly that back. Decoding the options with
+    pyroute2's per-kind classes and encoding them again is not byte-exact: they know only part of each qdisc's
+    attributes, and drop the rest on encode (tbf's TCA_TBF_RATE64, dumped for rates of 2^32 bytes/s and up).
+    pyroute2 caches the compiled attribute table on the class (name-mangled attributes of nlmsg_base); reset
+    them so this subclass compiles its own instead of inheriting tcmsg's."""
+
+    _nlmsg_base__compiled_nla = False
+    _nlmsg_base__t_nla_map = None
+    _nlmsg_base__r_nla_map = None
+    nla_map = tuple((name, "cdata") if name == "TCA_OPTIONS" else (name, t) for name, t in tcmsg.nla_map)
+
+
+def qdisc_message(ifindex: int, handle: int = 0, parent: int = 0) -> QdiscMessage:
+    msg = QdiscMessage()
+    msg["family"], msg["info"] = socket.AF_UNSPEC, 0
+    msg["index"], msg["handle"], msg["parent"] = ifindex, handle, parent
+    return msg
+
+
+def request(ipr: Any, msg: Any, msg_type: int, flags: int) -> list[Any]:
+    """Send one tcmsg on an open pyroute2 IPRoute; the answers (OSError on a NACK, as the kernel's errno).
+    Not IPRoute.nlm_request: the sync IPRoute of pyroute2 0.9.3 to 0.9.7 raises KeyError('nlm_generator') first;
+    nlm_request_batch, with type and flags in the message header, is the sync path that works."""
+    msg["header"]["type"], msg["header"]["flags"] = msg_type, flags
+    try:
+        return list(ipr.nlm_request_batch([msg]))
+    except NetlinkError as e:
+        raise OSError(e.code, f"rtnetlink: {os.strerror(e.code)}") from None
+
+
+def snapshot(msg: Any) -> dict[str, Any]:
+    """A dumped qdisc as the ledger stores it: ifindex, handle, parent, kind, raw options (attribute type, hex)."""
+    opts = next((a for a in msg["attrs"] if a.name == "TCA_OPTIONS"), None)  # pyroute2 nla_slot
+    raw = None if opts is None else {"type": TCA_OPTIONS | opts.get_flags(), "hex": opts.get_value().hex()}
+    return {"ifindex": msg["index"], "handle": msg["handle"], "parent": msg["parent"],
+            "kind": msg.get_attr("TCA_KIND") or "", "options": raw}
 
 
 def qdiscs(ns_path: str, ifindex: int = 0) -> list[dict[str, Any]]:
     """Every qdisc of the namespace (or of one interface): ifindex, handle, parent, kind, raw options."""
-    body = _TCMSG.pack(0, ifindex, 0, 0, 0)
-    rows = run_in_netns(ns_path, lambda: [_parse_qdisc(p) for p in _talk(RTM_GETQDISC, F_REQUEST | F_DUMP, body)])
-    return [q for q in rows if not ifindex or q["ifindex"] == ifindex]
+
+    def dump(ipr: Any) -> list[dict[str, Any]]:
+        ipr.register_policy(RTM_NEWQDISC, QdiscMessage)  # this socket's parser only
+        return [snapshot(m) for m in request(ipr, qdisc_message(ifindex), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP)]
+
+    return [q for q in with_iproute(ns_path, dump) if not ifindex or q["ifindex"] == ifindex]
 
 
 def find(ns_path: str, ifindex: int, parent: int) -> dict[str, Any] | None:
@@ -85,23 +86,30 @@ def find(ns_path: str, ifindex: int, parent: int) -> dict[str, Any] | None:
 
 def delete(ns_path: str, ifindex: int, parent: int) -> bool:
     """Delete the qdisc at `parent` (TC_H_ROOT or TC_H_INGRESS). False if there was none to delete."""
-    handle = 0xFFFF0000 if parent == TC_H_INGRESS else 0
-    body = _TCMSG.pack(0, ifindex, handle, parent, 0)
+    msg = qdisc_message(ifindex, INGRESS_HANDLE if parent == TC_H_INGRESS else 0, parent)
     try:
-        run_in_netns(ns_path, lambda: _talk(RTM_DELQDISC, F_REQUEST | F_ACK, body))
+        with_iproute(ns_path, lambda ipr: request(ipr, msg, RTM_DELQDISC, NLM_F_REQUEST | NLM_F_ACK))
     except OSError as e:
-        if e.errno in (2, 22, 19):  # ENOENT / EINVAL (only the default is left) / ENODEV (interface gone)
+        if e.errno in (errno.ENOENT, errno.EINVAL, errno.ENODEV):  # none / only the default is left / link gone
             return False
         raise
     return True
 
 
+def restore_message(ifindex: int, snap: dict[str, Any]) -> QdiscMessage:
+    """The RTM_NEWQDISC that puts a snapshotted qdisc back: kind, handle, parent and the option bytes as dumped."""
+    msg = qdisc_message(ifindex, snap["handle"], snap["parent"])
+    msg["attrs"] = [["TCA_KIND", snap["kind"]]]
+    if snap.get("options") is not None:
+        flags = snap["options"]["type"] & (NLA_F_NESTED | NLA_F_NET_BYTEORDER)  # a tuple's 3rd item: NLA flags
+        msg["attrs"].append(("TCA_OPTIONS", bytes.fromhex(snap["options"]["hex"]), flags))
+    return msg
+
+
 def restore(ns_path: str, ifindex: int, snap: dict[str, Any]) -> None:
     """Put back a qdisc exactly as snapshotted (kind, handle, parent, option bytes)."""
-    body = _TCMSG.pack(0, ifindex, snap["handle"], snap["parent"], 0) + _attr(TCA_KIND, snap["kind"].encode() + b"\0")
-    if snap.get("options") is not None:
-        body += _attr(snap["options"]["type"], bytes.fromhex(snap["options"]["hex"]))
-    run_in_netns(ns_path, lambda: _talk(RTM_NEWQDISC, F_REQUEST | F_ACK | F_CREATE | F_REPLACE, body))
+    msg, flags = restore_message(ifindex, snap), NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+    with_iproute(ns_path, lambda ipr: request(ipr, msg, RTM_NEWQDISC, flags))
 
 
 def is_default(snap: dict[str, Any] | None) -> bool:
