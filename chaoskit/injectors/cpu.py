@@ -26,7 +26,7 @@ from chaoskit.injectors.process import (
 )
 from chaoskit.spec.types import Duration, StrictModel
 from chaoskit.targets.cgroups import CpuHierarchy, IoHierarchy, find_cpu_hierarchy
-from chaoskit.targets.process import ProcessRef, find_by_token, is_alive, parent_pid, proc_ref
+from chaoskit.targets.process import ProcessRef, find_by_token, is_alive, parent_pid, proc_ref, thread_group, threads
 
 MAX_CPUS = 1024
 MIN_QUOTA_US = 1000  # the kernel refuses a CFS quota under 1 ms
@@ -104,23 +104,6 @@ class CpuThrottleSpec(StrictModel):
         return round(self.cpu * self.period * 1e6)
 
 
-def _threads(pid: int) -> list[int]:
-    try:
-        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
-    except OSError:
-        return []
-
-
-def _tgid(tid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{tid}/status").read_text().splitlines():
-            if line.startswith("Tgid:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 def _limit_text(hier: CpuHierarchy, quota: int, period: int) -> str:
     if hier.version == 2:
         return f"cpu.max = '{quota} {period}'"
@@ -165,7 +148,7 @@ class CpuThrottle(Injector):
         lines = [f"create cgroup {cg} (cgroup v{hier.version}) with {_limit_text(hier, s.quota_us(), s.period_us())}"
                  f": {s.cpu:g} CPU ({s.cpu * 100:g}% of one CPU) per {s.period * 1e3:g}ms period{more}"]
         for r in refs:
-            lines.append(f"move PID {r.pid} ({r.comm}) with its {len(_threads(r.pid))} thread(s) from "
+            lines.append(f"move PID {r.pid} ({r.comm}) with its {len(threads(r.pid))} thread(s) from "
                          f"{hier.cgroup_of(r.pid)} into it")
         if not refs:
             lines.append(f"move {self._what()} into it (none running now)")
@@ -193,7 +176,7 @@ class CpuThrottle(Injector):
             if not is_alive(ref):
                 continue
             known = {t["tid"] for t in p["threads"]}  # threads started since prepare: where they are now
-            extra = [{"tid": t, "from": str(c)} for t in _threads(ref.pid)
+            extra = [{"tid": t, "from": str(c)} for t in threads(ref.pid)
                      if t not in known and (c := hier.cgroup_of(ref.pid, t)) is not None]
             try:
                 IoHierarchy.move(ref.pid, cg)  # cgroup.procs: every thread of the process at once (v1 and v2)
@@ -217,7 +200,7 @@ class CpuThrottle(Injector):
         while True:
             # only what is in our cgroup now is moved: a task someone else moved meanwhile is left alone
             tasks = [(p, p) for p in IoHierarchy.procs(cg)] if hier.version == 2 else \
-                [(_tgid(t), t) for t in hier.tasks(cg)]
+                [(thread_group(t), t) for t in hier.tasks(cg)]
             for pid, tid in tasks:
                 if pid is None:
                     continue
@@ -263,8 +246,8 @@ def _proc_record(hier: CpuHierarchy, ref: ProcessRef) -> dict[str, Any] | None:
     home = hier.cgroup_of(ref.pid)
     if home is None:
         return None
-    threads = [{"tid": t, "from": str(c)} for t in _threads(ref.pid) if (c := hier.cgroup_of(ref.pid, t)) is not None]
-    return {**ref.to_json(), "from": str(home), "threads": threads}
+    tids = [{"tid": t, "from": str(c)} for t in threads(ref.pid) if (c := hier.cgroup_of(ref.pid, t)) is not None]
+    return {**ref.to_json(), "from": str(home), "threads": tids}
 
 
 def _cpu_enabled(parent: Path) -> bool:

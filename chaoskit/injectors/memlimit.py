@@ -34,7 +34,7 @@ from chaoskit.injectors.process import (
 from chaoskit.spec.types import StrictModel
 from chaoskit.spec.units import format_size, parse_size
 from chaoskit.targets.cgroups import IoHierarchy, MemHierarchy, find_mem_hierarchy
-from chaoskit.targets.process import ProcessRef, is_alive, parent_pid, proc_ref
+from chaoskit.targets.process import ProcessRef, is_alive, parent_pid, proc_ref, thread_group, threads
 
 RMDIR_WAIT_S = 10.0  # a memory cgroup whose task was just OOM-killed stays busy for a moment
 HOLDER_OOM_SCORE_ADJ = -1000  # never the OOM killer's pick (OOM_SCORE_ADJ_MIN)
@@ -204,7 +204,7 @@ class MemoryLimit(Injector):
             if not is_alive(ref):
                 continue
             known = {t["tid"] for t in p["threads"]}  # threads started since prepare: where they are now
-            extra = [{"tid": t, "from": str(c)} for t in _threads(ref.pid)
+            extra = [{"tid": t, "from": str(c)} for t in threads(ref.pid)
                      if t not in known and (c := hier.cgroup_of(ref.pid, t)) is not None]
             try:
                 IoHierarchy.move(ref.pid, cg)  # cgroup.procs: every thread of the process at once (v1 and v2)
@@ -283,8 +283,8 @@ def _proc_record(hier: MemHierarchy, ref: ProcessRef) -> dict[str, Any] | None:
     home = hier.cgroup_of(ref.pid)
     if home is None:
         return None
-    threads = [{"tid": t, "from": str(c)} for t in _threads(ref.pid) if (c := hier.cgroup_of(ref.pid, t)) is not None]
-    return {**ref.to_json(), "from": str(home), "threads": threads}
+    tids = [{"tid": t, "from": str(c)} for t in threads(ref.pid) if (c := hier.cgroup_of(ref.pid, t)) is not None]
+    return {**ref.to_json(), "from": str(home), "threads": tids}
 
 
 def _move_back_and_remove(hier: MemHierarchy, cg: Path, procs: list[dict[str, Any]]) -> None:
@@ -296,7 +296,7 @@ def _move_back_and_remove(hier: MemHierarchy, cg: Path, procs: list[dict[str, An
     while True:
         # only what is in our cgroup now is moved: a task someone else moved meanwhile is left alone
         tasks = [(p, p) for p in IoHierarchy.procs(cg)] if hier.version == 2 else \
-            [(_tgid(t), t) for t in hier.tasks(cg)]
+            [(thread_group(t), t) for t in hier.tasks(cg)]
         for pid, tid in tasks:
             if pid is None:
                 continue
@@ -324,23 +324,6 @@ def _oom_score_adj(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
     except (OSError, ValueError):
         return None
-
-
-def _threads(pid: int) -> list[int]:
-    try:
-        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
-    except OSError:
-        return []
-
-
-def _tgid(tid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{tid}/status").read_text().splitlines():
-            if line.startswith("Tgid:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
 
 
 def _memory_enabled(parent: Path) -> bool:

@@ -116,3 +116,22 @@ def group_members(pgid: int) -> list[int]:
         except OSError:
             continue
     return out
+
+
+def threads(pid: int) -> list[int]:
+    """The thread IDs of a process (empty when it is gone)."""
+    try:
+        return sorted(t.id for t in psutil.Process(pid).threads())
+    except psutil.Error:
+        return []
+
+
+def thread_group(tid: int) -> int | None:
+    """The process (thread group) a thread ID belongs to."""
+    try:
+        for line in Path(f"/proc/{tid}/status").read_text().splitlines():
+            if line.startswith("Tgid:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
