@@ -14,8 +14,11 @@ from chaoskit.targets.process import ProcessRef, find_by_token, is_alive
 
 
 def spawn(module: str, token: str, args: list[str], what: str, env: dict[str, str] | None = None) -> ProcessRef:
-    """Run `python -m module token *args` in its own session (extra `env` on top of ours); wait for `ready`."""
-    proc = subprocess.Popen([sys.executable, "-m", module, token, *args], stdout=subprocess.PIPE,
+    """Run `python -m module token *args` in its own session (extra `env` on top of ours); wait for `ready`.
+    A `module` ending in .py is run as a file instead (`python -P FILE`: for a standard-library-only helper that
+    must start in milliseconds, without importing chaoskit's injectors)."""
+    runner = ["-P", module] if module.endswith(".py") else ["-m", module]
+    proc = subprocess.Popen([sys.executable, *runner, token, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True, text=True,
                             env={**os.environ, **env} if env else None)
     line = proc.stdout.readline() if proc.stdout else ""

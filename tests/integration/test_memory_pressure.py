@@ -1,0 +1,190 @@
+"""host.memory_pressure on the real kernel: pages resident at `ready` (each populate method), revert leaves no
+holder, SIGTERM in the middle of a populate, chunks grown and given back, and a `target_used` hold that stays
+within 2% of MemTotal while a child of the test allocates and frees 256 MiB. Everything stays under ~1 GiB."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chaoskit.errors import PreflightError
+from chaoskit.injectors import memory_holder
+from chaoskit.injectors.memory import MemoryPressure, MemoryPressureSpec, meminfo
+from chaoskit.targets.process import find_by_token
+from tests.conftest import wait_for
+
+MiB = 1 << 20
+# Allocates 256 MiB, holds it, frees it, twice; prints what it holds after each change.
+CHURN = """
+import mmap, sys, time
+for _ in range(2):
+    m = mmap.mmap(-1, 256 << 20)
+    m.madvise(23, 0, 256 << 20)
+    print(256, flush=True)
+    time.sleep(1.0)
+    m.close()
+    print(0, flush=True)
+    time.sleep(1.0)
+"""
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def injector(**kw) -> MemoryPressure:
+    inj = MemoryPressure(MemoryPressureSpec(type="host.memory_pressure", **kw))
+    inj.max_lifetime_s = 60  # a holder a failed test leaves behind exits by itself
+    return inj
+
+
+def holder(nbytes: int, env: dict[str, str] | None = None, config: dict | None = None) -> subprocess.Popen:
+    args = [sys.executable, "-P", memory_holder.__file__, "chaoskit-holder-test", str(nbytes), f"{time.time() + 30:.3f}"]
+    return subprocess.Popen(args + ([json.dumps(config)] if config else []), stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def finish(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def test_size_is_resident_at_ready_and_revert_leaves_no_holder(state_dir):
+    inj = injector(size="256MiB")
+    inj.preflight()
+    record = inj.prepare()
+    final = inj.apply(record)
+    try:
+        pid = final["holder"]["pid"]
+        assert rss_bytes(pid) >= 256 * MiB, "pages not resident at ready"
+        details = MemoryPressure.observe_details(final)
+        assert details["in_effect"] and details["held"] == 256 * MiB
+        assert details["holder"]["method"] == "populate_write" and details["holder"]["state"] == "holding"
+    finally:
+        MemoryPressure.revert(final)
+    assert not find_by_token(record["token"]) and not MemoryPressure.observe(final)
+    assert not Path(record["status"]).exists()
+    MemoryPressure.revert(final)  # idempotent
+    MemoryPressure.revert(record)  # from the pre-apply record alone, too
+    assert MemoryPressure.observe_details(final) == {"in_effect": False, "holder": None}
+
+
+@pytest.mark.parametrize("method", ["map_populate", "touch"])
+def test_fallback_methods_populate_too(method, tmp_path):
+    status = tmp_path / "st.json"
+    proc = holder(100 * MiB, {"CHAOSKIT_MEMORY_POPULATE": method}, {"status": str(status)})  # 64 MiB + 36 MiB
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        assert rss_bytes(proc.pid) >= 100 * MiB
+        st = json.loads(status.read_text())
+        assert (st["method"], st["held"]) == (method, 100 * MiB)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        finish(proc)
+
+
+def test_pages_grow_and_give_back_newest_first():
+    pages = memory_holder.Pages("populate_write", lambda: False)
+    try:
+        assert pages.grow(100 * MiB) == 100 * MiB and [c.resident for c in pages.chunks] == [64 * MiB, 36 * MiB]
+        assert pages.shrink(50 * MiB) == 50 * MiB and [c.resident for c in pages.chunks] == [50 * MiB]
+        assert pages.grow(30 * MiB) == 30 * MiB and [c.resident for c in pages.chunks] == [64 * MiB, 16 * MiB]
+        rss = rss_bytes(os.getpid())
+        assert pages.shrink(10 * MiB + 1) == 10 * MiB + 4096  # page-rounded
+        assert rss - rss_bytes(os.getpid()) >= 9 * MiB  # MADV_DONTNEED really gave it back
+    finally:
+        pages.release()
+    assert pages.held == 0 and not pages.chunks
+
+
+@pytest.mark.parametrize("bound", ["cap", "floor"])
+def test_a_hold_stops_growing_at_its_cap_and_at_the_floor(bound, tmp_path):
+    avail = meminfo()["MemAvailable"]
+    # goal far below: the holder wants 1 GiB; the cap (64 MiB) or the floor (128 MiB below now) stops it first
+    cap, floor = (64 * MiB, avail - 512 * MiB) if bound == "cap" else (1 << 30, avail - 128 * MiB)
+    status = tmp_path / "st.json"
+    proc = holder(cap, config={"status": str(status), "goal_available": avail - (1 << 30), "floor": floor,
+                               "deadband": 4 * MiB})
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        st = json.loads(status.read_text())
+        assert st["mode"] == "hold" and st["last_corrections"][-1]["bound"] == bound
+        if bound == "cap":
+            assert st["held"] == 64 * MiB
+        else:  # bounded by MemAvailable, which need not fall 1:1 with what is populated (per-CPU page lists)
+            assert 0 < st["held"] < cap and st["last_corrections"][-1]["after"] >= floor - 64 * MiB, st
+    finally:
+        finish(proc)
+
+
+def test_sigterm_during_a_populate_stops_within_a_second():
+    proc = holder(1 << 30, {"CHAOSKIT_MEMORY_POPULATE": "touch"})  # the slowest method: the most time to hit
+    try:
+        wait_for(lambda: rss_bytes(proc.pid) >= 128 * MiB or proc.poll() is not None, timeout=10, every=0.002)
+        at_signal = rss_bytes(proc.pid)
+        assert proc.poll() is None and at_signal < 1 << 30, "populated before the test could signal it"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        peak = at_signal
+        while proc.poll() is None and time.monotonic() - t0 < 5:
+            peak = max(peak, rss_bytes(proc.pid))
+            time.sleep(0.002)
+        took = time.monotonic() - t0
+        assert proc.wait(timeout=1) == 0 and took < 1.0, f"stopped after {took:.2f}s"
+        assert peak <= at_signal + 2 * memory_holder.CHUNK, "kept populating after SIGTERM"
+        assert proc.stdout.read() == "", "said ready although it was stopped"
+    finally:
+        finish(proc)
+
+
+def test_target_used_holds_within_two_percent_while_a_child_allocates_and_frees(state_dir):
+    m = meminfo()
+    total = m["MemTotal"]
+    target = (total - m["MemAvailable"] + 512 * MiB) / total
+    inj = injector(target_used=f"{target * 100:.4f}%")
+    inj.preflight()
+    final = inj.apply(inj.prepare())
+    churn = None
+    try:
+        held_at_ready = MemoryPressure.observe_details(final)["held"]
+        churn = subprocess.Popen([sys.executable, "-c", CHURN], stdout=subprocess.PIPE, text=True)
+        errors, held_min, held_max = [], held_at_ready, held_at_ready
+        while churn.poll() is None:
+            time.sleep(0.1)
+            m = meminfo()
+            errors.append((total - m["MemAvailable"]) / total - target)
+            held = MemoryPressure.observe_details(final)["held"]
+            held_min, held_max = min(held_min, held), max(held_max, held)
+        assert churn.returncode == 0
+        details = MemoryPressure.observe_details(final)
+        worst = max(abs(e) for e in errors)
+        assert worst <= 0.02, f"max |error| {worst:.2%} of MemTotal; series {[round(e * 100, 2) for e in errors]}"
+        assert held_max - held_min >= 128 * MiB, "the holder did not give memory back while the child held 256 MiB"
+        assert details["corrections"] >= 2 and details["holder"]["last_corrections"]
+    finally:
+        if churn is not None:
+            finish(churn)
+        MemoryPressure.revert(final)
+    assert not MemoryPressure.observe(final)
+
+
+def test_an_impossible_target_is_refused_before_anything_starts(state_dir):
+    with pytest.raises(PreflightError, match="nothing to hold: used memory is already"):
+        injector(target_used="0.01%").preflight()
+    with pytest.raises(PreflightError, match="below the floor"):
+        injector(target_used="99.9%", allow_unsafe=True).preflight()
