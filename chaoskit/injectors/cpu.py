@@ -3,7 +3,6 @@ host.cpu_stress: busy worker processes that take CPU from everything else (a hel
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import signal
@@ -12,21 +11,16 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import Injector
-from chaoskit.injectors.process import (
-    check_regex,
-    check_selector,
-    describe_selector,
-    refuse_protected,
-    select_processes,
-)
+from chaoskit.injectors.cgroup_move import any_target_inside, move_back_and_remove, move_in, proc_record
+from chaoskit.injectors.process import ProcessTargets, check_targets
 from chaoskit.spec.types import Duration, StrictModel
-from chaoskit.targets.cgroups import CpuHierarchy, IoHierarchy, find_cpu_hierarchy
-from chaoskit.targets.process import ProcessRef, find_by_token, is_alive, parent_pid, proc_ref, thread_group, threads
+from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy
+from chaoskit.targets.process import ProcessRef, find_by_token, is_alive, parent_pid, threads
 
 MAX_CPUS = 1024
 MIN_QUOTA_US = 1000  # the kernel refuses a CFS quota under 1 ms
@@ -62,34 +56,14 @@ def host_cpus() -> int:
 
 # ---------------------------------------------------------------- process.cpu_throttle
 
-class CpuThrottleSpec(StrictModel):
+class CpuThrottleSpec(ProcessTargets):
     type: Literal["process.cpu_throttle"]
     cpu: Share = Field(gt=0, le=MAX_CPUS, description="CPU time allowed, in CPUs: 0.2 or '20%' = a fifth of one "
                                                       "CPU, 1.5 = one and a half")
     period: Duration = Field(0.1, description="CFS period the quota is enforced over, 1ms..1s (default 100ms)")
-    pid: int | list[int] | None = Field(None, description="target process(es); moved into a dedicated cgroup")
-    name: str | None = Field(None, min_length=1, description="regex on process names (comm); with child_of, "
-                                                             "among that PID's descendants")
-    child_of: int | None = Field(None, gt=0, description="descendants (recursive) of this PID, e.g. "
-                                                         "'{target.replica_pid}'; narrowed by name if given")
-    full_cmdline: bool = Field(False, description="match `name` against the whole command line")
-    allow_host: bool = Field(False, description="allow PID 1 and chaoskit's own ancestors")
-
-    @field_validator("pid")
-    @classmethod
-    def _pids(cls, v: int | list[int] | None) -> int | list[int] | None:
-        if v is not None and (v == [] or any(p <= 0 for p in ([v] if isinstance(v, int) else v))):
-            raise ValueError("PIDs are positive integers (and a list needs at least one)")
-        return v
-
-    @field_validator("name")
-    @classmethod
-    def _regex(cls, v: str | None) -> str | None:
-        return check_regex(v)
 
     @model_validator(mode="after")
     def _check(self) -> CpuThrottleSpec:
-        check_selector(self.pid, self.name, self.child_of)
         if not 0.001 <= self.period <= 1.0:
             raise ValueError(f"period must be between 1ms and 1s (got {self.period * 1e3:g}ms)")
         if self.quota_us() < MIN_QUOTA_US:
@@ -120,29 +94,16 @@ class CpuThrottle(Injector):
         super().__init__(spec)
         self.cgroup_name = f"chaoskit-{uuid.uuid4().hex[:12]}"  # chosen once, so plan names what apply creates
 
-    def _targets(self) -> list[ProcessRef]:
-        s = self.spec
-        return select_processes(s.pid, s.name, s.child_of, s.full_cmdline, s.allow_host)
-
-    def _what(self) -> str:
-        return describe_selector(self.spec.pid, self.spec.name, self.spec.child_of)
-
     def preflight(self) -> None:
         find_cpu_hierarchy()
-        if self.spec.child_of is not None and proc_ref(self.spec.child_of) is None:
-            raise PreflightError(f"process.cpu_throttle: child_of: no running process with PID {self.spec.child_of}")
-        refs = self._targets()
-        if not refs:
-            raise PreflightError(f"process.cpu_throttle: no running process matches {self._what()}")
-        if not self.spec.allow_host:
-            refuse_protected("process.cpu_throttle", refs, "throttle")
+        check_targets(self.type, self.spec, self.spec.select(), self.spec.describe(), "throttle")
 
     def plan(self) -> list[str]:
-        s, refs = self.spec, self._targets()
+        s, refs = self.spec, self.spec.select()
         try:
             hier = find_cpu_hierarchy()
         except PreflightError as e:
-            return [f"limit {self._what()} to {s.cpu:g} CPU (no cpu controller here: {e})"]
+            return [f"limit {s.describe()} to {s.cpu:g} CPU (no cpu controller here: {e})"]
         cg = hier.root / self.cgroup_name
         more = f" (more than the {host_cpus()} CPUs here: no limit in effect)" if s.cpu >= host_cpus() else ""
         lines = [f"create cgroup {cg} (cgroup v{hier.version}) with {_limit_text(hier, s.quota_us(), s.period_us())}"
@@ -151,85 +112,42 @@ class CpuThrottle(Injector):
             lines.append(f"move PID {r.pid} ({r.comm}) with its {len(threads(r.pid))} thread(s) from "
                          f"{hier.cgroup_of(r.pid)} into it")
         if not refs:
-            lines.append(f"move {self._what()} into it (none running now)")
+            lines.append(f"move {s.describe()} into it (none running now)")
         lines.append(f"revert: move every thread in {cg} back to its previous cgroup (threads and children started "
                      "meanwhile go where their process came from), then remove the cgroup")
         return lines
 
     def prepare(self) -> dict[str, Any]:
         hier = find_cpu_hierarchy()
-        procs = [p for p in (_proc_record(hier, r) for r in self._targets()) if p is not None]
+        procs = [p for p in (proc_record(hier, r) for r in self.spec.select()) if p is not None]
         return {"hierarchy": hier.to_json(), "cgroup": str(hier.root / self.cgroup_name),
                 "quota": self.spec.quota_us(), "period": self.spec.period_us(), "procs": procs,
                 # enabling +cpu in the parent is a change too: recorded before apply, undone by revert if ours
-                "enables_cpu": hier.version == 2 and not _cpu_enabled(hier.root)}
+                "enables_cpu": hier.version == 2 and not hier.enabled_in(hier.root)}
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if hier.version == 2:
-            _enable_cpu(cg.parent)
+            hier.enable_in(cg.parent)
         cg.mkdir(exist_ok=True)
         hier.write_limit(cg, record["quota"], record["period"])
-        moved = []
-        for p in record["procs"]:
-            ref = ProcessRef.from_json(p)
-            if not is_alive(ref):
-                continue
-            known = {t["tid"] for t in p["threads"]}  # threads started since prepare: where they are now
-            extra = [{"tid": t, "from": str(c)} for t in threads(ref.pid)
-                     if t not in known and (c := hier.cgroup_of(ref.pid, t)) is not None]
-            try:
-                IoHierarchy.move(ref.pid, cg)  # cgroup.procs: every thread of the process at once (v1 and v2)
-            except ProcessLookupError:
-                continue
-            moved.append({**p, "threads": p["threads"] + extra})
-        if not moved:
-            raise RuntimeError("process.cpu_throttle: every target exited before it could be moved")
-        return {**record, "procs": moved}
+        return {**record, "procs": move_in(hier, cg, record["procs"], self.type)}
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
         hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not cg.is_dir():
             return
-        procs = record.get("procs", [])
-        by_pid = {p["pid"]: Path(p["from"]) for p in procs}
-        by_tid = {(p["pid"], t["tid"]): Path(t["from"]) for p in procs for t in p["threads"]}
-        fallback = Path(procs[0]["from"]) if procs else hier.root
-        deadline = time.monotonic() + RMDIR_WAIT_S
-        while True:
-            # only what is in our cgroup now is moved: a task someone else moved meanwhile is left alone
-            tasks = [(p, p) for p in IoHierarchy.procs(cg)] if hier.version == 2 else \
-                [(thread_group(t), t) for t in hier.tasks(cg)]
-            for pid, tid in tasks:
-                if pid is None:
-                    continue
-                dest = by_tid.get((pid, tid)) or by_pid.get(pid) or fallback
-                try:
-                    hier.move_task(pid, tid, dest if dest.is_dir() else hier.root)
-                except OSError:  # exited meanwhile (ESRCH) or not movable: the rmdir below tells
-                    pass
-            try:
-                os.rmdir(cg)
-                break
-            except FileNotFoundError:
-                break
-            except OSError as e:
-                if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                    left = hier.tasks(cg)
-                    raise RuntimeError(f"process.cpu_throttle: cannot remove {cg}: {e.strerror}; "
-                                       f"tasks still in it: {left[:10]}") from None
-                time.sleep(0.01)
+        move_back_and_remove(hier, cg, record.get("procs", []), cls.type, RMDIR_WAIT_S, poll_s=0.01)
         if record.get("enables_cpu"):
-            _disable_cpu_if_unused(cg.parent)
+            hier.disable_if_unused(cg.parent)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
         hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not cg.is_dir() or hier.read_limit(cg) != (record["quota"], record["period"]):
             return False
-        inside = set(IoHierarchy.procs(cg))
-        return any(p["pid"] in inside and is_alive(ProcessRef.from_json(p)) for p in record.get("procs", []))
+        return any_target_inside(cg, record.get("procs", []))
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
@@ -239,35 +157,6 @@ class CpuThrottle(Injector):
             quota, period = hier.read_limit(cg)
             out.update(quota_us=quota, period_us=period, tasks=len(hier.tasks(cg)), cpu_stat=hier.stat(cg))
         return out
-
-
-def _proc_record(hier: CpuHierarchy, ref: ProcessRef) -> dict[str, Any] | None:
-    """The target with its cgroup and each thread's cgroup before the move; None if it is gone."""
-    home = hier.cgroup_of(ref.pid)
-    if home is None:
-        return None
-    tids = [{"tid": t, "from": str(c)} for t in threads(ref.pid) if (c := hier.cgroup_of(ref.pid, t)) is not None]
-    return {**ref.to_json(), "from": str(home), "threads": tids}
-
-
-def _cpu_enabled(parent: Path) -> bool:
-    return "cpu" in (parent / "cgroup.subtree_control").read_text().split()
-
-
-def _enable_cpu(parent: Path) -> None:
-    if not _cpu_enabled(parent):
-        (parent / "cgroup.subtree_control").write_text("+cpu\n")
-
-
-def _disable_cpu_if_unused(parent: Path) -> None:
-    """Undo the +cpu chaoskit enabled, unless a child cgroup now has a cpu limit of its own (someone else's)."""
-    if not _cpu_enabled(parent):
-        return
-    for child in parent.iterdir():
-        cpu_max = child / "cpu.max"
-        if child.is_dir() and cpu_max.exists() and not cpu_max.read_text().startswith("max "):
-            return
-    (parent / "cgroup.subtree_control").write_text("-cpu\n")
 
 
 # ---------------------------------------------------------------- host.cpu_stress

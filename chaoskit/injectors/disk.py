@@ -105,7 +105,7 @@ class DiskThrottle(Injector):
             procs = [{**r.to_json(), "from": str(hier.cgroup_of(r.pid))} for r in self._pids()]
             rec.update(cgroup=str(hier.root / f"chaoskit-{uuid.uuid4().hex[:12]}"), dedicated=True, procs=procs)
             # enabling +io in the parent is a change too: recorded before apply, undone by revert if ours
-            rec["enables_io"] = hier.version == 2 and not _io_enabled(hier.root)
+            rec["enables_io"] = hier.version == 2 and not hier.enabled_in(hier.root)
         return rec
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +113,7 @@ class DiskThrottle(Injector):
         if record["dedicated"]:
             cg.mkdir(exist_ok=True)
             if hier.version == 2:
-                _enable_io(cg.parent)
+                hier.enable_in(cg.parent)
         hier.write_limits(cg, record["dev"], record["limits"])
         for p in record.get("procs", []):
             if is_alive(ProcessRef.from_json(p)):
@@ -148,7 +148,7 @@ class DiskThrottle(Injector):
         except FileNotFoundError:
             pass
         if record.get("enables_io"):
-            _disable_io_if_unused(cg.parent)
+            hier.disable_if_unused(cg.parent)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
@@ -158,22 +158,3 @@ class DiskThrottle(Injector):
         now = hier.read_limits(cg, record["dev"])
         return all(now.get(k) == v for k, v in record["limits"].items())
 
-
-def _io_enabled(parent: Path) -> bool:
-    return "io" in (parent / "cgroup.subtree_control").read_text().split()
-
-
-def _enable_io(parent: Path) -> None:
-    if not _io_enabled(parent):
-        (parent / "cgroup.subtree_control").write_text("+io\n")
-
-
-def _disable_io_if_unused(parent: Path) -> None:
-    """Undo the +io chaoskit enabled, unless a child cgroup now has io limits of its own (someone else's)."""
-    if not _io_enabled(parent):
-        return
-    for child in parent.iterdir():
-        io_max = child / "io.max"
-        if child.is_dir() and io_max.exists() and io_max.read_text().strip():
-            return
-    (parent / "cgroup.subtree_control").write_text("-io\n")

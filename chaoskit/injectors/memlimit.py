@@ -9,7 +9,6 @@ CGROUP, protects itself from the OOM killer and runs chaoskit.injectors.memory_h
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import signal
 import sys
@@ -18,23 +17,16 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc, memory_holder
 from chaoskit.injectors.base import Injector
-from chaoskit.injectors.process import (
-    check_regex,
-    check_selector,
-    descendants,
-    describe_selector,
-    refuse_protected,
-    select_processes,
-)
-from chaoskit.spec.types import StrictModel
+from chaoskit.injectors.cgroup_move import any_target_inside, move_back_and_remove, move_in, proc_record
+from chaoskit.injectors.process import ProcessTargets, check_targets, descendants
 from chaoskit.spec.units import format_size, parse_size
-from chaoskit.targets.cgroups import IoHierarchy, MemHierarchy, find_mem_hierarchy
-from chaoskit.targets.process import ProcessRef, is_alive, parent_pid, proc_ref, thread_group, threads
+from chaoskit.targets.cgroups import MemHierarchy, find_mem_hierarchy
+from chaoskit.targets.process import ProcessRef, is_alive
 
 RMDIR_WAIT_S = 10.0  # a memory cgroup whose task was just OOM-killed stays busy for a moment
 HOLDER_OOM_SCORE_ADJ = -1000  # never the OOM killer's pick (OOM_SCORE_ADJ_MIN)
@@ -56,7 +48,7 @@ Bytes = Annotated[
 ]
 
 
-class MemoryLimitSpec(StrictModel):
+class MemoryLimitSpec(ProcessTargets):
     type: Literal["process.memory_limit"]
     limit: Bytes | None = Field(None, gt=0, description="memory limit of the cgroup the targets are moved into, "
                                                         "e.g. '300MiB' (one of limit or headroom)")
@@ -67,31 +59,11 @@ class MemoryLimitSpec(StrictModel):
                                                            "much of the room (oom_score_adj -1000: the kernel's "
                                                            "OOM killer picks a target, never the holder); less "
                                                            "than headroom")
-    pid: int | list[int] | None = Field(None, description="target process(es); moved into a dedicated cgroup")
     descendants: bool = Field(False, description="with pid: also every descendant of those processes, e.g. "
                                                  "tritonserver and the python backend stubs it started")
-    name: str | None = Field(None, min_length=1, description="regex on process names (comm); with child_of, "
-                                                             "among that PID's descendants")
-    child_of: int | None = Field(None, gt=0, description="descendants (recursive) of this PID, e.g. "
-                                                         "'{target.replica_pid}'; narrowed by name if given")
-    full_cmdline: bool = Field(False, description="match `name` against the whole command line")
-    allow_host: bool = Field(False, description="allow PID 1 and chaoskit's own ancestors")
-
-    @field_validator("pid")
-    @classmethod
-    def _pids(cls, v: int | list[int] | None) -> int | list[int] | None:
-        if v is not None and (v == [] or any(p <= 0 for p in ([v] if isinstance(v, int) else v))):
-            raise ValueError("PIDs are positive integers (and a list needs at least one)")
-        return v
-
-    @field_validator("name")
-    @classmethod
-    def _regex(cls, v: str | None) -> str | None:
-        return check_regex(v)
 
     @model_validator(mode="after")
     def _check(self) -> MemoryLimitSpec:
-        check_selector(self.pid, self.name, self.child_of)
         if self.descendants and self.pid is None:
             raise ValueError("descendants goes with pid (child_of already selects descendants)")
         if (self.limit is None) == (self.headroom is None):
@@ -120,7 +92,7 @@ class MemoryLimit(Injector):
 
     def _targets(self) -> list[ProcessRef]:
         s = self.spec
-        refs = select_processes(s.pid, s.name, s.child_of, s.full_cmdline, s.allow_host)
+        refs = s.select()
         if s.descendants:
             for root in list(refs):
                 refs += [d for d in descendants(root.pid) if d not in refs]
@@ -128,7 +100,7 @@ class MemoryLimit(Injector):
 
     def _what(self) -> str:
         s = self.spec
-        return describe_selector(s.pid, s.name, s.child_of) + (" and their descendants" if s.descendants else "")
+        return s.describe() + (" and their descendants" if s.descendants else "")
 
     def _limit_words(self) -> str:
         s = self.spec
@@ -141,13 +113,7 @@ class MemoryLimit(Injector):
             raise PreflightError("process.memory_limit: needs root (it creates a memory cgroup, moves processes "
                                  "into it and sets oom_score_adj)")
         find_mem_hierarchy()
-        if self.spec.child_of is not None and proc_ref(self.spec.child_of) is None:
-            raise PreflightError(f"process.memory_limit: child_of: no running process with PID {self.spec.child_of}")
-        refs = self._targets()
-        if not refs:
-            raise PreflightError(f"process.memory_limit: no running process matches {self._what()}")
-        if not self.spec.allow_host:
-            refuse_protected("process.memory_limit", refs, "limit")
+        check_targets(self.type, self.spec, self._targets(), self._what(), "limit")
 
     def plan(self) -> list[str]:
         s, refs = self.spec, self._targets()
@@ -175,12 +141,12 @@ class MemoryLimit(Injector):
 
     def prepare(self) -> dict[str, Any]:
         hier, s = find_mem_hierarchy(), self.spec
-        procs = [p for p in (_proc_record(hier, r) for r in self._targets()) if p is not None]
+        procs = [p for p in (proc_record(hier, r) for r in self._targets()) if p is not None]
         return {"hierarchy": hier.to_json(), "cgroup": str(hier.root / self.cgroup_name), "limit": s.limit,
                 "headroom": s.headroom, "pressure": s.pressure, "procs": procs,
                 "token": f"chaoskit-holder-memlimit-{uuid.uuid4().hex}" if s.pressure else None,
                 # enabling +memory in the parent is a change too: recorded before apply, undone by revert if ours
-                "enables_memory": hier.version == 2 and not _memory_enabled(hier.root)}
+                "enables_memory": hier.version == 2 and not hier.enabled_in(hier.root)}
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -195,24 +161,10 @@ class MemoryLimit(Injector):
     def _apply(self, record: dict[str, Any]) -> dict[str, Any]:
         hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if hier.version == 2:
-            _enable_memory(cg.parent)
+            hier.enable_in(cg.parent)
         cg.mkdir(exist_ok=True)
         charges_moved = hier.move_charges_on_immigrate(cg)
-        moved = []
-        for p in record["procs"]:
-            ref = ProcessRef.from_json(p)
-            if not is_alive(ref):
-                continue
-            known = {t["tid"] for t in p["threads"]}  # threads started since prepare: where they are now
-            extra = [{"tid": t, "from": str(c)} for t in threads(ref.pid)
-                     if t not in known and (c := hier.cgroup_of(ref.pid, t)) is not None]
-            try:
-                IoHierarchy.move(ref.pid, cg)  # cgroup.procs: every thread of the process at once (v1 and v2)
-            except ProcessLookupError:
-                continue
-            moved.append({**p, "threads": p["threads"] + extra})
-        if not moved:
-            raise RuntimeError("process.memory_limit: every target exited before it could be moved")
+        moved = move_in(hier, cg, record["procs"], self.type)
         usage = hier.usage(cg) or 0
         limit = record["limit"] if record["limit"] is not None else usage + record["headroom"]
         pressure = record["pressure"] or 0
@@ -242,17 +194,18 @@ class MemoryLimit(Injector):
         helper_proc.stop(record.get("token"))  # first: it holds memory in the cgroup and is not a target
         hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if cg.is_dir():
-            _move_back_and_remove(hier, cg, record.get("procs", []))
+            # children started meanwhile go where their parent came from; v1 reclaims what an emptied cgroup holds
+            move_back_and_remove(hier, cg, record.get("procs", []), cls.type, RMDIR_WAIT_S, poll_s=0.05,
+                                 by_parent=True, when_empty=hier.force_empty)
         if record.get("enables_memory"):
-            _disable_memory_if_unused(cg.parent)
+            hier.disable_if_unused(cg.parent)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
         hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not cg.is_dir() or record.get("limit_bytes") is None or hier.read_limit(cg) != record["limit_bytes"]:
             return False
-        inside = set(IoHierarchy.procs(cg))
-        return any(p["pid"] in inside and is_alive(ProcessRef.from_json(p)) for p in record.get("procs", []))
+        return any_target_inside(cg, record.get("procs", []))
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
@@ -278,72 +231,11 @@ class MemoryLimit(Injector):
         return out
 
 
-def _proc_record(hier: MemHierarchy, ref: ProcessRef) -> dict[str, Any] | None:
-    """The target with its cgroup and each thread's cgroup before the move; None if it is gone."""
-    home = hier.cgroup_of(ref.pid)
-    if home is None:
-        return None
-    tids = [{"tid": t, "from": str(c)} for t in threads(ref.pid) if (c := hier.cgroup_of(ref.pid, t)) is not None]
-    return {**ref.to_json(), "from": str(home), "threads": tids}
-
-
-def _move_back_and_remove(hier: MemHierarchy, cg: Path, procs: list[dict[str, Any]]) -> None:
-    """Move what is in `cg` now back where it came from, then rmdir it (retrying while the kernel says busy)."""
-    by_pid = {p["pid"]: Path(p["from"]) for p in procs}
-    by_tid = {(p["pid"], t["tid"]): Path(t["from"]) for p in procs for t in p["threads"]}
-    fallback = Path(procs[0]["from"]) if procs else hier.root
-    deadline = time.monotonic() + RMDIR_WAIT_S
-    while True:
-        # only what is in our cgroup now is moved: a task someone else moved meanwhile is left alone
-        tasks = [(p, p) for p in IoHierarchy.procs(cg)] if hier.version == 2 else \
-            [(thread_group(t), t) for t in hier.tasks(cg)]
-        for pid, tid in tasks:
-            if pid is None:
-                continue
-            dest = by_tid.get((pid, tid)) or by_pid.get(pid) or by_pid.get(parent_pid(pid) or 0) or fallback
-            try:
-                hier.move_task(pid, tid, dest if dest.is_dir() else hier.root)
-            except OSError:  # exited meanwhile (ESRCH) or not movable: the rmdir below tells
-                pass
-        try:
-            os.rmdir(cg)
-            return
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise RuntimeError(f"process.memory_limit: cannot remove {cg}: {e.strerror}; tasks still in it: "
-                                   f"{hier.tasks(cg)[:10]}") from None
-            if not hier.tasks(cg):
-                hier.force_empty(cg)
-            time.sleep(0.05)
-
-
 def _oom_score_adj(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
     except (OSError, ValueError):
         return None
-
-
-def _memory_enabled(parent: Path) -> bool:
-    return "memory" in (parent / "cgroup.subtree_control").read_text().split()
-
-
-def _enable_memory(parent: Path) -> None:
-    if not _memory_enabled(parent):
-        (parent / "cgroup.subtree_control").write_text("+memory\n")
-
-
-def _disable_memory_if_unused(parent: Path) -> None:
-    """Undo the +memory chaoskit enabled, unless a child cgroup now has a memory limit of its own."""
-    if not _memory_enabled(parent):
-        return
-    for child in parent.iterdir():
-        limit = child / "memory.max"
-        if child.is_dir() and limit.exists() and limit.read_text().strip() != "max":
-            return
-    (parent / "cgroup.subtree_control").write_text("-memory\n")
 
 
 # ---------------------------------------------------------------- the holder process

@@ -1,6 +1,7 @@
 """process.signal: SIGSTOP (revert SIGCONT) or kill processes chosen by PID, name or parent (`child_of`).
 
-Also the process selection other injectors share (process.cpu_throttle): `pid`, `name`, `child_of` [+ `name`]."""
+Also the process selection other injectors share (process.cpu_throttle, process.memory_limit): `pid`, `name`,
+`child_of` [+ `name`], as functions and as the `ProcessTargets` spec fields."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import re
 import signal
 import time
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 import psutil
 from pydantic import Field, field_validator, model_validator
@@ -115,6 +116,52 @@ def describe_selector(pid: int | list[int] | None, name: str | None, child_of: i
     if child_of is not None:
         return f"descendants of PID {child_of}" + (f" named /{name}/" if name is not None else "")
     return f"name /{name}/"
+
+
+class ProcessTargets(StrictModel):
+    """The target fields of a spec whose processes are chosen by `pid`, `name` or `child_of` [+ `name`]."""
+
+    pid: int | list[int] | None = Field(None, description="target process(es); moved into a dedicated cgroup")
+    name: str | None = Field(None, min_length=1, description="regex on process names (comm); with child_of, "
+                                                             "among that PID's descendants")
+    child_of: int | None = Field(None, gt=0, description="descendants (recursive) of this PID, e.g. "
+                                                         "'{target.replica_pid}'; narrowed by name if given")
+    full_cmdline: bool = Field(False, description="match `name` against the whole command line")
+    allow_host: bool = Field(False, description="allow PID 1 and chaoskit's own ancestors")
+
+    @field_validator("pid")
+    @classmethod
+    def _pids(cls, v: int | list[int] | None) -> int | list[int] | None:
+        if v is not None and (v == [] or any(p <= 0 for p in ([v] if isinstance(v, int) else v))):
+            raise ValueError("PIDs are positive integers (and a list needs at least one)")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        return check_regex(v)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Self:
+        check_selector(self.pid, self.name, self.child_of)
+        return self
+
+    def select(self) -> list[ProcessRef]:
+        return select_processes(self.pid, self.name, self.child_of, self.full_cmdline, self.allow_host)
+
+    def describe(self) -> str:
+        return describe_selector(self.pid, self.name, self.child_of)
+
+
+def check_targets(who: str, spec: ProcessTargets, refs: list[ProcessRef], what: str, verb: str) -> None:
+    """PreflightError unless `child_of` is running, `refs` (what `spec` selects, `what` in words) is not empty
+    and, without allow_host, holds no protected process."""
+    if spec.child_of is not None and proc_ref(spec.child_of) is None:
+        raise PreflightError(f"{who}: child_of: no running process with PID {spec.child_of}")
+    if not refs:
+        raise PreflightError(f"{who}: no running process matches {what}")
+    if not spec.allow_host:
+        refuse_protected(who, refs, verb)
 
 
 def refuse_protected(who: str, refs: list[ProcessRef], verb: str = "target") -> None:

@@ -1,9 +1,10 @@
-"""Block I/O limits through cgroups: v2 `io.max` where the io controller exists, else v1 `blkio.throttle.*`."""
+"""cgroup hierarchies (v2, or a controller's v1 mount): membership, moves and the io/blkio, cpu and memory limits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Self
 
 from chaoskit.errors import PreflightError
 from chaoskit.targets.blockdev import mounts
@@ -14,18 +15,100 @@ V1_FILES = {"rbps": "blkio.throttle.read_bps_device", "wbps": "blkio.throttle.wr
 
 
 @dataclass(frozen=True)
-class IoHierarchy:
-    """Where block limits are written: `version` 2 (io.max) or 1 (blkio), rooted at `root`."""
+class Hierarchy:
+    """One controller's cgroup hierarchy: `version` 2 (unified) or 1 (the controller's own mount), rooted at
+    `root`. Which cgroup a process or thread is in, moving it, and v2's turning the controller on for children;
+    the limit files are the subclasses'."""
 
     version: int
     root: Path
+    controller: ClassVar[str]  # the v2 name (cgroup.controllers, cgroup.subtree_control)
+    v1_controller: ClassVar[str]  # the v1 mount option and /proc/PID/cgroup name
 
     def to_json(self) -> dict:
         return {"version": self.version, "root": str(self.root)}
 
     @classmethod
-    def from_json(cls, d: dict) -> IoHierarchy:
+    def from_json(cls, d: dict) -> Self:
         return cls(int(d["version"]), Path(d["root"]))
+
+    @classmethod
+    def find(cls, mountinfo: Path) -> Self | None:
+        """cgroup v2 where its cgroup.controllers has the controller, else a v1 mount with it; None if neither."""
+        all_mounts = mounts(mountinfo)
+        for mp, fstype, _, _ in all_mounts:
+            if fstype == "cgroup2" and cls.controller in _read(Path(mp) / "cgroup.controllers").split():
+                return cls(2, Path(mp))
+        for mp, fstype, _, opts in all_mounts:
+            if fstype == "cgroup" and cls.v1_controller in opts:
+                return cls(1, Path(mp))
+        return None
+
+    # -- membership --------------------------------------------------------------------------------
+    def cgroup_of(self, pid: int, tid: int | None = None) -> Path | None:
+        """The cgroup of process `pid` (or of its thread `tid`) in this hierarchy; None if it is gone."""
+        text = _read(Path(f"/proc/{pid}/task/{tid}/cgroup") if tid else Path(f"/proc/{pid}/cgroup"))
+        if not text:
+            return None
+        for line in text.splitlines():
+            hid, controllers, rel = line.split(":", 2)
+            ours = hid == "0" if self.version == 2 else self.v1_controller in controllers.split(",")
+            if ours:
+                return self.root / rel.lstrip("/")
+        raise self._not_found(pid)
+
+    def _not_found(self, pid: int) -> PreflightError:
+        return PreflightError(f"PID {pid}: not found in the {'v2' if self.version == 2 else self.v1_controller} "
+                              "hierarchy")
+
+    def tasks(self, cgroup: Path) -> list[int]:
+        """Every thread (task id) in `cgroup`."""
+        return [int(x) for x in _read(cgroup / ("cgroup.threads" if self.version == 2 else "tasks")).split()]
+
+    def move_task(self, pid: int, tid: int, cgroup: Path) -> None:
+        """Move one thread (v1 `tasks`); v2 domain cgroups hold whole processes, so there it moves `pid`."""
+        if self.version == 2:
+            self.move(pid, cgroup)
+        else:
+            (cgroup / "tasks").write_text(f"{tid}\n")
+
+    @staticmethod
+    def move(pid: int, cgroup: Path) -> None:
+        """Move process `pid` with all its threads (`cgroup.procs`, v1 and v2)."""
+        (cgroup / "cgroup.procs").write_text(f"{pid}\n")
+
+    @staticmethod
+    def procs(cgroup: Path) -> list[int]:
+        return [int(x) for x in _read(cgroup / "cgroup.procs").split()]
+
+    # -- v2: the controller in a parent's cgroup.subtree_control --------------------------------------
+    def enabled_in(self, parent: Path) -> bool:
+        return self.controller in (parent / "cgroup.subtree_control").read_text().split()
+
+    def enable_in(self, parent: Path) -> None:
+        if not self.enabled_in(parent):
+            (parent / "cgroup.subtree_control").write_text(f"+{self.controller}\n")
+
+    def disable_if_unused(self, parent: Path) -> None:
+        """Undo the +controller chaoskit enabled, unless a child cgroup now has a limit of its own (someone
+        else's)."""
+        if not self.enabled_in(parent):
+            return
+        for child in parent.iterdir():
+            if child.is_dir() and self.has_own_limit(child):
+                return
+        (parent / "cgroup.subtree_control").write_text(f"-{self.controller}\n")
+
+    def has_own_limit(self, cgroup: Path) -> bool:
+        """Whether v2 `cgroup` has a limit of this controller set."""
+        raise NotImplementedError
+
+
+class IoHierarchy(Hierarchy):
+    """Where block limits are written: `version` 2 (io.max) or 1 (blkio), rooted at `root`."""
+
+    controller: ClassVar[str] = "io"
+    v1_controller: ClassVar[str] = "blkio"
 
     # -- limits ------------------------------------------------------------------------------------
     def read_limits(self, cgroup: Path, dev: str) -> dict[str, str]:
@@ -56,22 +139,16 @@ class IoHierarchy:
     def unlimited(self) -> str:
         return "max" if self.version == 2 else "0"
 
-    # -- membership --------------------------------------------------------------------------------
-    def cgroup_of(self, pid: int) -> Path:
-        """The cgroup directory of `pid` in this hierarchy."""
-        for line in _read(Path(f"/proc/{pid}/cgroup")).splitlines():
-            hid, controllers, rel = line.split(":", 2)
-            if (self.version == 2 and hid == "0") or (self.version == 1 and "blkio" in controllers.split(",")):
-                return self.root / rel.lstrip("/")
-        raise PreflightError(f"PID {pid}: not found in the {'v2' if self.version == 2 else 'blkio'} hierarchy")
+    def has_own_limit(self, cgroup: Path) -> bool:
+        io_max = cgroup / "io.max"
+        return io_max.exists() and bool(io_max.read_text().strip())
 
-    @staticmethod
-    def move(pid: int, cgroup: Path) -> None:
-        (cgroup / "cgroup.procs").write_text(f"{pid}\n")
-
-    @staticmethod
-    def procs(cgroup: Path) -> list[int]:
-        return [int(x) for x in _read(cgroup / "cgroup.procs").split()]
+    def cgroup_of(self, pid: int, tid: int | None = None) -> Path:
+        """The cgroup directory of `pid` in this hierarchy; PreflightError if it is gone."""
+        cgroup = super().cgroup_of(pid, tid)
+        if cgroup is None:
+            raise self._not_found(pid)
+        return cgroup
 
 
 def _read(path: Path) -> str:
@@ -83,13 +160,8 @@ def _read(path: Path) -> str:
 
 def find_io_hierarchy(mountinfo: Path = Path("/proc/self/mountinfo")) -> IoHierarchy:
     """Prefer cgroup v2 with the io controller; fall back to v1 blkio; PreflightError if neither."""
-    all_mounts = mounts(mountinfo)
-    for mp, fstype, _, _ in all_mounts:
-        if fstype == "cgroup2" and "io" in _read(Path(mp) / "cgroup.controllers").split():
-            return IoHierarchy(2, Path(mp))
-    for mp, fstype, _, opts in all_mounts:
-        if fstype == "cgroup" and "blkio" in opts:
-            return IoHierarchy(1, Path(mp))
+    if hier := IoHierarchy.find(mountinfo):
+        return hier
     raise PreflightError("block I/O throttling needs the cgroup v2 io controller or a v1 blkio hierarchy; "
                          "neither is mounted here")
 
@@ -125,20 +197,12 @@ def cgroups_of(pid: int) -> list[str]:
 
 
 # -- CPU bandwidth (process.cpu_throttle) ------------------------------------------------------------
-@dataclass(frozen=True)
-class CpuHierarchy:
+class CpuHierarchy(Hierarchy):
     """Where CPU bandwidth limits are written: `version` 2 (`cpu.max`) or 1 (`cpu.cfs_quota_us` and
     `cpu.cfs_period_us`), rooted at `root`. Quotas and periods are in microseconds; quota None = unlimited."""
 
-    version: int
-    root: Path
-
-    def to_json(self) -> dict:
-        return {"version": self.version, "root": str(self.root)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> CpuHierarchy:
-        return cls(int(d["version"]), Path(d["root"]))
+    controller: ClassVar[str] = "cpu"
+    v1_controller: ClassVar[str] = "cpu"
 
     def read_limit(self, cgroup: Path) -> tuple[int | None, int]:
         """(quota, period) of `cgroup`; period 0 when the cgroup is gone."""
@@ -168,38 +232,15 @@ class CpuHierarchy:
                 out[key] = int(value)
         return out
 
-    def cgroup_of(self, pid: int, tid: int | None = None) -> Path | None:
-        """The cgroup of process `pid` (or of its thread `tid`) in this hierarchy; None if it is gone."""
-        text = _read(Path(f"/proc/{pid}/task/{tid}/cgroup") if tid else Path(f"/proc/{pid}/cgroup"))
-        if not text:
-            return None
-        for line in text.splitlines():
-            hid, controllers, rel = line.split(":", 2)
-            if (self.version == 2 and hid == "0") or (self.version == 1 and "cpu" in controllers.split(",")):
-                return self.root / rel.lstrip("/")
-        raise PreflightError(f"PID {pid}: not found in the {'v2' if self.version == 2 else 'cpu'} hierarchy")
-
-    def tasks(self, cgroup: Path) -> list[int]:
-        """Every thread (task id) in `cgroup`."""
-        return [int(x) for x in _read(cgroup / ("cgroup.threads" if self.version == 2 else "tasks")).split()]
-
-    def move_task(self, pid: int, tid: int, cgroup: Path) -> None:
-        """Move one thread (v1 `tasks`); v2 domain cgroups hold whole processes, so there it moves `pid`."""
-        if self.version == 2:
-            IoHierarchy.move(pid, cgroup)
-        else:
-            (cgroup / "tasks").write_text(f"{tid}\n")
+    def has_own_limit(self, cgroup: Path) -> bool:
+        cpu_max = cgroup / "cpu.max"
+        return cpu_max.exists() and not cpu_max.read_text().startswith("max ")
 
 
 def find_cpu_hierarchy(mountinfo: Path = Path("/proc/self/mountinfo")) -> CpuHierarchy:
     """Prefer cgroup v2 with the cpu controller; fall back to a v1 hierarchy with cpu; PreflightError if neither."""
-    all_mounts = mounts(mountinfo)
-    for mp, fstype, _, _ in all_mounts:
-        if fstype == "cgroup2" and "cpu" in _read(Path(mp) / "cgroup.controllers").split():
-            return CpuHierarchy(2, Path(mp))
-    for mp, fstype, _, opts in all_mounts:
-        if fstype == "cgroup" and "cpu" in opts:
-            return CpuHierarchy(1, Path(mp))
+    if hier := CpuHierarchy.find(mountinfo):
+        return hier
     raise PreflightError("CPU throttling needs the cgroup v2 cpu controller or a v1 cpu hierarchy; neither is "
                          "mounted here (/proc/self/mountinfo has no cgroup2 with cpu in cgroup.controllers and no "
                          "cgroup mount with the cpu option)")
@@ -209,21 +250,13 @@ def find_cpu_hierarchy(mountinfo: Path = Path("/proc/self/mountinfo")) -> CpuHie
 UNLIMITED_V1 = 1 << 62  # v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 with 4 KiB pages)
 
 
-@dataclass(frozen=True)
-class MemHierarchy:
+class MemHierarchy(Hierarchy):
     """Where memory limits are written: `version` 2 (`memory.max`, `memory.current`, `memory.events`) or 1
     (`memory.limit_in_bytes`, `memory.usage_in_bytes`, `memory.failcnt`, `memory.oom_control`), rooted at
     `root`. Sizes are bytes; a limit of None = unlimited."""
 
-    version: int
-    root: Path
-
-    def to_json(self) -> dict:
-        return {"version": self.version, "root": str(self.root)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> MemHierarchy:
-        return cls(int(d["version"]), Path(d["root"]))
+    controller: ClassVar[str] = "memory"
+    v1_controller: ClassVar[str] = "memory"
 
     def _file(self, v2: str, v1: str) -> str:
         return v2 if self.version == 2 else v1
@@ -298,39 +331,16 @@ class MemHierarchy:
             except OSError:
                 pass
 
-    def cgroup_of(self, pid: int, tid: int | None = None) -> Path | None:
-        """The cgroup of process `pid` (or of its thread `tid`) in this hierarchy; None if it is gone."""
-        text = _read(Path(f"/proc/{pid}/task/{tid}/cgroup") if tid else Path(f"/proc/{pid}/cgroup"))
-        if not text:
-            return None
-        for line in text.splitlines():
-            hid, controllers, rel = line.split(":", 2)
-            if (self.version == 2 and hid == "0") or (self.version == 1 and "memory" in controllers.split(",")):
-                return self.root / rel.lstrip("/")
-        raise PreflightError(f"PID {pid}: not found in the {'v2' if self.version == 2 else 'memory'} hierarchy")
-
-    def tasks(self, cgroup: Path) -> list[int]:
-        """Every thread (task id) in `cgroup`."""
-        return [int(x) for x in _read(cgroup / ("cgroup.threads" if self.version == 2 else "tasks")).split()]
-
-    def move_task(self, pid: int, tid: int, cgroup: Path) -> None:
-        """Move one thread (v1 `tasks`); v2 domain cgroups hold whole processes, so there it moves `pid`."""
-        if self.version == 2:
-            IoHierarchy.move(pid, cgroup)
-        else:
-            (cgroup / "tasks").write_text(f"{tid}\n")
+    def has_own_limit(self, cgroup: Path) -> bool:
+        limit = cgroup / "memory.max"
+        return limit.exists() and limit.read_text().strip() != "max"
 
 
 def find_mem_hierarchy(mountinfo: Path = Path("/proc/self/mountinfo")) -> MemHierarchy:
     """Prefer cgroup v2 with the memory controller; fall back to a v1 memory hierarchy; PreflightError if
     neither."""
-    all_mounts = mounts(mountinfo)
-    for mp, fstype, _, _ in all_mounts:
-        if fstype == "cgroup2" and "memory" in _read(Path(mp) / "cgroup.controllers").split():
-            return MemHierarchy(2, Path(mp))
-    for mp, fstype, _, opts in all_mounts:
-        if fstype == "cgroup" and "memory" in opts:
-            return MemHierarchy(1, Path(mp))
+    if hier := MemHierarchy.find(mountinfo):
+        return hier
     raise PreflightError("memory limits need the cgroup v2 memory controller or a v1 memory hierarchy; neither "
                          "is mounted here (/proc/self/mountinfo has no cgroup2 with memory in cgroup.controllers "
                          "and no cgroup mount with the memory option)")

@@ -1,0 +1,87 @@
+"""Move target processes into a `chaoskit-*` cgroup, and each thread back where it was (cpu_throttle, memory_limit)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from chaoskit.targets.cgroups import Hierarchy
+from chaoskit.targets.process import ProcessRef, is_alive, parent_pid, thread_group, threads
+
+
+def proc_record(hier: Hierarchy, ref: ProcessRef) -> dict[str, Any] | None:
+    """The target with its cgroup and each thread's cgroup before the move; None if it is gone."""
+    home = hier.cgroup_of(ref.pid)
+    if home is None:
+        return None
+    tids = [{"tid": t, "from": str(c)} for t in threads(ref.pid) if (c := hier.cgroup_of(ref.pid, t)) is not None]
+    return {**ref.to_json(), "from": str(home), "threads": tids}
+
+
+def move_in(hier: Hierarchy, cg: Path, procs: list[dict[str, Any]], who: str) -> list[dict[str, Any]]:
+    """Move each recorded process that is still alive into `cg`; the records of those moved, with the threads
+    started since `proc_record` added. RuntimeError if none was left to move."""
+    moved = []
+    for p in procs:
+        ref = ProcessRef.from_json(p)
+        if not is_alive(ref):
+            continue
+        known = {t["tid"] for t in p["threads"]}  # threads started since prepare: where they are now
+        extra = [{"tid": t, "from": str(c)} for t in threads(ref.pid)
+                 if t not in known and (c := hier.cgroup_of(ref.pid, t)) is not None]
+        try:
+            hier.move(ref.pid, cg)  # cgroup.procs: every thread of the process at once (v1 and v2)
+        except ProcessLookupError:
+            continue
+        moved.append({**p, "threads": p["threads"] + extra})
+    if not moved:
+        raise RuntimeError(f"{who}: every target exited before it could be moved")
+    return moved
+
+
+def any_target_inside(cg: Path, procs: list[dict[str, Any]]) -> bool:
+    """Whether a recorded process (that very process: PID + start time) is in `cg` now."""
+    inside = set(Hierarchy.procs(cg))
+    return any(p["pid"] in inside and is_alive(ProcessRef.from_json(p)) for p in procs)
+
+
+def move_back_and_remove(hier: Hierarchy, cg: Path, procs: list[dict[str, Any]], who: str, wait_s: float,
+                         poll_s: float, by_parent: bool = False,
+                         when_empty: Callable[[Path], None] | None = None) -> None:
+    """Move what is in `cg` now back where it came from, then rmdir it, retrying for `wait_s` while the kernel
+    says busy (calling `when_empty` between tries once no task is left in it). A thread goes back to its own
+    cgroup, else to its process's; a process started meanwhile to its parent's (with `by_parent`), else to the
+    first target's."""
+    by_pid = {p["pid"]: Path(p["from"]) for p in procs}
+    by_tid = {(p["pid"], t["tid"]): Path(t["from"]) for p in procs for t in p["threads"]}
+    fallback = Path(procs[0]["from"]) if procs else hier.root
+    deadline = time.monotonic() + wait_s
+    while True:
+        # only what is in our cgroup now is moved: a task someone else moved meanwhile is left alone
+        tasks = [(p, p) for p in hier.procs(cg)] if hier.version == 2 else \
+            [(thread_group(t), t) for t in hier.tasks(cg)]
+        for pid, tid in tasks:
+            if pid is None:
+                continue
+            dest = by_tid.get((pid, tid)) or by_pid.get(pid) or \
+                (by_pid.get(parent_pid(pid) or 0) if by_parent else None) or fallback
+            try:
+                hier.move_task(pid, tid, dest if dest.is_dir() else hier.root)
+            except OSError:  # exited meanwhile (ESRCH) or not movable: the rmdir below tells
+                pass
+        try:
+            os.rmdir(cg)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise RuntimeError(f"{who}: cannot remove {cg}: {e.strerror}; tasks still in it: "
+                                   f"{hier.tasks(cg)[:10]}") from None
+            if when_empty is not None and not hier.tasks(cg):
+                when_empty(cg)
+            time.sleep(poll_s)
