@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,11 @@ err = Console(stderr=True)
 def _add_subcommands() -> None:
     from chaoskit.cli_load import load
     from chaoskit.cli_ref import ref_app
+    from chaoskit.cli_report import report
 
     app.add_typer(ref_app, name="ref")
     app.command()(load)
+    app.command()(report)
 
 
 _add_subcommands()
@@ -85,39 +88,110 @@ def _replay_orphans() -> None:
                       highlight=False)
 
 
+@dataclass
+class RunArgs:
+    """What `chaoskit run` was told, shared by every experiment of a suite."""
+
+    dry_run: bool = False
+    cli_vars: dict[str, str] = field(default_factory=dict)
+    journal: Path | None = None
+    junit: Path | None = None
+    report: Path | None = None
+    out_dir: Path | None = None
+    live: bool | None = None
+    step: bool = False
+    ci: bool = False
+    step_summary: bool = True  # --ci: append the Markdown summary to $GITHUB_STEP_SUMMARY (a suite does it once)
+
+
+@dataclass
+class Outcome:
+    """What one experiment of a run came to (the suite's table, JUnit file and index are made of these)."""
+
+    file: Path
+    code: int = errors.EXIT_INVALID
+    experiment: str = ""
+    data: dict[str, Any] | None = None  # the summary, when the run got that far
+    report: Path | None = None
+    markdown: str = ""
+    message: str = ""
+
+
 @app.command()
 def run(
-    file: Path = typer.Argument(..., help="experiment YAML"),
+    files: list[Path] = typer.Argument(..., help="experiment YAML; several files or a directory make a suite"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate, check the host, print the plan; apply nothing"),
     var: list[str] = typer.Option([], "--var", help="NAME=VALUE for {NAME} substitution (repeatable)"),
     journal: Path | None = typer.Option(None, help="JSON-lines journal (default: OUT/journal.jsonl)"),
-    junit: Path | None = typer.Option(None, help="write JUnit XML here"),
-    report: Path | None = typer.Option(None, help="HTML report (default: OUT/report.html)"),
+    junit: Path | None = typer.Option(None, help="write JUnit XML here (a suite: one testsuite per experiment)"),
+    report: Path | None = typer.Option(None, help="HTML report (default: OUT/report.html; a suite: its index)"),
     out_dir: Path | None = typer.Option(None, "--out", help="run directory (default: chaoskit-runs/RUN_ID)"),
     live: bool | None = typer.Option(None, "--live/--plain", help="live view (default: when stdout is a TTY)"),
+    step: bool = typer.Option(False, "--step", help="game day: before each method step show its plan and ask: "
+                              "continue, skip it, or abort (roll back everything)"),
+    ci: bool = typer.Option(False, "--ci", help="CI gate: plain output, JUnit (default OUT/junit.xml) and a Markdown "
+                            "summary (OUT/summary.md, appended to $GITHUB_STEP_SUMMARY when that is set)"),
+    stop_on_failure: bool = typer.Option(False, "--stop-on-failure", help="suite: stop after the first experiment "
+                                         "that does not exit 0"),
 ) -> None:
-    """Run an experiment: hypothesis before, faults, hypothesis during and after; always roll back."""
-    from chaoskit.engine.journal import Journal
-    from chaoskit.engine.reports import summary, write_html, write_junit, write_summary
+    """Run an experiment: hypothesis before, faults, hypothesis during and after; always roll back. Several
+    files (or a directory of them) run as a suite, in order, with one summary, JUnit file and index page."""
+    suite = len(files) > 1 or files[0].is_dir()
+    try:  # the argument checks that need nothing loaded come first (loading the spec takes a while)
+        if step and (dry_run or ci):
+            raise ChaoskitError("--step asks an operator before each step; it does not go with --dry-run or --ci")
+        if step and not sys.stdin.isatty():
+            raise ChaoskitError("--step asks before each step: stdin must be a terminal")
+        if suite and journal is not None:
+            raise ChaoskitError("--journal names one experiment's journal; a suite writes one per experiment "
+                                "under --out")
+        from chaoskit.spec.loader import parse_cli_vars
+
+        cli_vars = parse_cli_vars(var)
+    except ChaoskitError as e:
+        _fail(e)
+    args = RunArgs(dry_run, cli_vars, journal, junit, report, out_dir, live, step, ci)
+    if not suite:
+        raise typer.Exit(run_one(files[0], args, Outcome(files[0])))
+    from chaoskit.cli_suite import run_suite
+
+    try:
+        code = run_suite(files, args, stop_on_failure, run_one, out)
+    except ChaoskitError as e:
+        _fail(e)
+    raise typer.Exit(code)
+
+
+def run_one(file: Path, args: RunArgs, rec: Outcome) -> int:
+    """One experiment, start to end: the exit code (typer.Exit for input errors, after saying why)."""
+    from chaoskit.engine.journal import Journal, read_journal
+    from chaoskit.engine.reports import render_report, summary, write_html, write_junit, write_summary
+    from chaoskit.engine.runinfo import experiment_record, host_facts
     from chaoskit.engine.runner import Runner, RunOptions, new_run_id
     from chaoskit.reference.scenario import deployment_for, describe
-    from chaoskit.spec.loader import load_experiment, parse_cli_vars
+    from chaoskit.spec.loader import load_experiment
     from chaoskit.spec.models import Reference
     from chaoskit.ui import LiveView, PlainView
 
+    def fail(e: ChaoskitError) -> None:
+        rec.code, rec.message = e.exit_code, str(e)
+        _fail(e)
+
+    dry_run, cli_vars = args.dry_run, args.cli_vars
     try:
-        cli_vars = parse_cli_vars(var)
         loaded = load_experiment(file, cli_vars, strict=not dry_run)
     except ChaoskitError as e:
-        _fail(e)
+        fail(e)
     if not dry_run:
         _replay_orphans()
     exp = loaded.experiment
+    rec.experiment = exp.metadata.name
     own = exp.target.reference.effective(loaded.variables) if isinstance(exp.target.reference, Reference) else None
     run_id = new_run_id(exp.metadata.name)
-    run_dir = out_dir or Path("chaoskit-runs") / run_id
-    journal_path = journal or run_dir / "journal.jsonl"
-    use_live = out.is_terminal if live is None else live
+    run_dir = args.out_dir or Path("chaoskit-runs") / run_id
+    journal_path = args.journal or run_dir / "journal.jsonl"
+    junit = args.junit or (run_dir / "junit.xml" if args.ci else None)
+    use_live = (out.is_terminal and not args.ci) if args.live is None else args.live
     with ExitStack() as deployed:
         if own is not None and dry_run:
             err.print(f"[yellow]note:[/] would start the reference deployment: {describe(own)}", highlight=False)
@@ -130,17 +204,32 @@ def run(
             except KeyboardInterrupt:
                 deployed.close()
                 err.print("[red]interrupted[/] while the reference deployment was starting (stopped again)")
+                rec.code, rec.message = errors.EXIT_SIGINT, "interrupted while the reference deployment was starting"
                 raise typer.Exit(errors.EXIT_SIGINT) from None
             except ChaoskitError as e:
                 deployed.close()
-                _fail(e)
+                fail(e)
             exp = loaded.experiment
         for note in loaded.notes:
             err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
-        view = LiveView(out, exp.metadata.name) if use_live else PlainView(out)
+        probes = [*exp.steady_state.probes, *(g.probe for g in exp.safeguards if not isinstance(g.probe, str))]
+        guards = [{"probe": g.probe if isinstance(g.probe, str) else g.probe.name,
+                   "rules": [str(r) for r in g.rules()], "metrics": [r.metric for r in g.rules()]}
+                  for g in exp.safeguards]
+        view = (LiveView(out, exp.metadata.name, {p.name: list(p.flat_expect()) for p in probes}, guards)
+                if use_live else PlainView(out))
         jr = Journal(None if dry_run else journal_path, [view])
+        if not dry_run:  # what the report needs besides the events: the experiment as run, the host
+            jr.record("experiment", **experiment_record(loaded))
+            jr.record("host", **host_facts())
         unresolved = frozenset(loaded.deferred_steps()) if own is not None and dry_run else frozenset()
-        runner = Runner(exp, jr, RunOptions(dry_run=dry_run, unresolved_steps=unresolved), run_id=run_id)
+        stepper = None
+        if args.step:
+            from chaoskit.stepper import Stepper
+
+            stepper = Stepper(out, jr, view)
+        runner = Runner(exp, jr, RunOptions(dry_run=dry_run, unresolved_steps=unresolved, before_step=stepper),
+                        run_id=run_id)
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
 
         async def main() -> None:
@@ -159,7 +248,7 @@ def run(
                 signal.signal(sig, signal.SIG_IGN)
     jr.close()
     result = runner.result
-    code = result.exit_code
+    code = rec.code = result.exit_code
     if dry_run:
         out.print(f"[bold]plan for {exp.metadata.name}[/] (dry run: nothing applied)")
         for p in result.plan:
@@ -169,13 +258,19 @@ def run(
                 out.print(f"      {change}", highlight=False, markup=False)
         if code != 0:
             err.print(f"[red]preflight failed:[/] {escape(result.status.reason)}", highlight=False)
-        raise typer.Exit(code)
-    data = summary(result, exp)
+            rec.message = result.status.reason
+        return code
+    data = rec.data = summary(result, exp)
     write_summary(journal_path.with_name("summary.json"), data)
-    report_path = report or run_dir / "report.html"
-    write_html(report_path, data)
+    report_path = rec.report = args.report or run_dir / "report.html"
+    events = read_journal(journal_path)  # the report is made of the journal alone: `chaoskit report` remakes it
+    write_html(report_path, events)
     if junit:
         write_junit(junit, data)
+    rec.markdown = render_report(events, "md", str(report_path))
+    md_path = journal_path.with_name("summary.md")
+    if args.ci:
+        md_path.write_text(rec.markdown, encoding="utf-8")
     style = {0: "green", 1: "yellow"}.get(code, "red")
     out.print(f"[bold {style}]{result.status.verdict}[/] (exit {code}) {exp.metadata.name}"
               + (f" — {escape(result.status.reason)}" if result.status.reason else ""), highlight=False)
@@ -184,10 +279,28 @@ def run(
     if result.recovery_s is not None:
         out.print(f"  recovered {result.recovery_s:.2f}s after rollback")
     out.print(f"  journal {journal_path}  report {report_path}" + (f"  junit {junit}" if junit else ""))
+    if args.ci:
+        out.print(f"  summary {md_path}" + (append_step_summary(rec.markdown) if args.step_summary else ""),
+                  highlight=False, soft_wrap=True)
     if result.status.rollback_incomplete:
         err.print(f"[bold red]ROLLBACK INCOMPLETE[/]: faults may still be applied. Ledger: {result.ledger_path}\n"
                   "  fix the cause, then run: chaoskit rollback --ledger " + str(result.ledger_path))
-    raise typer.Exit(code)
+    return code
+
+
+def append_step_summary(markdown: str) -> str:
+    """--ci on GitHub Actions: the Markdown summary goes onto the job's page too (what the output line adds)."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return ""
+    try:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(markdown + "\n")
+    except OSError as e:
+        err.print(f"[yellow]note:[/] could not append to $GITHUB_STEP_SUMMARY ({target}): {escape(str(e))}",
+                  highlight=False)
+        return ""
+    return " (+ $GITHUB_STEP_SUMMARY)"
 
 
 @app.command()

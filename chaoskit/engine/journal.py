@@ -41,7 +41,34 @@ class Journal:
                 pass
         return obj
 
+    def record(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Journal an event without telling the listeners (facts for the report, not news for the display)."""
+        obj = {"t": round(time.time(), 6), "event": event, **fields}
+        with self._lock:
+            self.events.append(obj)
+            if self._fh is not None:
+                self._fh.write(json.dumps(obj, default=str, separators=(",", ":")) + "\n")
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+        return obj
+
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """The events of a journal file; a torn last line (a SIGKILL mid-write) and blank lines are skipped."""
+    events = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict) and "event" in obj:
+                events.append(obj)
+    return events

@@ -1,15 +1,28 @@
-"""Write what a run found: the final JSON summary, JUnit XML for CI, and a self-contained HTML report."""
+"""Write what a run found: the final JSON summary, JUnit XML for CI (one testsuite per experiment), the
+self-contained HTML report and the Markdown summary (both rebuilt from the journal), and a suite's exit code
+and index."""
 
 from __future__ import annotations
 
-import html
 import json
 import time
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from chaoskit.engine import report_html, report_md
+from chaoskit.engine.report_data import run_view
 from chaoskit.engine.runner import RunResult
+from chaoskit.errors import (
+    EXIT_ABORTED,
+    EXIT_DEVIATED,
+    EXIT_HELD,
+    EXIT_INVALID,
+    EXIT_PREFLIGHT,
+    EXIT_ROLLBACK_INCOMPLETE,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+)
 from chaoskit.spec.models import Experiment
 
 
@@ -43,8 +56,8 @@ def write_summary(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, default=str))
 
 
-def write_junit(path: Path, data: dict[str, Any]) -> None:
-    """One testcase per (phase, probe), plus one for rollback and one for safeguards."""
+def junit_suite(data: dict[str, Any]) -> ET.Element:
+    """One testsuite: a testcase per (phase, probe), plus one for rollback and one for safeguards."""
     cases: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for s in data["samples"]:
         cases.setdefault((s["phase"], s["probe"]), []).append(s)
@@ -80,42 +93,69 @@ def write_junit(path: Path, data: dict[str, Any]) -> None:
     suite.set("tests", str(len(suite)))
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))
+    return suite
+
+
+def junit_not_run(name: str, file: str, message: str, code: int | None = None) -> ET.Element:
+    """The testsuite of an experiment without a summary: an error (invalid file, host cannot do it, interrupted
+    while its deployment started: `code`), or skipped (code None: the suite stopped before it)."""
+    suite = ET.Element("testsuite", name=f"chaoskit.{name}", tests="1", failures="0",
+                       errors="0" if code is None else "1", skipped="1" if code is None else "0", time="0.000")
+    tc = ET.SubElement(suite, "testcase", name="run", classname=f"chaoskit.{name}", time="0.000", file=file)
+    if code is None:
+        ET.SubElement(tc, "skipped", message=message)
+    else:
+        ET.SubElement(tc, "error", message=f"exit {code}: {message}")
+    return suite
+
+
+def write_junit(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+    ET.ElementTree(junit_suite(data)).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def write_html(path: Path, data: dict[str, Any]) -> None:
-    e = html.escape
-    colour = {"held": "#1a7f37", "deviated": "#b35900"}.get(data["verdict"], "#c62828")
-    t0 = data["started"]
-    rows = "".join(
-        f"<tr class='{e(s['verdict'])}'><td>{s['t'] - t0:.2f}s</td><td>{e(s['phase'])}</td><td>{e(s['probe'])}</td>"
-        f"<td>{e(s['verdict'])}</td><td>{e(s['error'] or '; '.join(s['details']))}</td></tr>"
-        for s in data["samples"])
-    faults = "".join(
-        f"<tr><td>#{f['id']}</td><td>{e(f['step'])}</td><td>{e(f['type'])}</td>"
-        f"<td>{_rel(f['applied_at'], t0)}</td><td>{_rel(f['reverted_at'], t0)}</td><td>{f['apply_ms']}</td></tr>"
-        for f in data["faults"])
-    states = " → ".join(f"{e(s['state'])} ({s['t'] - t0:.2f}s)" for s in data["states"])
-    plan = "".join(f"<li><b>{e(p['step'])}</b>: {e('; '.join(p['changes']))}</li>" for p in data["plan"])
-    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>chaoskit: {e(data['experiment'])}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;width:100%}}
-td,th{{border:1px solid #ddd;padding:4px 8px;font-size:14px;text-align:left}}tr.fail td,tr.error td{{background:#fdecea}}
-.v{{color:#fff;background:{colour};padding:4px 10px;border-radius:4px}}</style></head><body>
-<h1>{e(data['experiment'])} <span class="v">{e(data['verdict'])}</span></h1>
-<p>{e(data['description'])}</p>
-<p>run <code>{e(data['run_id'])}</code> · exit code {data['exit_code']} · {data['duration_s']:.2f}s ·
-recovery {data['recovery_s'] if data['recovery_s'] is not None else 'n/a'}s ·
-rollback {'complete' if data['rollback_complete'] else '<b>INCOMPLETE</b>'}</p>
-<p>{e(data['reason'])}</p><ul>{''.join(f'<li>{e(d)}</li>' for d in data['deviations'])}</ul>
-<h2>States</h2><p>{states}</p><h2>Plan</h2><ul>{plan}</ul>
-<h2>Faults</h2><table><tr><th>#</th><th>step</th><th>type</th><th>applied</th><th>reverted</th><th>apply ms</th></tr>
-{faults}</table>
-<h2>Probe samples</h2><table><tr><th>t</th><th>phase</th><th>probe</th><th>verdict</th><th>details</th></tr>{rows}</table>
-</body></html>"""
+def write_junit_suites(path: Path, suites: list[ET.Element], name: str = "chaoskit") -> None:
+    """A suite's JUnit file: one testsuite per experiment."""
+    root = ET.Element("testsuites", name=name)
+    for key in ("tests", "failures", "errors", "skipped"):
+        root.set(key, str(sum(int(s.get(key, "0")) for s in suites)))
+    root.extend(suites)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(doc, encoding="utf-8")
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def _rel(t: float | None, t0: float) -> str:
-    return f"{t - t0:.2f}s" if t else "—"
+# -- the report (built from the journal alone) ------------------------------------------------------------
+def render_report(events: list[dict[str, Any]], fmt: str = "html", report_path: str | None = None) -> str:
+    view = run_view(events)
+    return report_html.render(view) if fmt == "html" else report_md.render(view, report_path)
+
+
+def write_html(path: Path, events: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_report(events), encoding="utf-8")
+
+
+def write_markdown(path: Path, events: list[dict[str, Any]], report_path: str | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_report(events, "md", report_path), encoding="utf-8")
+
+
+# -- suites -------------------------------------------------------------------------------------------------
+# A suite exits with the worst of its experiments' codes, worst first: faults may still be applied (5), the
+# suite was interrupted (143 SIGTERM, 130 SIGINT), a safeguard aborted (3), the hypothesis deviated (1), a
+# file is invalid (2), the host cannot run one (4), all held (0). A finding about the system under test outranks
+# an experiment that could not run; any other code ranks just below 5.
+EXIT_ORDER = (EXIT_ROLLBACK_INCOMPLETE, EXIT_SIGTERM, EXIT_SIGINT, EXIT_ABORTED, EXIT_DEVIATED, EXIT_INVALID,
+              EXIT_PREFLIGHT, EXIT_HELD)
+
+
+def worst_exit(codes: list[int]) -> int:
+    def rank(code: int) -> float:
+        return float(EXIT_ORDER.index(code)) if code in EXIT_ORDER else 0.5
+
+    return min(codes, key=rank) if codes else EXIT_HELD
+
+
+def write_index(path: Path, title: str, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(report_html.render_index(title, rows, path.parent), encoding="utf-8")

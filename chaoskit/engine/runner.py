@@ -9,6 +9,7 @@ import signal
 import time
 import traceback
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from chaoskit.engine.faults import FaultFailed, Faults
 from chaoskit.engine.hypothesis import Baselines, Sample, take_sample
 from chaoskit.engine.journal import Journal
 from chaoskit.engine.ledger import Ledger
-from chaoskit.engine.plan import plan_faults
+from chaoskit.engine.plan import inject_steps, plan_faults
 from chaoskit.engine.safeguards import take_guarded, tripped
 from chaoskit.engine.states import Event, FailureKind, RunStatus, State
 from chaoskit.errors import PreflightError
@@ -28,13 +29,13 @@ from chaoskit.spec.models import Experiment, Safeguard, Step
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class RunOptions:
     dry_run: bool = False
     ledger_dir: Path | None = None
     use_watchdog: bool = True
     unresolved_steps: frozenset[int] = frozenset()  # dry run: id() of steps whose target is not known yet
+    before_step: Callable[[Step, list[dict[str, Any]]], Awaitable[str]] | None = None  # --step: continue|skip|abort
 
 
 @dataclass
@@ -169,6 +170,7 @@ class Runner:
         self.injectors, plan, more = plan_faults(self.exp.method, self.opts.unresolved_steps)
         problems += more
         self.result.plan = plan
+        self._plans = dict(zip([id(s) for s in inject_steps(self.exp.method)], plan, strict=True))
         self.journal.emit("plan", steps=plan)
         if problems:
             raise PreflightError("\n".join(problems))
@@ -193,7 +195,7 @@ class Runner:
         if self.faults is not None and self.opts.use_watchdog:
             samplers.append(asyncio.create_task(self.faults.supervise_watchdog()))
         try:
-            await self._cancellable(self._steps(self.exp.method))
+            await self._cancellable(self._steps(self.exp.method, abort))
         except FaultFailed as e:
             self.status.fail(FailureKind.APPLY, str(e))
         finally:
@@ -203,8 +205,15 @@ class Runner:
             await asyncio.gather(*samplers, return_exceptions=True)
         return abort[0] if abort else None
 
-    async def _steps(self, steps: list[Step]) -> None:
+    async def _steps(self, steps: list[Step], abort: list[str]) -> None:
         for step in steps:
+            if self.opts.before_step is not None and step.pause is None:  # --step: the operator decides
+                choice = await self.opts.before_step(step, [self._plans[id(s)] for s in inject_steps([step])])
+                if choice == "abort":  # like a safeguard: stop here, everything applied is rolled back
+                    abort.append(f"aborted by the operator before step {step.label()}")
+                    return
+                if choice == "skip":
+                    continue
             await self._step(step)
 
     async def _cancellable(self, coro: Any) -> Any:

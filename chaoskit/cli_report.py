@@ -1,0 +1,56 @@
+"""`chaoskit report JOURNAL`: rebuild a run's HTML report from its journal alone (the same file the run wrote),
+or write its Markdown summary for a CI job page or a pull-request comment."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from chaoskit.errors import ChaoskitError
+
+out = Console()
+err = Console(stderr=True)
+
+
+def fail(e: ChaoskitError) -> None:
+    err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+    raise typer.Exit(e.exit_code)
+
+
+def report(
+    journal: Path = typer.Argument(..., help="a run's journal (journal.jsonl)"),
+    output: Path | None = typer.Option(None, "-o", "--output", help="where to write; - for stdout (default: "
+                                       "report.html or summary.md beside the journal)"),
+    fmt: str = typer.Option("html", "--format", help="html (the full report) or md (a summary for a CI job page "
+                            "or a pull-request comment)"),
+) -> None:
+    """Rebuild a run's report from its journal alone (the same report the run wrote), or a Markdown summary."""
+    from chaoskit.engine import report_html, report_md  # not engine.reports: it loads every injector (seconds)
+    from chaoskit.engine.journal import read_journal
+    from chaoskit.engine.report_data import run_view
+
+    if fmt not in ("html", "md"):
+        fail(ChaoskitError(f"--format {fmt}: expected html or md"))
+    if not journal.is_file():
+        fail(ChaoskitError(f"{journal}: no such journal file"))
+    try:
+        events = read_journal(journal)
+    except (OSError, UnicodeDecodeError) as e:
+        fail(ChaoskitError(f"{journal}: cannot read: {e}"))
+    if not any(ev.get("event") == "run" for ev in events):
+        fail(ChaoskitError(f"{journal}: not a chaoskit journal (no 'run' event)"))
+    html_path = journal.with_name("report.html")
+    view = run_view(events)
+    text = (report_html.render(view) if fmt == "html"
+            else report_md.render(view, str(html_path) if html_path.exists() else None))
+    if output is not None and str(output) == "-":
+        sys.stdout.write(text)
+        return
+    target = output or journal.with_name("report.html" if fmt == "html" else "summary.md")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    out.print(f"{'report' if fmt == 'html' else 'summary'} {target}", highlight=False)

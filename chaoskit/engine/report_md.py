@@ -1,0 +1,73 @@
+"""Markdown summaries for a CI job summary or a pull-request comment: one run (from its journal events, like
+the HTML report) or a suite (one row per experiment)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaoskit.engine.report_data import RunView, phase_table
+
+ICON = {"held": "✅", "deviated": "❌", "planned": "📝"}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _rel(view: RunView, t: float | None) -> str:
+    return f"+{t - view.started:.2f}s" if t else "—"
+
+
+def render(view: RunView, report_path: str | None = None) -> str:
+    icon = ICON.get(view.verdict, "⛔")
+    duration = view.ended - view.started if view.started else 0.0
+    lines = [f"### {icon} {view.experiment}: {view.verdict} (exit {view.exit_code})", ""]
+    if view.description:
+        lines += [view.description, ""]
+    recovery = f"{view.recovery_s:g}s after rollback" if view.recovery_s is not None else "n/a"
+    lines += [f"run `{view.run_id}` · {duration:.1f}s · recovery {recovery} · rollback "
+              + ("complete" if view.rollback_complete else "**INCOMPLETE**"), ""]
+    if not view.complete:
+        lines += ["**The journal ends before the run did** (killed?).", ""]
+    if view.reason:
+        lines += [f"> {_cell(view.reason)}", ""]
+    for d in view.deviations:
+        lines.append(f"- deviation: {_cell(d)}")
+    if view.deviations:
+        lines.append("")
+    phases, table = phase_table(view)
+    if table:
+        lines += ["| probe | " + " | ".join(phases) + " |", "|---" * (len(phases) + 1) + "|"]
+        for probe in view.probes():
+            cells = []
+            for p in phases:
+                n, bad = table.get(probe, {}).get(p, (0, 0))
+                judged = p in ("before", "during", "after")
+                mark = "" if not n else ("⚪" if not judged else ("❌" if bad else "✅"))
+                cells.append("" if not n else f"{mark} {f'{bad}/{n} failed' if bad else f'{n}/{n} ok'}")
+            lines.append(f"| {_cell(probe)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if view.faults:
+        lines += ["| fault | type | applied | reverted |", "|---|---|---|---|"]
+        for f in view.faults:
+            rev = _rel(view, f.reverted_at) + (f" **revert failed: {_cell(f.revert_error)}**" if f.revert_error
+                                                else "")
+            lines.append(f"| #{f.id} {_cell(f.step)} | `{f.type}` | {_rel(view, f.applied_at)} | {rev} |")
+        lines.append("")
+    if report_path:
+        lines += [f"Report: `{report_path}`", ""]
+    return "\n".join(lines)
+
+
+def render_suite(title: str, rows: list[dict[str, Any]], code: int, index: str | None = None) -> str:
+    worst = "✅" if code == 0 else "❌"
+    lines = [f"### {worst} {title}: exit {code}", "", "| experiment | verdict | exit | duration | why |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        why = "; ".join(r.get("deviations") or []) or r.get("reason", "")
+        lines.append(f"| {_cell(r['experiment'])} | {ICON.get(r['verdict'], '⛔')} {r['verdict']} | {r['exit_code']} "
+                     f"| {r.get('duration_s', 0):.1f}s | {_cell(why)[:300]} |")
+    lines.append("")
+    if index:
+        lines += [f"Reports: `{index}`", ""]
+    return "\n".join(lines)

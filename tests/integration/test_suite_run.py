@@ -1,0 +1,177 @@
+"""`chaoskit run A.yaml dir/ ...` as a suite: experiments in order, each in its own run directory, one table,
+one JUnit file with a testsuite per experiment, an index page linking each report, the worst exit code by the
+documented order; --stop-on-failure; an interrupt stops the suite after a full rollback."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from chaoskit.engine.reports import EXIT_ORDER, worst_exit
+from tests.conftest import ROOT, chaoskit, proc_state
+
+HELD = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {name: a-held}
+vars: {dur: 1s}
+steadyState:
+  probes:
+    - {name: ok, type: command, argv: ["true"], expect: {exit_code: 0}}
+  after: {within: 2s, every: 100ms}
+method:
+  - pause: "{dur}"
+"""
+INVALID = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {name: b-invalid}
+steadyState:
+  probes:
+    - {name: ok, type: command, argv: ["true"], expct: {exit_code: 0}}
+method:
+  - pause: 1s
+"""
+NOT_BEFORE = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {name: c-not-before}
+steadyState:
+  probes:
+    - {name: nope, type: command, argv: ["false"], expect: {exit_code: 0}}
+method:
+  - pause: 1s
+"""
+FREEZE = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {{name: a-freeze}}
+steadyState:
+  probes:
+    - {{name: ok, type: command, argv: ["true"], expect: {{exit_code: 0}}}}
+  during: {{every: 200ms}}
+method:
+  - inject: {{type: process.signal, pid: {pid}}}
+    duration: 30s
+"""
+
+
+@pytest.mark.parametrize("a,b", list(itertools.combinations(EXIT_ORDER, 2)))
+def test_exit_code_order(a, b):
+    """Earlier in EXIT_ORDER is worse: a suite with both exits with the earlier one, in any order."""
+    assert worst_exit([a, b]) == worst_exit([b, a]) == a
+    assert worst_exit([0, a, 0]) == a
+
+
+def test_exit_code_order_is_documented():
+    order = " > ".join(str(c) for c in EXIT_ORDER)
+    assert order == "5 > 143 > 130 > 3 > 1 > 2 > 4 > 0"
+    assert order in (ROOT / "docs" / "ci.md").read_text()
+    assert order in (ROOT / "README.md").read_text()
+    assert worst_exit([]) == 0 and worst_exit([0, 7, 1]) == 7  # an unknown code ranks just below 5
+
+
+def _write(d: Path, name: str, text: str) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_text(text)
+    return d / name
+
+
+def test_suite_runs_in_order_with_one_summary(tmp_path, state_dir):
+    _write(tmp_path / "dir", "a-held.yaml", HELD)
+    _write(tmp_path / "dir", "b-invalid.yaml", INVALID)
+    (tmp_path / "dir" / "notes.txt").write_text("not an experiment")
+    c = _write(tmp_path, "c-not-before.yaml", NOT_BEFORE)
+    out_dir = tmp_path / "suite"
+    run = chaoskit("run", str(tmp_path / "dir"), str(c), "--var", "dur=300ms", "--out", str(out_dir), "--junit",
+                   str(tmp_path / "junit.xml"), state=state_dir)
+    out, err = run.communicate(timeout=90)
+    assert run.returncode == 1, out + err  # deviated (1) outranks invalid (2) and held (0)
+    assert out.index("suite 1/3:") < out.index("held (exit 0) a-held") < out.index("suite 2/3:") \
+        < out.index("suite 3/3:") < out.index("deviated (exit 1) c-not-before")
+    assert "unknown field 'expct'" in err  # the invalid file says why, as a single run would
+    assert "suite exit 1 (the worst of the experiments' codes; order 5 > 143 > 130 > 3 > 1 > 2 > 4 > 0)" in out
+    assert (out_dir / "01-a-held" / "report.html").is_file() and (out_dir / "03-c-not-before" / "summary.json").is_file()
+    assert not (out_dir / "02-b-invalid").exists()
+    # --var went only to the file that declares it
+    held = json.loads((out_dir / "01-a-held" / "summary.json").read_text())
+    assert held["verdict"] == "held"
+    exp = next(json.loads(line) for line in (out_dir / "01-a-held" / "journal.jsonl").read_text().splitlines()
+               if '"event":"experiment"' in line)
+    assert exp["vars"] == {"dur": "300ms"}
+    suites = ET.parse(tmp_path / "junit.xml").getroot()
+    assert suites.tag == "testsuites" and suites.get("errors") == "1" and suites.get("failures") == "1"
+    assert [s.get("name") for s in suites] == ["chaoskit.a-held", "chaoskit.b-invalid", "chaoskit.c-not-before"]
+    assert suites[1].find("testcase/error").get("message").startswith("exit 2: ")
+    index = (out_dir / "index.html").read_text()
+    assert "href='01-a-held/report.html'" in index and "href='03-c-not-before/report.html'" in index
+    md = (out_dir / "summary.md").read_text()
+    assert md.startswith("### ❌ chaoskit suite (3/3 run): exit 1")
+    assert "| b-invalid | ⛔ invalid | 2 |" in md and "### ✅ a-held: held (exit 0)" in md
+
+
+def test_stop_on_failure_and_unknown_vars(tmp_path, state_dir):
+    bad = _write(tmp_path, "1-bad.yaml", INVALID)
+    held = _write(tmp_path, "2-held.yaml", HELD)
+    run = chaoskit("run", str(bad), str(held), "--stop-on-failure", "--out", str(tmp_path / "s"), "--junit",
+                   str(tmp_path / "j.xml"), state=state_dir)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 2, out + err
+    assert "suite 2/2" not in out and "not run" in out and "--stop-on-failure" in out
+    suites = ET.parse(tmp_path / "j.xml").getroot()
+    assert suites.get("skipped") == "1" and suites[1].find("testcase/skipped") is not None
+    assert not (tmp_path / "s" / "02-2-held").exists()
+    run = chaoskit("run", str(bad), str(held), "--var", "nosuch=1", state=state_dir)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 2 and "--var nosuch: no experiment of the suite declares or uses it" in err
+    run = chaoskit("run", str(bad), str(held), "--journal", str(tmp_path / "j.jsonl"), state=state_dir)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 2 and "a suite writes one per experiment" in err
+
+
+def test_interrupt_stops_the_suite_after_rollback(tmp_path, state_dir, sleeper):
+    first = _write(tmp_path, "1-freeze.yaml", FREEZE.format(pid=sleeper.pid))
+    second = _write(tmp_path, "2-held.yaml", HELD)
+    run = chaoskit("run", str(first), str(second), "--plain", "--out", str(tmp_path / "s"), state=state_dir)
+    seen = []
+    for line in run.stdout:
+        seen.append(line)
+        if "fault #1 process.signal applied" in line:
+            break
+    assert proc_state(sleeper.pid) == "T", "".join(seen)
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=60)
+    out = "".join(seen) + out
+    assert run.returncode == 130, out + err
+    assert proc_state(sleeper.pid) in ("S", "R")
+    assert "suite 2/2" not in out and "interrupted" in out
+    assert "| a-freeze | ⛔ interrupted | 130 |" in (tmp_path / "s" / "summary.md").read_text()
+
+
+def test_ci_examples_are_valid_yaml_and_run_the_documented_commands():
+    import yaml
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("**A CI gate**", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = [line.strip() for line in block.splitlines() if line.strip()]
+    assert ".venv/bin/chaoskit run experiments/sits2026/ --ci --out chaoskit-runs/ci" in commands
+    assert commands[0] == "make setup" and commands[-1] == ".venv/bin/chaoskit rollback --all"
+    assert all(c in (ROOT / "docs" / "ci.md").read_text() for c in commands)
+    gh = yaml.safe_load((ROOT / "docs" / "ci" / "github-actions.yml").read_text())
+    steps = gh["jobs"]["chaos"]["steps"]
+    gh_runs = [s["run"] for s in steps if "run" in s]
+    assert [c for c in gh_runs if c in commands] == commands  # each documented command, in order
+    assert (True in gh or "on" in gh) and gh["jobs"]["chaos"]["container"]["options"].startswith("--privileged")
+    rollback = next(s for s in steps if s.get("run") == commands[-1])
+    upload = next(s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact"))
+    assert rollback["if"] == upload["if"] == "always()" and upload["with"]["path"] == "chaoskit-runs/ci/"
+    gl = yaml.safe_load((ROOT / "docs" / "ci" / "gitlab-ci.yml").read_text())["chaoskit"]
+    gl_runs = [c.split("  #")[0].strip() for c in gl["before_script"] + gl["script"] + gl["after_script"]]
+    assert [c for c in gl_runs if c in commands] == commands
+    assert gl["after_script"][0].startswith(commands[-1])  # runs also when the script failed or was cancelled
+    assert gl["artifacts"]["when"] == "always" and gl["artifacts"]["reports"]["junit"] == "chaoskit-runs/ci/junit.xml"

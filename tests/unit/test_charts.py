@@ -1,0 +1,196 @@
+"""Chart geometry and what the report's charts are made of: a sample at time t lands at x(t), a fault window
+spans x(apply)..x(revert), tolerance lines sit at their value, failed judged samples are marked deviating."""
+
+from __future__ import annotations
+
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from chaoskit.engine.charts import (
+    Layout,
+    Line,
+    Mark,
+    Panel,
+    Scale,
+    Series,
+    Window,
+    nice_step,
+    on_scale,
+    sparkline,
+    ticks,
+    timeline_svg,
+    value_domain,
+)
+from chaoskit.engine.report_data import family, holds, last_run, panels_for, run_view, thresholds
+from chaoskit.engine.reports import render_report
+
+SVG = "{http://www.w3.org/2000/svg}"
+T0, T1 = 1000.0, 1030.0
+
+
+def _svg(panels, verdicts=(), faults=(), layout=None):
+    text = timeline_svg("p", T0, T1, list(panels), list(verdicts), list(faults), [], [], layout)
+    return ET.fromstring(text)  # well-formed XML, or this raises
+
+
+def _by_class(root, css):
+    return [el for el in root.iter() if css in (el.get("class") or "").split()]
+
+
+def test_scale_maps_ends_and_middle_and_a_flat_domain():
+    s = Scale(10, 20, 100, 300)
+    assert (s(10), s(15), s(20)) == (100, 200, 300)
+    up = Scale(0, 50, 200, 100)  # a y axis: larger values higher up (smaller y)
+    assert up(0) == 200 and up(50) == 100
+    assert Scale(5, 5, 0, 10)(5) == 5  # no span: the middle
+
+
+@pytest.mark.parametrize("t", [T0, T0 + 0.37, T0 + 12.5, T1])
+def test_a_sample_at_time_t_lands_at_x_of_t(t):
+    lay = Layout(width=800, left=50, right=100)
+    marks = [Mark(t, 3.0, "ok", True), Mark(T0 + 20, 4.0, "ok", True)]
+    root = _svg([Panel("v", [Series("p", "v", marks)])], layout=lay)
+    x = lay.x(T0, T1)
+    circle = next(c for c in root.iter(f"{SVG}circle") if float(c.get("data-t")) == t)
+    assert float(circle.get("cx")) == pytest.approx(x(t), abs=0.01)
+    assert x(T0) == 50 and x(T1) == 700
+    # the series' path goes through the same point
+    path = _by_class(root, "series")[0]
+    assert path.get("d").startswith(f"M{x(t):.2f},") or f"{x(t):.2f}," in path.get("d")
+
+
+def test_verdict_lane_marks_and_error_crosses_sit_at_x_of_t_too():
+    lay = Layout()
+    x = lay.x(T0, T1)
+    err = Mark(T0 + 7.25, None, "error", True, "timed out")
+    root = _svg([Panel("latency_ms", [Series("p", "latency_ms", [err])])], verdicts=[err])
+    cross = next(el for el in _by_class(root, "error") if el.tag == f"{SVG}path")
+    assert float(cross.get("data-x")) == pytest.approx(x(T0 + 7.25), abs=0.01)
+    dot = next(el for el in _by_class(root, "verdict"))
+    assert float(dot.get("cx")) == pytest.approx(x(T0 + 7.25), abs=0.01)
+    assert "deviating" in dot.get("class")
+
+
+def test_fault_window_spans_apply_to_revert_and_is_labelled():
+    lay = Layout()
+    x = lay.x(T0, T1)
+    w = Window(T0 + 5, T0 + 19, "#1 freeze", "fault", "applied +5s", "1")
+    root = _svg([Panel("v", [Series("p", "v", [Mark(T0 + 6, 1.0, "ok", True)])])], faults=[w])
+    rect = _by_class(root, "fault-window")[0]
+    assert float(rect.get("x")) == pytest.approx(x(T0 + 5), abs=0.01)
+    assert float(rect.get("width")) == pytest.approx(x(T0 + 19) - x(T0 + 5), abs=0.01)
+    assert _by_class(root, "fault-label")[0].text == "#1 freeze"
+
+
+def test_overlapping_fault_labels_get_their_own_rows():
+    faults = [Window(T0 + 1, T0 + 9, "#1 a-long-label-here", "fault"), Window(T0 + 2, T0 + 5, "#2 b", "fault")]
+    root = _svg([], faults=faults)
+    ys = [float(el.get("y")) for el in _by_class(root, "fault-label")]
+    assert ys[0] != ys[1]
+
+
+def test_tolerance_line_sits_at_its_value_and_failed_samples_are_deviating():
+    lay = Layout(panel_h=100)
+    marks = [Mark(T0 + 1, 100.0, "ok", True), Mark(T0 + 2, 400.0, "fail", True),
+             Mark(T0 + 3, 380.0, "fail", False)]  # a grace sample: drawn, not judged
+    root = _svg([Panel("p99_ms", [Series("p", "p99_ms", marks)], [Line(300.0, "< 300")])], layout=lay)
+    line = _by_class(root, "tolerance")[0].find(f"{SVG}line")
+    circles = {float(c.get("data-t")): c for c in root.iter(f"{SVG}circle")}
+    y_of = {t: float(c.get("cy")) for t, c in circles.items()}
+    lo, hi = value_domain([100.0, 400.0, 380.0, 300.0])
+    y = Scale(lo, hi, float(line.get("y1")) + (300 - lo) / (hi - lo) * lay.panel_h, 0.0)
+    assert lo == 0 and hi >= 400
+    # a value above the line is drawn above it (smaller y), one below it below
+    assert y_of[T0 + 2] < float(line.get("y1")) < y_of[T0 + 1]
+    assert y(0) > y(400)
+    assert "deviating" in circles[T0 + 2].get("class")
+    assert "deviating" not in circles[T0 + 3].get("class") and "unjudged" in circles[T0 + 3].get("class")
+    assert "deviating" not in circles[T0 + 1].get("class")
+
+
+def test_a_bound_far_above_the_data_is_noted_at_the_edge_not_scaled_into_it():
+    marks = [Mark(T0 + 1, 12.0, "ok", True), Mark(T0 + 2, 20.0, "ok", True)]
+    root = _svg([Panel("latency_ms", [Series("p", "latency_ms", marks)], [Line(500.0, "< 500")])])
+    assert not on_scale(500, [12, 20]) and on_scale(0.01, [0, 0]) and on_scale(30, [12, 20])
+    off = _by_class(root, "off-scale")
+    assert off and "< 500" in "".join(off[0].itertext())
+
+
+def test_ticks_and_steps_are_round():
+    assert nice_step(10, 5) == 2 and nice_step(7, 4) == 2 and nice_step(0.9, 4) == 0.25
+    assert ticks(0, 7, 4) == [0, 2, 4, 6]
+    assert ticks(0, 1, 4) == [0, 0.25, 0.5, 0.75, 1.0]
+    assert value_domain([3.0, 17.0]) == (0.0, 20.0)
+    assert value_domain([-3.0, 3.0])[0] < 0
+
+
+def test_sparkline():
+    assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
+    assert sparkline([5, None, 5]) == "▁·▁"
+    assert sparkline([None]) == "·" and len(sparkline(list(range(100)), 24)) == 24
+
+
+def test_families_and_thresholds():
+    assert family("p99_ms") == family("p50_ms") == "percentiles (ms)"
+    assert family("ttft_p99_ms") == "ttft_percentiles (ms)"
+    assert family("p99_ms[triton-0]") == family("p99_ms[triton-1]") == "p99_ms by group"
+    assert family("error_rate") == "error_rate"
+    assert thresholds({"kind": "cmp", "op": "<", "value": 950.0}, None) == [(950.0, "< 950")]
+    base = {"kind": "baseline", "op": "<", "expr": "3x baseline", "scale": 3.0, "offset": 0.0}
+    assert thresholds(base, 120.5) == [(361.5, "< 3x baseline = 361.5")] and thresholds(base, None) == []
+    assert holds(base, 400, 120.5) is False and holds(base, 300, 120.5) is True
+    assert holds({"kind": "range", "low": 1, "high": 2}, 1.5, None) is True
+    assert holds({"kind": "regex", "op": "==", "value": "ok"}, 1.0, None) is None
+
+
+def _journal():
+    t = T0
+    exp = {"t": t, "event": "experiment", "file": "e.yaml", "vars": {}, "document": {"metadata": {"name": "e"}},
+           "expect": {"sla": {"p99_ms": {"kind": "cmp", "op": "<", "value": 950.0},
+                              "error_rate": {"kind": "cmp", "op": "<", "value": 0.01}}},
+           "safeguards": [{"probe": "sla", "rules": [{"metric": "error_rate", "op": ">", "value": 0.5,
+                                                        "text": "error_rate > 0.5"}]}]}
+
+    def sample(dt, phase, verdict, **values):
+        return {"t": t + dt, "event": "sample", "probe": "sla", "phase": phase, "verdict": verdict,
+                "values": values, "details": [], "error": None, "duration_ms": 5.0}
+
+    return [exp, {"t": t, "event": "run", "run_id": "r1", "experiment": "e"},
+            {"t": t + 0.1, "event": "state", "state": "hypothesis_before"},
+            sample(0.2, "before", "ok", p50_ms=10.0, p99_ms=20.0, error_rate=0.0, sent=20),
+            {"t": t + 1, "event": "state", "state": "method"},
+            {"t": t + 1.5, "event": "fault_applied", "id": 1, "step": "slow", "type": "process.cpu_throttle",
+             "applied_at": t + 1.5, "duration_s": 4.0, "apply_ms": 3.0},
+            sample(2.0, "during", "fail", p50_ms=15.0, p99_ms=800.0, error_rate=0.2, sent=20),
+            sample(4.0, "grace", "fail", p50_ms=15.0, p99_ms=990.0, error_rate=0.0, sent=20),
+            {"t": t + 5.5, "event": "fault_reverted", "id": 1, "type": "process.cpu_throttle", "error": None},
+            {"t": t + 6, "event": "state", "state": "hypothesis_after"},
+            sample(6.5, "after", "ok", p50_ms=10.0, p99_ms=25.0, error_rate=0.0, sent=20),
+            {"t": t + 7, "event": "recovered", "seconds": 0.5},
+            {"t": t + 7, "event": "end", "verdict": "deviated", "exit_code": 1, "reason": "",
+             "deviations": ["sla deviated"], "recovery_s": 0.5}]
+
+
+def test_report_panels_from_journal_events():
+    view = run_view(_journal())
+    assert view.verdict == "deviated" and view.faults[0].reverted_at == T0 + 5.5
+    main, extra = panels_for(view, "sla")
+    titles = [p.title for p in main]
+    assert titles[0] == "percentiles (ms)" and "error_rate" in titles
+    assert [p.title for p in extra] == ["sent"]
+    rate = next(p for p in main if p.title == "error_rate")
+    assert {ln.kind for ln in rate.lines} == {"tolerance", "safeguard"}
+    states = {round(m.t - T0, 3): (m.state, m.judged) for m in rate.series[0].marks}
+    assert states[2.0] == ("fail", True) and states[4.0] == ("ok", False) and states[0.2] == ("ok", True)
+    pct = main[0]
+    p99 = next(s for s in pct.series if s.key == "p99_ms")
+    assert [m.state for m in p99.marks] == ["ok", "ok", "fail", "ok"]  # 800 < 950 holds; 990 (grace) does not
+
+
+def test_the_last_run_of_a_journal_written_twice():
+    events = _journal() + [dict(e, t=e["t"] + 100) for e in _journal()]
+    assert len(last_run(events)) == len(_journal()) and last_run(events)[0]["event"] == "experiment"
+    html_text = render_report(events)
+    assert html_text == render_report(last_run(events))
+    assert "fault-window" in html_text and "<script" not in html_text
