@@ -24,8 +24,10 @@ class FloodLoad(StrictModel):
     api: Literal["openai", "openai-chat", "triton", "http"] = "triton"
     model: str | None = Field(None, description="model name (openai: required; triton: default tiny_lm)")
     rate: float = Field(gt=0, le=5000, description="requests per second")
-    arrival: Literal["constant", "poisson", "gamma"] = "poisson"
+    arrival: Literal["constant", "poisson", "gamma", "replay"] = "poisson"
     burstiness: float = Field(1.0, gt=0, description="gamma: squared coefficient of variation of the gaps")
+    trace: str | None = Field(None, description="replay: file of send offsets (seconds), e.g. bursts")
+    prompts_file: str | None = Field(None, description="prompts, one per line, used in turn")
     timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="per request, seconds")
     concurrency_cap: int | None = Field(None, gt=0, description="most requests in flight")
     prompt_tokens: int = Field(128, gt=0)

@@ -11,6 +11,10 @@ tokens. What the seed's incident needs is real here:
   when an allocation needs room); it keeps the pool looking full and fragmented.
 - `cache_eviction_policy: none` never evicts residue to make room: when free blocks run out the request
   fails like an OOM on a GPU does.
+- `batching_fallback_fragmentation` (the seed's shipped fix, off by default): when a batch arrives while the
+  pool's fragmentation is above the threshold, it is not admitted at once (dynamic batching) but run as
+  consecutive static sub-batches, each as many of its requests as fit the pool now, run to completion and
+  released before the next is admitted: requests that would have failed with KVCacheOOM wait instead.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import mmap
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +94,15 @@ class KVPool:
         self.state[chosen] = USED
         self.born[chosen] = now
         return [int(b) for b in chosen], 0
+
+    def fits(self, nblocks: int, ntokens: int) -> bool:
+        """Whether `allocate(nblocks, _, ntokens)` would succeed now (it changes nothing)."""
+        if not self.isolate and any(len(b) * self.block_tokens >= ntokens for _, b, _ in self.residue):
+            return True
+        room = int((self.state == FREE).sum())
+        if self.eviction == "lru":
+            room += sum(len(b) for _, b, _ in self.residue)
+        return room >= nblocks
 
     def release(self, blocks: list[int], length: int) -> None:
         now = time.monotonic()
@@ -206,10 +220,24 @@ def load_weights(path: Path) -> dict[str, np.ndarray]:
         os.close(fd)
 
 
+def parse_fallback(value: str | float | None) -> float | None:
+    """`batching_fallback_fragmentation`: "" / "none" / "off" = no fallback, else a ratio in [0, 1)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "off", "false")):
+        return None
+    threshold = float(value)
+    if not 0.0 <= threshold < 1.0:
+        raise ValueError(f"batching_fallback_fragmentation must be in [0, 1) or none (got {value!r})")
+    return threshold
+
+
 class TinyLM:
     """A 4-layer single-head decoder over bytes: real matmuls, real attention, over the paged KV pool."""
 
-    def __init__(self, weights: dict[str, np.ndarray] | None = None, **pool_kw):
+    def __init__(self, weights: dict[str, np.ndarray] | None = None,
+                 batching_fallback_fragmentation: str | float | None = None, **pool_kw):
+        self.fallback_fragmentation = parse_fallback(batching_fallback_fragmentation)
+        self.fallbacks = 0  # batches run as static sub-batches because fragmentation was over the threshold
+        self.last_path, self.last_groups = "dynamic", 0  # how the last batch was admitted, in how many groups
         w = weights if weights is not None else init_weights()
         self.embed, self.pos, self.unembed = w["embed"], w["pos"], w["unembed"]
         self.wqkv, self.wo, self.w1, self.w2 = w["wqkv"], w["wo"], w["w1"], w["w2"]
@@ -218,12 +246,54 @@ class TinyLM:
         self.pool = KVPool(layers=self.layers, dim=self.dim, **pool_kw)
         self.long_context_tokens = 512
 
+    @staticmethod
+    def _tokens(prompt: bytes, max_new: int) -> list[int]:
+        return list(prompt[:8192 - max_new - 1]) or [0]
+
     def start(self, prompt: bytes, max_new: int) -> Seq:
-        tokens = list(prompt[:8192 - max_new - 1]) or [0]
+        tokens = self._tokens(prompt, max_new)
         total = len(tokens) + max_new
         long = total > self.long_context_tokens
         blocks, stale = self.pool.allocate(-(-total // self.pool.block_tokens), long, total)
         return Seq(tokens, max_new, blocks, long, stale=stale, length=stale)
+
+    def fits(self, prompt: bytes, max_new: int) -> bool:
+        total = len(self._tokens(prompt, max_new)) + max_new
+        return self.pool.fits(-(-total // self.pool.block_tokens), total)
+
+    def _start_or_oom(self, prompt: bytes, max_new: int) -> Seq | KVCacheOOM:
+        try:
+            return self.start(prompt, max_new)
+        except KVCacheOOM as e:
+            return e
+
+    def admit(self, prompts: list[tuple[bytes, int]]) -> Iterator[list[tuple[int, Seq | KVCacheOOM]]]:
+        """Admission of one batch, as groups of (index, started sequence or the OOM that failed it). The caller
+        runs each group to completion and `finish()`es its sequences before asking for the next group.
+
+        Dynamic batching (the default): one group, every request admitted at once; those the pool cannot hold
+        fail. With `batching_fallback_fragmentation` set and the pool's fragmentation above it when the batch
+        arrives (and more than one request): static sub-batches in arrival order, each cut before the first
+        request that no longer fits, so a request fails only if it does not fit even alone."""
+        self.pool.sweep()
+        threshold = self.fallback_fragmentation
+        if threshold is None or len(prompts) < 2 or self.pool.fragmentation() <= threshold:
+            self.last_path, self.last_groups = "dynamic", 1
+            yield [(i, self._start_or_oom(p, n)) for i, (p, n) in enumerate(prompts)]
+            return
+        self.fallbacks += 1
+        self.last_path, self.last_groups = "static", 0
+        group: list[tuple[int, Seq | KVCacheOOM]] = []
+        for i, (p, n) in enumerate(prompts):
+            if any(isinstance(s, Seq) for _, s in group) and not self.fits(p, n):
+                self.last_groups += 1
+                yield group
+                group = []
+                self.pool.sweep()
+            group.append((i, self._start_or_oom(p, n)))
+        if group:
+            self.last_groups += 1
+            yield group
 
     def finish(self, seq: Seq) -> None:
         self.pool.release(seq.blocks, seq.length)
@@ -278,22 +348,21 @@ class TinyLM:
 
     def generate(self, prompts: list[tuple[bytes, int]]) -> list[bytes | KVCacheOOM]:
         """Whole requests (the non-streaming path): outputs as bytes, or the OOM that failed a request."""
-        results: list[bytes | KVCacheOOM] = []
-        seqs: list[tuple[int, Seq]] = []
-        self.pool.sweep()
-        for i, (prompt, max_new) in enumerate(prompts):
-            try:
-                seqs.append((i, self.start(prompt, max_new)))
-                results.append(b"")
-            except KVCacheOOM as e:
-                results.append(e)
-        for _, s in seqs:
-            self.prefill(s)
-        active = [s for _, s in seqs]
-        while active:
-            self.step(active)
-            active = [s for s in active if len(s.out) < s.max_new]
-        for i, s in seqs:
-            results[i] = bytes(t % 256 for t in s.out)
-            self.finish(s)
+        results: list[bytes | KVCacheOOM] = [b""] * len(prompts)
+        for group in self.admit(prompts):
+            seqs = []
+            for i, s in group:
+                if isinstance(s, KVCacheOOM):
+                    results[i] = s
+                else:
+                    seqs.append((i, s))
+            for _, s in seqs:
+                self.prefill(s)
+            active = [s for _, s in seqs]
+            while active:
+                self.step(active)
+                active = [s for s in active if len(s.out) < s.max_new]
+            for i, s in seqs:
+                results[i] = bytes(t % 256 for t in s.out)
+                self.finish(s)
         return results

@@ -34,7 +34,8 @@ class TritonPythonModel:
                          block_tokens=int(p.get("block_tokens", "16")),
                          isolate=p.get("isolate_kv_cache", "true").lower() == "true",
                          eviction=p.get("cache_eviction_policy", "lru"),
-                         residue_ttl_s=float(p.get("residue_ttl_s", "5")))
+                         residue_ttl_s=float(p.get("residue_ttl_s", "5")),
+                         batching_fallback_fragmentation=p.get("batching_fallback_fragmentation", ""))
         labels = {"model": args["model_name"], "version": args["model_version"]}
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         self.families: list[Any] = []  # a MetricFamily must outlive its Metrics
@@ -50,10 +51,13 @@ class TritonPythonModel:
         self.m_bytes = fam("tiny_lm_kv_pool_bytes", "size of the KV pool", gauge).Metric(labels)
         self.m_oom = fam("tiny_lm_kv_oom_total", "requests failed because the KV pool was exhausted",
                          counter).Metric(labels)
+        self.m_fallback = fam("tiny_lm_batching_fallback_total",
+                              "batches run as static sub-batches because KV fragmentation was over "
+                              "batching_fallback_fragmentation", counter).Metric(labels)
         self.m_bytes.set(self.lm.pool.nbytes)
         fam("tiny_lm_weights_load_seconds", "time to read the weights at the last load", gauge).Metric(labels).set(
             self.load_s)
-        self.ooms_seen = 0
+        self.ooms_seen = self.fallbacks_seen = 0
 
     def _inputs(self, request: Any) -> tuple[bytes, int]:
         text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0]
@@ -78,6 +82,9 @@ class TritonPythonModel:
         if pool.ooms > self.ooms_seen:
             self.m_oom.increment(pool.ooms - self.ooms_seen)
             self.ooms_seen = pool.ooms
+        if self.lm.fallbacks > self.fallbacks_seen:
+            self.m_fallback.increment(self.lm.fallbacks - self.fallbacks_seen)
+            self.fallbacks_seen = self.lm.fallbacks
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         inputs = []
@@ -104,34 +111,36 @@ class TritonPythonModel:
         return responses
 
     def _stream(self, requests: list[Any], inputs: list[Any]) -> None:
-        """One response per generated token, then the final flag."""
+        """One response per generated token, then the final flag (admission as in TinyLM.generate)."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        live: list[tuple[Any, Seq]] = []
-        self.lm.pool.sweep()
-        for r, x in zip(requests, inputs, strict=True):
-            sender = r.get_response_sender()
+        senders = [r.get_response_sender() for r in requests]
+        good = []
+        for sender, x in zip(senders, inputs, strict=True):
             if isinstance(x, Exception):
                 sender.send(self._error(f"bad request: {x}"), flags=final)
-                continue
-            try:
-                seq = self.lm.start(*x)
-            except KVCacheOOM as e:
-                sender.send(self._error(str(e)), flags=final)
-                continue
-            self.lm.prefill(seq)
-            live.append((sender, seq))
-        while live:
-            self.lm.step([s for _, s in live])
-            still = []
-            for sender, seq in live:
-                sender.send(self._text(bytes([seq.out[-1] % 256])))
-                if len(seq.out) >= seq.max_new:
-                    sender.send(flags=final)
-                    self.lm.finish(seq)
-                else:
-                    still.append((sender, seq))
-            live = still
+            else:
+                good.append((sender, x))
+        for group in self.lm.admit([x for _, x in good]):
+            live: list[tuple[Any, Seq]] = []
+            for i, seq in group:
+                sender = good[i][0]
+                if isinstance(seq, KVCacheOOM):
+                    sender.send(self._error(str(seq)), flags=final)
+                    continue
+                self.lm.prefill(seq)
+                live.append((sender, seq))
+            while live:
+                self.lm.step([s for _, s in live])
+                still = []
+                for sender, seq in live:
+                    sender.send(self._text(bytes([seq.out[-1] % 256])))
+                    if len(seq.out) >= seq.max_new:
+                        sender.send(flags=final)
+                        self.lm.finish(seq)
+                    else:
+                        still.append((sender, seq))
+                live = still
 
     def finalize(self) -> None:
-        self.m_usage = self.m_frag = self.m_resid = self.m_bytes = self.m_oom = None
+        self.m_usage = self.m_frag = self.m_resid = self.m_bytes = self.m_oom = self.m_fallback = None
         self.families.clear()

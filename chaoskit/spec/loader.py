@@ -168,6 +168,11 @@ def _facts(data: dict, variables: dict[str, Any], strict: bool,
     return facts, notes
 
 
+def _file_facts(path: Path) -> dict[str, Any]:
+    """{experiment.dir}: the experiment file's directory (data files next to it: traces, prompts)."""
+    return {"experiment.dir": str(path.resolve().parent)}
+
+
 def _substitute(loc: Located, facts: dict[str, Any], strict: bool, notes: list[str]) -> set[Path_]:
     """Replace placeholders in place; return the paths still holding run-time placeholders (non-strict only)."""
     deferred: set[Path_] = set()
@@ -336,6 +341,7 @@ def load_experiment(path: str | Path, cli_vars: dict[str, str] | None = None, st
     _check_cli_vars(cli_vars or {}, variables, loc.data, path)
     variables.update(cli_vars or {})
     facts, notes = _facts(loc.data, variables, strict, deployed)
+    facts.update(_file_facts(path))
     target = loc.data.get("target")
     own_deployment = isinstance(target, dict) and isinstance(target.get("reference"), dict) and deployed is None
     deferred = _substitute(loc, facts, strict and not own_deployment, notes)

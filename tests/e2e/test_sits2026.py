@@ -97,6 +97,17 @@ def test_kv_cache_pollution_flips_with_isolation(tmp_path, state_dir, fix, expec
 
 
 @requires_triton
+@pytest.mark.parametrize("fix, expected", [("false", 1), ("true", 0)])
+def test_fragmentation_vs_max_batch_flips_with_the_batching_fallback(tmp_path, state_dir, fix, expected):
+    code, s, out = run_scenario("fragmentation-vs-max-batch", tmp_path, state_dir, f"fix={fix}")
+    oom_rates = values(s, "kv-oom-rate", "during", "rate")
+    fallbacks = values(s, "batching-fallbacks", "after", "value")
+    print(f"\nfix={fix}: KV OOMs per second during the bursts {oom_rates}, static-batch fallbacks {fallbacks[-1:]}")
+    assert code == expected, out
+    assert (max(oom_rates) > 0) == (fix == "false") and (fallbacks[-1] > 0) == (fix == "true")
+
+
+@requires_triton
 @needs_root
 def test_netem_timeout_holds_and_names_its_variant(tmp_path, state_dir):
     from chaoskit.targets.tc import netem_missing_reason
