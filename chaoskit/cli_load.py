@@ -65,6 +65,8 @@ def load(
     stream: bool = typer.Option(True, "--stream/--no-stream", help="stream tokens (TTFT, ITL)"),
     prompts_file: str | None = typer.Option(None, help="one prompt per line instead of the synthetic corpus"),
     timeout: str = typer.Option("30s", help="per request"),
+    stall_timeout: str | None = typer.Option(None, help="give a stream up as stream_stalled after this long "
+                                                        "without a token (e.g. 2s; picks the python sender)"),
     concurrency_cap: int | None = typer.Option(None, help="most requests in flight"),
     slo: str | None = typer.Option(None, help="goodput limits, e.g. ttft:200ms,e2e:950ms"),
     workers: int = typer.Option(1, help="sender processes (one per core scales)"),
@@ -85,6 +87,7 @@ def load(
             spec = LoadSpec(url=url, api=api, rate=rate, duration=duration, arrival=arrival, burstiness=burstiness,
                             ramp_to=ramp_to, trace=trace, model=model, prompt_tokens=prompt_tokens,
                             max_tokens=max_tokens, stream=stream, prompts_file=prompts_file, timeout=timeout,
+                            stall_timeout=stall_timeout,
                             concurrency_cap=concurrency_cap, slo=parse_slo(slo), workers=workers, seed=seed,
                             sender=sender)
         except ValidationError as e:

@@ -9,6 +9,7 @@ from chaoskit.injectors.diskfill import DiskFill
 from chaoskit.injectors.firewall import Drop, Partition
 from chaoskit.injectors.flood import Flood
 from chaoskit.injectors.gpu import GpuMemoryPressure
+from chaoskit.injectors.llm_proxy import LlmProxy
 from chaoskit.injectors.memlimit import MemoryLimit
 from chaoskit.injectors.memory import MemoryPressure
 from chaoskit.injectors.mig import MigReconfigure
@@ -19,7 +20,7 @@ from chaoskit.injectors.xid import XidEvent
 
 INJECTORS: tuple[type[Injector], ...] = (
     ProcessSignal, MemoryPressure, DiskThrottle, DiskFill, Netem, Bandwidth, Drop, Partition, Proxy, GpuMemoryPressure,
-    XidEvent, MigReconfigure, CpuThrottle, CpuStress, Flood, MemoryLimit,
+    XidEvent, MigReconfigure, CpuThrottle, CpuStress, Flood, MemoryLimit, LlmProxy,
 )
 
 

@@ -1,5 +1,7 @@
 """One request of each API, timed: OpenAI completions/chat (streaming SSE or not), Triton KServe v2 infer
-or generate_stream, plain HTTP. Returns the first-token time, token times and the error class."""
+or generate_stream, plain HTTP. Returns the first-token time, token times and the error class (the kinds are
+recorder.ERROR_KINDS: an answer that is not a success says how it failed - a truncated, stalled or malformed
+stream, an error object in a 200, a 429 with or without Retry-After, a 503 with Retry-After ...)."""
 
 from __future__ import annotations
 
@@ -19,12 +21,38 @@ APIS = ("openai", "openai-chat", "triton", "http")
 
 @dataclass
 class Outcome:
-    error: str | None = None  # timeout, connect, http_status, stream_error, other
+    error: str | None = None  # one of recorder.ERROR_KINDS
     token_times: list[float] = field(default_factory=list)  # time.monotonic() of each token event
     tokens: int = 0
     status: int = 0
     usage_tokens: int | None = None  # the server's own count, when it sends one
     group: str | None = None  # group_by: the response header's value (None: no response head, or no header)
+
+
+class MalformedEvent(ValueError):
+    """A line of an SSE stream that is no SSE field, or a data payload that is neither a JSON object nor [DONE]."""
+
+
+def status_error(status: int, retry_after: bool) -> str:
+    """The error kind of an HTTP status >= 400 (retry_after: the answer had a Retry-After header)."""
+    if status == 429:
+        return "rate_limited_retry_after" if retry_after else "rate_limited"
+    if status == 503 and retry_after:
+        return "unavailable_retry_after"
+    return "http_status"
+
+
+_ERROR_BODY = re.compile(rb'^\s*\{\s*"(?:error"\s*:|object"\s*:\s*"error")')
+
+
+def error_body(head: bytes) -> bool:
+    """Does a 200 answer's JSON body (its first bytes) hold an error object instead of a result?"""
+    return _ERROR_BODY.match(head) is not None
+
+
+def needs_done(api: str) -> bool:
+    """OpenAI streams end with `data: [DONE]` (Triton's end with the body: the final chunk)."""
+    return api in ("openai", "openai-chat")
 
 
 def _usage(stream: bool) -> dict[str, Any]:
@@ -83,6 +111,30 @@ def scan_sse(api: str, block: bytes) -> tuple[int, int | None]:
     return events, usage
 
 
+_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
+
+
+def scan_stream(api: str, block: bytes) -> tuple[int, int | None, bool]:
+    """scan_sse with the stream checked: (token events, usage, whether `data: [DONE]` came). Raises MalformedEvent
+    for a line that is no SSE field or a data payload that is neither [DONE] nor a JSON object (checked by its
+    braces, not parsed: the hot path stays cheap), ValueError for an error event."""
+    done = False
+    for line in block.split(b"\n"):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith(b"data:"):
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                done = True
+            elif not (payload.startswith(b"{") and payload.endswith(b"}")):
+                raise MalformedEvent(f"not a JSON object: {payload[:80]!r}")
+        elif not line.startswith(_FIELDS):
+            raise MalformedEvent(f"not an SSE field: {line[:80]!r}")
+    n, usage = scan_sse(api, block)
+    return n, usage, done
+
+
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
@@ -104,8 +156,11 @@ def event_tokens(api: str, event: dict[str, Any]) -> int:
 
 
 async def send(session: aiohttp.ClientSession, api: str, method: str, url: str, body: Any, stream: bool,
-               timeout: float, group_by: str | None = None) -> Outcome:
+               timeout: float, group_by: str | None = None, stall_timeout: float | None = None) -> Outcome:
+    """One request; stall_timeout: a stream with no token for this long after the response head or the previous
+    token is given up as stream_stalled."""
     out = Outcome()
+    streamed = stream and api != "http"
     try:
         async with asyncio.timeout(timeout):
             async with session.request(method, url, json=body) as resp:
@@ -114,28 +169,23 @@ async def send(session: aiohttp.ClientSession, api: str, method: str, url: str, 
                     out.group = resp.headers.get(group_by)
                 if resp.status >= 400:
                     await resp.read()
-                    out.error = "http_status"
+                    out.error = status_error(resp.status, "Retry-After" in resp.headers)
                     return out
-                if stream and api != "http":
-                    buf = b""
-                    async for chunk in resp.content.iter_any():
-                        buf += chunk
-                        cut = buf.rfind(b"\n") + 1
-                        if not cut:
-                            continue
-                        n, usage = scan_sse(api, buf[:cut])
-                        buf = buf[cut:]
-                        if usage is not None:
-                            out.usage_tokens = usage
-                        if n:
-                            out.token_times.extend([time.monotonic()] * n)
-                            out.tokens += n
+                if streamed:
+                    done = await _stream(resp, api, out, stall_timeout)
+                    if out.error:
+                        return out
+                    if not done and needs_done(api):
+                        out.error = "stream_truncated"
+                        return out
                     if out.usage_tokens is not None:
                         out.tokens = out.usage_tokens
                 else:
                     payload = await resp.read()
                     out.token_times.append(time.monotonic())
-                    if api in ("openai", "openai-chat"):
+                    if api != "http" and error_body(payload[:256]):
+                        out.error = "stream_error"
+                    elif api in ("openai", "openai-chat"):
                         out.tokens = int((json.loads(payload).get("usage") or {}).get("completion_tokens", 1))
                     else:
                         out.tokens = 1
@@ -143,8 +193,46 @@ async def send(session: aiohttp.ClientSession, api: str, method: str, url: str, 
         out.error = "timeout"
     except aiohttp.ClientConnectorError:
         out.error = "connect"
+    except MalformedEvent:
+        out.error = "stream_malformed"
     except (ValueError, KeyError):
         out.error = "stream_error"
+    except aiohttp.ClientPayloadError:
+        out.error = "stream_truncated" if streamed else "other"
     except (aiohttp.ClientError, OSError):
         out.error = "other"
     return out
+
+
+async def _stream(resp: aiohttp.ClientResponse, api: str, out: Outcome, stall_timeout: float | None) -> bool:
+    """Read an SSE body into `out`; whether [DONE] came. Sets out.error = stream_stalled on a stall."""
+    buf, done, head_at = b"", False, time.monotonic()
+    chunks = resp.content.iter_any().__aiter__()
+    while True:
+        try:
+            if stall_timeout is None:
+                chunk = await chunks.__anext__()
+            else:
+                async with asyncio.timeout(None) as gap:  # from the last token (or the head), not the last read
+                    last = out.token_times[-1] if out.token_times else head_at
+                    gap.reschedule(asyncio.get_running_loop().time() - time.monotonic() + last + stall_timeout)
+                    chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return done
+        except TimeoutError:
+            if stall_timeout is not None and gap.expired():
+                out.error = "stream_stalled"
+                return done
+            raise
+        buf += chunk
+        cut = buf.rfind(b"\n") + 1
+        if not cut:
+            continue
+        n, usage, end = scan_stream(api, buf[:cut])
+        buf = buf[cut:]
+        done = done or end
+        if usage is not None:
+            out.usage_tokens = usage
+        if n:
+            out.token_times.extend([time.monotonic()] * n)
+            out.tokens += n

@@ -11,9 +11,17 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from chaoskit.load.clients import Outcome, scan_sse, usage_tokens
+from chaoskit.load.clients import (
+    MalformedEvent,
+    Outcome,
+    error_body,
+    needs_done,
+    scan_stream,
+    status_error,
+    usage_tokens,
+)
 
-_HEADER = re.compile(rb"\n(content-length|transfer-encoding|connection)[ \t]*:[ \t]*([^\r\n]*)")
+_HEADER = re.compile(rb"\n(content-length|transfer-encoding|connection|retry-after)[ \t]*:[ \t]*([^\r\n]*)")
 
 
 def group_header(name: str | None) -> re.Pattern[bytes] | None:
@@ -29,16 +37,18 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.on_done: Callable[[Outcome], None] | None = None  # set while a request is in flight
         self.deadline = 0.0
+        self.stall_at = float("inf")  # stall_timeout: a streamed answer with no token by then is stalled
         self.closed = False
 
     # -- per request --------------------------------------------------------------------------------
 
     def start(self, payload: bytes, api: str, stream: bool, on_done: Callable[[Outcome], None],
-              deadline: float) -> None:
+              deadline: float, stall_timeout: float | None = None) -> None:
         self.api, self.sse_tokens = api, stream and api != "http"
+        self.stall_timeout, self.stall_at = stall_timeout, float("inf")
         self.out = Outcome()
-        self.buf = self.sse = b""
-        self.headers_done, self.keep_alive = False, True
+        self.buf = self.sse = self.body_head = b""
+        self.headers_done, self.keep_alive, self.done_seen = False, True, False
         self.on_done, self.deadline = on_done, deadline
         assert self.transport is not None
         self.transport.write(payload)
@@ -56,8 +66,9 @@ class _Conn(asyncio.Protocol):
         if self.on_done is not None:
             if self.headers_done and self.length is None and not self.chunked:
                 self._finish()  # body delimited by close
-            else:
-                self.out.error = "other"
+            else:  # a stream cut before its end is truncated; a connection lost before any answer is other
+                self.out.error = self.out.error or ("stream_truncated" if self.headers_done and self.sse_tokens
+                                                    else "other")
                 self._complete()
 
     def data_received(self, data: bytes) -> None:
@@ -69,10 +80,15 @@ class _Conn(asyncio.Protocol):
             if not self.headers_done and not self._headers():
                 return
             self._body(now)
+        except MalformedEvent:
+            self._fail("stream_malformed")
         except (ValueError, KeyError, IndexError):
-            self.out.error = "stream_error"
-            self.keep_alive = False
-            self._finish()
+            self._fail("stream_error")
+
+    def _fail(self, kind: str) -> None:
+        self.out.error = kind
+        self.keep_alive = False
+        self._finish()
 
     # -- parsing ------------------------------------------------------------------------------------
 
@@ -85,18 +101,22 @@ class _Conn(asyncio.Protocol):
         if self.group is not None and (m := self.group.search(raw)):
             self.out.group = m.group(1).strip().decode("latin-1")
         self.out.status = status = int(head[:head.find(b"\r\n")].split(None, 2)[1])
-        self.length, self.chunked = None, False
+        self.length, self.chunked, retry_after = None, False, False
         for name, value in _HEADER.findall(head):
             if name == b"content-length":
                 self.length = int(value)
             elif name == b"transfer-encoding":
                 self.chunked = b"chunked" in value
+            elif name == b"retry-after":
+                retry_after = True
             elif value.strip() == b"close":
                 self.keep_alive = False
         self.cstate, self.chunk_left, self.body_seen = "size", 0, 0
         self.headers_done = True
         if status >= 400:
-            self.out.error = "http_status"
+            self.out.error = status_error(status, retry_after)
+        elif self.sse_tokens and self.stall_timeout is not None:
+            self.stall_at = time.monotonic() + self.stall_timeout
         return True
 
     def _body(self, now: float) -> None:
@@ -139,23 +159,32 @@ class _Conn(asyncio.Protocol):
         if self.out.error:
             return
         if not self.sse_tokens:
-            if self.api != "http":  # a JSON body: its usage object is at the end
+            if self.api != "http":  # a JSON body: its usage object is at the end, an error object at the start
+                if len(self.body_head) < 256:
+                    self.body_head += data[:256]
                 self.sse = (self.sse + data)[-4096:]
             return
         sse = self.sse + data
         cut = sse.rfind(b"\n") + 1  # whole lines now, the rest waits for more bytes
         self.sse = sse[cut:]
         if cut:
-            n, usage = scan_sse(self.api, sse[:cut])
+            n, usage, done = scan_stream(self.api, sse[:cut])
+            self.done_seen = self.done_seen or done
             if usage is not None:
                 self.out.usage_tokens = usage
             if n:
                 self.out.token_times.extend([now] * n)
                 self.out.tokens += n
+                if self.stall_timeout is not None:
+                    self.stall_at = now + self.stall_timeout
 
     def _finish(self) -> None:
         out = self.out
+        if not out.error and self.sse_tokens and not self.done_seen and needs_done(self.api):
+            out.error = "stream_truncated"  # ended cleanly, but without data: [DONE]
         if not self.sse_tokens and self.api != "http" and not out.error:
+            if out.status < 400 and error_body(self.body_head):
+                out.error = "stream_error"
             out.usage_tokens = usage_tokens(self.sse)
         if out.usage_tokens is not None:
             out.tokens = out.usage_tokens
@@ -178,9 +207,9 @@ def request_bytes(method: str, url: str, body: object) -> bytes:
     return head.encode() + b"\r\n" + data
 
 
-def _expire(conn: _Conn) -> None:
+def _expire(conn: _Conn, kind: str = "timeout") -> None:
     if conn.on_done is not None:
-        conn.out.error = "timeout"
+        conn.out.error = kind
         conn.keep_alive = False
         if conn.transport is not None:
             conn.transport.close()
@@ -225,7 +254,7 @@ class Pool:
             conn.transport.close()
 
     def fire(self, conn: _Conn, payload: bytes, api: str, stream: bool, timeout: float,
-             on_done: Callable[[Outcome], None]) -> None:
+             on_done: Callable[[Outcome], None], stall_timeout: float | None = None) -> None:
         """Send on an idle connection without a task: `on_done` runs from the protocol callback."""
         def done(out: Outcome) -> None:
             self.busy.discard(conn)
@@ -233,17 +262,18 @@ class Pool:
             on_done(out)
 
         self.busy.add(conn)
-        conn.start(payload, api, stream, done, time.monotonic() + timeout)
+        conn.start(payload, api, stream, done, time.monotonic() + timeout, stall_timeout)
 
-    async def sweep_timeouts(self) -> None:
-        """One timer for every in-flight request instead of one per request."""
+    async def sweep_timeouts(self, every: float = 0.05) -> None:
+        """One timer for every in-flight request instead of one per request (timeouts and stalls)."""
         while True:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(every)
             now = time.monotonic()
-            for conn in [c for c in self.busy if c.deadline < now]:
-                _expire(conn)
+            for conn in [c for c in self.busy if c.deadline < now or c.stall_at < now]:
+                _expire(conn, "timeout" if conn.deadline < now else "stream_stalled")
 
-    async def send(self, payload: bytes, api: str, stream: bool, timeout: float) -> Outcome:
+    async def send(self, payload: bytes, api: str, stream: bool, timeout: float,
+                   stall_timeout: float | None = None) -> Outcome:
         """The awaitable path (a connection may need opening first)."""
         try:
             conn = self.take_idle()
@@ -253,7 +283,7 @@ class Pool:
         except (OSError, TimeoutError):
             return Outcome(error="connect")
         fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self.fire(conn, payload, api, stream, timeout, fut.set_result)
+        self.fire(conn, payload, api, stream, timeout, fut.set_result, stall_timeout)
         return await fut
 
     def close(self) -> None:

@@ -101,7 +101,7 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
             record(out, intended, sent)
             pump()  # a busy loop reaches the next send from here first
 
-        fast.fire(conn, raw, spec.api, spec.stream, spec.timeout, done)
+        fast.fire(conn, raw, spec.api, spec.stream, spec.timeout, done, spec.stall_timeout)
         return True
 
     schedule = enumerate(offsets)
@@ -149,9 +149,10 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
             sent = time.monotonic()
             rec.sent_at(sent - intended)
             if fast is not None and raw is not None:
-                out = await fast.send(raw, spec.api, spec.stream, spec.timeout)
+                out = await fast.send(raw, spec.api, spec.stream, spec.timeout, spec.stall_timeout)
             else:
-                out = await send(session, spec.api, method, url, body, spec.stream, spec.timeout, group_by)
+                out = await send(session, spec.api, method, url, body, spec.stream, spec.timeout, group_by,
+                                 spec.stall_timeout)
         finally:
             in_flight -= 1
             if cap is not None:
@@ -160,7 +161,8 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
 
     async with aiohttp.ClientSession(connector=conn, auto_decompress=False,
                                      timeout=aiohttp.ClientTimeout(total=None)) as session:
-        sweeper = asyncio.create_task(fast.sweep_timeouts()) if fast is not None else None
+        sweep = min(0.05, spec.stall_timeout / 10) if spec.stall_timeout else 0.05  # stalls seen within a tenth
+        sweeper = asyncio.create_task(fast.sweep_timeouts(sweep)) if fast is not None else None
         if fast is not None and cap is None:
             await fast.warm(warm_count(spec))
         loop = asyncio.get_running_loop()

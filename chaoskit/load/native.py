@@ -98,11 +98,17 @@ def _lib(path: str) -> ctypes.CDLL:
 
 def choose(spec: LoadSpec, group_by: str | None = None) -> str:
     """'native' or 'python' for this spec (building the library when native is wanted); errors name the cause.
-    group_by needs the python sender: sender.c parses only the headers that frame a response."""
+    group_by needs the python sender: sender.c parses only the headers that frame a response; so does
+    stall_timeout: sender.c does not classify stalled, truncated or malformed streams (recorder.PYTHON_ONLY_KINDS)."""
     if group_by is not None:
         if spec.sender == "native":
             raise ChaoskitError(f"group_by {group_by} needs the python sender: the native sender (sender.c) does "
                                 "not read response headers; use sender: python or auto")
+        return "python"
+    if spec.stall_timeout is not None:
+        if spec.sender == "native":
+            raise ChaoskitError("stall_timeout needs the python sender: the native sender (sender.c) does not "
+                                "tell stalled, truncated or malformed streams apart; use sender: python or auto")
         return "python"
     if spec.sender == "python" or (spec.sender == "auto" and spec.url.startswith("https://")):
         return "python"

@@ -15,6 +15,15 @@ import numpy as np
 from hdrh.histogram import HdrHistogram
 
 METRICS = ("e2e", "service", "ttft", "itl", "tpot")  # e2e/ttft from the intended send; service from the actual
+# How a request can fail (Recorder.errors keys): no answer in time, no connection, an HTTP error status (429
+# without / with Retry-After, 503 with Retry-After, any other >= 400), a stream cut before its end (no final
+# chunk, no data: [DONE]), a stream with no token for longer than stall_timeout, an event that is no SSE or no
+# JSON object, an error object in a 200 answer, anything else (reset, bad framing).
+ERROR_KINDS = ("timeout", "connect", "http_status", "rate_limited", "rate_limited_retry_after",
+               "unavailable_retry_after", "stream_truncated", "stream_stalled", "stream_malformed", "stream_error",
+               "other")
+PYTHON_ONLY_KINDS = ("rate_limited", "rate_limited_retry_after", "unavailable_retry_after", "stream_truncated",
+                     "stream_stalled", "stream_malformed")  # the native sender counts these as http_status/other
 LOWEST, HIGHEST, DIGITS = 1, 3_600_000_000, 3
 LATE_US = 1000  # a send more than 1 ms after its intended time is late
 LATE_S = LATE_US / 1e6

@@ -20,6 +20,9 @@ class LoadSpec(StrictModel):
     ramp_to: float | None = Field(None, gt=0, description="ramp: the rate at the end")
     trace: str | None = Field(None, description="replay: file of send offsets (seconds)")
     timeout: Duration = Field(30.0, description="per request")
+    stall_timeout: Duration | None = Field(None, gt=0, description="give a stream up as stream_stalled when no "
+                                           "token came for this long after the response head or the previous "
+                                           "token (needs the python sender; auto picks it)")
     concurrency_cap: int | None = Field(None, gt=0, description="most requests in flight; the rest wait (and "
                                                                 "their wait counts: latency is from the intended send)")
     prompt_tokens: int = Field(128, gt=0)
@@ -49,4 +52,8 @@ class LoadSpec(StrictModel):
             raise ValueError("api openai needs model")
         if self.arrival == "replay" and not self.trace:
             raise ValueError("arrival replay needs trace")
+        if self.stall_timeout is not None and self.sender == "native":
+            raise ValueError("stall_timeout needs the python sender: the native sender (sender.c) does not tell "
+                             "stalled, truncated or malformed streams apart; use sender: python or auto (auto "
+                             "picks python when stall_timeout is set)")
         return self

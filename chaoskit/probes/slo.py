@@ -3,16 +3,19 @@
 Two modes: `window` (each sample runs a fresh load of `load.duration`) and `continuous` (load runs from the
 first sample to the end of the run; each sample reports what completed since the previous one, so a
 deviation shows within one interval). With `group_by: HEADER` the outcomes are also broken down by that
-response header's value (e.g. the replica a gateway picked): `p99_ms[triton-0]`, `error_rate[triton-0]` ..."""
+response header's value (e.g. the replica a gateway picked): `p99_ms[triton-0]`, `error_rate[triton-0]` ...
+Each error kind (recorder.ERROR_KINDS) is measured as `errors.KIND` (count) and `error_share.KIND` (of the
+requests answered or failed), e.g. `expect: {error_share: {stream_truncated: "0.2..0.4"}}`."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from chaoskit.load.recorder import NO_GROUP
+from chaoskit.load.recorder import ERROR_KINDS, NO_GROUP, PYTHON_ONLY_KINDS
 from chaoskit.load.runner import ContinuousLoad, run_load
 from chaoskit.load.spec import LoadSpec
 from chaoskit.probes.base import Probe, ProbeSpecBase
@@ -21,7 +24,8 @@ from chaoskit.spec.types import Duration
 _PCT = ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
 _PCTS = (*_PCT, *(f"{m}_{p}" for m in ("service", "ttft", "itl", "tpot") for p in _PCT))
 _GROUP_KEYS = (*_PCTS, "requests", "ok", "error_rate", "goodput_rps", "output_tokens")  # known of each answer
-_KEYS = (*_GROUP_KEYS, "achieved_rps", "requested_rps", "achieved_ratio", "late_sends", "late_share", "sent")
+_KEYS = (*_GROUP_KEYS, "achieved_rps", "requested_rps", "achieved_ratio", "late_sends", "late_share", "sent",
+         "errors.", "error_share.")
 _GROUPED = re.compile(r"^([a-z0-9_]+)\[([^\[\]]+)\]$")
 _TOKEN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"  # an HTTP header name
 
@@ -51,7 +55,26 @@ class SloProbeSpec(ProbeSpecBase):
             raise ValueError(f"group_by: the native sender (load.sender: native) does not read response headers, "
                              f"so it cannot group by {self.group_by}; use load.sender: python or auto (auto "
                              f"picks python when group_by is set)")
+        self._kinds()
         return self
+
+    def _kinds(self) -> None:
+        """errors.KIND / error_share.KIND name known kinds; a kind only the python sender tells apart makes
+        sender auto pick python (and is an error with sender native)."""
+        named = [(key, kind) for key in ("errors", "error_share") if isinstance(self.expect.get(key), dict)
+                 for kind in self.expect[key]]  # type: ignore[union-attr]
+        for key, kind in named:
+            if kind not in ERROR_KINDS:
+                close = difflib.get_close_matches(kind, ERROR_KINDS, n=1)
+                raise ValueError(f"expect.{key}.{kind}: unknown error kind"
+                                 + (f" (did you mean '{close[0]}'?)" if close else "")
+                                 + f"; kinds: {', '.join(ERROR_KINDS)}")
+        precise = sorted({kind for _, kind in named if kind in PYTHON_ONLY_KINDS})
+        if precise and self.load.sender == "native":
+            raise ValueError(f"expect names {', '.join(precise)}: the native sender (load.sender: native) counts "
+                             "these as http_status or other; use load.sender: python or auto (auto picks python)")
+        if precise and self.load.sender == "auto":
+            object.__setattr__(self, "load", self.load.model_copy(update={"sender": "python"}))
 
     def unknown_key(self, key: str) -> str | None:
         m = _GROUPED.match(key)
@@ -91,6 +114,11 @@ class SloProbe(Probe):
                 await self._warm_up()
             summary = await self._continuous.window(timeout=self.spec.timeout or 60.0)
         summary["achieved_ratio"] = summary["achieved_rps"] / summary["requested_rps"]
+        done = summary["requests"]
+        for kind in ERROR_KINDS:  # every kind, so "== 0" holds on a sample that had none
+            n = summary["errors"].get(kind, 0)
+            summary[f"errors.{kind}"] = n
+            summary[f"error_share.{kind}"] = n / done if done else 0.0
         if group_by is not None:
             for group in self.spec.expected_groups() | {NO_GROUP}:
                 summary.setdefault(f"requests[{group}]", 0)  # no answer carried this value: say so, as a number

@@ -1,0 +1,256 @@
+"""llm.proxy benchmark, in one run against the same upstream (a lean OpenAI-style server in a subprocess that
+answers at once: non-streamed completions, and SSE streams written in one go, one chunk per event):
+
+- latency: N sequential keep-alive completions (default 5000) direct and through a proxy with no faults,
+  interleaved in blocks so both see the same noise; added p50/p99 = proxied - direct percentile;
+- token_delay 20ms: streams of 32 tokens through a proxy with `token_delay: 20ms`; the gaps between token
+  events as the client receives them vs the 20 ms requested (the upstream's own gap is ~0);
+- abort share 0.2: M requests (default 6000) through a proxy with `abort: 503, share: 0.2`; the share of 503s;
+- streaming throughput: one SSE stream of E events (default 200 000, ~80 bytes each) read whole, direct and
+  through the proxy with no faults (bytes relayed as they are) and with a token-level fault that parses and
+  re-frames every event but changes nothing (truncate after 10^9 tokens).
+
+The L4 network.proxy (no toxics) is measured beside it in the same interleaved latency loop: what one more
+loopback hop through a Python process costs on this machine at this moment (the noise floor of the goal).
+
+RESULT keys: added_p50_us, added_p99_us (goal p50 <= 200 us), l4_added_p50_us (network.proxy, same run),
+itl_p50_ms, itl_error_ms (|p50 - 20|, goal <= 1), abort_share, abort_share_error (|share - 0.2|, goal <= 0.015),
+direct_mbps, proxy_mbps, throughput_ratio (proxy / direct), events_mbps (every event parsed), events_ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from chaoskit.injectors.llm_proxy import LlmProxy  # noqa: E402
+from chaoskit.injectors.proxy import Proxy  # noqa: E402
+
+N = int(os.environ.get("BENCH_REQUESTS", "5000"))
+M = int(os.environ.get("BENCH_ABORTS", "6000"))
+EVENTS = int(os.environ.get("BENCH_EVENTS", "200000"))
+GAP_MS, ITL_TOKENS, ITL_STREAMS = 20.0, 32, 10
+
+
+# ---------------------------------------------------------------- the upstream (run as `--upstream PORT`)
+
+def _event(i: int) -> bytes:
+    ev = b'data: {"id":"c","choices":[{"text":"t%d","index":0}]}\n\n' % i
+    return b"%x\r\n%b\r\n" % (len(ev), ev)
+
+
+class _Upstream(asyncio.Protocol):
+    def connection_made(self, t: asyncio.BaseTransport) -> None:
+        self.t, self.buf = t, b""
+        t.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
+            m = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", self.buf[:end])
+            total = end + 4 + (int(m.group(1)) if m else 0)
+            if len(self.buf) < total:
+                return
+            head, body, self.buf = self.buf[:end], self.buf[end + 4:total], self.buf[total:]
+            self.answer(head.split(b" ", 2)[1], body)
+
+    def answer(self, path: bytes, body: bytes) -> None:
+        if path == b"/big":
+            events = b"".join(_event(i) for i in range(EVENTS))
+        elif b'"stream": true' in body:
+            n = int(re.search(rb'"max_tokens": (\d+)', body).group(1))
+            events = b"".join(_event(i) for i in range(n))
+        else:
+            js = b'{"id":"c","choices":[{"text":"hello","index":0}],"usage":{"completion_tokens":1}}'
+            self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                         % (len(js), js))
+            return
+        done = b"data: [DONE]\n\n"
+        self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + events + b"%x\r\n%b\r\n0\r\n\r\n" % (len(done), done))
+
+
+def upstream_main(port: int) -> None:
+    from chaoskit.aio import run_fast
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        srv = await loop.create_server(_Upstream, "127.0.0.1", port, backlog=256)
+        print("ready", flush=True)
+        async with srv:
+            await srv.serve_forever()
+
+    run_fast(serve())
+
+
+# ---------------------------------------------------------------- the client
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _conn(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def _request(body: dict, path: str = "/v1/completions") -> bytes:
+    b = json.dumps(body).encode()
+    return b"POST %b HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (
+        path.encode(), len(b), b)
+
+
+COMPLETION = _request({"model": "m", "prompt": "hi", "max_tokens": 1})
+
+
+def one(s: socket.socket, req: bytes) -> tuple[int, bytes]:
+    """Send a request, read a Content-Length answer: (status, body)."""
+    s.sendall(req)
+    buf = b""
+    while (end := buf.find(b"\r\n\r\n")) < 0:
+        buf += s.recv(65536)
+    n = int(re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", buf[:end]).group(1))
+    while len(buf) < end + 4 + n:
+        buf += s.recv(65536)
+    return int(buf[9:12]), buf[end + 4:end + 4 + n]
+
+
+def stream(s: socket.socket, req: bytes) -> tuple[list[float], int]:
+    """Send a streaming request, read to the final chunk: (arrival time of each token event, bytes)."""
+    s.sendall(req)
+    times, total, tail = [], 0, b""
+    while True:
+        data = s.recv(1 << 20)
+        now = time.perf_counter()
+        if not data:
+            raise ConnectionError("closed mid-stream")
+        total += len(data)
+        times.extend([now] * data.count(b'"text":"'))
+        tail = (tail + data)[-16:]
+        if tail.endswith(b"\r\n0\r\n\r\n"):
+            return times, total
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q / 100 * len(xs)))]
+
+
+def latency(*ports: int) -> list[list[float]]:
+    """N sequential requests on one keep-alive connection to each port, interleaved in blocks of 100."""
+    socks = [_conn(p) for p in ports]
+    for s in socks:  # warm up
+        for _ in range(200):
+            one(s, COMPLETION)
+    out: list[list[float]] = [[] for _ in ports]
+    for _ in range(N // 100):
+        for s, times in zip(socks, out, strict=True):
+            for _ in range(100):
+                t0 = time.perf_counter()
+                one(s, COMPLETION)
+                times.append(time.perf_counter() - t0)
+    for s in socks:
+        s.close()
+    return out
+
+
+def throughput(port: int) -> float:
+    best = 0.0
+    for _ in range(3):
+        with _conn(port) as s:
+            t0 = time.perf_counter()
+            _, n = stream(s, b"GET /big HTTP/1.1\r\nHost: bench\r\n\r\n")
+            best = max(best, n / (time.perf_counter() - t0) / 1e6)
+    return best
+
+
+def start(upstream: int, faults: list[dict]) -> tuple[int, dict]:
+    port = _free_port()
+    inj = LlmProxy(LlmProxy.Spec(type="llm.proxy", listen=f"127.0.0.1:{port}", upstream=f"127.0.0.1:{upstream}",
+                                 faults=faults, seed=7))
+    inj.max_lifetime_s = 600
+    return port, inj.apply(inj.prepare())
+
+
+def main() -> None:
+    up_port = _free_port()
+    up = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)], stdout=subprocess.PIPE, text=True)
+    assert up.stdout is not None and up.stdout.readline().strip() == "ready"
+    records = []
+    try:
+        plain, r = start(up_port, [])
+        records.append(r)
+        itl, r = start(up_port, [{"type": "token_delay", "delay": f"{GAP_MS}ms"}])
+        records.append(r)
+        abort, r = start(up_port, [{"type": "abort", "status": 503, "retry_after": 1, "share": 0.2}])
+        records.append(r)
+        parsed, r = start(up_port, [{"type": "truncate", "after_tokens": 10**9, "match": {"path": "/big"}}])
+        records.append(r)
+
+        l4_port = _free_port()
+        l4 = Proxy(Proxy.Spec(type="network.proxy", listen=f"127.0.0.1:{l4_port}", upstream=f"127.0.0.1:{up_port}"))
+        l4_rec = l4.apply(l4.prepare())
+        try:
+            dt, pt, lt = latency(up_port, plain, l4_port)
+        finally:
+            Proxy.revert(l4_rec)
+        added50, added99 = (pct(pt, 50) - pct(dt, 50)) * 1e6, (pct(pt, 99) - pct(dt, 99)) * 1e6
+        l4_added50 = (pct(lt, 50) - pct(dt, 50)) * 1e6
+
+        gaps: list[float] = []
+        with _conn(itl) as s:
+            for _ in range(ITL_STREAMS):
+                times, _ = stream(s, _request({"model": "m", "prompt": "hi", "max_tokens": ITL_TOKENS,
+                                               "stream": True}))
+                gaps += [(b - a) * 1e3 for a, b in zip(times, times[1:], strict=False)]
+        itl50 = statistics.median(gaps)
+
+        with _conn(abort) as s:
+            statuses = [one(s, COMPLETION)[0] for _ in range(M)]
+        share = statuses.count(503) / len(statuses)
+
+        direct_mbps, proxy_mbps, events_mbps = throughput(up_port), throughput(plain), throughput(parsed)
+    finally:
+        for r in records:
+            LlmProxy.revert(r)
+        up.kill()
+        up.wait()
+
+    print(f"{'':34}{'p50':>10}{'p99':>10}")
+    print(f"{'direct completion RTT (us)':34}{pct(dt, 50) * 1e6:10.1f}{pct(dt, 99) * 1e6:10.1f}")
+    print(f"{'through llm.proxy, no faults (us)':34}{pct(pt, 50) * 1e6:10.1f}{pct(pt, 99) * 1e6:10.1f}")
+    print(f"{'added (us)':34}{added50:10.1f}{added99:10.1f}   ({N} requests each)")
+    print(f"{'through network.proxy (L4) (us)':34}{pct(lt, 50) * 1e6:10.1f}{pct(lt, 99) * 1e6:10.1f}   "
+          f"added p50 {l4_added50:.1f}")
+    print(f"token_delay {GAP_MS:g}ms: inter-token gap p50 {itl50:.3f} ms, p10 {pct(gaps, 10):.3f}, "
+          f"p90 {pct(gaps, 90):.3f}, p99 {pct(gaps, 99):.3f} ({len(gaps)} gaps)")
+    print(f"abort 503 share 0.2: {statuses.count(503)} of {M} = {share:.4f}; "
+          f"Retry-After sent with each")
+    print(f"SSE stream of {EVENTS} events: direct {direct_mbps:.1f} MB/s, proxy {proxy_mbps:.1f} MB/s, "
+          f"proxy parsing every event {events_mbps:.1f} MB/s")
+    print(f"RESULT added_p50_us={added50:.1f} added_p99_us={added99:.1f} l4_added_p50_us={l4_added50:.1f} "
+          f"itl_p50_ms={itl50:.3f} "
+          f"itl_error_ms={abs(itl50 - GAP_MS):.3f} abort_share={share:.4f} abort_share_error={abs(share - 0.2):.4f} "
+          f"direct_mbps={direct_mbps:.1f} proxy_mbps={proxy_mbps:.1f} throughput_ratio={proxy_mbps / direct_mbps:.3f} "
+          f"events_mbps={events_mbps:.1f} events_ratio={events_mbps / direct_mbps:.3f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--upstream":
+        upstream_main(int(sys.argv[2]))
+    else:
+        main()

@@ -1,0 +1,290 @@
+"""llm.proxy: a chaoskit-run HTTP reverse proxy in front of an OpenAI-compatible or Triton generate endpoint
+that breaks LLM traffic the way serving stacks break: aborts (503/429 + Retry-After), time to first byte,
+inter-token gaps, mid-stream stalls, truncated streams, malformed events, rate limits. One typed spec per fault;
+the server is chaoskit.injectors.llm_proxy_server; what each fault did is in observe_details and /chaoskit/metrics."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+import uuid
+from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
+
+from chaoskit.errors import PreflightError
+from chaoskit.injectors import helper_proc
+from chaoskit.injectors.proxy_server import split_addr
+from chaoskit.spec.types import Duration, StrictModel
+
+GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v2/models/*/generate", "/v2/models/*/generate_stream",
+                  "/v2/models/*/infer", "/v2/models/*/versions/*/infer")
+
+
+def _share(value: object) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a fraction 0..1 or a percentage like '20%'")
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            value = float(value.strip()[:-1]) / 100.0
+        except ValueError:
+            raise ValueError(f"expected a fraction 0..1 or a percentage like '20%' (got {value!r})") from None
+    if not isinstance(value, (int, float, str)):
+        raise ValueError(f"expected a fraction 0..1 or a percentage like '20%' (got {value!r})")
+    try:
+        v = float(value)
+    except ValueError:
+        raise ValueError(f"expected a fraction 0..1 or a percentage like '20%' (got {value!r})") from None
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"share is a fraction 0..1 or a percentage like '20%' (got {value!r})")
+    return v
+
+
+Share = Annotated[float, BeforeValidator(_share), WithJsonSchema(
+    {"type": ["string", "number"], "pattern": r"^\d+(\.\d+)?%$",
+     "description": "fraction of matching requests: 0.2 or '20%'"})]
+
+
+class Match(StrictModel):
+    path: str | list[str] = Field(list(GENERATE_PATHS), description="glob(s) on the request path (default: the "
+                                  "inference endpoints: /v1/completions, /v1/chat/completions, "
+                                  "/v2/models/*/generate, /v2/models/*/generate_stream, /v2/models/*/infer and "
+                                  "/v2/models/*/versions/*/infer; not health, metadata or metrics)")
+    model: str | None = Field(None, description="glob on the model: the JSON body's \"model\" (OpenAI) or the "
+                                                "/v2/models/NAME/ path segment (Triton)")
+    headers: dict[str, str] = Field(default_factory=dict, description="request header name: glob of its value; "
+                                    "all must match")
+
+    def paths(self) -> list[str]:
+        return [self.path] if isinstance(self.path, str) else list(self.path)
+
+
+class _Fault(StrictModel):
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$", description="label in the proxy's metrics and "
+                             "the X-Chaoskit-Fault response header (default: TYPE-INDEX)")
+    share: Share = Field(1.0, description="fraction of the matching requests this fault takes (seeded draws: "
+                         "the same seed gives the same requests)")
+    match: Match = Field(default_factory=Match, description="which requests: path, model, headers")
+
+    def wire(self, index: int) -> dict[str, Any]:
+        out = self.model_dump()
+        out["name"] = self.name or f"{self.type}-{index}"  # type: ignore[attr-defined]
+        out["match"] = {**out["match"], "path": self.match.paths()}
+        return out
+
+
+class AbortFault(_Fault):
+    type: Literal["abort"]
+    status: int = Field(503, ge=400, le=599, description="the HTTP status answered (503, 429, 500 ...); the "
+                        "upstream is not contacted")
+    retry_after: int | None = Field(None, ge=0, le=86400, description="seconds for a Retry-After header (none "
+                                    "by default)")
+
+
+class DelayFault(_Fault):
+    type: Literal["delay"]
+    delay: Duration = Field(gt=0, description="hold the request this long before forwarding it (time to "
+                            "first byte)")
+    jitter: Duration = Field(0.0, ge=0, description="uniform +- this around delay")
+
+    @model_validator(mode="after")
+    def _jitter(self) -> DelayFault:
+        if self.jitter > self.delay:
+            raise ValueError(f"jitter ({self.jitter:g}s) is larger than delay ({self.delay:g}s): a hold cannot "
+                             "be negative")
+        return self
+
+
+class TokenDelayFault(_Fault):
+    type: Literal["token_delay"]
+    delay: Duration = Field(gt=0, description="added before every token event after the first (inter-token "
+                            "gap = the upstream's gap + this; TTFT unchanged)")
+    jitter: Duration = Field(0.0, ge=0, description="uniform: +- this around delay; normal: the standard "
+                             "deviation; exponential: not used")
+    distribution: Literal["uniform", "normal", "exponential"] = Field(
+        "uniform", description="how each gap is drawn (fixed when jitter is 0; exponential: mean = delay)")
+
+    @model_validator(mode="after")
+    def _spread(self) -> TokenDelayFault:
+        if self.distribution == "uniform" and self.jitter > self.delay:
+            raise ValueError(f"jitter ({self.jitter:g}s) is larger than delay ({self.delay:g}s): a uniform gap "
+                             "would be negative")
+        if self.distribution == "exponential" and self.jitter:
+            raise ValueError("distribution exponential has one parameter, delay (its mean): drop jitter")
+        return self
+
+
+class StallFault(_Fault):
+    type: Literal["stall"]
+    after_tokens: int = Field(ge=0, description="forward this many token events, then stop")
+    duration: Duration = Field(0.0, ge=0, description="stop forwarding this long, connection open, then go on "
+                               "where it stopped (0: until the client gives up)")
+
+
+class TruncateFault(_Fault):
+    type: Literal["truncate"]
+    after_tokens: int = Field(ge=0, description="forward this many token events, then close the connection: no "
+                              "further event, no [DONE], no final chunk")
+
+
+class MalformedFault(_Fault):
+    type: Literal["malformed"]
+    corrupt: Literal["bad_json", "missing_data", "error_object"] = Field(
+        "bad_json", description="bad_json: the event's JSON loses its closing brace; missing_data: the event "
+                                "loses its 'data:' field name; error_object: a 200 with an error object (in "
+                                "the stream after after_tokens, or as the whole body of a non-streaming answer)")
+    after_tokens: int = Field(0, ge=0, description="the token event after this many is the one corrupted")
+
+
+class RateLimitFault(_Fault):
+    type: Literal["rate_limit"]
+    requests_per_s: float | None = Field(None, gt=0, description="token bucket of requests per second per key")
+    tokens_per_s: float | None = Field(None, gt=0, description="token bucket of output tokens per second per "
+                                       "key (a request is admitted while the bucket holds a token; each streamed "
+                                       "token takes one)")
+    burst: float | None = Field(None, ge=1, description="bucket size (default: one second of the rate, at least 1)")
+    key: str = Field("client", pattern=r"^(client|header:[!#$%&'*+.^_`|~0-9A-Za-z-]+)$",
+                     description="what a bucket belongs to: client (the peer address) or header:NAME (e.g. "
+                                 "header:Authorization)")
+    retry_after: bool = Field(True, description="send Retry-After (whole seconds until the bucket has a token)")
+
+    @model_validator(mode="after")
+    def _one(self) -> RateLimitFault:
+        if (self.requests_per_s is None) == (self.tokens_per_s is None):
+            raise ValueError("rate_limit needs exactly one of requests_per_s or tokens_per_s")
+        return self
+
+
+LlmFault = Annotated[AbortFault | DelayFault | TokenDelayFault | StallFault | TruncateFault | MalformedFault
+                     | RateLimitFault, Field(discriminator="type")]
+
+
+class LlmProxySpec(StrictModel):
+    type: Literal["llm.proxy"]
+    listen: str = Field(description="host:port clients connect to (127.0.0.1 when only ':port')")
+    upstream: str = Field(description="the real endpoint: http://host:port (no path: request paths are forwarded "
+                                      "as they are) or host:port")
+    seed: int = Field(0, description="seed of the share and gap draws: the same seed and requests, the same faults")
+    faults: list[LlmFault] = Field(default_factory=list, description="each with match and share; on one request "
+                                   "the first local answer (abort, rate_limit 429, error_object) wins, delays and "
+                                   "token-level faults combine (one of each type)")
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _url(cls, v: object) -> object:
+        if isinstance(v, str) and "://" in v:
+            url = urlsplit(v)
+            if url.scheme != "http" or not url.hostname:
+                raise ValueError(f"expected http://host:port or host:port (got {v!r}); the proxy speaks plain "
+                                 "HTTP/1.1 to its upstream")
+            if url.path not in ("", "/") or url.query:
+                raise ValueError(f"expected no path in the upstream URL (got {v!r}): the proxy forwards request "
+                                 "paths unchanged, so give the server's root (http://host:port)")
+            host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+            return f"{host}:{url.port or 80}"
+        return v
+
+    @field_validator("listen", "upstream")
+    @classmethod
+    def _addr(cls, v: str) -> str:
+        try:
+            host, port = split_addr(v)
+        except ValueError:
+            raise ValueError(f"expected host:port (got {v!r})") from None
+        if "/" in host:
+            raise ValueError(f"expected host:port, not a URL (got {v!r})")
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} is out of range")
+        return v
+
+    @model_validator(mode="after")
+    def _names(self) -> LlmProxySpec:
+        if split_addr(self.listen) == split_addr(self.upstream):
+            raise ValueError(f"listen and upstream are the same address ({self.listen}): the proxy would call itself")
+        seen: set[str] = set()
+        for i, f in enumerate(self.faults):
+            name = f.name or f"{f.type}-{i}"
+            if name in seen:
+                raise ValueError(f"faults[{i}]: name '{name}' is used twice")
+            seen.add(name)
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        return {"seed": self.seed, "faults": [f.wire(i) for i, f in enumerate(self.faults)]}
+
+
+def _describe(f: Any) -> str:
+    share = f"{f.share * 100:g}% of matching requests"
+    what = {
+        "abort": lambda: f"answer {f.status}" + (f" with Retry-After: {f.retry_after}" if f.retry_after is not None
+                                                  else ""),
+        "delay": lambda: f"hold {f.delay * 1e3:g} ms" + (f" +- {f.jitter * 1e3:g} ms" if f.jitter else "")
+                         + " before forwarding",
+        "token_delay": lambda: f"add {f.delay * 1e3:g} ms ({f.distribution}"
+                               + (f", jitter {f.jitter * 1e3:g} ms" if f.jitter else "") + ") between tokens",
+        "stall": lambda: f"stop after {f.after_tokens} tokens for "
+                         + (f"{f.duration:g}s" if f.duration else "as long as the client waits"),
+        "truncate": lambda: f"close the connection after {f.after_tokens} tokens",
+        "malformed": lambda: f"{f.corrupt} after {f.after_tokens} tokens",
+        "rate_limit": lambda: f"429 beyond {f.requests_per_s or f.tokens_per_s:g} "
+                              f"{'requests' if f.requests_per_s else 'tokens'}/s per {f.key}",
+    }[f.type]()
+    return f"{what} on {share}"
+
+
+class LlmProxy(helper_proc.HelperFault):
+    type: ClassVar[str] = "llm.proxy"
+    summary: ClassVar[str] = ("LLM-aware HTTP proxy: abort (503/429 + Retry-After), delay, token_delay, stall, "
+                              "truncate, malformed SSE, rate_limit")
+    Spec = LlmProxySpec
+    spec: LlmProxySpec
+
+    def preflight(self) -> None:
+        host, port = split_addr(self.spec.listen)
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                raise PreflightError(f"llm.proxy: cannot listen on {self.spec.listen}: {e.strerror}") from None
+
+    def plan(self) -> list[str]:
+        faults = "; ".join(f"{w['name']}: {_describe(f)}" for f, w in zip(self.spec.faults, self.spec.wire()["faults"],
+                                                                          strict=True))
+        return [f"start an LLM proxy {self.spec.listen} -> {self.spec.upstream} (seed {self.spec.seed}) with faults: "
+                f"{faults or 'none'}; revert: stop it (it also exits by itself after {self.max_lifetime_s:g}s)"]
+
+    def prepare(self) -> dict[str, Any]:
+        return {"token": f"chaoskit-llm-proxy-{uuid.uuid4().hex}", "listen": self.spec.listen,
+                "upstream": self.spec.upstream}
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        ref = helper_proc.spawn("chaoskit.injectors.llm_proxy_server", record["token"],
+                                [record["listen"], record["upstream"], json.dumps(self.spec.wire()),
+                                 f"{time.time() + self.max_lifetime_s:.3f}"], f"LLM proxy on {record['listen']}")
+        return {**record, "proxy": ref.to_json()}
+
+    @classmethod
+    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
+        """In effect or not, and what each fault did so far (matched, selected, applied, applied_share)."""
+        running = cls.observe(record)
+        out: dict[str, Any] = {"in_effect": running}
+        if running:
+            stats = stats_of(record["listen"])
+            if stats is not None:
+                out.update(stats)
+        return out
+
+
+def stats_of(listen: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    """The proxy's own counters (GET /chaoskit/stats); None when it does not answer."""
+    host, port = split_addr(listen)
+    host = f"[{host}]" if ":" in host else host
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/chaoskit/stats", timeout=timeout) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
