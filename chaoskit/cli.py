@@ -164,25 +164,15 @@ def run(
 
 def run_one(file: Path, args: RunArgs, rec: Outcome) -> int:
     """One experiment, start to end: the exit code (typer.Exit for input errors, after saying why)."""
-    from chaoskit.engine.journal import Journal, read_journal
-    from chaoskit.engine.reports import render_report, summary, write_html, write_junit, write_summary
-    from chaoskit.engine.runinfo import experiment_record, host_facts
-    from chaoskit.engine.runner import Runner, RunOptions, new_run_id
-    from chaoskit.reference.scenario import deployment_for, describe
+    from chaoskit.engine.runner import new_run_id
     from chaoskit.spec.loader import load_experiment
     from chaoskit.spec.models import Reference
-    from chaoskit.ui import LiveView, PlainView
 
-    def fail(e: ChaoskitError) -> None:
-        rec.code, rec.message = e.exit_code, str(e)
-        _fail(e)
-
-    dry_run, cli_vars = args.dry_run, args.cli_vars
     try:
-        loaded = load_experiment(file, cli_vars, strict=not dry_run)
+        loaded = load_experiment(file, args.cli_vars, strict=not args.dry_run)
     except ChaoskitError as e:
-        fail(e)
-    if not dry_run:
+        _fail_rec(rec, e)
+    if not args.dry_run:
         _replay_orphans()
     exp = loaded.experiment
     rec.experiment = exp.metadata.name
@@ -190,80 +180,127 @@ def run_one(file: Path, args: RunArgs, rec: Outcome) -> int:
     run_id = new_run_id(exp.metadata.name)
     run_dir = args.out_dir or Path("chaoskit-runs") / run_id
     journal_path = args.journal or run_dir / "journal.jsonl"
-    junit = args.junit or (run_dir / "junit.xml" if args.ci else None)
-    use_live = (out.is_terminal and not args.ci) if args.live is None else args.live
     with ExitStack() as deployed:
-        if own is not None and dry_run:
-            err.print(f"[yellow]note:[/] would start the reference deployment: {describe(own)}", highlight=False)
-        elif own is not None:
-            signal.signal(signal.SIGTERM, _term_as_interrupt)  # a stop while it starts: stop what started
-            try:
-                _host_preflight(loaded)
-                facts = deployed.enter_context(deployment_for(own, run_id, exp.metadata.name, _say))
-                loaded = load_experiment(file, cli_vars, deployed=facts)
-            except KeyboardInterrupt:
-                deployed.close()
-                err.print("[red]interrupted[/] while the reference deployment was starting (stopped again)")
-                rec.code, rec.message = errors.EXIT_SIGINT, "interrupted while the reference deployment was starting"
-                raise typer.Exit(errors.EXIT_SIGINT) from None
-            except ChaoskitError as e:
-                deployed.close()
-                fail(e)
-            exp = loaded.experiment
-        for note in loaded.notes:
-            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
-        probes = [*exp.steady_state.probes, *(g.probe for g in exp.safeguards if not isinstance(g.probe, str))]
-        guards = [{"probe": g.probe if isinstance(g.probe, str) else g.probe.name,
-                   "rules": [str(r) for r in g.rules()], "metrics": [r.metric for r in g.rules()]}
-                  for g in exp.safeguards]
-        view = (LiveView(out, exp.metadata.name, {p.name: list(p.flat_expect()) for p in probes}, guards)
-                if use_live else PlainView(out))
-        jr = Journal(None if dry_run else journal_path, [view])
-        if not dry_run:  # what the report needs besides the events: the experiment as run, the host
-            jr.record("experiment", **experiment_record(loaded))
-            jr.record("host", **host_facts())
-        unresolved = frozenset(loaded.deferred_steps()) if own is not None and dry_run else frozenset()
-        stepper = None
-        if args.step:
-            from chaoskit.stepper import Stepper
-
-            stepper = Stepper(out, jr, view)
-        runner = Runner(exp, jr, RunOptions(dry_run=dry_run, unresolved_steps=unresolved, before_step=stepper),
-                        run_id=run_id)
-        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
-
-        async def main() -> None:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, runner.interrupt, sig)
-            await runner.execute()
-
-        if use_live:
-            with view:  # type: ignore[attr-defined]
-                asyncio.run(main())
-        else:
-            asyncio.run(main())
-        if own is not None and not dry_run:
+        if own is not None:
+            loaded = _deploy(deployed, own, loaded, file, args, run_id, rec)
+        result, exp = _execute(loaded, args, journal_path, run_id, dry_run_unresolved=own is not None)
+        if own is not None and not args.dry_run:
             for sig in (signal.SIGINT, signal.SIGTERM):  # the deployment is stopping: let it finish (≤ 15 s)
                 signal.signal(sig, signal.SIG_IGN)
+    rec.code = result.exit_code
+    if args.dry_run:
+        return _print_plan(exp, result, rec)
+    return _report(exp, result, args, run_dir, journal_path, rec)
+
+
+def _fail_rec(rec: Outcome, e: ChaoskitError) -> None:
+    rec.code, rec.message = e.exit_code, str(e)
+    _fail(e)
+
+
+def _deploy(deployed: ExitStack, own: Any, loaded: Any, file: Path, args: RunArgs, run_id: str,
+            rec: Outcome) -> Any:
+    """Bring up (or reuse) the deployment the experiment declares, inside `deployed`; the experiment loaded
+    again with its facts. A dry run starts nothing."""
+    from chaoskit.reference.scenario import deployment_for, describe
+    from chaoskit.spec.loader import load_experiment
+
+    if args.dry_run:
+        err.print(f"[yellow]note:[/] would start the reference deployment: {describe(own)}", highlight=False)
+        return loaded
+    signal.signal(signal.SIGTERM, _term_as_interrupt)  # a stop while it starts: stop what started
+    try:
+        _host_preflight(loaded)
+        facts = deployed.enter_context(deployment_for(own, run_id, loaded.experiment.metadata.name, _say))
+        return load_experiment(file, args.cli_vars, deployed=facts)
+    except KeyboardInterrupt:
+        deployed.close()
+        err.print("[red]interrupted[/] while the reference deployment was starting (stopped again)")
+        rec.code, rec.message = errors.EXIT_SIGINT, "interrupted while the reference deployment was starting"
+        raise typer.Exit(errors.EXIT_SIGINT) from None
+    except ChaoskitError as e:
+        deployed.close()
+        _fail_rec(rec, e)
+        raise  # unreachable: _fail raises
+
+
+def _make_view(exp: Any, use_live: bool) -> Any:
+    from chaoskit.ui import LiveView, PlainView
+
+    if not use_live:
+        return PlainView(out)
+    probes = [*exp.steady_state.probes, *(g.probe for g in exp.safeguards if not isinstance(g.probe, str))]
+    guards = [{"probe": g.probe if isinstance(g.probe, str) else g.probe.name,
+               "rules": [str(r) for r in g.rules()], "metrics": [r.metric for r in g.rules()]}
+              for g in exp.safeguards]
+    return LiveView(out, exp.metadata.name, {p.name: list(p.flat_expect()) for p in probes}, guards)
+
+
+def _execute(loaded: Any, args: RunArgs, journal_path: Path, run_id: str, dry_run_unresolved: bool) -> tuple[Any, Any]:
+    """Journal, view, runner: run the experiment; (its result, the experiment)."""
+    from chaoskit.engine.journal import Journal
+    from chaoskit.engine.runinfo import experiment_record, host_facts
+    from chaoskit.engine.runner import Runner, RunOptions
+
+    exp = loaded.experiment
+    for note in loaded.notes:
+        err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    use_live = (out.is_terminal and not args.ci) if args.live is None else args.live
+    view = _make_view(exp, use_live)
+    jr = Journal(None if args.dry_run else journal_path, [view])
+    if not args.dry_run:  # what the report needs besides the events: the experiment as run, the host
+        jr.record("experiment", **experiment_record(loaded))
+        jr.record("host", **host_facts())
+    unresolved = frozenset(loaded.deferred_steps()) if dry_run_unresolved and args.dry_run else frozenset()
+    stepper = None
+    if args.step:
+        from chaoskit.stepper import Stepper
+
+        stepper = Stepper(out, jr, view)
+    runner = Runner(exp, jr, RunOptions(dry_run=args.dry_run, unresolved_steps=unresolved, before_step=stepper),
+                    run_id=run_id)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, runner.interrupt, sig)
+        await runner.execute()
+
+    if use_live:
+        with view:
+            asyncio.run(main())
+    else:
+        asyncio.run(main())
     jr.close()
-    result = runner.result
-    code = rec.code = result.exit_code
-    if dry_run:
-        out.print(f"[bold]plan for {exp.metadata.name}[/] (dry run: nothing applied)")
-        for p in result.plan:
-            dur = f" for {p['duration_s']:g}s" if p["duration_s"] else " until the end of the method"
-            out.print(f"  • {p['step']} ({p['type']}{dur})")
-            for change in p["changes"]:
-                out.print(f"      {change}", highlight=False, markup=False)
-        if code != 0:
-            err.print(f"[red]preflight failed:[/] {escape(result.status.reason)}", highlight=False)
-            rec.message = result.status.reason
-        return code
+    return runner.result, exp
+
+
+def _print_plan(exp: Any, result: Any, rec: Outcome) -> int:
+    out.print(f"[bold]plan for {exp.metadata.name}[/] (dry run: nothing applied)")
+    for p in result.plan:
+        dur = f" for {p['duration_s']:g}s" if p["duration_s"] else " until the end of the method"
+        out.print(f"  • {p['step']} ({p['type']}{dur})")
+        for change in p["changes"]:
+            out.print(f"      {change}", highlight=False, markup=False)
+    if rec.code != 0:
+        err.print(f"[red]preflight failed:[/] {escape(result.status.reason)}", highlight=False)
+        rec.message = result.status.reason
+    return rec.code
+
+
+def _report(exp: Any, result: Any, args: RunArgs, run_dir: Path, journal_path: Path, rec: Outcome) -> int:
+    """summary.json, report.html (from the journal alone: `chaoskit report` remakes it), JUnit, Markdown; the
+    verdict lines."""
+    from chaoskit.engine.journal import read_journal
+    from chaoskit.engine.reports import render_report, summary, write_html, write_junit, write_summary
+
+    code = rec.code
+    junit = args.junit or (run_dir / "junit.xml" if args.ci else None)
     data = rec.data = summary(result, exp)
     write_summary(journal_path.with_name("summary.json"), data)
     report_path = rec.report = args.report or run_dir / "report.html"
-    events = read_journal(journal_path)  # the report is made of the journal alone: `chaoskit report` remakes it
+    events = read_journal(journal_path)
     write_html(report_path, events)
     if junit:
         write_junit(junit, data)
