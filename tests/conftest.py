@@ -136,3 +136,32 @@ def load_sender(request) -> str:
     if request.param == "native":
         native_sender_or_skip()
     return request.param
+
+
+@pytest.fixture(scope="session")
+def vllm_pair(tmp_path_factory) -> Iterator[Path]:
+    """Two CPU vLLM replicas behind the gateway (status health), started once for every test that needs vLLM
+    (a start costs about a minute); the state dir. Those tests run last (pytest_collection_modifyitems), so
+    the replicas are not idling beside the rest of the suite."""
+    from chaoskit.reference import vllm
+    from chaoskit.reference.deploy import Deployment, RefOptions
+    from chaoskit.targets.process import group_members
+
+    if not vllm.installed():
+        pytest.skip(f"vLLM not installed in {vllm.home()} (make vllm)")
+    d = Deployment(tmp_path_factory.mktemp("vllm") / "ref")
+    facts = d.up(RefOptions(engine="vllm", replicas=2, port=18960), say=print)
+    print(f"vLLM pair up in {facts['startup_s']} s")
+    yield d.root
+    pids = [p["pid"] for p in d.processes()]
+    d.down(say=lambda _m: None)
+    assert not any(group_members(p) for p in pids)
+
+
+def vllm_facts(root: Path) -> dict:
+    return json.loads((root / "facts.json").read_text())
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """Tests on the shared vLLM pair last, together (a stable sort keeps every other order as it was)."""
+    items.sort(key=lambda item: "vllm_pair" in getattr(item, "fixturenames", ()))

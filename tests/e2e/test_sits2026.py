@@ -29,9 +29,9 @@ def test_the_library_has_every_chain_and_each_validates_and_documents_its_verdic
     for f in files:
         head = f.read_text()
         assert head.startswith("# SITS2026") and EXPECTED.search(head) and "# Run:" in head, f.name
-        p = chaoskit("validate", str(f), state=state_dir)
-        out, err = p.communicate(timeout=60)
-        assert p.returncode == 0, out + err
+    p = chaoskit("validate", *map(str, files), state=state_dir)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and out.count("✓") == len(files), out + err
 
 
 def _leftovers(ref_root: Path, keep: Path | None = None) -> list[str]:
@@ -80,7 +80,7 @@ def values(summary: dict, probe: str, phase: str, key: str) -> list:
 @requires_triton
 @pytest.mark.parametrize("fix, expected", [("false", 1), ("true", 0)])
 def test_health_check_blindspot_flips_with_latency_health(tmp_path, state_dir, fix, expected):
-    code, s, out = run_scenario("health-check-blindspot", tmp_path, state_dir, f"fix={fix}")
+    code, s, out = run_scenario("health-check-blindspot", tmp_path, state_dir, f"fix={fix}", "duration=10s")
     assert code == expected, out
     assert all(x["verdict"] == "ok" for x in s["samples"] if x["probe"] == "replica-0-ready"), out  # the blind spot
     assert s["rollback_complete"]
@@ -89,7 +89,7 @@ def test_health_check_blindspot_flips_with_latency_health(tmp_path, state_dir, f
 @requires_triton
 @pytest.mark.parametrize("fix, expected", [("false", 1), ("true", 0)])
 def test_kv_cache_pollution_flips_with_isolation(tmp_path, state_dir, fix, expected):
-    code, s, out = run_scenario("kv-cache-pollution", tmp_path, state_dir, f"fix={fix}")
+    code, s, out = run_scenario("kv-cache-pollution", tmp_path, state_dir, f"fix={fix}", "duration=8s")
     assert code == expected, out
     frag = values(s, "kv-fragmentation", "during", "value")
     print(f"\nisolate_kv_cache {fix}: fragmentation during the flood {frag}")
@@ -99,7 +99,7 @@ def test_kv_cache_pollution_flips_with_isolation(tmp_path, state_dir, fix, expec
 @requires_triton
 @pytest.mark.parametrize("fix, expected", [("false", 1), ("true", 0)])
 def test_fragmentation_vs_max_batch_flips_with_the_batching_fallback(tmp_path, state_dir, fix, expected):
-    code, s, out = run_scenario("fragmentation-vs-max-batch", tmp_path, state_dir, f"fix={fix}")
+    code, s, out = run_scenario("fragmentation-vs-max-batch", tmp_path, state_dir, f"fix={fix}", "duration=6s")
     oom_rates = values(s, "kv-oom-rate", "during", "rate")
     fallbacks = values(s, "batching-fallbacks", "after", "value")
     print(f"\nfix={fix}: KV OOMs per second during the bursts {oom_rates}, static-batch fallbacks {fallbacks[-1:]}")
@@ -112,7 +112,7 @@ def test_fragmentation_vs_max_batch_flips_with_the_batching_fallback(tmp_path, s
 def test_netem_timeout_holds_and_names_its_variant(tmp_path, state_dir):
     from chaoskit.targets.tc import netem_missing_reason
 
-    code, s, out = run_scenario("netem-timeout", tmp_path, state_dir, "duration=8s")
+    code, s, out = run_scenario("netem-timeout", tmp_path, state_dir, "duration=6s")
     assert code == 0, out
     variant = "network.netem" if netem_missing_reason() is None else "network.drop"
     assert [f["type"] for f in s["faults"]] == [variant]
@@ -154,21 +154,10 @@ def test_a_killed_run_leaves_no_replica_behind(tmp_path, state_dir):
             subprocess.run(["python", "-m", "chaoskit", "ref", "down", "--dir", str(d)], cwd=ROOT, capture_output=True)
 
 
-@pytest.fixture(scope="module")
-def vllm_pair(tmp_path_factory):
-    """Two vLLM replicas (status health), started once: both runs reuse them, the fix switching the gateway."""
-    from chaoskit.reference.deploy import Deployment, RefOptions
-
-    d = Deployment(tmp_path_factory.mktemp("vllm") / "ref")
-    d.up(RefOptions(engine="vllm", replicas=2, port=18960), say=print)
-    yield d.root
-    d.down(say=lambda _m: None)
-
-
 @needs_vllm
 @pytest.mark.parametrize("fix, expected", [("false", 1), ("true", 0)])
 def test_vllm_engine_stall_blindspot_flips_with_latency_health(vllm_pair, tmp_path, state_dir, fix, expected):
-    code, s, out = run_scenario("vllm-engine-stall-blindspot", tmp_path, state_dir, f"fix={fix}",
+    code, s, out = run_scenario("vllm-engine-stall-blindspot", tmp_path, state_dir, f"fix={fix}", "duration=14s",
                                 ref_root=vllm_pair, shared=True)
     assert code == expected, out
     assert "reusing the running reference deployment" in out

@@ -21,7 +21,7 @@ from chaoskit.load.spec import LoadSpec
 from chaoskit.reference import vllm
 from chaoskit.reference.deploy import Deployment, RefOptions
 from chaoskit.targets.process import all_pids, cmdline
-from tests.conftest import free_port, requires_triton
+from tests.conftest import free_port, requires_triton, vllm_facts
 from tests.helpers.sse_client import Answer, call
 
 STREAM = "/v2/models/tiny_lm_stream/generate_stream"
@@ -294,14 +294,9 @@ def test_revert_stops_the_proxy_from_its_record_alone(triton):
 
 # ---------------------------------------------------------------- vLLM (OpenAI API), when installed
 
-@pytest.fixture(scope="module")
-def vllm_ref(tmp_path_factory):
-    if not vllm.installed():
-        pytest.skip(f"vLLM not installed in {vllm.home()} (make vllm)")
-    d = Deployment(tmp_path_factory.mktemp("llm-vllm"))
-    facts = d.up(RefOptions(engine="vllm", replicas=1, port=18790), say=lambda _m: None)
-    yield facts
-    d.down(say=lambda _m: None)
+@pytest.fixture
+def vllm_ref(vllm_pair):
+    return vllm_facts(vllm_pair)
 
 
 def completion(n: int, stream: bool = True) -> dict:

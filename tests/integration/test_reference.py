@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -136,52 +135,6 @@ def _metric(text: str, name: str, model: str = "tiny_lm") -> float:
         if line.startswith(f'{name}{{model="{model}"'):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not found")
-
-
-def _timed(url: str, text: str, max_tokens: int) -> float:
-    t0 = time.perf_counter()
-    assert generate(url, text, max_tokens)[0] == 200
-    return (time.perf_counter() - t0) * 1e3
-
-
-def _mixed_round(facts: dict) -> tuple[float, float, float, float]:
-    """Long-context requests between batches of short ones: (short p50 ms, p90 ms, mean fragmentation, residency)."""
-    url, short_ms, frag = facts["replica_url"], [], []
-    with ThreadPoolExecutor(8) as pool:
-        for i in range(15):
-            if i % 3 == 0:
-                list(pool.map(lambda _, u=url: _timed(u, "L" * 3000, 4), range(2)))
-            short_ms += pool.map(lambda j, u=url: _timed(u, f"short {j}", 16), range(8))
-            metrics = http(facts["replica_metrics_url"])[2].decode()
-            frag.append(_metric(metrics, "tiny_lm_kv_fragmentation_ratio"))
-    short_ms.sort()
-    return (statistics.median(short_ms), short_ms[int(0.9 * len(short_ms))], statistics.mean(frag),
-            _metric(metrics, "tiny_lm_kv_residency_seconds"))
-
-
-def test_kv_isolation_off_slows_short_requests_and_fragments(tmp_path):
-    """Same mixed workload on two deployments, rounds interleaved (true, false, true, false) and the better
-    round of each compared, so a slow spell of this shared machine hits both alike (one round each, run one
-    after the other, measured 1.31x once against the 1.5x bound)."""
-    deployments = {iso: start(tmp_path / iso, port, replicas=1,
-                              model_params={"isolate_kv_cache": iso, "memory_budget": "32MiB"})
-                   for iso, port in (("true", 18320), ("false", 18330))}
-    try:
-        rounds: dict[str, list[tuple[float, float, float, float]]] = {"true": [], "false": []}
-        for _ in range(2):
-            for iso, (_, facts) in deployments.items():
-                rounds[iso].append(_mixed_round(facts))
-    finally:
-        for d, _ in deployments.values():
-            d.down(say=lambda _m: None)
-    results = {iso: min(rs) for iso, rs in rounds.items()}  # the round with the lower p50
-    for iso in ("true", "false"):
-        p50, p90, fr, res = results[iso]
-        print(f"\nisolate_kv_cache {iso:5}: short requests p50 {p50:.1f} ms p90 {p90:.1f} ms, fragmentation "
-              f"{fr:.2f}, KV residency {res:.2f} s (p50 of both rounds: {[round(r[0], 1) for r in rounds[iso]]})")
-    assert results["false"][0] > 1.5 * results["true"][0]
-    assert results["false"][2] > results["true"][2] + 0.1
-    assert results["false"][3] > results["true"][3]
 
 
 def test_residue_exhausts_the_pool_like_an_oom(tmp_path):

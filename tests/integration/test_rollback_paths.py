@@ -59,7 +59,7 @@ def test_a_normal_end(tmp_path, state_dir, sleeper):
     assert summary["verdict"] == "held" and summary["faults"][0]["reverted_at"] is not None
     assert summary["recovery_s"] is not None
     events = [json.loads(line)["event"] for line in (tmp_path / "out" / "journal.jsonl").read_text().splitlines()]
-    assert events[0] == "run" and "fault_applied" in events and events[-1] == "end"
+    assert events[:3] == ["experiment", "host", "run"] and "fault_applied" in events and events[-1] == "end"
     assert "<testsuite" in (tmp_path / "junit.xml").read_text()
     assert (tmp_path / "out" / "report.html").read_text().count("stop-sleeper") >= 1
 
