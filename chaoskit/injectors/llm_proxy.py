@@ -17,6 +17,7 @@ from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, mo
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
+from chaoskit.injectors.proxy import check_host_port
 from chaoskit.injectors.proxy_server import split_addr
 from chaoskit.spec.types import Duration, StrictModel
 
@@ -190,15 +191,7 @@ class LlmProxySpec(StrictModel):
     @field_validator("listen", "upstream")
     @classmethod
     def _addr(cls, v: str) -> str:
-        try:
-            host, port = split_addr(v)
-        except ValueError:
-            raise ValueError(f"expected host:port (got {v!r})") from None
-        if "/" in host:
-            raise ValueError(f"expected host:port, not a URL (got {v!r})")
-        if not 0 < port < 65536:
-            raise ValueError(f"port {port} is out of range")
-        return v
+        return check_host_port(v)
 
     @model_validator(mode="after")
     def _names(self) -> LlmProxySpec:

@@ -77,6 +77,19 @@ Toxic = Annotated[LatencyToxic | BandwidthToxic | SlowCloseToxic | TimeoutToxic 
                   | LimitDataToxic, Field(discriminator="type")]
 
 
+def check_host_port(v: str) -> str:
+    """A listen or upstream address: host:port with a port in range (a URL is turned into one before this)."""
+    try:
+        host, port = split_addr(v)
+    except ValueError:
+        raise ValueError(f"expected host:port (got {v!r})") from None
+    if "/" in host:
+        raise ValueError(f"expected host:port, not a URL (got {v!r})")
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is out of range")
+    return v
+
+
 class ProxySpec(StrictModel):
     type: Literal["network.proxy"]
     listen: str = Field(description="host:port clients connect to (127.0.0.1 by default when only ':port')")
@@ -98,15 +111,7 @@ class ProxySpec(StrictModel):
     @field_validator("listen", "upstream")
     @classmethod
     def _addr(cls, v: str) -> str:
-        try:
-            host, port = split_addr(v)
-        except ValueError:
-            raise ValueError(f"expected host:port (got {v!r})") from None
-        if "/" in host:
-            raise ValueError(f"expected host:port, not a URL (got {v!r})")
-        if not 0 < port < 65536:
-            raise ValueError(f"port {port} is out of range")
-        return v
+        return check_host_port(v)
 
 
 class Proxy(helper_proc.HelperFault):
