@@ -36,8 +36,9 @@ def _validation(e: ValidationError) -> SpecError:
 
 
 def final_table(s: dict) -> Table:
-    t = Table(title=f"load: {s['sent']} sent, {s['achieved_rps']:.1f}/s of {s['requested_rps']:g}/s requested, "
-                    f"{s['workers']} {s['sender']} worker(s)")
+    t = Table(title=f"load: {s['sent']} of {s['scheduled']} scheduled sent ({s['sent_on_time_ratio']:.1%} on time), "
+                    f"{s['completed_ratio']:.1%} completed ({s['completed_rps']:.1f}/s of {s['requested_rps']:g}/s "
+                    f"requested), {s['workers']} {s['sender']} worker(s)")
     t.add_column("metric")
     for q in ("p50", "p90", "p99", "p999"):
         t.add_column(q + " ms", justify="right")

@@ -167,11 +167,18 @@ class Recorder:
         h = _sync(self._hists[metric])
         return h.get_value_at_percentile(q) / 1e3 if h.get_total_count() else None
 
-    def summary(self, requested_rps: float, elapsed_s: float) -> dict[str, Any]:
-        """The run's numbers; with groups also each group's outcomes as `KEY[group]` (p99_ms[triton-0])."""
+    def summary(self, requested_rps: float, elapsed_s: float, scheduled: int) -> dict[str, Any]:
+        """The run's numbers; with groups also each group's outcomes as `KEY[group]` (p99_ms[triton-0]).
+        `scheduled` is how many sends the schedule held in the span (a Poisson schedule holds a random count):
+        the ratios divide by it, so a steady server scores ~1 whatever the arrival process, and one that
+        answers nothing scores 0 on completed_ratio however punctually the sends left."""
+        on_time = self.sent - self.late
         out: dict[str, Any] = {
             "requested_rps": requested_rps, "achieved_rps": round(self.sent / elapsed_s, 3) if elapsed_s else 0.0,
-            "sent": self.sent, "errors": dict(self.errors), "late_sends": self.late,
+            "scheduled": scheduled, "sent": self.sent, "sent_on_time": on_time,
+            "sent_on_time_ratio": _share(on_time, scheduled), "completed_ratio": _share(self.ok, scheduled),
+            "completed_rps": round(self.ok / elapsed_s, 3) if elapsed_s else 0.0,
+            "errors": dict(self.errors), "late_sends": self.late,
             "late_share": self.late / self.sent if self.sent else 0.0, "max_late_ms": self.max_late_us / 1e3,
             **self.outcomes(elapsed_s),
         }
@@ -193,6 +200,12 @@ class Recorder:
                 if v is not None:
                     out[f"{name}_ms" if m == "e2e" else f"{m}_{name}_ms"] = round(v, 3)
         return out
+
+
+def _share(n: int, scheduled: int) -> float:
+    """n of the scheduled sends, at most 1 (a window also counts answers to sends due in the one before); 1.0
+    when nothing was due."""
+    return min(1.0, n / scheduled) if scheduled else 1.0
 
 
 def group_name(value: str | None) -> str:

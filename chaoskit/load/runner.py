@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from typing import Any
 from chaoskit.errors import ChaoskitError
 from chaoskit.load import native
 from chaoskit.load.recorder import Recorder
-from chaoskit.load.schedule import iter_offsets
+from chaoskit.load.schedule import ScheduleClock, schedule
 from chaoskit.load.spec import LoadSpec
 
 SPAWN_LEAD_S = 1.0  # workers start sending this long after launch (python start-up and imports)
@@ -24,8 +25,7 @@ class _Workers:
 
     def __init__(self, spec: LoadSpec, window_s: float | None = None, open_ended: bool = False,
                  group_by: str | None = None):
-        if next(iter_offsets(spec.arrival, spec.rate, spec.duration, spec.seed, spec.burstiness, spec.ramp_to,
-                             spec.trace), None) is None:
+        if next(schedule(spec, spec.duration), None) is None:
             raise ChaoskitError(f"the schedule has no sends (rate {spec.rate}/s for {spec.duration}s)")
         self.spec, self.window_s, self.open_ended, self.group_by = spec, window_s, open_ended, group_by
         self.start = 0.0
@@ -99,7 +99,7 @@ async def run_load(spec: LoadSpec, on_progress: Callable[[dict[str, Any]], None]
         await asyncio.gather(*(drive(k) for k in range(spec.workers)))
     finally:
         await w.stop()
-    summary = rec.summary(spec.rate, spec.duration)
+    summary = rec.summary(spec.rate, spec.duration, scheduled=sum(1 for _ in schedule(spec, spec.duration)))
     summary["workers"] = spec.workers
     summary["sender"] = w.spec.sender
     summary["recorder"] = rec
@@ -114,8 +114,9 @@ class ContinuousLoad:
         self.spec, self.window_s = spec, window_s
         self._w = _Workers(spec, window_s=window_s, open_ended=True, group_by=group_by)
         self._parts: dict[int, list[dict[str, Any]]] = {}
-        self._ready: asyncio.Queue[Recorder] = asyncio.Queue()
+        self._ready: asyncio.Queue[tuple[int, Recorder]] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
+        self._clock = ScheduleClock(schedule(spec, math.inf))
 
     async def start(self) -> None:
         await self._w.spawn()
@@ -130,19 +131,21 @@ class ContinuousLoad:
                     rec = Recorder()
                     for part in self._parts.pop(data["window"]):
                         rec.merge(part)
-                    self._ready.put_nowait(rec)
+                    self._ready.put_nowait((data["window"], rec))
 
     async def window(self, timeout: float) -> dict[str, Any]:
         for t in self._tasks:
             if t.done() and t.exception():
                 raise t.exception()  # type: ignore[misc]
         async with asyncio.timeout(timeout):
-            rec = await self._ready.get()
+            last, rec = await self._ready.get()
         windows = 1
         while not self._ready.empty():
-            rec.merge(self._ready.get_nowait().to_json())
+            last, more = self._ready.get_nowait()
+            rec.merge(more.to_json())
             windows += 1
-        summary = rec.summary(self.spec.rate, windows * self.window_s)
+        scheduled = self._clock.due_before(last * self.window_s)  # window k ends k windows after the start
+        summary = rec.summary(self.spec.rate, windows * self.window_s, scheduled)
         summary["window_s"] = windows * self.window_s
         return summary
 

@@ -6,13 +6,40 @@ import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from chaoskit.errors import ChaoskitError
+
+if TYPE_CHECKING:
+    from chaoskit.load.spec import LoadSpec
 
 
 def offsets(arrival: str, rate: float, duration: float, seed: int = 0, burstiness: float = 1.0,
             ramp_to: float | None = None, trace: str | None = None) -> list[float]:
     return list(iter_offsets(arrival, rate, duration, seed, burstiness, ramp_to, trace))
+
+
+def schedule(spec: LoadSpec, duration: float) -> Iterator[float]:
+    """The intended send offsets of a load spec's schedule, up to `duration` (inf: open-ended)."""
+    return iter_offsets(spec.arrival, spec.rate, duration, spec.seed, spec.burstiness, spec.ramp_to, spec.trace)
+
+
+class ScheduleClock:
+    """How many sends the schedule held before a time (seconds from its start), counted incrementally: asked
+    for increasing times, it walks the schedule once, so an open-ended run's windows cost what they hold."""
+
+    def __init__(self, offsets: Iterator[float]):
+        self._offsets = offsets
+        self._next: float | None = next(self._offsets, None)
+        self._seen = 0
+
+    def due_before(self, t: float) -> int:
+        """Sends due in [previous t, t)."""
+        start = self._seen
+        while self._next is not None and self._next < t:
+            self._seen += 1
+            self._next = next(self._offsets, None)
+        return self._seen - start
 
 
 def iter_offsets(arrival: str, rate: float, duration: float, seed: int = 0, burstiness: float = 1.0,

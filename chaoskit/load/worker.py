@@ -17,7 +17,7 @@ from chaoskit.errors import ChaoskitError
 from chaoskit.load.fastclient import request_bytes
 from chaoskit.load.generator import PROGRESS_S, requests, run, warm_count
 from chaoskit.load.recorder import Recorder
-from chaoskit.load.schedule import iter_offsets
+from chaoskit.load.schedule import schedule
 from chaoskit.load.spec import LoadSpec
 
 
@@ -36,8 +36,7 @@ def main() -> int:
     rec = Recorder()
     k, n = job["worker"], job["workers"]
     duration = float("inf") if job.get("open_ended") else spec.duration
-    mine = islice(iter_offsets(spec.arrival, spec.rate, duration, spec.seed, spec.burstiness, spec.ramp_to,
-                               spec.trace), k, None, n)
+    mine = islice(schedule(spec, duration), k, None, n)
     group_by = job.get("group_by")
     if spec.sender == "native":
         try:

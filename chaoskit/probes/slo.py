@@ -5,7 +5,9 @@ first sample to the end of the run; each sample reports what completed since the
 deviation shows within one interval). With `group_by: HEADER` the outcomes are also broken down by that
 response header's value (e.g. the replica a gateway picked): `p99_ms[triton-0]`, `error_rate[triton-0]` ...
 Each error kind (recorder.ERROR_KINDS) is measured as `errors.KIND` (count) and `error_share.KIND` (of the
-requests answered or failed), e.g. `expect: {error_share: {stream_truncated: "0.2..0.4"}}`."""
+requests answered or failed), e.g. `expect: {error_share: {stream_truncated: "0.2..0.4"}}`.
+Rates and shares divide by what the schedule held for the sample (`scheduled`): `completed_ratio` (ok answers),
+`sent_on_time_ratio` (sends within 1 ms of their intended time), `completed_rps` (ok answers per second)."""
 
 from __future__ import annotations
 
@@ -24,8 +26,13 @@ from chaoskit.spec.types import Duration
 _PCT = ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
 _PCTS = (*_PCT, *(f"{m}_{p}" for m in ("service", "ttft", "itl", "tpot") for p in _PCT))
 _GROUP_KEYS = (*_PCTS, "requests", "ok", "error_rate", "goodput_rps", "output_tokens")  # known of each answer
-_KEYS = (*_GROUP_KEYS, "achieved_rps", "requested_rps", "achieved_ratio", "late_sends", "late_share", "sent",
-         "errors.", "error_share.")
+_KEYS = (*_GROUP_KEYS, "scheduled", "sent", "sent_on_time", "sent_on_time_ratio", "completed_ratio", "completed_rps",
+         "achieved_rps", "requested_rps", "late_sends", "late_share", "errors.", "error_share.")
+_REMOVED = {"achieved_ratio": "achieved_ratio was removed: it divided sends by rate x duration, so a Poisson "
+                              "schedule (a random count) deviated on a healthy server and a server answering "
+                              "nothing still scored 1.0. Use completed_ratio (ok answers / scheduled sends) to "
+                              "judge that the server keeps up, or sent_on_time_ratio (sends that left within 1 ms "
+                              "of their time / scheduled) to judge the load generator"}
 _GROUPED = re.compile(r"^([a-z0-9_]+)\[([^\[\]]+)\]$")
 _TOKEN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"  # an HTTP header name
 
@@ -77,6 +84,8 @@ class SloProbeSpec(ProbeSpecBase):
             object.__setattr__(self, "load", self.load.model_copy(update={"sender": "python"}))
 
     def unknown_key(self, key: str) -> str | None:
+        if key in _REMOVED:
+            return f"expect: {_REMOVED[key]}"
         m = _GROUPED.match(key)
         if m is None:
             return super().unknown_key(key)
@@ -94,7 +103,7 @@ class SloProbeSpec(ProbeSpecBase):
 
 class SloProbe(Probe):
     type: ClassVar[str] = "slo"
-    summary: ClassVar[str] = "open-loop load (CO-corrected) judged on p50..p99.9, errors, goodput, achieved rate"
+    summary: ClassVar[str] = "open-loop load (CO-corrected) judged on p50..p99.9, errors, goodput, completed share"
     Spec = SloProbeSpec
     spec: SloProbeSpec
 
@@ -113,7 +122,6 @@ class SloProbe(Probe):
                 await self._continuous.start()
                 await self._warm_up()
             summary = await self._continuous.window(timeout=self.spec.timeout or 60.0)
-        summary["achieved_ratio"] = summary["achieved_rps"] / summary["requested_rps"]
         done = summary["requests"]
         for kind in ERROR_KINDS:  # every kind, so "== 0" holds on a sample that had none
             n = summary["errors"].get(kind, 0)

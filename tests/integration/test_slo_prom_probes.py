@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -14,6 +16,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
+from chaoskit.engine.hypothesis import take_sample
+from chaoskit.load.schedule import offsets
 from chaoskit.probes.prom import PromProbe, PromProbeSpec
 from chaoskit.probes.slo import SloProbe, SloProbeSpec
 from tests.conftest import chaoskit, free_port, write
@@ -38,8 +42,53 @@ def test_slo_window_probe(quick_server):
                         expect={"p99_ms": "< 100", "error_rate": "== 0"})
     assert spec.timeout == 2 + 30 + 10
     values = asyncio.run(SloProbe(spec).measure())
-    assert values["sent"] == 200 and values["ok"] == 200 and values["p99_ms"] < 100
-    assert values["achieved_ratio"] == pytest.approx(1.0, abs=0.02)
+    assert values["scheduled"] == values["sent"] == values["ok"] == 200 and values["p99_ms"] < 100
+    assert values["completed_ratio"] == 1.0 and values["completed_rps"] == 100.0
+    assert values["sent_on_time_ratio"] == (200 - values["late_sends"]) / 200
+
+
+def _poisson_seed_with_few_sends(rate: float, duration: float) -> tuple[int, int]:
+    """A seed whose Poisson schedule holds at most 85% of rate x duration sends (the old achieved_ratio,
+    sends / (rate x duration), failed `> 0.9` on it with nothing wrong)."""
+    for seed in range(1000):
+        n = len(offsets("poisson", rate, duration, seed))
+        if n <= 0.85 * rate * duration:
+            return seed, n
+    raise AssertionError("no such seed")
+
+
+def test_a_steady_poisson_load_does_not_deviate(quick_server):
+    _, port = quick_server
+    seed, n = _poisson_seed_with_few_sends(20, 2)
+    spec = SloProbeSpec(type="slo", name="slo", load={"url": f"http://127.0.0.1:{port}/", "rate": 20,
+                                                      "duration": "2s", "arrival": "poisson", "seed": seed},
+                        expect={"completed_ratio": "> 0.9", "sent_on_time_ratio": "> 0.9"})
+    sample = asyncio.run(take_sample(SloProbe(spec), "before"))
+    assert sample.values["scheduled"] == sample.values["ok"] == n, sample
+    assert sample.values["achieved_rps"] / 20 <= 0.85  # what the old ratio would have judged
+    assert sample.verdict == "ok" and sample.values["completed_ratio"] == 1.0, sample.details
+
+
+def test_a_server_that_stops_answering_deviates_though_every_send_left_on_time(quick_server):
+    proc, port = quick_server
+    spec = SloProbeSpec(type="slo", name="slo", load={"url": f"http://127.0.0.1:{port}/", "rate": 20,
+                                                      "duration": "1s", "arrival": "poisson", "timeout": "500ms"},
+                        expect={"completed_ratio": "> 0.9"})
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        sample = asyncio.run(take_sample(SloProbe(spec), "during"))
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    v = sample.values
+    assert v["ok"] == 0 and v["completed_ratio"] == 0.0 and v["completed_rps"] == 0.0, v
+    assert v["sent"] == v["scheduled"] > 0 and v["sent_on_time_ratio"] > 0.9, v  # the sends were punctual
+    assert sample.verdict == "fail" and sample.details == ["completed_ratio: 0 > 0.9 is false"], sample.details
+
+
+def test_achieved_ratio_is_refused_with_what_to_use_instead():
+    with pytest.raises(ValueError, match="achieved_ratio was removed.*completed_ratio.*sent_on_time_ratio"):
+        SloProbeSpec(type="slo", name="slo", load={"url": "http://127.0.0.1:1/", "rate": 1, "duration": "1s"},
+                     expect={"achieved_ratio": "> 0.9"})
 
 
 EXPERIMENT = """\
@@ -53,7 +102,7 @@ steadyState:
       mode: continuous
       window: 1s
       load: {{url: "http://127.0.0.1:{port}/", rate: 50, duration: 1s, arrival: constant, timeout: 5s}}
-      expect: {{p99_ms: "< 200", error_rate: "< 0.01"}}
+      expect: {{p99_ms: "< 200", error_rate: "< 0.01", completed_ratio: "> 0.9"}}
   during: {{every: 1s}}
   after: {{within: 10s, every: 1s}}
 method:
@@ -73,6 +122,9 @@ def test_continuous_slo_probe_flags_a_frozen_server_within_one_interval(quick_se
     first_bad = min(x["t"] + x["duration_ms"] / 1e3 for x in s["samples"] if x["phase"] == "during" and x["verdict"] != "ok")
     print(f"\ncontinuous slo probe: deviation recorded {first_bad - applied:.2f}s after SIGSTOP (window 1s)")
     assert first_bad - applied <= 2.5  # the first whole window that contains the freeze, plus its report
+    frozen = [x for x in s["samples"] if x["phase"] == "during" and x["values"].get("completed_ratio") == 0.0]
+    assert frozen and all("completed_ratio: 0 > 0.9 is false" in x["details"] for x in frozen)  # a whole window
+    assert all(x["values"]["completed_ratio"] > 0.9 for x in s["samples"] if x["phase"] == "before")
     assert s["recovery_s"] is not None
     assert any(x["phase"] == "before" and x["verdict"] == "ok" for x in s["samples"])
 

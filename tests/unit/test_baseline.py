@@ -172,14 +172,14 @@ def test_groups_record_merge_and_summarise():
     total = Recorder()
     total.merge(a.to_json())
     total.merge(b.to_json())
-    s = total.summary(200, 1.0)
+    s = total.summary(200, 1.0, scheduled=200)
     assert s["requests"] == 201 and s["requests[triton-0]"] == 100 and s["requests[triton-1]"] == 100
     assert s["requests[none]"] == 1 and s["error_rate[none]"] == 1.0 and "p99_ms[none]" not in s
     assert abs(s["p99_ms[triton-0]"] - 10) < 0.1 and abs(s["p99_ms[triton-1]"] - 200) < 0.5
     assert s["error_rate[triton-0]"] == 0.0 and s["goodput_rps[triton-1]"] == 0.0
     assert "sent[triton-0]" not in s and "achieved_rps[triton-0]" not in s  # a send has no group yet
     total.reset()
-    assert total.groups == {} and "requests[triton-0]" not in total.summary(1, 1)
+    assert total.groups == {} and "requests[triton-0]" not in total.summary(1, 1, scheduled=1)
 
 
 def test_group_names_are_capped_and_sanitised():

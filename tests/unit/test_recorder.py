@@ -7,6 +7,7 @@ import random
 import numpy as np
 
 from chaoskit.load.recorder import HIGHEST, LOWEST, Recorder, _hist, _sync, add
+from chaoskit.load.schedule import ScheduleClock, offsets
 
 
 def test_direct_counting_matches_record_value_bucket_for_bucket():
@@ -31,7 +32,7 @@ def test_buffered_values_are_seen_by_summaries_and_merges():
         a.sent_at(0.002 if i % 100 == 0 else 0.0001)
         a.success(i / 1e3, i / 2e3, 0.0005, [0.001, 0.002], 3, True)
     b.merge(a.to_json())
-    s = b.summary(1000, 1.0)
+    s = b.summary(1000, 1.0, scheduled=1000)
     assert s["ok"] == 1000 and s["late_sends"] == 10 and s["max_late_ms"] == 2.0
     assert abs(s["p50_ms"] - 500) <= 0.5 and abs(s["service_p99_ms"] - 495) <= 0.5
     assert s["itl_p50_ms"] == 1.0 and b.hists["itl"].get_total_count() == 2000
@@ -68,4 +69,24 @@ def test_reset_zeroes_in_place():
     rec.failure("timeout")
     rec.reset()
     assert rec.counts("e2e") is counts and not any(counts)
-    assert rec.summary(1, 1)["sent"] == 0 and rec.hists["e2e"].get_total_count() == 0 and rec.errors == {}
+    assert rec.summary(1, 1, scheduled=1)["sent"] == 0 and rec.hists["e2e"].get_total_count() == 0 and rec.errors == {}
+
+
+def test_schedule_clock_counts_each_window_once():
+    times = offsets("poisson", 50, 10, seed=3)
+    clock = ScheduleClock(iter(times))
+    counts = [clock.due_before(t) for t in (1, 2, 2, 5, 100)]
+    assert counts == [sum(1 for x in times if lo <= x < hi) for lo, hi in ((0, 1), (1, 2), (2, 2), (2, 5), (5, 100))]
+    assert sum(counts) == len(times)
+
+
+def test_ratios_divide_by_the_schedule_not_by_rate_times_duration():
+    rec = Recorder()
+    for _ in range(30):
+        rec.sent_at(0.0)
+    for _ in range(27):
+        rec.success(0.01, 0.01, None, [], 1, True)
+    s = rec.summary(20, 2.0, scheduled=30)
+    assert s["completed_ratio"] == 0.9 and s["sent_on_time_ratio"] == 1.0 and s["completed_rps"] == 13.5
+    assert rec.summary(20, 2.0, scheduled=0)["completed_ratio"] == 1.0  # nothing was due: nothing missed
+    assert rec.summary(20, 2.0, scheduled=20)["completed_ratio"] == 1.0  # answers to the window before: capped
