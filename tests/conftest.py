@@ -80,6 +80,23 @@ TRITON_MISSING = _triton_missing()
 requires_triton = pytest.mark.skipif(TRITON_MISSING is not None, reason=f"Triton not installed: {TRITON_MISSING}")
 
 
+def bcc_missing(program: str) -> str | None:
+    """Why the eBPF probe `program` cannot compile and attach here (None: it can)."""
+    import asyncio
+
+    from chaoskit.probes.ebpf import EbpfProbe, EbpfProbeSpec
+
+    if os.geteuid() != 0:
+        return "needs root"
+    try:
+        p = EbpfProbe(EbpfProbeSpec(type="ebpf", name="x", program=program))
+        p.preflight()
+        asyncio.run(p.close())
+    except PreflightError as e:
+        return str(e)
+    return None
+
+
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

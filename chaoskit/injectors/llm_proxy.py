@@ -6,18 +6,13 @@ the server is chaoskit.injectors.llm_proxy_server; what each fault did is in obs
 from __future__ import annotations
 
 import json
-import socket
-import time
 import urllib.request
-import uuid
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from chaoskit.errors import PreflightError
-from chaoskit.injectors import helper_proc
-from chaoskit.injectors.proxy import check_host_port
+from chaoskit.injectors.proxy import ProxyHelper, check_host_port
 from chaoskit.injectors.proxy_server import split_addr
 from chaoskit.spec.types import Duration, StrictModel
 
@@ -228,21 +223,16 @@ def _describe(f: Any) -> str:
     return f"{what} on {share}"
 
 
-class LlmProxy(helper_proc.HelperFault):
+class LlmProxy(ProxyHelper):
     type: ClassVar[str] = "llm.proxy"
+    server: ClassVar[str] = "chaoskit.injectors.llm_proxy_server"
+    what: ClassVar[str] = "LLM proxy"
+    token_prefix: ClassVar[str] = "chaoskit-llm-proxy-"
     summary: ClassVar[str] = ("LLM-aware HTTP proxy: abort (503/429 + Retry-After), delay, token_delay, stall, "
                               "truncate, malformed SSE, rate_limit")
     Spec = LlmProxySpec
     spec: LlmProxySpec
 
-    def preflight(self) -> None:
-        host, port = split_addr(self.spec.listen)
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, port))
-            except OSError as e:
-                raise PreflightError(f"llm.proxy: cannot listen on {self.spec.listen}: {e.strerror}") from None
 
     def plan(self) -> list[str]:
         faults = "; ".join(f"{w['name']}: {_describe(f)}" for f, w in zip(self.spec.faults, self.spec.wire()["faults"],
@@ -250,15 +240,8 @@ class LlmProxy(helper_proc.HelperFault):
         return [f"start an LLM proxy {self.spec.listen} -> {self.spec.upstream} (seed {self.spec.seed}) with faults: "
                 f"{faults or 'none'}; revert: stop it (it also exits by itself after {self.max_lifetime_s:g}s)"]
 
-    def prepare(self) -> dict[str, Any]:
-        return {"token": f"chaoskit-llm-proxy-{uuid.uuid4().hex}", "listen": self.spec.listen,
-                "upstream": self.spec.upstream}
-
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        ref = helper_proc.spawn("chaoskit.injectors.llm_proxy_server", record["token"],
-                                [record["listen"], record["upstream"], json.dumps(self.spec.wire()),
-                                 f"{time.time() + self.max_lifetime_s:.3f}"], f"LLM proxy on {record['listen']}")
-        return {**record, "proxy": ref.to_json()}
+    def config(self) -> Any:
+        return self.spec.wire()
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:

@@ -14,17 +14,15 @@ import asyncio
 import heapq
 import json
 import re
-import signal
 import socket
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from chaoskit.aio import run_fast
 from chaoskit.injectors.llm_proxy_faults import FaultTable, Local, Plan, Request
 from chaoskit.injectors.llm_proxy_sse import Chunked, EventStream
-from chaoskit.injectors.proxy_server import split_addr
+from chaoskit.injectors.proxy_server import helper_main, serve_until, split_addr
 from chaoskit.load.timer import Alarm
 
 MAX_HEAD, MAX_BODY = 64 * 1024, 64 << 20
@@ -403,27 +401,8 @@ async def serve(listen: str, upstream: str, config: dict[str, Any], until: float
     px = Proxy(upstream, FaultTable(config["faults"], config.get("seed", 0)), loop)
     host, port = split_addr(listen)
     server = await loop.create_server(lambda: Downstream(px), host, port, reuse_address=True, backlog=1024)
-    stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, lambda: None)  # Ctrl-C at the terminal is the engine's to handle
-    print("ready", flush=True)
-    async with server:
-        try:
-            async with asyncio.timeout(max(0.0, until - time.time())):
-                await stop.wait()
-        except TimeoutError:
-            pass
-
-
-def main(argv: list[str]) -> int:
-    _token, listen, upstream, config, until = argv[0], argv[1], argv[2], json.loads(argv[3]), float(argv[4])
-    try:
-        run_fast(serve(listen, upstream, config, until))
-    except OSError as e:
-        print(f"cannot listen on {listen}: {e}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    await serve_until(server, until)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(helper_main(sys.argv[1:], serve))

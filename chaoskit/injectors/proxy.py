@@ -114,11 +114,17 @@ class ProxySpec(StrictModel):
         return check_host_port(v)
 
 
-class Proxy(helper_proc.HelperFault):
-    type: ClassVar[str] = "network.proxy"
-    summary: ClassVar[str] = "L4 proxy with toxics: latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data"
-    Spec = ProxySpec
-    spec: ProxySpec
+class ProxyHelper(helper_proc.HelperFault):
+    """A proxy run as a helper process (`server` module) listening on spec.listen and relaying to
+    spec.upstream; subclasses give its JSON configuration."""
+
+    server: ClassVar[str]
+    what: ClassVar[str]
+    token_prefix: ClassVar[str]
+
+    def config(self) -> Any:
+        """What the helper server is started with (JSON)."""
+        raise NotImplementedError
 
     def preflight(self) -> None:
         host, port = split_addr(self.spec.listen)
@@ -127,20 +133,33 @@ class Proxy(helper_proc.HelperFault):
             try:
                 s.bind((host, port))
             except OSError as e:
-                raise PreflightError(f"network.proxy: cannot listen on {self.spec.listen}: {e.strerror}") from None
+                raise PreflightError(f"{self.type}: cannot listen on {self.spec.listen}: {e.strerror}") from None
+
+    def prepare(self) -> dict[str, Any]:
+        return {"token": f"{self.token_prefix}{uuid.uuid4().hex}", "listen": self.spec.listen,
+                "upstream": self.spec.upstream}
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        ref = helper_proc.spawn(self.server, record["token"],
+                                [record["listen"], record["upstream"], json.dumps(self.config()),
+                                 f"{time.time() + self.max_lifetime_s:.3f}"], f"{self.what} on {record['listen']}")
+        return {**record, "proxy": ref.to_json()}
+
+
+class Proxy(ProxyHelper):
+    type: ClassVar[str] = "network.proxy"
+    server: ClassVar[str] = "chaoskit.injectors.proxy_server"
+    what: ClassVar[str] = "proxy"
+    token_prefix: ClassVar[str] = "chaoskit-proxy-"
+    summary: ClassVar[str] = "L4 proxy with toxics: latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data"
+    Spec = ProxySpec
+    spec: ProxySpec
+
 
     def plan(self) -> list[str]:
         toxics = "; ".join(f"{t.type} ({t.stream}, {t.toxicity * 100:g}% of connections)" for t in self.spec.toxics)
         return [f"start a proxy {self.spec.listen} -> {self.spec.upstream} with toxics: {toxics or 'none'}; "
                 f"revert: stop it (it also exits by itself after {self.max_lifetime_s:g}s)"]
 
-    def prepare(self) -> dict[str, Any]:
-        return {"token": f"chaoskit-proxy-{uuid.uuid4().hex}", "listen": self.spec.listen,
-                "upstream": self.spec.upstream}
-
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        toxics = json.dumps([t.wire() for t in self.spec.toxics])
-        ref = helper_proc.spawn("chaoskit.injectors.proxy_server", record["token"],
-                                [record["listen"], record["upstream"], toxics, f"{time.time() + self.max_lifetime_s:.3f}"],
-                                f"proxy on {record['listen']}")
-        return {**record, "proxy": ref.to_json()}
+    def config(self) -> Any:
+        return [t.wire() for t in self.spec.toxics]

@@ -15,6 +15,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from chaoskit.aio import run_fast
@@ -185,7 +186,11 @@ async def serve(listen: str, upstream: str, toxics: list[dict[str, Any]], until:
             w.close()
 
     host, port = split_addr(listen)
-    server = await asyncio.start_server(handle, host, port, reuse_address=True, backlog=1024)
+    await serve_until(await asyncio.start_server(handle, host, port, reuse_address=True, backlog=1024), until)
+
+
+async def serve_until(server: asyncio.Server, until: float) -> None:
+    """Say `ready`, then serve until SIGTERM or the epoch `until` (a helper outliving its run ends by itself)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -205,10 +210,11 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def main(argv: list[str]) -> int:
-    _token, listen, upstream, toxics, until = argv[0], argv[1], argv[2], json.loads(argv[3]), float(argv[4])
+def helper_main(argv: list[str], serve: Callable[[str, str, Any, float], Awaitable[None]]) -> int:
+    """A proxy helper's main: argv is token, listen, upstream, its JSON configuration, the epoch to end at."""
+    _token, listen, upstream, config, until = argv[0], argv[1], argv[2], json.loads(argv[3]), float(argv[4])
     try:
-        run_fast(serve(listen, upstream, toxics, until))
+        run_fast(serve(listen, upstream, config, until))
     except OSError as e:
         print(f"cannot listen on {listen}: {e}", file=sys.stderr, flush=True)
         return 1
@@ -216,4 +222,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(helper_main(sys.argv[1:], serve))

@@ -4,31 +4,15 @@ ends with exactly the documented exit code, a complete rollback, and nothing lef
 
 from __future__ import annotations
 
-import asyncio
-import os
 from pathlib import Path
 
 import pytest
 
-from chaoskit.errors import EXIT_DEVIATED, PreflightError
-from chaoskit.probes.ebpf import EbpfProbe, EbpfProbeSpec
-from tests.conftest import requires_triton
+from chaoskit.errors import EXIT_DEVIATED
+from tests.conftest import bcc_missing, requires_triton
 from tests.e2e.test_sits2026 import run_scenario, values
 
-
-def _bcc_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root"
-    try:
-        p = EbpfProbe(EbpfProbeSpec(type="ebpf", name="x", program="oom_kills"))
-        p.preflight()
-        asyncio.run(p.close())
-    except PreflightError as e:
-        return str(e)
-    return None
-
-
-REASON = _bcc_reason()
+REASON = bcc_missing("oom_kills")
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"eBPF unavailable: {REASON}")
 
 

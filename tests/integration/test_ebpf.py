@@ -14,29 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.errors import PreflightError
 from chaoskit.injectors.firewall import Drop
 from chaoskit.probes.ebpf import EbpfProbe, EbpfProbeSpec, hist_values
 from chaoskit.targets.netns import run_in_netns
-from tests.conftest import ROOT, chaoskit, write
+from tests.conftest import ROOT, bcc_missing, chaoskit, write
 from tests.helpers.netpair import SERVER_IP, Pair, Server, upload_rate
 
 HELPERS = Path(__file__).resolve().parent.parent / "helpers"
 
 
-def _bcc_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root"
-    try:
-        p = EbpfProbe(EbpfProbeSpec(type="ebpf", name="x", program="runqueue_latency"))
-        p.preflight()
-        asyncio.run(p.close())
-    except PreflightError as e:
-        return str(e)
-    return None
-
-
-REASON = _bcc_reason()
+REASON = bcc_missing("runqueue_latency")
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"eBPF unavailable: {REASON}")
 
 
