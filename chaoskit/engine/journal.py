@@ -19,7 +19,6 @@ class Journal:
     def __init__(self, path: Path | None, listeners: list[Listener] | None = None):
         self.path = path
         self.listeners = list(listeners or [])
-        self.events: list[dict[str, Any]] = []
         self._fh = None
         self._lock = threading.Lock()
         if path is not None:
@@ -27,13 +26,7 @@ class Journal:
             self._fh = open(path, "a", encoding="utf-8")
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        obj = {"t": round(time.time(), 6), "event": event, **fields}
-        with self._lock:  # the run's loop and its revert threads both emit
-            self.events.append(obj)
-            if self._fh is not None:
-                self._fh.write(json.dumps(obj, default=str, separators=(",", ":")) + "\n")
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
+        obj = self.record(event, **fields)
         for listener in self.listeners:
             try:
                 listener(obj)
@@ -42,11 +35,11 @@ class Journal:
         return obj
 
     def record(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Journal an event without telling the listeners (facts for the report, not news for the display)."""
+        """Journal an event without telling the listeners (facts for the report, not news for the display).
+        Events are not kept in memory: a long run with frequent probes must not grow with its journal."""
         obj = {"t": round(time.time(), 6), "event": event, **fields}
-        with self._lock:
-            self.events.append(obj)
-            if self._fh is not None:
+        if self._fh is not None:
+            with self._lock:  # the run's loop and its revert threads both write
                 self._fh.write(json.dumps(obj, default=str, separators=(",", ":")) + "\n")
                 self._fh.flush()
                 os.fsync(self._fh.fileno())

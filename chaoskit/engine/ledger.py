@@ -1,7 +1,8 @@
 """The ledger: one append-only, fsync'd JSON-lines file per run listing every fault and its revert record.
 
 Lines: open (run identity), watchdog, watching (its handshake), intent (written before apply, with the time
-the fault expires), applied, reverted, revert_failed, closed. A ledger without `closed` has faults that may still be in effect.
+the fault expires, the executor that applies it and its placement; a line without executor means local),
+applied, reverted, revert_failed, closed. A ledger without `closed` has faults that may still be in effect.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Entry:
     reverted: bool = False
     failures: list[str] = field(default_factory=list)
     expires_at: float | None = None  # the watchdog reverts it after this even while the run lives (a hung run)
+    executor: str = "local"  # what applied it, so rollback and the watchdog revert it the same way
+    placement: dict[str, Any] | None = None  # where it runs (plain JSON from the target layer)
 
 
 @dataclass
@@ -62,6 +65,7 @@ class LedgerState:
 class Ledger:
     def __init__(self, path: Path):
         self.path = Path(path)
+        self._last_id: int | None = None  # only the run writes intents: read the file once, then count
 
     @classmethod
     def create(cls, run_id: str, experiment: str, directory: Path | None = None) -> Ledger:
@@ -90,10 +94,17 @@ class Ledger:
         """The watchdog's handshake: it is out of the job's cgroups (where it could be) and watching."""
         self._append({"op": "watching", **info})
 
-    def intent(self, type_name: str, record: dict[str, Any], plan: list[str], expires_at: float | None = None) -> int:
-        new_id = max(self.read().entries, default=0) + 1
-        self._append({"op": "intent", "id": new_id, "type": type_name, "record": record, "plan": plan,
-                      "expires_at": expires_at})
+    def intent(self, type_name: str, record: dict[str, Any], plan: list[str], expires_at: float | None = None,
+               executor: str = "local", placement: dict[str, Any] | None = None) -> int:
+        if self._last_id is None:
+            self._last_id = max(self.read().entries, default=0)
+        self._last_id += 1
+        new_id = self._last_id
+        line = {"op": "intent", "id": new_id, "type": type_name, "record": record, "plan": plan,
+                "expires_at": expires_at, "executor": executor}
+        if placement is not None:
+            line["placement"] = placement
+        self._append(line)
         return new_id
 
     def applied(self, entry_id: int, record: dict[str, Any], expires_at: float | None = None) -> None:
@@ -138,7 +149,9 @@ class Ledger:
                 st.watching = obj
             elif op == "intent":
                 st.entries[obj["id"]] = Entry(obj["id"], obj["type"], obj["record"], obj.get("plan", []),
-                                              expires_at=obj.get("expires_at"))
+                                              expires_at=obj.get("expires_at"),
+                                              executor=obj.get("executor") or "local",
+                                              placement=obj.get("placement"))
             elif op in ("applied", "reverted", "revert_failed") and obj.get("id") in st.entries:
                 e = st.entries[obj["id"]]
                 if op == "applied":

@@ -152,7 +152,7 @@ class _Firewall(Injector):
     def observe(cls, record: dict[str, Any]) -> bool:
         if not same_namespace(record):
             return False
-        return any(t["name"] == record["table"] and t["family"] == FAMILY for t in nftables.tables(record["ns"]))
+        return nftables.has_table(record["ns"], FAMILY, record["table"])
 
 
 class Drop(_Firewall):

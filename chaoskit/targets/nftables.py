@@ -63,3 +63,15 @@ def run(ns_path: str, commands: list[dict[str, Any]]) -> dict[str, Any]:
 def tables(ns_path: str) -> list[dict[str, Any]]:
     out = run(ns_path, [{"list": {"tables": None}}])
     return [x["table"] for x in out.get("nftables", []) if "table" in x]
+
+
+def has_table(ns_path: str, family: str, name: str) -> bool:
+    """Is there a table `family name`? Lists that one table only: listing every table costs ~3 ms a table
+    (0.3 s with 100), which made rolling back many nftables faults quadratic."""
+    try:
+        run(ns_path, [{"list": {"table": {"family": family, "name": name}}}])
+    except NftError as e:
+        if "No such file or directory" in str(e):
+            return False
+        raise
+    return True

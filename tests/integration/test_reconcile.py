@@ -59,7 +59,7 @@ def test_an_apply_that_lands_after_the_rollback_is_reverted(tmp_path, sleeper, s
 
     from chaoskit.engine import faults as faults_mod
     from chaoskit.engine import runner as runner_mod
-    from chaoskit.engine.journal import Journal
+    from chaoskit.engine.journal import Journal, read_journal
     from chaoskit.spec.loader import load_experiment
 
     real_apply = ProcessSignal.apply
@@ -75,7 +75,7 @@ def test_an_apply_that_lands_after_the_rollback_is_reverted(tmp_path, sleeper, s
     journal = Journal(tmp_path / "journal.jsonl")
     run = runner_mod.Runner(exp, journal, runner_mod.RunOptions(use_watchdog=False))
     result = asyncio.run(run.execute())
-    events = [e["event"] for e in journal.events]
+    events = [e["event"] for e in read_journal(tmp_path / "journal.jsonl")]
     assert "late_apply_wait" in events and "late_apply_reverted" in events
     assert proc_state(sleeper.pid) in ("S", "R")  # stopped late, resumed by the late revert
     assert not result.status.rollback_incomplete

@@ -72,13 +72,13 @@ safeguards:
 
 
 def test_the_method_ends_even_when_a_probe_swallows_the_cancel(tmp_path):
-    from chaoskit.engine.journal import Journal
+    from chaoskit.engine.journal import Journal, read_journal
     from chaoskit.engine.runner import Runner
     from chaoskit.spec.loader import load_experiment
 
     f = tmp_path / "e.yaml"
     f.write_text(EXPERIMENT)
-    runner = Runner(load_experiment(f).experiment, Journal(None))
+    runner = Runner(load_experiment(f).experiment, Journal(tmp_path / "journal.jsonl"))
     runner._preflight()
     runner.probes["p"] = SwallowingProbe(runner.probes["p"].spec)  # type: ignore[assignment]
 
@@ -89,4 +89,4 @@ def test_the_method_ends_even_when_a_probe_swallows_the_cancel(tmp_path):
     t.join(10)
     assert not t.is_alive(), "the method never ended: a sampler went on after its cancel"
     assert result == [None]
-    assert sum(e["event"] == "sample" for e in runner.journal.events) >= 3
+    assert sum(e["event"] == "sample" for e in read_journal(tmp_path / "journal.jsonl")) >= 3
