@@ -11,7 +11,8 @@ from chaoskit.engine import watchdog
 from chaoskit.engine.journal import Journal
 from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout
 from chaoskit.engine.rollback import revert_entry, rollback
-from chaoskit.injectors import Injector, injector_class
+from chaoskit.executors import Placement, get_executor, route_of
+from chaoskit.injectors import Injector
 from chaoskit.spec.models import Step
 from chaoskit.targets.process import ProcessRef, is_alive
 
@@ -30,6 +31,7 @@ class Faults:
         self.journal, self.ledger = journal, ledger
         self.faults: dict[int, dict[str, Any]] = {}  # entry id -> what the summary reports
         self._records: dict[int, dict[str, Any]] = {}  # final revert records of applied faults
+        self._routes: dict[int, tuple[str, Placement]] = {}  # entry id -> (executor name, placement)
         self._inflight: dict[asyncio.Future, int] = {}  # applies still running in their thread -> entry id
         self._watchdog: ProcessRef | None = None
 
@@ -66,14 +68,18 @@ class Faults:
         t0 = time.perf_counter()
         try:
             record = inj.prepare()
+            executor_name, placement = route_of(inj)
+            executor = get_executor(executor_name)
             entry_id = self.ledger.intent(inj.type, record, inj.plan(),
-                                          expires_at=time.time() + step.timeout + step.lifetime())
+                                          expires_at=time.time() + step.timeout + step.lifetime(),
+                                          executor=executor_name, placement=placement)
         except Exception as e:
             raise FaultFailed(f"{step.label()}: could not prepare: {type(e).__name__}: {e}") from None
         fault = {"id": entry_id, "step": step.label(), "type": inj.type, "duration_s": step.duration,
                  "applied_at": None, "reverted_at": None, "apply_ms": None}
         self.faults[entry_id] = fault
-        future = asyncio.ensure_future(asyncio.to_thread(inj.apply, record))
+        self._routes[entry_id] = (executor_name, placement)
+        future = asyncio.ensure_future(asyncio.to_thread(executor.apply, inj, record, placement))
         self._inflight[future] = entry_id
         future.add_done_callback(lambda f: self._inflight.pop(f, None))
         try:
@@ -90,14 +96,15 @@ class Faults:
         fault["applied_at"] = time.time()
         fault["apply_ms"] = round((time.perf_counter() - t0) * 1000, 3)
         self._records[entry_id] = final
-        self.journal.emit("fault_applied", **fault)
+        where = {"executor": executor_name, "placement": placement} if placement is not None else {}
+        self.journal.emit("fault_applied", **fault, **where)  # the chosen pods, nodes ... are in the journal
         await self.observe(entry_id, "applied")
         return entry_id
 
     async def end(self, entry_id: int, label: str) -> None:
         """The end of a fault's duration: observe, then revert it (FaultFailed if that fails)."""
         await self.observe(entry_id, "before_revert")
-        entry = Entry(entry_id, self.faults[entry_id]["type"], self._records[entry_id], applied=True)
+        entry = self._entry(entry_id, self._records[entry_id])
         error = await asyncio.to_thread(self._revert_one, entry)
         if error:
             raise FaultFailed(f"{label}: revert at end of duration failed: {error}")
@@ -107,11 +114,18 @@ class Faults:
         fault, record = self.faults[entry_id], self._records[entry_id]
         try:
             async with asyncio.timeout(OBSERVE_TIMEOUT_S):  # the thread may go on; the run does not wait for it
-                details = await asyncio.to_thread(injector_class(fault["type"]).observe_details, record)
+                name, placement = self._routes[entry_id]
+                details = await asyncio.to_thread(get_executor(name).observe_details, fault["type"], record,
+                                                  placement)
         except Exception as e:
             details = {"error": f"{type(e).__name__}: {e}"}
         fault[f"observed_{when}"] = details
         self.journal.emit("fault_observed", id=entry_id, type=fault["type"], when=when, details=details)
+
+    def _entry(self, entry_id: int, record: dict[str, Any]) -> Entry:
+        name, placement = self._routes[entry_id]
+        return Entry(entry_id, self.faults[entry_id]["type"], record, applied=True, executor=name,
+                     placement=placement)
 
     def _revert_one(self, entry: Entry) -> str | None:
         try:
@@ -136,9 +150,8 @@ class Faults:
         """Revert everything the ledger holds, newest first; the failures (empty: the ledger is discarded)."""
         if self._inflight:  # an apply still running in its thread: let it land, then revert it too
             await asyncio.wait(list(self._inflight), timeout=APPLY_GRACE_S)
-        for entry_id in self._records:
-            if self.faults[entry_id]["reverted_at"] is None:
-                await self.observe(entry_id, "before_revert")
+        live = [entry_id for entry_id in self._records if self.faults[entry_id]["reverted_at"] is None]
+        await asyncio.gather(*(self.observe(entry_id, "before_revert") for entry_id in live))  # read-only: at once
         t0 = time.perf_counter()
         late = dict(self._inflight)  # still running after the grace: reverted from the intent now, and again below
         result = await asyncio.to_thread(rollback, self.ledger, False, self._note_revert)
@@ -163,8 +176,7 @@ class Faults:
         for f in done:
             entry_id = late[f]
             record = f.result() if not f.cancelled() and f.exception() is None else None
-            entry = Entry(entry_id, self.faults[entry_id]["type"],
-                          record or self.ledger.read().entries[entry_id].record, applied=True)
+            entry = self._entry(entry_id, record or self.ledger.read().entries[entry_id].record)
             error = await asyncio.to_thread(revert_entry, self.ledger, entry)
             self.journal.emit("late_apply_reverted", id=entry_id, type=entry.type, error=error)
             if error:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout, LedgerState, open_ledgers
-from chaoskit.injectors import injector_class
+from chaoskit.executors import Executor, UnknownExecutor, get_executor
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +28,19 @@ class RollbackResult:
 
 
 def revert_entry(ledger: Ledger, entry: Entry, retries: int = RETRIES) -> str | None:
-    """Revert one entry with retries; returns None on success, else the last error (also in the ledger)."""
+    """Revert one entry with retries, through the executor that applied it; returns None on success, else the
+    last error (also in the ledger)."""
     error = ""
     for attempt in range(1, retries + 1):
         try:
-            cls = injector_class(entry.type)
-            cls.revert(entry.record)
-            if _still_in_effect(cls, entry.record):  # reconcile: reverted means observed gone
+            executor = get_executor(entry.executor)
+            executor.revert(entry.type, entry.record, entry.placement)
+            if _still_in_effect(executor, entry):  # reconcile: reverted means observed gone
                 raise RuntimeError("still in effect after revert (observe() sees it)")
             ledger.reverted(entry.id)
             return None
+        except UnknownExecutor as e:
+            error = str(e)
         except KeyError:
             error = f"unknown fault type '{entry.type}' (ledger written by a newer chaoskit?)"
         except Exception as e:  # a revert must never crash the rollback of the others
@@ -49,10 +52,10 @@ def revert_entry(ledger: Ledger, entry: Entry, retries: int = RETRIES) -> str | 
     return error
 
 
-def _still_in_effect(cls: type, record: dict) -> bool:
+def _still_in_effect(executor: Executor, entry: Entry) -> bool:
     """observe() after a revert; a fault that cannot be observed any more (its namespace gone) is gone."""
     try:
-        return bool(cls.observe(record))
+        return bool(executor.observe(entry.type, entry.record, entry.placement))
     except Exception as e:
         log.info("observe after revert failed (%s: %s): counted as gone", type(e).__name__, e)
         return False

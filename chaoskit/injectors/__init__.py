@@ -15,6 +15,7 @@ def _all() -> tuple[type[Injector], ...]:
     from chaoskit.injectors.firewall import Drop, Partition
     from chaoskit.injectors.flood import Flood
     from chaoskit.injectors.gpu import GpuMemoryPressure
+    from chaoskit.injectors.kube import DeploymentScale, PodDelete, PodKill
     from chaoskit.injectors.llm_proxy import LlmProxy
     from chaoskit.injectors.memlimit import MemoryLimit
     from chaoskit.injectors.memory import MemoryPressure
@@ -26,7 +27,8 @@ def _all() -> tuple[type[Injector], ...]:
 
     return (
         ProcessSignal, MemoryPressure, DiskThrottle, DiskFill, Netem, Bandwidth, Drop, Partition, Proxy,
-        GpuMemoryPressure, XidEvent, MigReconfigure, CpuThrottle, CpuStress, Flood, MemoryLimit, LlmProxy,
+        GpuMemoryPressure, XidEvent, MigReconfigure, CpuThrottle, CpuStress, Flood, MemoryLimit, LlmProxy, PodDelete,
+        PodKill, DeploymentScale,
     )
 
 

@@ -7,11 +7,13 @@ from chaoskit.probes.command import CommandProbe
 from chaoskit.probes.ebpf import EbpfProbe
 from chaoskit.probes.http import HttpProbe
 from chaoskit.probes.kernel_log import KernelLogProbe
+from chaoskit.probes.kube import KubePodsProbe
 from chaoskit.probes.nvml import NvmlProbe
 from chaoskit.probes.prom import PromProbe
 from chaoskit.probes.slo import SloProbe
 
-PROBES: tuple[type[Probe], ...] = (HttpProbe, CommandProbe, SloProbe, PromProbe, EbpfProbe, NvmlProbe, KernelLogProbe)
+PROBES: tuple[type[Probe], ...] = (HttpProbe, CommandProbe, SloProbe, PromProbe, EbpfProbe, NvmlProbe, KernelLogProbe,
+                                   KubePodsProbe)
 
 
 def probe_class(type_name: str) -> type[Probe]:

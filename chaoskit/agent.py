@@ -1,0 +1,70 @@
+"""`python -m chaoskit.agent apply|revert|observe`: run one injector verb on this node (inside a helper pod).
+
+The request is JSON — `{"type": ..., "record": {...}, "spec": {...}}` (`spec` for apply only) — read from a file
+(`--file PATH`), stdin (`--file -`, the default) or an environment variable (`--env NAME`, how the k8s-helper
+executor passes it). The answer is one JSON line on stdout: apply `{"record": final}`, revert `{"reverted": true}`,
+observe `{"in_effect": bool, "details": {...}}`; a failure is `{"error": "..."}` and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from chaoskit.executors.local import LocalExecutor
+from chaoskit.injectors import injector_class
+
+VERBS = ("apply", "revert", "observe")
+
+
+def run(verb: str, request: dict[str, Any]) -> dict[str, Any]:
+    """Do `verb` with the local injector code; the answer object."""
+    local, type_name, record = LocalExecutor(), request["type"], request.get("record") or {}
+    if verb == "apply":
+        cls = injector_class(type_name)
+        injector = cls(cls.Spec.model_validate(request["spec"]))
+        return {"record": local.apply(injector, record, None)}
+    if verb == "revert":
+        local.revert(type_name, record, None)
+        return {"reverted": True}
+    return {"in_effect": local.observe(type_name, record, None),
+            "details": local.observe_details(type_name, record, None)}
+
+
+def read_request(args: argparse.Namespace) -> dict[str, Any]:
+    if args.env:
+        text = os.environ.get(args.env)
+        if text is None:
+            raise ValueError(f"environment variable {args.env} is not set")
+    elif args.file == "-":
+        text = sys.stdin.read()
+    else:
+        with open(args.file, encoding="utf-8") as f:
+            text = f.read()
+    request = json.loads(text)
+    if not isinstance(request, dict) or "type" not in request:
+        raise ValueError("the request must be a JSON object with a 'type'")
+    return request
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaoskit.agent", description=__doc__.splitlines()[0])
+    parser.add_argument("verb", choices=VERBS)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--file", default="-", help="request JSON file ('-': stdin)")
+    source.add_argument("--env", help="environment variable holding the request JSON")
+    args = parser.parse_args(argv)
+    try:
+        answer = run(args.verb, read_request(args))
+    except Exception as e:  # one clear line for the executor to report, never a traceback
+        print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+        return 1
+    print(json.dumps(answer, separators=(",", ":"), default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

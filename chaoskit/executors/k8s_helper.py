@@ -1,0 +1,191 @@
+"""The k8s-helper executor: a node-level fault's verbs run in a short-lived helper pod on the target's node.
+
+The pod (hostPID, pinned by nodeName, not privileged: all capabilities dropped but the few the fault type
+needs, activeDeadlineSeconds, the chaoskit image) runs `python -m chaoskit.agent VERB --env CHAOSKIT_REQUEST`
+and answers one JSON line in its log. The fault's revert record is also kept in the cluster (RevertStore), so a
+rollback from any machine finishes the run after a crash; it is removed once reverted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from chaoskit.executors.base import Placement, Record
+from chaoskit.executors.revert_store import RUN_LABEL, RevertStore, dns_label, stored_faults
+from chaoskit.injectors import Injector
+from chaoskit.targets.kube import ClusterRef, api_client
+
+REQUEST_ENV = "CHAOSKIT_REQUEST"
+ROLE_LABEL = "chaoskit.io/role"
+POLL_S = 0.2
+
+# fault type -> the capabilities its helper needs (everything else is dropped). Entering a pod's network
+# namespace is setns(2): SYS_ADMIN; reading another user's /proc/PID/ns: SYS_PTRACE; tc/nftables: NET_ADMIN;
+# cgroup limits and moves: SYS_ADMIN (with /sys/fs/cgroup mounted from the host); signals to other users: KILL.
+_NET = ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE")
+_CGROUP = ("SYS_ADMIN", "SYS_PTRACE")
+CAPABILITIES: dict[str, tuple[str, ...]] = {
+    "network.netem": _NET, "network.bandwidth": _NET, "network.drop": _NET, "network.partition": _NET,
+    "process.cpu_throttle": _CGROUP, "process.memory_limit": _CGROUP, "disk.throttle": _CGROUP,
+    "process.signal": ("KILL", "SYS_PTRACE"),
+}
+HOST_PATHS: dict[str, tuple[str, ...]] = {t: ("/sys/fs/cgroup",) for t, caps in CAPABILITIES.items() if caps == _CGROUP}
+
+
+class HelperFailed(RuntimeError):
+    """The helper pod did not run the verb to the end (failed, timed out, or answered an error)."""
+
+
+@dataclass(frozen=True)
+class HelperPlacement:
+    """Where and how a helper runs; the ledger entry's placement (plain JSON), enough for a fresh process."""
+
+    cluster: dict[str, Any]  # ClusterRef.to_json()
+    node: str
+    run_id: str
+    namespace: str = "chaoskit"  # where helper pods and the run's ConfigMap live
+    image: str = "chaoskit:latest"
+    service_account: str = "chaoskit-helper"
+    deadline_s: int = 120
+    key: str = field(default_factory=lambda: uuid.uuid4().hex[:10])  # this fault's key in the run's ConfigMap
+    target: dict[str, Any] | None = None  # the pod placement the fault acts on (targets.kube.Placement)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> HelperPlacement:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def helper_pod(verb: str, type_name: str, request: dict[str, Any], hp: HelperPlacement) -> Any:
+    """The V1Pod that runs `python -m chaoskit.agent VERB` for one fault on hp.node."""
+    from kubernetes import client
+
+    caps = list(CAPABILITIES.get(type_name, ()))
+    paths = HOST_PATHS.get(type_name, ())
+    mounts = [client.V1VolumeMount(name=f"host-{i}", mount_path=p) for i, p in enumerate(paths)]
+    volumes = [client.V1Volume(name=f"host-{i}", host_path=client.V1HostPathVolumeSource(path=p, type="Directory"))
+               for i, p in enumerate(paths)]
+    security = client.V1SecurityContext(
+        privileged=False, allow_privilege_escalation=False, read_only_root_filesystem=True, run_as_user=0,
+        capabilities=client.V1Capabilities(drop=["ALL"], add=caps or None))
+    container = client.V1Container(
+        name="agent", image=hp.image, command=["python", "-m", "chaoskit.agent", verb, "--env", REQUEST_ENV],
+        env=[client.V1EnvVar(name=REQUEST_ENV, value=json.dumps(request, sort_keys=True))],
+        security_context=security, volume_mounts=mounts or None,
+        resources=client.V1ResourceRequirements(requests={"cpu": "10m", "memory": "64Mi"},
+                                                limits={"cpu": "500m", "memory": "256Mi"}))
+    labels = {RUN_LABEL: dns_label(hp.run_id), ROLE_LABEL: "helper", "chaoskit.io/verb": verb,
+              "app.kubernetes.io/managed-by": "chaoskit"}
+    name = dns_label(f"chaoskit-{verb}-{hp.key}-{uuid.uuid4().hex[:6]}")
+    spec = client.V1PodSpec(
+        node_name=hp.node, host_pid=True, restart_policy="Never", active_deadline_seconds=hp.deadline_s,
+        service_account_name=hp.service_account, automount_service_account_token=False,
+        tolerations=[client.V1Toleration(operator="Exists")], containers=[container], volumes=volumes or None)
+    return client.V1Pod(api_version="v1", kind="Pod", spec=spec,
+                        metadata=client.V1ObjectMeta(name=name, namespace=hp.namespace, labels=labels))
+
+
+class K8sHelperExecutor:
+    name: ClassVar[str] = "k8s-helper"
+
+    def apply(self, injector: Injector, record: Record, placement: Placement) -> Record:
+        hp, core = self._open(placement)
+        request = {"type": injector.type, "spec": injector.spec.model_dump(mode="json"), "record": record,
+                   "placement": hp.to_json()}
+        store = RevertStore(core, hp.namespace, hp.run_id)
+        store.put(hp.key, {**request, "state": "applying"})  # in the cluster before anything is applied
+        final = run_helper(core, "apply", injector.type, request, hp)["record"]
+        store.put(hp.key, {**request, "record": final, "state": "applied"})
+        return final
+
+    def revert(self, type_name: str, record: Record, placement: Placement) -> None:
+        hp, core = self._open(placement)
+        run_helper(core, "revert", type_name, {"type": type_name, "record": record}, hp)
+        RevertStore(core, hp.namespace, hp.run_id).remove(hp.key)
+
+    def observe(self, type_name: str, record: Record, placement: Placement) -> bool:
+        return bool(self.observe_details(type_name, record, placement).get("in_effect"))
+
+    def observe_details(self, type_name: str, record: Record, placement: Placement) -> dict[str, Any]:
+        hp, core = self._open(placement)
+        answer = run_helper(core, "observe", type_name, {"type": type_name, "record": record}, hp)
+        return {**answer.get("details", {}), "in_effect": bool(answer.get("in_effect"))}
+
+    @staticmethod
+    def _open(placement: Placement) -> tuple[HelperPlacement, Any]:
+        from kubernetes import client
+
+        if not placement:
+            raise ValueError("k8s-helper: the ledger entry has no placement (node, cluster)")
+        hp = HelperPlacement.from_json(placement)
+        return hp, client.CoreV1Api(api_client(ClusterRef.from_json(hp.cluster)))
+
+
+def run_helper(core: Any, verb: str, type_name: str, request: dict[str, Any], hp: HelperPlacement) -> dict[str, Any]:
+    """Create the helper pod, wait for it to finish, read its answer, delete it (always)."""
+    pod = helper_pod(verb, type_name, request, hp)
+    name = pod.metadata.name
+    core.create_namespaced_pod(hp.namespace, pod)
+    try:
+        phase = _wait_done(core, name, hp)
+        lines = [ln for ln in (core.read_namespaced_pod_log(name, hp.namespace) or "").splitlines() if ln.strip()]
+    finally:
+        _delete_quietly(core, name, hp.namespace)
+    answer = _answer(lines)
+    if phase != "Succeeded" or "error" in answer:
+        why = answer.get("error") or (lines[-1] if lines else "no output")
+        raise HelperFailed(f"helper pod {hp.namespace}/{name} on node {hp.node}: {verb} {type_name} {phase}: {why}")
+    return answer
+
+
+def _answer(lines: list[str]) -> dict[str, Any]:
+    try:
+        obj = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _wait_done(core: Any, name: str, hp: HelperPlacement) -> str:
+    """The pod's final phase (Succeeded / Failed); HelperFailed past its deadline (+30 s to be scheduled)."""
+    deadline = time.monotonic() + hp.deadline_s + 30
+    while time.monotonic() < deadline:
+        phase = core.read_namespaced_pod(name, hp.namespace).status.phase
+        if phase in ("Succeeded", "Failed"):
+            return phase
+        time.sleep(POLL_S)
+    raise HelperFailed(f"helper pod {hp.namespace}/{name} on node {hp.node} did not finish within "
+                       f"{hp.deadline_s + 30}s")
+
+
+def _delete_quietly(core: Any, name: str, namespace: str) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+def replay_cluster(cluster: ClusterRef, namespace: str = "chaoskit") -> list[tuple[str, str | None]]:
+    """Revert every fault recorded in the cluster's ConfigMaps (a run whose host is gone): (key, error or None)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client(cluster))
+    out: list[tuple[str, str | None]] = []
+    executor = K8sHelperExecutor()
+    for fault in stored_faults(core, namespace):
+        req = fault.request
+        try:
+            executor.revert(req["type"], req["record"], {**req["placement"], "cluster": cluster.to_json()})
+            out.append((fault.key, None))
+        except Exception as e:  # one fault's failure never stops the others
+            out.append((fault.key, f"{type(e).__name__}: {e}"))
+    return out

@@ -1,0 +1,328 @@
+"""FakeKubeApi: a FAKE Kubernetes API server (threaded HTTP on 127.0.0.1) with the few endpoints chaoskit uses.
+
+No API server can run on these machines, so this stands in for one; the code under test talks to it through the
+real `kubernetes` client, configured by a real kubeconfig file (`write_kubeconfig`). Objects live in memory as
+the JSON the API returns. What it does NOT do (a real cluster does): graceful deletion is immediate (the grace
+period is only recorded), no watch, no admission, no scheduling; only equality label selectors and merge
+patches (a JSON patch or strategic merge patch is answered 415, like a server that does not accept that type).
+A pod created here stays Pending unless a `kubelet` callback runs it (tests give one that runs the agent).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
+
+Obj = dict[str, Any]
+Kubelet = Callable[[Obj], tuple[str, str]]  # pod -> (final phase, its log)
+
+CORE = r"/api/v1/namespaces/(?P<ns>[^/]+)"
+APPS = r"/apis/apps/v1/namespaces/(?P<ns>[^/]+)"
+ROUTES: list[tuple[str, str, str]] = [  # (method, path pattern, handler name)
+    ("GET", CORE + r"/pods", "list_pods"),
+    ("POST", CORE + r"/pods", "create_pod"),
+    ("GET", CORE + r"/pods/(?P<name>[^/]+)", "get_pod"),
+    ("DELETE", CORE + r"/pods/(?P<name>[^/]+)", "delete_pod"),
+    ("GET", CORE + r"/pods/(?P<name>[^/]+)/log", "pod_log"),
+    ("GET", CORE + r"/configmaps", "list_configmaps"),
+    ("POST", CORE + r"/configmaps", "create_configmap"),
+    ("GET", CORE + r"/configmaps/(?P<name>[^/]+)", "get_configmap"),
+    ("PATCH", CORE + r"/configmaps/(?P<name>[^/]+)", "patch_configmap"),
+    ("DELETE", CORE + r"/configmaps/(?P<name>[^/]+)", "delete_configmap"),
+    ("GET", CORE + r"/events", "list_events"),
+    ("GET", APPS + r"/deployments/(?P<name>[^/]+)/scale", "get_scale"),
+    ("PATCH", APPS + r"/deployments/(?P<name>[^/]+)/scale", "patch_scale"),
+]
+TOKEN = "fake-kube-token"
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str):
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+    def status(self) -> Obj:
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": self.message,
+                "reason": self.reason, "code": self.code}
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+    content_type: str
+    authorization: str
+
+
+@dataclass
+class FakeState:
+    pods: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    configmaps: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    deployments: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    events: list[Obj] = field(default_factory=list)
+    logs: dict[tuple[str, str], str] = field(default_factory=dict)
+    deleted: list[tuple[str, str, int | None]] = field(default_factory=list)  # (namespace, pod, grace period)
+
+
+def _matches(labels: dict[str, str], selector: str) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        key, sep, value = term.partition("=")
+        if not sep or key.endswith("!"):
+            raise ApiError(400, "BadRequest", f"the fake only supports equality selectors, got '{term}'")
+        if labels.get(key) != value.lstrip("="):
+            return False
+    return True
+
+
+def _not_found(kind: str, name: str) -> ApiError:
+    return ApiError(404, "NotFound", f'{kind} "{name}" not found')
+
+
+class FakeKubeApi:
+    """Start with `with FakeKubeApi() as api:`; seed objects with add_pod / add_deployment / add_event."""
+
+    def __init__(self) -> None:
+        self.state = FakeState()
+        self.requests: list[Request] = []
+        self.kubelet: Kubelet | None = None
+        self.recreate_deleted = False  # act like a ReplicaSet: a deleted pod is replaced by a new one
+        self._lock = threading.RLock()
+        self._serial = itertools.count(1)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._kubelets: list[threading.Thread] = []
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> FakeKubeApi:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for t in self._kubelets:
+            t.join(timeout=30)
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def write_kubeconfig(self, path: Path, context: str = "fake") -> Path:
+        """A real kubeconfig (cluster, user with a token, context) pointing at this server."""
+        cfg = {"apiVersion": "v1", "kind": "Config", "current-context": context,
+               "clusters": [{"name": "fake-cluster", "cluster": {"server": self.url}}],
+               "users": [{"name": "fake-user", "user": {"token": TOKEN}}],
+               "contexts": [{"name": context, "context": {"cluster": "fake-cluster", "user": "fake-user"}}]}
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    # -- seeding ------------------------------------------------------------------------------------------
+    def add_pod(self, namespace: str, name: str, labels: dict[str, str], node: str = "node-a",
+                phase: str = "Running", containers: tuple[str, ...] = ("app",), ready: bool = True,
+                restarts: int = 0) -> Obj:
+        n = next(self._serial)
+        statuses = [{"name": c, "ready": ready, "restartCount": restarts, "image": f"{c}:1", "imageID": "",
+                     "containerID": f"containerd://{n:04d}{i:04d}{c}", "started": phase == "Running"}
+                    for i, c in enumerate(containers)]
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "labels": dict(labels),
+                            "resourceVersion": str(n)},
+               "spec": {"nodeName": node, "containers": [{"name": c, "image": f"{c}:1"} for c in containers]},
+               "status": {"phase": phase, "containerStatuses": statuses,
+                          "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+        with self._lock:
+            self.state.pods[(namespace, name)] = pod
+        return pod
+
+    def add_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        with self._lock:
+            self.state.deployments[(namespace, name)] = {"replicas": replicas}
+
+    def add_event(self, namespace: str, pod: str, reason: str, count: int = 1, type_: str = "Warning") -> None:
+        n = next(self._serial)
+        with self._lock:
+            self.state.events.append({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": f"{pod}.{n:x}", "namespace": namespace},
+                "involvedObject": {"kind": "Pod", "name": pod, "namespace": namespace},
+                "reason": reason, "type": type_, "count": count, "message": f"{reason} on {pod}"})
+
+    def replicas(self, namespace: str, name: str) -> int:
+        return self.state.deployments[(namespace, name)]["replicas"]
+
+    def calls(self, method: str, pattern: str = "") -> list[Request]:
+        return [r for r in self.requests if r.method == method and re.search(pattern, r.path)]
+
+    # -- handlers: (params, query, body) -> (status, JSON object or text) ----------------------------------
+    def list_pods(self, p: dict, q: dict, body: Any) -> Obj:
+        sel = q.get("labelSelector", "")
+        items = [pod for (ns, _), pod in sorted(self.state.pods.items())
+                 if ns == p["ns"] and _matches(pod["metadata"].get("labels", {}), sel)]
+        return {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items}
+
+    def get_pod(self, p: dict, q: dict, body: Any) -> Obj:
+        pod = self.state.pods.get((p["ns"], p["name"]))
+        if pod is None:
+            raise _not_found("pods", p["name"])
+        return pod
+
+    def create_pod(self, p: dict, q: dict, body: Any) -> Obj:
+        meta = body.setdefault("metadata", {})
+        key = (p["ns"], meta.get("name", ""))
+        if key in self.state.pods:
+            raise ApiError(409, "AlreadyExists", f'pods "{key[1]}" already exists')
+        meta.update(namespace=p["ns"], uid=str(uuid.uuid4()), resourceVersion=str(next(self._serial)))
+        body["status"] = {"phase": "Pending"}
+        self.state.pods[key] = body
+        if self.kubelet is not None:
+            t = threading.Thread(target=self._run_kubelet, args=(key, json.loads(json.dumps(body))), daemon=True)
+            self._kubelets.append(t)
+            t.start()
+        return body
+
+    def _run_kubelet(self, key: tuple[str, str], pod: Obj) -> None:
+        assert self.kubelet is not None
+        try:
+            phase, log = self.kubelet(pod)
+        except Exception as e:  # a broken kubelet callback is a Failed pod, as a crashing container would be
+            phase, log = "Failed", f"kubelet: {type(e).__name__}: {e}"
+        with self._lock:
+            self.state.logs[key] = log
+            if key in self.state.pods:
+                self.state.pods[key]["status"] = {"phase": phase}
+
+    def delete_pod(self, p: dict, q: dict, body: Any) -> Obj:
+        pod = self.get_pod(p, q, body)
+        want_uid = ((body or {}).get("preconditions") or {}).get("uid")
+        if want_uid and want_uid != pod["metadata"]["uid"]:
+            raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {want_uid}, UID in object "
+                                            f"meta: {pod['metadata']['uid']}")
+        grace = q.get("gracePeriodSeconds", (body or {}).get("gracePeriodSeconds"))
+        del self.state.pods[(p["ns"], p["name"])]
+        self.state.deleted.append((p["ns"], p["name"], None if grace is None else int(grace)))
+        if self.recreate_deleted:
+            spec = pod["spec"]
+            self.add_pod(p["ns"], f"{p['name']}-r{next(self._serial)}", pod["metadata"].get("labels", {}),
+                         node=spec.get("nodeName", "node-a"), containers=tuple(c["name"] for c in spec["containers"]))
+        return pod
+
+    def pod_log(self, p: dict, q: dict, body: Any) -> str:
+        self.get_pod(p, q, body)
+        return self.state.logs.get((p["ns"], p["name"]), "")
+
+    def list_configmaps(self, p: dict, q: dict, body: Any) -> Obj:
+        sel = q.get("labelSelector", "")
+        items = [cm for (ns, _), cm in sorted(self.state.configmaps.items())
+                 if ns == p["ns"] and _matches(cm["metadata"].get("labels", {}), sel)]
+        return {"apiVersion": "v1", "kind": "ConfigMapList", "metadata": {"resourceVersion": "1"}, "items": items}
+
+    def create_configmap(self, p: dict, q: dict, body: Any) -> Obj:
+        meta = body.setdefault("metadata", {})
+        key = (p["ns"], meta.get("name", ""))
+        if key in self.state.configmaps:
+            raise ApiError(409, "AlreadyExists", f'configmaps "{key[1]}" already exists')
+        meta.update(namespace=p["ns"], uid=str(uuid.uuid4()), resourceVersion=str(next(self._serial)))
+        self.state.configmaps[key] = body
+        return body
+
+    def get_configmap(self, p: dict, q: dict, body: Any) -> Obj:
+        cm = self.state.configmaps.get((p["ns"], p["name"]))
+        if cm is None:
+            raise _not_found("configmaps", p["name"])
+        return cm
+
+    def patch_configmap(self, p: dict, q: dict, body: Any) -> Obj:
+        cm = self.get_configmap(p, q, body)
+        _merge(cm, body)
+        cm["metadata"]["resourceVersion"] = str(next(self._serial))
+        return cm
+
+    def delete_configmap(self, p: dict, q: dict, body: Any) -> Obj:
+        self.get_configmap(p, q, body)
+        del self.state.configmaps[(p["ns"], p["name"])]
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+
+    def list_events(self, p: dict, q: dict, body: Any) -> Obj:
+        items = [e for e in self.state.events if e["metadata"]["namespace"] == p["ns"]]
+        return {"apiVersion": "v1", "kind": "EventList", "metadata": {"resourceVersion": "1"}, "items": items}
+
+    def get_scale(self, p: dict, q: dict, body: Any) -> Obj:
+        d = self.state.deployments.get((p["ns"], p["name"]))
+        if d is None:
+            raise _not_found("deployments.apps", p["name"])
+        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
+                "metadata": {"name": p["name"], "namespace": p["ns"]},
+                "spec": {"replicas": d["replicas"]}, "status": {"replicas": d["replicas"]}}
+
+    def patch_scale(self, p: dict, q: dict, body: Any) -> Obj:
+        self.get_scale(p, q, body)
+        replicas = ((body or {}).get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or replicas < 0:
+            raise ApiError(422, "Invalid", f"spec.replicas: Invalid value: {replicas!r}")
+        self.state.deployments[(p["ns"], p["name"])]["replicas"] = replicas
+        return self.get_scale(p, q, body)
+
+    def handle(self, method: str, path: str, query: dict[str, str], body: Any, content_type: str) -> tuple[int, Any]:
+        if method == "PATCH" and not content_type.startswith("application/merge-patch+json"):
+            raise ApiError(415, "UnsupportedMediaType", f"the fake accepts merge patches only, got {content_type}")
+        for verb, pattern, name in ROUTES:
+            m = re.fullmatch(pattern, path)
+            if verb == method and m:
+                with self._lock:
+                    return (201 if method == "POST" else 200), getattr(self, name)(m.groupdict(), query, body)
+        raise ApiError(404, "NotFound", f"the fake has no {method} {path}")
+
+
+def _merge(target: Obj, patch: Obj) -> None:
+    """RFC 7386 merge patch: null deletes a key, maps merge, anything else replaces."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = value
+
+
+def _handler_for(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _serve(self) -> None:
+            parts = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.loads(raw) if raw else None
+            ctype = self.headers.get("Content-Type", "")
+            api.requests.append(Request(self.command, parts.path, query, body, ctype,
+                                        self.headers.get("Authorization", "")))
+            try:
+                code, out = api.handle(self.command, parts.path, query, body, ctype)
+            except ApiError as e:
+                code, out = e.code, e.status()
+            data = out.encode() if isinstance(out, str) else json.dumps(out).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain" if isinstance(out, str) else "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _serve
+
+    return Handler

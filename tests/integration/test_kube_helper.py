@@ -1,0 +1,112 @@
+"""The k8s-helper executor end to end: FakeKubeApi's kubelet callback runs each helper pod's command (the real
+`python -m chaoskit.agent`) on this host, so a real SIGSTOP is applied and reverted through helper pods: rollback
+through the ledger, a rollback from the cluster alone after a crash, and cleanup of pods and ConfigMaps."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from kubernetes import client
+
+from chaoskit.engine.ledger import Ledger
+from chaoskit.engine.rollback import rollback
+from chaoskit.executors import get_executor
+from chaoskit.executors.k8s_helper import HelperPlacement, K8sHelperExecutor, replay_cluster
+from chaoskit.executors.revert_store import RevertStore
+from chaoskit.injectors.process import ProcessSignal
+from chaoskit.targets.kube import ClusterRef, KubeCluster, api_client, resolve_cluster
+from chaoskit.targets.process import proc_ref
+from tests.conftest import ROOT, proc_state, wait_for
+from tests.helpers.fake_kube import FakeKubeApi
+
+RUN = "20261203-1200-kube-Helper_Test"
+
+
+def run_agent(pod: dict) -> tuple[str, str]:
+    """What a kubelet would do with the helper pod, on this host: run its command with its environment."""
+    (c,) = pod["spec"]["containers"]
+    assert c["command"][:3] == ["python", "-m", "chaoskit.agent"]
+    env = {**os.environ, **{e["name"]: e["value"] for e in c["env"]}}
+    proc = subprocess.run([sys.executable, *c["command"][1:]], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    return ("Succeeded" if proc.returncode == 0 else "Failed"), proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def api(tmp_path):
+    with FakeKubeApi() as fake:
+        fake.kubelet = run_agent
+        fake.write_kubeconfig(tmp_path / "kubeconfig")
+        yield fake
+
+
+@pytest.fixture
+def cluster(api, tmp_path) -> ClusterRef:
+    return resolve_cluster(KubeCluster(kubeconfig=str(tmp_path / "kubeconfig")))
+
+
+def placement(cluster: ClusterRef, **kw) -> HelperPlacement:
+    return HelperPlacement(cluster=cluster.to_json(), node="node-7", run_id=RUN, image="registry.local/chaoskit:0.9",
+                           key="k1", **kw)
+
+
+@pytest.fixture
+def sigstop(sleeper):
+    inj = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "pid": sleeper.pid}))
+    return inj
+
+
+def _helper_pods(api: FakeKubeApi) -> list:
+    return [k for k in api.state.pods if k[1].startswith("chaoskit-")]
+
+
+def test_apply_and_rollback_through_the_helper_and_the_ledger(api, cluster, sleeper, sigstop, tmp_path):
+    hp = placement(cluster)
+    ledger = Ledger.create("helper-run", "x", tmp_path)
+    record = sigstop.prepare()
+    entry_id = ledger.intent(sigstop.type, record, sigstop.plan(), executor="k8s-helper", placement=hp.to_json())
+    final = get_executor("k8s-helper").apply(sigstop, record, hp.to_json())
+    ledger.applied(entry_id, final)
+    wait_for(lambda: proc_state(sleeper.pid) == "T")
+    stored = RevertStore(client.CoreV1Api(api_client(cluster)), "chaoskit", RUN).get("k1")
+    assert stored["state"] == "applied" and stored["record"] == final and stored["type"] == "process.signal"
+    assert stored["spec"]["pid"] == sleeper.pid and stored["placement"]["node"] == "node-7"
+    assert _helper_pods(api) == []  # the helper is deleted once it answered
+    (created,) = api.calls("POST", "/namespaces/chaoskit/pods$")
+    assert created.body["spec"]["containers"][0]["command"][3] == "apply"
+
+    result = rollback(ledger)  # the ledger entry names k8s-helper: revert and observe run in helper pods
+    assert result.complete, result.failed
+    assert proc_state(sleeper.pid) in ("S", "R")
+    verbs = [r.body["metadata"]["labels"]["chaoskit.io/verb"] for r in api.calls("POST", "/namespaces/chaoskit/pods$")]
+    assert verbs == ["apply", "revert", "observe"]
+    assert api.state.configmaps == {} and _helper_pods(api) == [] and ledger.read().closed
+
+
+def test_after_a_crash_the_cluster_alone_is_enough_to_roll_back(api, cluster, sleeper, sigstop):
+    K8sHelperExecutor().apply(sigstop, sigstop.prepare(), placement(cluster).to_json())
+    wait_for(lambda: proc_state(sleeper.pid) == "T")
+    # the run's host is gone with its ledger; from "another machine" with a kubeconfig:
+    assert replay_cluster(cluster) == [("k1", None)]
+    assert proc_state(sleeper.pid) in ("S", "R") and api.state.configmaps == {} and _helper_pods(api) == []
+
+
+def test_agent_cli_reads_stdin_and_answers_one_json_line(sleeper):
+    os.kill(sleeper.pid, signal.SIGSTOP)
+    wait_for(lambda: proc_state(sleeper.pid) == "T")
+    req = {"type": "process.signal", "record": {"signal": "SIGSTOP", "targets": [proc_ref(sleeper.pid).to_json()]}}
+    agent = [sys.executable, "-m", "chaoskit.agent"]
+    out = subprocess.run([*agent, "observe"], input=json.dumps(req), capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and json.loads(out.stdout)["in_effect"] is True
+    out = subprocess.run([*agent, "revert", "--file", "-"], input=json.dumps(req), capture_output=True, text=True,
+                         cwd=ROOT)
+    assert (out.returncode, out.stdout) == (0, '{"reverted":true}\n')
+    assert proc_state(sleeper.pid) in ("S", "R")
+    bad = subprocess.run([*agent, "revert"], input='{"record": {}}', capture_output=True, text=True, cwd=ROOT)
+    assert (bad.returncode, json.loads(bad.stdout)) == (1, {"error": "ValueError: the request must be a JSON object "
+                                                                     "with a 'type'"})

@@ -1,0 +1,98 @@
+"""The k8s-helper executor against FakeKubeApi: the helper pod spec field by field, the revert record's ConfigMap
+round trip and cleanup, and loud failures (the agent really running: tests/integration/test_kube_helper.py)."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from chaoskit.executors.k8s_helper import REQUEST_ENV, HelperFailed, HelperPlacement, K8sHelperExecutor, helper_pod
+from chaoskit.executors.revert_store import RevertStore, configmap_name, dns_label
+from chaoskit.targets.kube import ClusterRef, KubeCluster, api_client, resolve_cluster
+from tests.helpers.fake_kube import FakeKubeApi
+
+RUN = "20261203-1200-kube-Helper_Test"
+
+
+@pytest.fixture
+def api(tmp_path):
+    with FakeKubeApi() as fake:
+        fake.write_kubeconfig(tmp_path / "kubeconfig")
+        yield fake
+
+
+@pytest.fixture
+def cluster(api, tmp_path) -> ClusterRef:
+    return resolve_cluster(KubeCluster(kubeconfig=str(tmp_path / "kubeconfig")))
+
+
+def placement(cluster: ClusterRef, **kw) -> HelperPlacement:
+    return HelperPlacement(cluster=cluster.to_json(), node="node-7", run_id=RUN, image="registry.local/chaoskit:0.9",
+                           key="k1", **kw)
+
+
+def test_helper_pod_spec_exactly(cluster):
+    hp = placement(cluster, deadline_s=90)
+    pod = client.ApiClient().sanitize_for_serialization(
+        helper_pod("revert", "network.netem", {"type": "network.netem", "record": {"dev": "eth0"}}, hp))
+    assert pod["metadata"]["namespace"] == "chaoskit"
+    assert pod["metadata"]["name"].startswith("chaoskit-revert-k1-")
+    assert pod["metadata"]["labels"] == {"chaoskit.io/run": dns_label(RUN), "chaoskit.io/role": "helper",
+                                         "chaoskit.io/verb": "revert", "app.kubernetes.io/managed-by": "chaoskit"}
+    spec = pod["spec"]
+    assert {k: spec[k] for k in ("nodeName", "hostPID", "restartPolicy", "activeDeadlineSeconds",
+                                 "serviceAccountName", "automountServiceAccountToken", "tolerations")} == {
+        "nodeName": "node-7", "hostPID": True, "restartPolicy": "Never", "activeDeadlineSeconds": 90,
+        "serviceAccountName": "chaoskit-helper", "automountServiceAccountToken": False,
+        "tolerations": [{"operator": "Exists"}]}
+    assert "volumes" not in spec
+    (c,) = spec["containers"]
+    assert c["image"] == "registry.local/chaoskit:0.9"
+    assert c["command"] == ["python", "-m", "chaoskit.agent", "revert", "--env", REQUEST_ENV]
+    assert c["env"] == [{"name": REQUEST_ENV, "value": '{"record": {"dev": "eth0"}, "type": "network.netem"}'}]
+    assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True, "runAsUser": 0,
+                                    "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"]}}
+    assert c["resources"] == {"requests": {"cpu": "10m", "memory": "64Mi"},
+                              "limits": {"cpu": "500m", "memory": "256Mi"}}
+
+
+def test_a_cgroup_fault_gets_the_host_cgroup_tree_and_no_network_capability(cluster):
+    pod = client.ApiClient().sanitize_for_serialization(
+        helper_pod("apply", "process.cpu_throttle", {"type": "process.cpu_throttle"}, placement(cluster)))
+    (c,) = pod["spec"]["containers"]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN", "SYS_PTRACE"]}
+    assert c["volumeMounts"] == [{"name": "host-0", "mountPath": "/sys/fs/cgroup"}]
+    assert pod["spec"]["volumes"] == [{"name": "host-0", "hostPath": {"path": "/sys/fs/cgroup", "type": "Directory"}}]
+    unknown = client.ApiClient().sanitize_for_serialization(helper_pod("apply", "disk.fill", {}, placement(cluster)))
+    assert unknown["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_revert_store_round_trip_and_cleanup(api, cluster):
+    core = client.CoreV1Api(api_client(cluster))
+    store = RevertStore(core, "chaoskit", RUN)
+    store.put("a", {"type": "t", "record": {"x": 1}})
+    store.put("b", {"type": "t", "record": {"x": 2}})
+    store.put("a", {"type": "t", "record": {"x": 3}})  # overwrite
+    cm = api.state.configmaps[("chaoskit", configmap_name(RUN))]
+    assert cm["metadata"]["labels"] == {"chaoskit.io/run": dns_label(RUN), "app.kubernetes.io/managed-by": "chaoskit"}
+    assert cm["metadata"]["annotations"] == {"chaoskit.io/run-id": RUN}
+    assert store.get("a") == {"type": "t", "record": {"x": 3}} and store.get("zz") is None
+    store.remove("a")
+    assert set(api.state.configmaps[("chaoskit", configmap_name(RUN))]["data"]) == {"b.json"}
+    store.remove("b")
+    assert api.state.configmaps == {}
+    store.remove("b")  # idempotent
+    assert api.calls("DELETE", "/configmaps/") and len(api.calls("DELETE", "/configmaps/")) == 1
+
+
+def test_a_failing_helper_is_a_loud_error_and_is_still_deleted(api, cluster):
+    api.kubelet = lambda pod: ("Failed", '{"error": "RuntimeError: no such qdisc"}\n')
+    with pytest.raises(HelperFailed, match=r"on node node-7: revert network.netem Failed: RuntimeError: no such qdisc"):
+        K8sHelperExecutor().revert("network.netem", {"dev": "eth0"}, placement(cluster).to_json())
+    assert api.state.pods == {} and [r.method for r in api.requests if "/pods" in r.path][-1] == "DELETE"
+
+
+def test_an_entry_without_placement_fails_clearly():
+    with pytest.raises(ValueError, match="k8s-helper: the ledger entry has no placement"):
+        K8sHelperExecutor().revert("network.netem", {}, None)
