@@ -366,14 +366,22 @@ def rollback(
     ledger: Path | None = typer.Option(None, help="one ledger file to replay"),
     all_: bool = typer.Option(False, "--all", help="every unfinished ledger in the state directory"),
     force: bool = typer.Option(False, help="also revert ledgers whose run still seems alive"),
+    cluster: bool = typer.Option(False, "--cluster", help="revert the faults recorded in a Kubernetes cluster's "
+                                 "revert ConfigMaps (runs whose host is gone), from any machine"),
+    kubeconfig: Path | None = typer.Option(None, help="--cluster: kubeconfig (default $KUBECONFIG, "
+                                           "~/.kube/config, the pod's service account)"),
+    context: str | None = typer.Option(None, help="--cluster: kubeconfig context"),
+    namespace: str = typer.Option("chaoskit", help="--cluster: the namespace of the revert ConfigMaps"),
 ) -> None:
     """Revert faults left behind by a run that could not (killed, host rebooted). Exit 5 if any revert fails."""
     from chaoskit.engine.ledger import Ledger, open_ledgers
     from chaoskit.engine.rollback import rollback as do_rollback
     from chaoskit.paths import ledger_dir
 
-    if (ledger is None) == (not all_):
-        _fail(ChaoskitError("give exactly one of --ledger PATH or --all"))
+    if sum((ledger is not None, all_, cluster)) != 1:
+        _fail(ChaoskitError("give exactly one of --ledger PATH, --all or --cluster"))
+    if cluster:
+        _rollback_cluster(kubeconfig, context, namespace)
     if ledger is not None and not ledger.is_file():
         _fail(ChaoskitError(f"{ledger}: no such ledger file"))
     if ledger is not None and not Ledger(ledger).is_ledger():
@@ -401,6 +409,31 @@ def rollback(
             failed += 1
             err.print(f"[bold red]FAILED[/] #{e.id} {e.type} ({st.run_id}): {escape(why)}", highlight=False)
     raise typer.Exit(errors.EXIT_ROLLBACK_INCOMPLETE if failed else 0)
+
+
+def _rollback_cluster(kubeconfig: Path | None, context: str | None, namespace: str) -> None:
+    """`rollback --cluster`: every fault a run left recorded in the cluster, reverted through helper pods."""
+    from chaoskit.errors import PreflightError
+    from chaoskit.executors.k8s_helper import replay_cluster
+    from chaoskit.targets.kube import KubeCluster, resolve_cluster
+
+    try:
+        ref = resolve_cluster(KubeCluster(kubeconfig=str(kubeconfig) if kubeconfig else None, context=context))
+        results = replay_cluster(ref, namespace)
+    except PreflightError as e:
+        _fail(e)
+    except Exception as e:  # the API server unreachable, RBAC ...: faults may still be in effect
+        err.print(f"[bold red]FAILED[/] reading the revert records in namespace {namespace}: "
+                  f"{escape(f'{type(e).__name__}: {e}'[:500])}", highlight=False)
+        raise typer.Exit(errors.EXIT_ROLLBACK_INCOMPLETE) from None
+    if not results:
+        out.print(f"nothing to roll back (no revert records in namespace {namespace})")
+    for key, why in results:
+        if why is None:
+            out.print(f"[green]reverted[/] {key}", highlight=False)
+        else:
+            err.print(f"[bold red]FAILED[/] {key}: {escape(why)}", highlight=False)
+    raise typer.Exit(errors.EXIT_ROLLBACK_INCOMPLETE if any(why for _, why in results) else 0)
 
 
 @app.command()

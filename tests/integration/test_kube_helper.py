@@ -110,3 +110,19 @@ def test_agent_cli_reads_stdin_and_answers_one_json_line(sleeper):
     bad = subprocess.run([*agent, "revert"], input='{"record": {}}', capture_output=True, text=True, cwd=ROOT)
     assert (bad.returncode, json.loads(bad.stdout)) == (1, {"error": "ValueError: the request must be a JSON object "
                                                                      "with a 'type'"})
+
+
+def test_rollback_cluster_command_finishes_the_job_from_another_machine(api, cluster, sleeper, sigstop, tmp_path,
+                                                                         state_dir):
+    K8sHelperExecutor().apply(sigstop, sigstop.prepare(), placement(cluster).to_json())
+    wait_for(lambda: proc_state(sleeper.pid) == "T")
+    cli = [sys.executable, "-m", "chaoskit", "rollback", "--cluster", "--kubeconfig", str(tmp_path / "kubeconfig")]
+    env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state_dir)}
+    done = subprocess.run(cli, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.split()) == (0, ["reverted", "k1"]), done.stdout + done.stderr
+    assert proc_state(sleeper.pid) in ("S", "R") and api.state.configmaps == {} and _helper_pods(api) == []
+    again = subprocess.run(cli, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "nothing to roll back (no revert records in namespace chaoskit)" in again.stdout
+    nowhere = subprocess.run(cli[:5], env={**env, "KUBECONFIG": str(tmp_path / "missing")}, cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert nowhere.returncode == 4 and "no kubeconfig found" in nowhere.stderr and "Traceback" not in nowhere.stderr
