@@ -297,10 +297,10 @@ def _report(exp: Any, result: Any, args: RunArgs, run_dir: Path, journal_path: P
 
     code = rec.code
     junit = args.junit or (run_dir / "junit.xml" if args.ci else None)
-    data = rec.data = summary(result, exp)
+    events = read_journal(journal_path)
+    data = rec.data = summary(result, exp, events)
     write_summary(journal_path.with_name("summary.json"), data)
     report_path = rec.report = args.report or run_dir / "report.html"
-    events = read_journal(journal_path)
     write_html(report_path, events)
     if junit:
         write_junit(junit, data)

@@ -26,7 +26,9 @@ from chaoskit.errors import (
 from chaoskit.spec.models import Experiment
 
 
-def summary(result: RunResult, exp: Experiment) -> dict[str, Any]:
+def summary(result: RunResult, exp: Experiment, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json: the run's outcome, and its samples as the journal holds them (`events`: the run keeps
+    none in memory, so a long run with frequent probes does not grow)."""
     st = result.status
     return {
         "run_id": result.run_id,
@@ -47,7 +49,7 @@ def summary(result: RunResult, exp: Experiment) -> dict[str, Any]:
         "states": [{"state": s, "t": t} for s, t in st.history],
         "plan": result.plan,
         "faults": result.faults,
-        "samples": [s.to_json() for s in result.samples],
+        "samples": [{k: v for k, v in e.items() if k != "event"} for e in events if e.get("event") == "sample"],
     }
 
 

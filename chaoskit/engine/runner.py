@@ -42,7 +42,6 @@ class RunOptions:
 class RunResult:
     run_id: str
     status: RunStatus
-    samples: list[Sample] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
     plan: list[dict[str, Any]] = field(default_factory=list)
     recovery_s: float | None = None
@@ -83,8 +82,7 @@ class Runner:
         self.journal.emit("state", state=new.value, previous=old.value, reason=reason)
 
     def _record(self, sample: Sample) -> None:
-        self.result.samples.append(sample)
-        self.journal.emit("sample", **sample.to_json())
+        self.journal.emit("sample", **sample.to_json())  # kept only there: summary.json reads it back
 
     # -- signals --------------------------------------------------------------------------------------
     def interrupt(self, signum: int) -> None:
