@@ -63,8 +63,9 @@ class Faults:
                               escaped_to=info["escaped_to"], problems=info["problems"])
 
     # -- one fault --------------------------------------------------------------------------------------
-    async def apply(self, step: Step, inj: Injector) -> int:
-        """Intent in the ledger (fsync'd), apply within the step's timeout, applied in the ledger; the entry id."""
+    async def apply(self, step: Step, inj: Injector, group: str | None = None) -> int:
+        """Intent in the ledger (fsync'd), apply within the step's timeout, applied in the ledger; the entry id.
+        `group` names the `parallel` block the step is in."""
         t0 = time.perf_counter()
         try:
             record = inj.prepare()
@@ -72,7 +73,7 @@ class Faults:
             executor = get_executor(executor_name)
             entry_id = self.ledger.intent(inj.type, record, inj.plan(),
                                           expires_at=time.time() + step.timeout + step.lifetime(),
-                                          executor=executor_name, placement=placement)
+                                          executor=executor_name, placement=placement, group=group)
         except Exception as e:
             raise FaultFailed(f"{step.label()}: could not prepare: {type(e).__name__}: {e}") from None
         fault = {"id": entry_id, "step": step.label(), "type": inj.type, "duration_s": step.duration,

@@ -39,6 +39,7 @@ class Entry:
     expires_at: float | None = None  # the watchdog reverts it after this even while the run lives (a hung run)
     executor: str = "local"  # what applied it, so rollback and the watchdog revert it the same way
     placement: dict[str, Any] | None = None  # where it runs (plain JSON from the target layer)
+    group: str | None = None  # the `parallel` block it was applied in (its reverts may run at once)
 
 
 @dataclass
@@ -95,7 +96,7 @@ class Ledger:
         self._append({"op": "watching", **info})
 
     def intent(self, type_name: str, record: dict[str, Any], plan: list[str], expires_at: float | None = None,
-               executor: str = "local", placement: dict[str, Any] | None = None) -> int:
+               executor: str = "local", placement: dict[str, Any] | None = None, group: str | None = None) -> int:
         if self._last_id is None:
             self._last_id = max(self.read().entries, default=0)
         self._last_id += 1
@@ -104,6 +105,8 @@ class Ledger:
                 "expires_at": expires_at, "executor": executor}
         if placement is not None:
             line["placement"] = placement
+        if group is not None:
+            line["group"] = group
         self._append(line)
         return new_id
 
@@ -151,7 +154,7 @@ class Ledger:
                 st.entries[obj["id"]] = Entry(obj["id"], obj["type"], obj["record"], obj.get("plan", []),
                                               expires_at=obj.get("expires_at"),
                                               executor=obj.get("executor") or "local",
-                                              placement=obj.get("placement"))
+                                              placement=obj.get("placement"), group=obj.get("group"))
             elif op in ("applied", "reverted", "revert_failed") and obj.get("id") in st.entries:
                 e = st.entries[obj["id"]]
                 if op == "applied":

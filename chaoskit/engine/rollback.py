@@ -5,16 +5,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout, LedgerState, open_ledgers
 from chaoskit.executors import Executor, UnknownExecutor, get_executor
+from chaoskit.injectors import injector_class
 
 log = logging.getLogger(__name__)
 
 RETRIES = 3
 RETRY_DELAY_S = 0.2
+MAX_PARALLEL_REVERTS = 16
 
 
 @dataclass
@@ -78,19 +81,50 @@ def _rollback_locked(ledger: Ledger, close: bool,
         state = ledger.read()
         if state.closed:
             return result
-        for entry in state.pending():
-            error = revert_entry(ledger, entry)
-            if error is None:
-                result.reverted.append(entry)
-            else:
-                result.failed.append((entry, error))
-            if on_revert:
-                on_revert(entry, error)
+        for batch in batches(state.pending()):
+            for entry, error in _revert_batch(ledger, batch):
+                if error is None:
+                    result.reverted.append(entry)
+                else:
+                    result.failed.append((entry, error))
+                if on_revert:
+                    on_revert(entry, error)
         if close and result.complete:
             ledger.close()
     if close and result.complete:
         ledger.remove_lockfile()
     return result
+
+
+def batches(pending: list[Entry]) -> list[list[Entry]]:
+    """The pending entries (newest first) in the order they are reverted: consecutive entries of one `parallel`
+    block whose faults revert independently form one batch, reverted at once; every other entry is a batch
+    of its own, so faults that stack are still undone newest first."""
+    out: list[list[Entry]] = []
+    for entry in pending:
+        if out and _joins(out[-1][-1], entry):
+            out[-1].append(entry)
+        else:
+            out.append([entry])
+    return out
+
+
+def _joins(prev: Entry, entry: Entry) -> bool:
+    return entry.group is not None and entry.group == prev.group and _independent(entry) and _independent(prev)
+
+
+def _independent(entry: Entry) -> bool:
+    try:
+        return injector_class(entry.type).independent_revert
+    except KeyError:
+        return False
+
+
+def _revert_batch(ledger: Ledger, batch: list[Entry]) -> list[tuple[Entry, str | None]]:
+    if len(batch) == 1:
+        return [(batch[0], revert_entry(ledger, batch[0]))]
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_REVERTS, len(batch))) as pool:
+        return list(zip(batch, pool.map(lambda e: revert_entry(ledger, e), batch), strict=True))
 
 
 def replay_orphans(directory: Path | None = None) -> list[tuple[LedgerState, RollbackResult]]:

@@ -76,6 +76,7 @@ class Runner:
         self._active = 0  # faults in effect now: "during" samples are judged only while one is
         self._applied_at = 0.0  # monotonic time of the latest apply (steadyState.during.grace counts from it)
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
+        self._blocks = 0  # parallel blocks started (each names the group of its faults in the ledger)
 
     # -- events -------------------------------------------------------------------------------------
     def _on_state(self, old: State, new: State, reason: str) -> None:
@@ -284,12 +285,14 @@ class Runner:
             if self._method_task is not None:
                 self._method_task.cancel()
 
-    async def _step(self, step: Step) -> None:
+    async def _step(self, step: Step, group: str | None = None) -> None:
         if step.pause is not None:
             self.journal.emit("pause", seconds=step.pause)
             await asyncio.sleep(step.pause)
         elif step.parallel:
-            tasks = [asyncio.create_task(self._step(s)) for s in step.parallel]
+            self._blocks += 1
+            block = f"parallel-{self._blocks}"  # its faults were applied at once: their reverts may run at once
+            tasks = [asyncio.create_task(self._step(s, block)) for s in step.parallel]
             try:
                 await asyncio.gather(*tasks)
             finally:
@@ -297,11 +300,11 @@ class Runner:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
         else:
-            await self._inject(step)
+            await self._inject(step, group)
 
-    async def _inject(self, step: Step) -> None:
+    async def _inject(self, step: Step, group: str | None) -> None:
         assert self.faults is not None
-        entry_id = await self.faults.apply(step, self.injectors[id(step)])
+        entry_id = await self.faults.apply(step, self.injectors[id(step)], group)
         self._active += 1
         self._applied_at = time.monotonic()
         if self._in_effect is not None:

@@ -15,6 +15,10 @@ class Injector(ABC):
     type: ClassVar[str]
     summary: ClassVar[str]
     Spec: ClassVar[type[BaseModel]]
+    # True when reverting it never touches what another fault of the family changed (its own nft table, its
+    # own helper process, a signal): the faults of one `parallel` block are then reverted at once. False for
+    # faults that stack on one object (cgroup moves, qdiscs), which must be undone newest first.
+    independent_revert: ClassVar[bool] = False
 
     def __init__(self, spec: BaseModel):
         self.spec = spec

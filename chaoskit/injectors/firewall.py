@@ -120,6 +120,7 @@ class PartitionSpec(_FirewallSpec):
 
 
 class _Firewall(Injector):
+    independent_revert: ClassVar[bool] = True
     spec: DropSpec | PartitionSpec
 
     def preflight(self) -> None:

@@ -186,6 +186,7 @@ def _wait_state(targets: list[dict[str, Any]], done: Any, timeout: float = 1.0) 
 
 
 class ProcessSignal(Injector):
+    independent_revert: ClassVar[bool] = True
     type: ClassVar[str] = "process.signal"
     summary: ClassVar[str] = "SIGSTOP processes (revert: SIGCONT) or kill them, by PID or name"
     Spec = ProcessSignalSpec

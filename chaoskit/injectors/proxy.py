@@ -117,6 +117,7 @@ class ProxySpec(StrictModel):
 class ProxyHelper(helper_proc.HelperFault):
     """A proxy run as a helper process (`server` module) listening on spec.listen and relaying to
     spec.upstream; subclasses give its JSON configuration."""
+    independent_revert: ClassVar[bool] = True
 
     server: ClassVar[str]
     what: ClassVar[str]
