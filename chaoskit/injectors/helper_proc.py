@@ -7,10 +7,10 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from chaoskit.injectors.base import Injector
-from chaoskit.targets.process import ProcessRef, find_by_token, is_alive
+from chaoskit.targets.process import ProcessRef, cmdline, find_by_token, is_alive
 
 
 def spawn(module: str, token: str, args: list[str], what: str, env: dict[str, str] | None = None) -> ProcessRef:
@@ -30,9 +30,21 @@ def spawn(module: str, token: str, args: list[str], what: str, env: dict[str, st
     return refs[0] if refs else ProcessRef(proc.pid, 0)
 
 
-def stop(token: str | None, grace_s: float = 5.0) -> None:
-    """SIGTERM every process carrying the token, SIGKILL what is left after `grace_s`."""
-    procs = find_by_token(token) if token else []
+def marked(token: str | None, ref: dict[str, Any] | None) -> list[ProcessRef]:
+    """The live processes carrying `token`: just the recorded one (`ref`) when the record has it (one /proc
+    read instead of a scan of every process's command line), else all found by the token."""
+    if not token:
+        return []
+    if ref is not None and ref.get("start_time"):  # 0: spawn could not read it; scan by token
+        r = ProcessRef.from_json(ref)
+        return [r] if is_alive(r) and token in cmdline(r.pid) else []
+    return find_by_token(token)
+
+
+def stop(token: str | None, grace_s: float = 5.0, ref: dict[str, Any] | None = None) -> None:
+    """SIGTERM every process carrying the token (the recorded `ref` only, when given), SIGKILL what is left
+    after `grace_s`."""
+    procs = marked(token, ref)
     for ref in procs:
         try:
             os.kill(ref.pid, signal.SIGTERM)
@@ -49,19 +61,20 @@ def stop(token: str | None, grace_s: float = 5.0) -> None:
             pass
 
 
-def running(token: str | None) -> bool:
-    return bool(token) and any(is_alive(r) for r in find_by_token(token))
+def running(token: str | None, ref: dict[str, Any] | None = None) -> bool:
+    return any(is_alive(r) for r in marked(token, ref))
 
 
 class HelperFault(Injector):
     """A fault that is a helper process found by the token in its record: revert stops it, observe sees it."""
 
     max_lifetime_s: float = 3600.0  # the helper exits by itself after this; the runner sets duration + 60 s
+    ref_key: ClassVar[str | None] = None  # where apply records the helper's ProcessRef (None: found by token)
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        stop(record.get("token"))
+        stop(record.get("token"), ref=record.get(cls.ref_key) if cls.ref_key else None)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        return running(record.get("token"))
+        return running(record.get("token"), record.get(cls.ref_key) if cls.ref_key else None)

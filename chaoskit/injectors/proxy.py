@@ -118,6 +118,7 @@ class ProxyHelper(helper_proc.HelperFault):
     """A proxy run as a helper process (`server` module) listening on spec.listen and relaying to
     spec.upstream; subclasses give its JSON configuration."""
     independent_revert: ClassVar[bool] = True
+    ref_key: ClassVar[str | None] = "proxy"  # apply records the helper as record["proxy"]
 
     server: ClassVar[str]
     what: ClassVar[str]
