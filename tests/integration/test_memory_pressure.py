@@ -1,6 +1,6 @@
 """host.memory_pressure on the real kernel: pages resident at `ready` (each populate method), revert leaves no
 holder, SIGTERM in the middle of a populate, chunks grown and given back, and a `target_used` hold that stays
-within 2% of MemTotal while a child of the test allocates and frees 256 MiB. Everything stays under ~1 GiB."""
+within 2% of MemTotal while a child of the test allocates and frees 384 MiB. Everything stays under ~1.2 GiB."""
 
 from __future__ import annotations
 
@@ -21,13 +21,15 @@ from chaoskit.targets.process import find_by_token
 from tests.conftest import wait_for
 
 MiB = 1 << 20
-# Allocates 256 MiB, holds it, frees it, twice; prints what it holds after each change.
+# Allocates 384 MiB, holds it, frees it, twice; prints what it holds after each change. (With 256 MiB, other
+# processes of a busy CI box freeing as much at the same time once left the holder nothing to give back; much
+# more than 384 MiB and the instant free alone is over 2% of this box's 24 GiB before the holder regrows.)
 CHURN = """
 import mmap, sys, time
 for _ in range(2):
-    m = mmap.mmap(-1, 256 << 20)
-    m.madvise(23, 0, 256 << 20)
-    print(256, flush=True)
+    m = mmap.mmap(-1, 384 << 20)
+    m.madvise(23, 0, 384 << 20)
+    print(384, flush=True)
     time.sleep(1.0)
     m.close()
     print(0, flush=True)
@@ -155,7 +157,7 @@ def test_sigterm_during_a_populate_stops_within_a_second():
 def test_target_used_holds_within_two_percent_while_a_child_allocates_and_frees(state_dir):
     m = meminfo()
     total = m["MemTotal"]
-    target = (total - m["MemAvailable"] + 512 * MiB) / total
+    target = (total - m["MemAvailable"] + 768 * MiB) / total  # the holder holds ~768 MiB, gives back 384
     inj = injector(target_used=f"{target * 100:.4f}%")
     inj.preflight()
     final = inj.apply(inj.prepare())
@@ -174,7 +176,7 @@ def test_target_used_holds_within_two_percent_while_a_child_allocates_and_frees(
         details = MemoryPressure.observe_details(final)
         worst = max(abs(e) for e in errors)
         assert worst <= 0.02, f"max |error| {worst:.2%} of MemTotal; series {[round(e * 100, 2) for e in errors]}"
-        assert held_max - held_min >= 128 * MiB, "the holder did not give memory back while the child held 256 MiB"
+        assert held_max - held_min >= 192 * MiB, "the holder did not give memory back while the child held 384 MiB"
         assert details["corrections"] >= 2 and details["holder"]["last_corrections"]
     finally:
         if churn is not None:
