@@ -97,6 +97,14 @@ def bcc_missing(program: str) -> str | None:
     return None
 
 
+@pytest.fixture
+def no_kube_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No kubeconfig anywhere chaoskit looks ($KUBECONFIG, ~/.kube/config, in-cluster), whatever this host has."""
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

@@ -36,12 +36,7 @@ method:
 """
 
 
-@pytest.fixture(autouse=True)
-def no_kube_env(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    """The CLI runs with this process's environment: no kubeconfig, no in-cluster service, an empty HOME."""
-    monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+pytestmark = pytest.mark.usefixtures("no_kube_env")  # the CLI runs with this process's environment
 
 
 def test_a_kube_experiment_without_kubeconfig_fails_preflight_with_exit_4(tmp_path, state_dir):

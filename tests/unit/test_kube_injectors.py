@@ -16,13 +16,6 @@ from tests.helpers.fake_kube import FakeKubeApi
 
 
 @pytest.fixture
-def no_kube_env(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-
-
-@pytest.fixture
 def api(no_kube_env, tmp_path, monkeypatch: pytest.MonkeyPatch):
     with FakeKubeApi() as fake:
         for i in range(3):

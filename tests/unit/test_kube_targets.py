@@ -13,13 +13,6 @@ from tests.helpers.fake_kube import TOKEN, FakeKubeApi
 
 
 @pytest.fixture
-def no_kube_env(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-
-
-@pytest.fixture
 def api(no_kube_env):
     with FakeKubeApi() as fake:
         for i in range(5):
