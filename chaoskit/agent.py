@@ -1,7 +1,8 @@
 """`python -m chaoskit.agent apply|revert|observe`: run one injector verb on this node (inside a helper pod).
 
-The request is JSON — `{"type": ..., "record": {...}, "spec": {...}}` (`spec` for apply only) — read from a file
-(`--file PATH`), stdin (`--file -`, the default) or an environment variable (`--env NAME`, how the k8s-helper
+The request is JSON — `{"type": ..., "record": {...}, "spec": {...}, "placement": {...}}` (`spec` and
+`placement` for apply only; a placement naming a pod makes the spec's `kubernetes:` target that container's
+PIDs) — read from a file (`--file PATH`), stdin (`--file -`, the default) or an environment variable (`--env NAME`, how the k8s-helper
 executor passes it). The answer is one JSON line on stdout: apply `{"record": final}`, revert `{"reverted": true}`,
 observe `{"in_effect": bool, "details": {...}}`; a failure is `{"error": "..."}` and exit status 1.
 """
@@ -16,6 +17,8 @@ from typing import Any
 
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors import injector_class
+from chaoskit.targets.container import container_pids
+from chaoskit.targets.layer import localize
 
 VERBS = ("apply", "revert", "observe")
 
@@ -24,14 +27,31 @@ def run(verb: str, request: dict[str, Any]) -> dict[str, Any]:
     """Do `verb` with the local injector code; the answer object."""
     local, type_name, record = LocalExecutor(), request["type"], request.get("record") or {}
     if verb == "apply":
-        cls = injector_class(type_name)
-        injector = cls(cls.Spec.model_validate(request["spec"]))
-        return {"record": local.apply(injector, record, None)}
+        return {"record": apply(type_name, request["spec"], record, (request.get("placement") or {}).get("target"))}
     if verb == "revert":
         local.revert(type_name, record, None)
         return {"reverted": True}
     return {"in_effect": local.observe(type_name, record, None),
             "details": local.observe_details(type_name, record, None)}
+
+
+def apply(type_name: str, spec: dict[str, Any], record: dict[str, Any], pod: dict[str, Any] | None) -> dict[str, Any]:
+    """Apply on this node. For a chosen pod (`pod`, a targets.kube.Placement) the spec's kubernetes target
+    becomes its container's PIDs, and the fault is checked and prepared here; one that fails halfway is
+    reverted before the error is answered."""
+    cls = injector_class(type_name)
+    if pod is not None:
+        spec = localize(spec, container_pids(pod["container_id"]))
+    injector = cls(cls.Spec.model_validate(spec))
+    if record:  # prepared by the caller (one fault on one node)
+        return injector.apply(record)
+    injector.preflight()
+    record = injector.prepare()
+    try:
+        return injector.apply(record)
+    except BaseException:
+        cls.revert(record)
+        raise
 
 
 def read_request(args: argparse.Namespace) -> dict[str, Any]:

@@ -68,10 +68,10 @@ class Faults:
         `group` names the `parallel` block the step is in."""
         t0 = time.perf_counter()
         try:
-            record = inj.prepare()
             executor_name, placement = route_of(inj)
             executor = get_executor(executor_name)
-            entry_id = self.ledger.intent(inj.type, record, inj.plan(),
+            record = executor.prepare(inj)
+            entry_id = self.ledger.intent(inj.type, record, executor.plan(inj),
                                           expires_at=time.time() + step.timeout + step.lifetime(),
                                           executor=executor_name, placement=placement, group=group)
         except Exception as e:

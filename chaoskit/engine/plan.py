@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from chaoskit.errors import PreflightError
+from chaoskit.executors import get_executor
 from chaoskit.injectors import Injector, injector_class
+from chaoskit.injectors.base import FaultContext
 from chaoskit.spec.models import Step
+from chaoskit.targets.layer import place
 
 
 def inject_steps(steps: list[Step]) -> list[Step]:
@@ -22,20 +25,21 @@ def inject_steps(steps: list[Step]) -> list[Step]:
 UNRESOLVED = "(planned at run time: its target comes from the deployment the run starts)"
 
 
-def plan_faults(method: list[Step], unresolved: frozenset[int] = frozenset()) -> tuple[
+def plan_faults(method: list[Step], unresolved: frozenset[int] = frozenset(), run_id: str = "") -> tuple[
         dict[int, Injector], list[dict[str, Any]], list[str]]:
-    """(injector per id(step), the plan, preflight problems). The plan is made even where preflight failed:
-    --dry-run prints it beside the reason. Steps in `unresolved` (a dry run's {target.*} not known yet) are
-    listed but neither checked nor planned."""
+    """(injector per id(step), the plan, preflight problems). Each fault is placed (targets.layer) and
+    checked by its executor. The plan is made even where preflight failed: --dry-run prints it beside the
+    reason. Steps in `unresolved` (a dry run's {target.*} not known yet) are listed but neither checked nor
+    planned."""
     injectors: dict[int, Injector] = {}
     plan, problems = [], []
     for step in inject_steps(method):
         entry: dict[str, Any] = {"step": step.label(), "duration_s": step.duration}
         if id(step) in unresolved:
-            inj = _injector(step, step.inject)
+            inj = _injector(step, step.inject, run_id)
             entry["changes"] = [UNRESOLVED]
         else:
-            inj, problem, passed_over = _choose(step)
+            inj, problem, passed_over = _choose(step, run_id)
             if problem:
                 problems.append(problem)
             entry["changes"] = _lines(inj)
@@ -48,22 +52,23 @@ def plan_faults(method: list[Step], unresolved: frozenset[int] = frozenset()) ->
     return injectors, plan, problems
 
 
-def _injector(step: Step, spec: Any) -> Injector:
-    inj = injector_class(spec.type)(spec)
+def _injector(step: Step, spec: Any, run_id: str) -> Injector:
+    inj = injector_class(spec.type)(spec, FaultContext(step=step.label(), lifetime_s=step.lifetime(), run_id=run_id))
     if hasattr(inj, "max_lifetime_s"):
         inj.max_lifetime_s = step.lifetime()  # helper processes also expire by themselves
     return inj
 
 
-def _choose(step: Step) -> tuple[Injector, str | None, list[str]]:
+def _choose(step: Step, run_id: str) -> tuple[Injector, str | None, list[str]]:
     """The step's fault, or the first fallback this host can apply: (injector, its preflight problem or None,
     why each fault before it was passed over)."""
     passed_over: list[str] = []
     candidates = [step.inject, *step.fallback]
     for i, spec in enumerate(candidates):
-        inj = _injector(step, spec)
+        inj = _injector(step, spec, run_id)
         try:
-            inj.preflight()
+            place(inj)
+            get_executor(inj.ctx.executor).preflight(inj)
             return inj, None, passed_over
         except PreflightError as e:
             if i == len(candidates) - 1:
@@ -74,6 +79,6 @@ def _choose(step: Step) -> tuple[Injector, str | None, list[str]]:
 
 def _lines(inj: Injector) -> list[str]:
     try:
-        return inj.plan()
+        return get_executor(inj.ctx.executor).plan(inj)
     except Exception as e:
         return [f"(no plan: {type(e).__name__}: {e})"]

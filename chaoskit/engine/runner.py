@@ -166,7 +166,8 @@ class Runner:
                 p.preflight()
             except PreflightError as e:
                 problems.append(str(e))
-        self.injectors, plan, more = plan_faults(self.exp.method, self.opts.unresolved_steps)
+        self.injectors, plan, more = plan_faults(self.exp.method, self.opts.unresolved_steps,
+                                                 self.result.run_id)
         problems += more
         self.result.plan = plan
         self._plans = dict(zip([id(s) for s in inject_steps(self.exp.method)], plan, strict=True))

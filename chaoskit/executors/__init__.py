@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from chaoskit.executors.base import Executor, Placement, Record, UnknownExecutor
+from chaoskit.injectors.base import Injector
 
 LOCAL = "local"
 K8S_HELPER = "k8s-helper"
@@ -24,11 +25,10 @@ def get_executor(name: str) -> Executor:
                           "chaoskit?)")
 
 
-def route_of(injector: object) -> tuple[str, Placement]:
-    """(executor name, placement) an injector asks for: `local` and none unless it says otherwise."""
-    name = getattr(injector, "executor_name", LOCAL)
-    placement = getattr(injector, "placement", None)
-    return name, placement() if callable(placement) else None
+def route_of(injector: Injector) -> tuple[str, Placement]:
+    """(executor name, placement) of a fault: what the target layer put in its context (`local` unless a
+    node-level fault targets Kubernetes pods); a Kubernetes API fault (pod.delete) names its pods itself."""
+    return injector.ctx.executor, injector.placement()
 
 
 __all__ = ["K8S_HELPER", "LOCAL", "NAMES", "Executor", "Placement", "Record", "UnknownExecutor", "get_executor",

@@ -15,10 +15,16 @@ class UnknownExecutor(LookupError):
 
 
 class Executor(Protocol):
-    """Runs apply / revert / observe of one fault at its placement. `revert` and `observe` work from the ledger
-    entry alone (type, record, placement), in a fresh process."""
+    """Runs the verbs of one fault at its placement (injector.ctx.placement for preflight / plan / prepare).
+    `revert` and `observe` work from the ledger entry alone (type, record, placement), in a fresh process."""
 
     name: str
+
+    def preflight(self, injector: Injector) -> None: ...
+
+    def plan(self, injector: Injector) -> list[str]: ...
+
+    def prepare(self, injector: Injector) -> Record: ...
 
     def apply(self, injector: Injector, record: Record, placement: Placement) -> Record: ...
 

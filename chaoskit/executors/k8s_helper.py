@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from chaoskit.executors.base import Placement, Record
-from chaoskit.executors.revert_store import RUN_LABEL, RevertStore, dns_label, stored_faults
+from chaoskit.executors.revert_store import RUN_LABEL, RevertStore, configmap_name, dns_label, stored_faults
 from chaoskit.injectors import Injector
 from chaoskit.targets.kube import ClusterRef, api_client
 
@@ -53,9 +53,17 @@ class HelperPlacement:
     deadline_s: int = 120
     key: str = field(default_factory=lambda: uuid.uuid4().hex[:10])  # this fault's key in the run's ConfigMap
     target: dict[str, Any] | None = None  # the pod placement the fault acts on (targets.kube.Placement)
+    targets: list[dict[str, Any]] | None = None  # every chosen pod (the target layer's choice), one helper each
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def per_pod(self) -> list[HelperPlacement]:
+        """One placement per chosen pod (on its node, its own ConfigMap key); itself if it names no pods."""
+        if not self.targets:
+            return [self]
+        return [replace(self, node=t["node"], target=t, targets=None, key=f"{self.key}-{i}")
+                for i, t in enumerate(self.targets)]
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HelperPlacement:
@@ -92,10 +100,42 @@ def helper_pod(verb: str, type_name: str, request: dict[str, Any], hp: HelperPla
 
 
 class K8sHelperExecutor:
+    """Each chosen pod's fault runs in its own helper pod; the ledger record holds each pod's revert record
+    (`pods`), and the cluster's RevertStore holds them too, so a fault whose apply failed halfway, or whose
+    host crashed, is still reverted on every pod that has it."""
+
     name: ClassVar[str] = "k8s-helper"
+
+    def preflight(self, injector: Injector) -> None:
+        """Nothing more here: the target layer chose the pods; the helper checks the node before applying."""
+
+    def plan(self, injector: Injector) -> list[str]:
+        hp = HelperPlacement.from_json(injector.ctx.placement or {})
+        caps = ", ".join(CAPABILITIES.get(injector.type, ())) or "none"
+        spec = injector.spec.model_dump(mode="json", exclude_defaults=True, exclude={"type", "target", "kubernetes"})
+        lines = []
+        for one in hp.per_pod():
+            pod = one.target or {}
+            lines.append(f"on node {one.node}: a helper pod ({hp.image}, hostPID, capabilities {caps}) applies "
+                         f"{injector.type} {json.dumps(spec, sort_keys=True)} to pod {pod.get('namespace')}/"
+                         f"{pod.get('pod')} container {pod.get('container')}")
+        return [*lines, f"revert: a helper pod on each node, from the record (also kept in ConfigMap "
+                        f"{hp.namespace}/{configmap_name(hp.run_id)})"]
+
+    def prepare(self, injector: Injector) -> Record:
+        return {"pods": []}  # each helper prepares on its node; until then there is nothing to undo
 
     def apply(self, injector: Injector, record: Record, placement: Placement) -> Record:
         hp, core = self._open(placement)
+        if not hp.targets:  # one fault on one node, its record prepared by the caller
+            return self._apply_one(core, injector, record, hp)
+        pods = []
+        for one in hp.per_pod():
+            final = self._apply_one(core, injector, {}, one)
+            pods.append({"key": one.key, "node": one.node, "pod": (one.target or {}).get("pod"), "record": final})
+        return {"pods": pods}
+
+    def _apply_one(self, core: Any, injector: Injector, record: Record, hp: HelperPlacement) -> Record:
         request = {"type": injector.type, "spec": injector.spec.model_dump(mode="json"), "record": record,
                    "placement": hp.to_json()}
         store = RevertStore(core, hp.namespace, hp.run_id)
@@ -106,16 +146,42 @@ class K8sHelperExecutor:
 
     def revert(self, type_name: str, record: Record, placement: Placement) -> None:
         hp, core = self._open(placement)
-        run_helper(core, "revert", type_name, {"type": type_name, "record": record}, hp)
-        RevertStore(core, hp.namespace, hp.run_id).remove(hp.key)
+        store = RevertStore(core, hp.namespace, hp.run_id)
+        for one, rec in self._records(store, hp, record):
+            if rec:  # an empty record: nothing was applied there
+                run_helper(core, "revert", type_name, {"type": type_name, "record": rec}, one)
+            store.remove(one.key)
 
     def observe(self, type_name: str, record: Record, placement: Placement) -> bool:
         return bool(self.observe_details(type_name, record, placement).get("in_effect"))
 
     def observe_details(self, type_name: str, record: Record, placement: Placement) -> dict[str, Any]:
         hp, core = self._open(placement)
-        answer = run_helper(core, "observe", type_name, {"type": type_name, "record": record}, hp)
-        return {**answer.get("details", {}), "in_effect": bool(answer.get("in_effect"))}
+        store = RevertStore(core, hp.namespace, hp.run_id)
+        per_pod = {}
+        for one, rec in self._records(store, hp, record):
+            if rec:  # an empty record: nothing was applied there
+                answer = run_helper(core, "observe", type_name, {"type": type_name, "record": rec}, one)
+                per_pod[f"{one.node}/{(one.target or {}).get('pod', '')}"] = {
+                    **answer.get("details", {}), "in_effect": bool(answer.get("in_effect"))}
+        if not hp.targets:
+            return next(iter(per_pod.values()), {"in_effect": False})
+        return {"in_effect": any(d["in_effect"] for d in per_pod.values()), "pods": per_pod}
+
+    @staticmethod
+    def _records(store: RevertStore, hp: HelperPlacement, record: Record) -> list[tuple[HelperPlacement,
+                                                                                      Record | None]]:
+        """Each pod's placement and revert record: the ledger's, else the cluster's copy of an applied one, else
+        None (never applied there: a helper whose apply failed reverted what it had done itself)."""
+        if not hp.targets:
+            return [(hp, record)]
+        known = {p["key"]: p["record"] for p in record.get("pods", [])}
+        out: list[tuple[HelperPlacement, Record | None]] = []
+        for one in hp.per_pod():
+            stored = store.get(one.key) if one.key not in known else None
+            applied = stored.get("record") if stored and stored.get("state") == "applied" else None
+            out.append((one, known.get(one.key, applied)))
+        return out
 
     @staticmethod
     def _open(placement: Placement) -> tuple[HelperPlacement, Any]:

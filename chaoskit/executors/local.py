@@ -11,6 +11,15 @@ from chaoskit.injectors import Injector, injector_class
 class LocalExecutor:
     name: ClassVar[str] = "local"
 
+    def preflight(self, injector: Injector) -> None:
+        injector.preflight()
+
+    def plan(self, injector: Injector) -> list[str]:
+        return injector.plan()
+
+    def prepare(self, injector: Injector) -> Record:
+        return injector.prepare()
+
     def apply(self, injector: Injector, record: Record, placement: Placement) -> Record:
         return injector.apply(record)
 

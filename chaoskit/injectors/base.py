@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
+
+
+@dataclass
+class FaultContext:
+    """What the run tells one fault: its step, how long it may live, the run, and where it runs (the executor
+    and its plain-JSON placement, set once by the target layer at preflight: targets.layer.place)."""
+
+    step: str = ""
+    lifetime_s: float = 3600.0  # duration + timeout + grace: helper processes also expire by themselves
+    run_id: str = ""
+    executor: str = "local"
+    placement: dict[str, Any] | None = None
 
 
 class Injector(ABC):
@@ -20,8 +33,13 @@ class Injector(ABC):
     # faults that stack on one object (cgroup moves, qdiscs), which must be undone newest first.
     independent_revert: ClassVar[bool] = False
 
-    def __init__(self, spec: BaseModel):
+    def __init__(self, spec: BaseModel, ctx: FaultContext | None = None):
         self.spec = spec
+        self.ctx = ctx if ctx is not None else FaultContext()
+
+    def placement(self) -> dict[str, Any] | None:
+        """Where the fault runs, for the ledger entry (None: on this host, as its spec says)."""
+        return self.ctx.placement
 
     def preflight(self) -> None:
         """Raise PreflightError if this host cannot apply the fault (checked before anything is applied)."""

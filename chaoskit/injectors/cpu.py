@@ -15,7 +15,7 @@ from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_va
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
-from chaoskit.injectors.base import Injector
+from chaoskit.injectors.base import FaultContext, Injector
 from chaoskit.injectors.cgroup_move import any_target_inside, move_back_and_remove, move_in, proc_record
 from chaoskit.injectors.process import ProcessTargets, check_targets
 from chaoskit.spec.types import Duration, StrictModel
@@ -90,8 +90,8 @@ class CpuThrottle(Injector):
     Spec = CpuThrottleSpec
     spec: CpuThrottleSpec
 
-    def __init__(self, spec: BaseModel):
-        super().__init__(spec)
+    def __init__(self, spec: BaseModel, ctx: FaultContext | None = None):
+        super().__init__(spec, ctx)
         self.cgroup_name = f"chaoskit-{uuid.uuid4().hex[:12]}"  # chosen once, so plan names what apply creates
 
     def preflight(self) -> None:

@@ -17,6 +17,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.gpu import nvml
 from chaoskit.gpu.cuda import visible_devices_env
 from chaoskit.injectors import helper_proc
+from chaoskit.injectors.base import FaultContext
 from chaoskit.paths import state_dir
 from chaoskit.spec.types import Duration, Percent, StrictModel
 from chaoskit.spec.units import format_size, is_percent, parse_size
@@ -114,8 +115,8 @@ class GpuMemoryPressure(helper_proc.HelperFault):
     Spec = GpuMemoryPressureSpec
     spec: GpuMemoryPressureSpec
 
-    def __init__(self, spec: GpuMemoryPressureSpec):
-        super().__init__(spec)
+    def __init__(self, spec: GpuMemoryPressureSpec, ctx: FaultContext | None = None):
+        super().__init__(spec, ctx)
         self.facts: dict[str, Any] | None = None
         self.unknown = "device not checked yet"
 

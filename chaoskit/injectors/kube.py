@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import Injector
+from chaoskit.injectors.base import FaultContext, Injector
 from chaoskit.spec.types import Duration, StrictModel
 from chaoskit.targets.kube import (
     ClusterRef,
@@ -60,10 +60,8 @@ class PodKillSpec(StrictModel):
 class _PodDeletion(Injector):
     """Delete the chosen pods (UID precondition: a pod recreated under the same name is never deleted)."""
 
-    executor_name: ClassVar[str] = "local"
-
-    def __init__(self, spec: Any):
-        super().__init__(spec)
+    def __init__(self, spec: Any, ctx: FaultContext | None = None):
+        super().__init__(spec, ctx)
         self._chosen: list[Placement] | None = None
         self._cluster: ClusterRef | None = None
 
@@ -187,10 +185,8 @@ class DeploymentScale(Injector):
     summary: ClassVar[str] = "scale a Kubernetes deployment (revert: the replica count it had)"
     Spec = DeploymentScaleSpec
     spec: DeploymentScaleSpec
-    executor_name: ClassVar[str] = "local"
-
-    def __init__(self, spec: Any):
-        super().__init__(spec)
+    def __init__(self, spec: Any, ctx: FaultContext | None = None):
+        super().__init__(spec, ctx)
         self._before: tuple[ClusterRef, int] | None = None
 
     def _current(self) -> tuple[ClusterRef, int]:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_va
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc, memory_holder
-from chaoskit.injectors.base import Injector
+from chaoskit.injectors.base import FaultContext, Injector
 from chaoskit.injectors.cgroup_move import any_target_inside, move_back_and_remove, move_in, proc_record
 from chaoskit.injectors.process import ProcessTargets, check_targets, descendants
 from chaoskit.spec.units import format_size, parse_size
@@ -86,8 +86,8 @@ class MemoryLimit(Injector):
     spec: MemoryLimitSpec
     max_lifetime_s: float = 3600.0  # the holder exits by itself after this; the runner sets duration + 60 s
 
-    def __init__(self, spec: BaseModel):
-        super().__init__(spec)
+    def __init__(self, spec: BaseModel, ctx: FaultContext | None = None):
+        super().__init__(spec, ctx)
         self.cgroup_name = f"chaoskit-{uuid.uuid4().hex[:12]}"  # chosen once, so plan names what apply creates
 
     def _targets(self) -> list[ProcessRef]:

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import StrictModel
+from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.process import ProcessRef, cmdline, find_by_name, is_alive, proc_ref, proc_state
 
 _ALLOWED_SIGNALS = ("SIGSTOP", "SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
@@ -24,11 +25,13 @@ _ALLOWED_SIGNALS = ("SIGSTOP", "SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGUSR
 
 class ProcessSignalSpec(StrictModel):
     type: Literal["process.signal"]
-    pid: int | None = Field(None, gt=0, description="target PID")
+    pid: int | list[int] | None = Field(None, description="target PID(s)")
     name: str | None = Field(None, min_length=1, description="regex on the process name (comm); with child_of, "
                                                              "among that PID's descendants")
     child_of: int | None = Field(None, gt=0, description="descendants (recursive) of this PID, e.g. "
                                                          "'{target.replica_pid}'; narrowed by name if given")
+    kubernetes: KubeNodeSelector | None = Field(None, description="every process of the chosen pods' container (each "
+                                                              "signalled on its node, through a helper pod)")
     full_cmdline: bool = Field(False, description="match `name` against the whole command line")
     select: Literal["all", "one"] = Field("all", description="signal every match, or only the oldest")
     signal: str = Field("SIGSTOP", description="SIGSTOP (revert: SIGCONT) or a terminating signal")
@@ -42,6 +45,11 @@ class ProcessSignalSpec(StrictModel):
             raise ValueError(f"signal must be one of {', '.join(_ALLOWED_SIGNALS)} (got '{v}')")
         return name
 
+    @field_validator("pid")
+    @classmethod
+    def _pids(cls, v: int | list[int] | None) -> int | list[int] | None:
+        return check_pids(v)
+
     @field_validator("name")
     @classmethod
     def _regex(cls, v: str | None) -> str | None:
@@ -49,8 +57,14 @@ class ProcessSignalSpec(StrictModel):
 
     @model_validator(mode="after")
     def _one_target(self) -> ProcessSignalSpec:
-        check_selector(self.pid, self.name, self.child_of)
+        check_selector(self.pid, self.name, self.child_of, self.kubernetes)
         return self
+
+
+def check_pids(v: int | list[int] | None) -> int | list[int] | None:
+    if v is not None and (v == [] or any(p <= 0 for p in ([v] if isinstance(v, int) else v))):
+        raise ValueError("PIDs are positive integers (and a list needs at least one)")
+    return v
 
 
 def check_regex(pattern: str | None) -> str | None:
@@ -62,21 +76,25 @@ def check_regex(pattern: str | None) -> str | None:
     return pattern
 
 
-# Which target fields may go together: (pid given, name given, child_of given) -> allowed.
+# Which target fields may go together: (pid, name, child_of, kubernetes given) -> allowed.
 _SELECTORS = {
-    (True, False, False): "pid",
-    (False, True, False): "name",
-    (False, False, True): "child_of",
-    (False, True, True): "child_of + name",
+    (True, False, False, False): "pid",
+    (False, True, False, False): "name",
+    (False, False, True, False): "child_of",
+    (False, True, True, False): "child_of + name",
+    (False, False, False, True): "kubernetes",
 }
 
 
-def check_selector(pid: object, name: object, child_of: object) -> None:
-    """ValueError unless the target is exactly one of: pid; name; child_of (optionally narrowed by name)."""
-    given = (pid is not None, name is not None, child_of is not None)
+def check_selector(pid: object, name: object, child_of: object, kubernetes: object = None) -> None:
+    """ValueError unless the target is exactly one of: pid; name; child_of (optionally narrowed by name);
+    kubernetes."""
+    given = (pid is not None, name is not None, child_of is not None, kubernetes is not None)
     if given not in _SELECTORS:
-        what = ", ".join(f for f, g in zip(("pid", "name", "child_of"), given, strict=True) if g) or "none"
-        raise ValueError(f"give exactly one target: pid, name, or child_of (optionally with name); got {what}")
+        fields = ("pid", "name", "child_of", "kubernetes")
+        what = ", ".join(f for f, g in zip(fields, given, strict=True) if g) or "none"
+        raise ValueError("give exactly one target: pid, name, child_of (optionally with name), or kubernetes; "
+                         f"got {what}")
 
 
 def descendants(root: int) -> list[ProcessRef]:
@@ -126,15 +144,15 @@ class ProcessTargets(StrictModel):
                                                              "among that PID's descendants")
     child_of: int | None = Field(None, gt=0, description="descendants (recursive) of this PID, e.g. "
                                                          "'{target.replica_pid}'; narrowed by name if given")
+    kubernetes: KubeNodeSelector | None = Field(None, description="every process of the chosen pods' container (on "
+                                                              "its node, through a helper pod)")
     full_cmdline: bool = Field(False, description="match `name` against the whole command line")
     allow_host: bool = Field(False, description="allow PID 1 and chaoskit's own ancestors")
 
     @field_validator("pid")
     @classmethod
     def _pids(cls, v: int | list[int] | None) -> int | list[int] | None:
-        if v is not None and (v == [] or any(p <= 0 for p in ([v] if isinstance(v, int) else v))):
-            raise ValueError("PIDs are positive integers (and a list needs at least one)")
-        return v
+        return check_pids(v)
 
     @field_validator("name")
     @classmethod
@@ -143,7 +161,7 @@ class ProcessTargets(StrictModel):
 
     @model_validator(mode="after")
     def _one_target(self) -> Self:
-        check_selector(self.pid, self.name, self.child_of)
+        check_selector(self.pid, self.name, self.child_of, self.kubernetes)
         return self
 
     def select(self) -> list[ProcessRef]:

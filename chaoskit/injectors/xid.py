@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import Injector
+from chaoskit.injectors.base import FaultContext, Injector
 from chaoskit.probes.kernel_log import KmsgTail
 from chaoskit.spec.types import Duration, StrictModel
 
@@ -185,8 +185,8 @@ class XidEvent(Injector):
     Spec = XidSpec
     spec: XidSpec
 
-    def __init__(self, spec: XidSpec):
-        super().__init__(spec)
+    def __init__(self, spec: XidSpec, ctx: FaultContext | None = None):
+        super().__init__(spec, ctx)
         self._bus: str | None = None
 
     def bus_id(self) -> str:

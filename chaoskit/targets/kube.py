@@ -71,6 +71,22 @@ class KubeSelector(KubePods):
         return self
 
 
+class KubeHelper(StrictModel):
+    """The helper pods that run a node-level fault on the chosen pods' nodes (deploy/k8s/chaoskit/)."""
+
+    namespace: str = Field("chaoskit", min_length=1, description="where helper pods and the run's ConfigMap live")
+    image: str = Field("chaoskit:latest", min_length=1, description="the chaoskit image (deploy/k8s/chaoskit/"
+                                                                    "Dockerfile)")
+    service_account: str = Field("chaoskit-helper", min_length=1, description="the helper pods' ServiceAccount")
+    deadline_s: int = Field(120, ge=10, le=3600, description="activeDeadlineSeconds of each helper pod")
+
+
+class KubeNodeSelector(KubeSelector):
+    """The pods whose namespaces, cgroups or processes a node-level fault acts on, and its helper pods."""
+
+    helper: KubeHelper = Field(default_factory=KubeHelper, description="helper pod settings")
+
+
 class KubeTargetSpec(StrictModel):
     kubernetes: KubeSelector = Field(description="pods chosen by namespace, labels and mode")
 

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.spec.types import StrictModel
+from chaoskit.targets.kube import KubeNodeSelector
 
 NETNS_RUN_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
@@ -21,21 +22,26 @@ T = TypeVar("T")
 
 
 class NetTargetSpec(StrictModel):
-    """Where a network fault lands: a namespace (name or PID) and optionally one interface in it."""
+    """Where a network fault lands: a namespace (name, PID, or a Kubernetes pod's) and optionally one interface."""
 
     netns: str | None = Field(None, min_length=1, description="network namespace name (ip netns) or a path "
                                                               "like /proc/PID/ns/net")
     pid: int | None = Field(None, gt=0, description="use the network namespace of this process")
+    kubernetes: KubeNodeSelector | None = Field(None, description="the network namespace of chosen pods (each on its "
+                                                                "node, through a helper pod)")
     interface: str | None = Field(None, min_length=1, description="interface inside the namespace; default: "
                                                                   "its only non-loopback interface")
 
     @model_validator(mode="after")
     def _one(self) -> NetTargetSpec:
-        if self.netns is not None and self.pid is not None:
-            raise ValueError("give netns or pid, not both")
+        given = [k for k in ("netns", "pid", "kubernetes") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of netns, pid, kubernetes (got {' and '.join(given)})")
         return self
 
     def ns_path(self) -> str:
+        if self.kubernetes is not None:  # never this host's: the helper pod on the pod's node localizes it first
+            raise ValueError(f"{self.label()} is reached through a helper pod, not from this host")
         if self.pid is not None:
             return f"/proc/{self.pid}/ns/net"
         if self.netns is None:
@@ -43,6 +49,8 @@ class NetTargetSpec(StrictModel):
         return self.netns if "/" in self.netns else str(NETNS_RUN_DIR / self.netns)
 
     def label(self) -> str:
+        if self.kubernetes is not None:
+            return f"the network namespace of {self.kubernetes.describe()}"
         if self.pid is not None:
             return f"netns of PID {self.pid}"
         return f"netns {self.netns}" if self.netns else "the host namespace"

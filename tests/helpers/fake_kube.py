@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -24,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
+ROOT = Path(__file__).resolve().parents[2]
 Obj = dict[str, Any]
 Kubelet = Callable[[Obj], tuple[str, str]]  # pod -> (final phase, its log)
 
@@ -134,11 +138,11 @@ class FakeKubeApi:
     # -- seeding ------------------------------------------------------------------------------------------
     def add_pod(self, namespace: str, name: str, labels: dict[str, str], node: str = "node-a",
                 phase: str = "Running", containers: tuple[str, ...] = ("app",), ready: bool = True,
-                restarts: int = 0) -> Obj:
+                restarts: int = 0, container_ids: tuple[str, ...] | None = None) -> Obj:
         n = next(self._serial)
+        ids = container_ids or tuple(f"containerd://{n:04d}{i:04d}{c}" for i, c in enumerate(containers))
         statuses = [{"name": c, "ready": ready, "restartCount": restarts, "image": f"{c}:1", "imageID": "",
-                     "containerID": f"containerd://{n:04d}{i:04d}{c}", "started": phase == "Running"}
-                    for i, c in enumerate(containers)]
+                     "containerID": ids[i], "started": phase == "Running"} for i, c in enumerate(containers)]
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "labels": dict(labels),
                             "resourceVersion": str(n)},
@@ -286,6 +290,17 @@ class FakeKubeApi:
                 with self._lock:
                     return (201 if method == "POST" else 200), getattr(self, name)(m.groupdict(), query, body)
         raise ApiError(404, "NotFound", f"the fake has no {method} {path}")
+
+
+def run_pod_here(pod: Obj) -> tuple[str, str]:
+    """A FAKE kubelet for helper pods: what a node would run, run on this host — the pod's command (the real
+    `python -m chaoskit.agent`) with its environment; (final phase, log)."""
+    (c,) = pod["spec"]["containers"]
+    assert c["command"][:3] == ["python", "-m", "chaoskit.agent"]
+    env = {**os.environ, **{e["name"]: e["value"] for e in c["env"]}}
+    proc = subprocess.run([sys.executable, *c["command"][1:]], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    return ("Succeeded" if proc.returncode == 0 else "Failed"), proc.stdout + proc.stderr
 
 
 def _merge(target: Obj, patch: Obj) -> None:

@@ -22,25 +22,15 @@ from chaoskit.injectors.process import ProcessSignal
 from chaoskit.targets.kube import ClusterRef, KubeCluster, api_client, resolve_cluster
 from chaoskit.targets.process import proc_ref
 from tests.conftest import ROOT, proc_state, wait_for
-from tests.helpers.fake_kube import FakeKubeApi
+from tests.helpers.fake_kube import FakeKubeApi, run_pod_here
 
 RUN = "20261203-1200-kube-Helper_Test"
-
-
-def run_agent(pod: dict) -> tuple[str, str]:
-    """What a kubelet would do with the helper pod, on this host: run its command with its environment."""
-    (c,) = pod["spec"]["containers"]
-    assert c["command"][:3] == ["python", "-m", "chaoskit.agent"]
-    env = {**os.environ, **{e["name"]: e["value"] for e in c["env"]}}
-    proc = subprocess.run([sys.executable, *c["command"][1:]], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
-    return ("Succeeded" if proc.returncode == 0 else "Failed"), proc.stdout + proc.stderr
 
 
 @pytest.fixture
 def api(tmp_path):
     with FakeKubeApi() as fake:
-        fake.kubelet = run_agent
+        fake.kubelet = run_pod_here
         fake.write_kubeconfig(tmp_path / "kubeconfig")
         yield fake
 

@@ -82,8 +82,8 @@ def test_selector_rules(make, fields, ok):
         spec = make(**fields)
         assert (spec.pid, spec.name, spec.child_of) == (fields.get("pid"), fields.get("name"), fields.get("child_of"))
     else:
-        with pytest.raises(ValidationError, match=r"give exactly one target: pid, name, or child_of \(optionally "
-                                                  r"with name\); got"):
+        with pytest.raises(ValidationError, match=r"give exactly one target: pid, name, child_of \(optionally "
+                                                  r"with name\), or kubernetes; got"):
             make(**fields)
 
 

@@ -17,6 +17,8 @@ from chaoskit.engine.ledger import Ledger
 from chaoskit.engine.rollback import revert_entry, rollback
 from chaoskit.executors import UnknownExecutor, get_executor, route_of
 from chaoskit.executors.local import LocalExecutor
+from chaoskit.injectors.base import FaultContext
+from chaoskit.injectors.process import ProcessSignal
 from chaoskit.targets.process import proc_ref
 from tests.conftest import proc_state, wait_for
 
@@ -136,12 +138,7 @@ def test_registry_and_routes():
     assert isinstance(get_executor("local"), LocalExecutor)
     with pytest.raises(UnknownExecutor, match="unknown executor 'nope'"):
         get_executor("nope")
-    assert route_of(object()) == ("local", None)
-
-    class Placed:
-        executor_name = "k8s-helper"
-
-        def placement(self):
-            return PLACEMENT
-
-    assert route_of(Placed()) == ("k8s-helper", PLACEMENT)
+    stop = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "pid": os.getpid()}))
+    assert route_of(stop) == ("local", None)
+    placed = ProcessSignal(stop.spec, FaultContext(executor="k8s-helper", placement=PLACEMENT))
+    assert route_of(placed) == ("k8s-helper", PLACEMENT)

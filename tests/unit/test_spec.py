@@ -72,13 +72,13 @@ def test_unknown_type_with_suggestion(tmp_path):
 
 
 def test_wrong_type(tmp_path):
-    msg = errors_of(tmp_path, GOOD.replace('pid: "{pid}"', "pid: [1, 2]"))
-    assert "exp.yaml:18:7: method[0].inject.pid:" in msg
+    msg = errors_of(tmp_path, GOOD.replace('pid: "{pid}"', "pid: {a: 1}"))
+    assert "exp.yaml:18:7: method[0].inject.pid.int: Input should be a valid integer" in msg
 
 
 def test_out_of_range(tmp_path):
     msg = errors_of(tmp_path, GOOD.replace('pid: "{pid}"', "pid: -5"))
-    assert "method[0].inject.pid: Input should be greater than 0" in msg
+    assert "method[0].inject.pid: PIDs are positive integers (and a list needs at least one)" in msg
     msg = errors_of(tmp_path, GOOD.replace('type: process.signal\n      pid: "{pid}"',
                                            "type: host.memory_pressure\n      size: -1GiB"))
     assert "method[0].inject.size: a size cannot be negative" in msg

@@ -1,0 +1,76 @@
+"""The target layer: which executor runs a fault and where, decided once at preflight and kept as plain JSON.
+
+A node-level fault (network, cgroup, signal) whose spec targets `kubernetes:` pods runs through the k8s-helper
+executor: the chosen pods (namespace, name, UID, node, container ID) become its placement, and on each node the
+helper pod turns the target into that container's PIDs (`localize`) and runs the same injector code. Every
+other fault stays `local`, on this host, as its spec says.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel
+
+from chaoskit.errors import PreflightError
+from chaoskit.injectors.base import Injector
+from chaoskit.targets.kube import KubeNodeSelector
+
+
+def node_selector(spec: BaseModel) -> KubeNodeSelector | None:
+    """The `kubernetes:` target of a node-level fault's spec (network faults keep theirs under `target:`)."""
+    for holder in (getattr(spec, "target", None), spec):
+        selector = getattr(holder, "kubernetes", None)
+        if isinstance(selector, KubeNodeSelector):
+            return selector
+    return None
+
+
+def place(inj: Injector) -> None:
+    """Route a fault: pods chosen now (the same for plan, ledger and apply) and a k8s-helper placement in its
+    context; nothing for a fault without a Kubernetes node target. PreflightError (exit 4) if the cluster
+    cannot be reached or the pods do not qualify."""
+    selector = node_selector(inj.spec)
+    if selector is None:
+        return
+    from kubernetes import client
+
+    from chaoskit.executors import K8S_HELPER
+    from chaoskit.executors.k8s_helper import CAPABILITIES, HelperPlacement
+    from chaoskit.targets.kube import api_client, choose, resolve_cluster
+
+    if inj.type not in CAPABILITIES:
+        raise PreflightError(f"{inj.type}: cannot run in a helper pod (node-level faults: "
+                             f"{', '.join(sorted(CAPABILITIES))})")
+    try:
+        cluster = resolve_cluster(selector)
+        pods = choose(client.CoreV1Api(api_client(cluster)), selector)
+    except PreflightError as e:
+        raise PreflightError(f"{inj.type}: {e}") from None
+    unstarted = [p.pod for p in pods if not p.container_id]
+    if unstarted:
+        raise PreflightError(f"{inj.type}: container {pods[0].container} has no container ID yet in pod(s) "
+                             f"{', '.join(unstarted)} (not started)")
+    helper = selector.helper
+    inj.ctx.executor = K8S_HELPER
+    inj.ctx.placement = HelperPlacement(
+        cluster=cluster.to_json(), node=pods[0].node, run_id=inj.ctx.run_id or "adhoc", namespace=helper.namespace,
+        image=helper.image, service_account=helper.service_account, deadline_s=helper.deadline_s,
+        targets=[p.to_json() for p in pods]).to_json()
+
+
+def localize(spec: dict[str, Any], pids: list[int]) -> dict[str, Any]:
+    """The spec a helper applies on the node: its `kubernetes:` target replaced by the container's processes
+    (the network namespace of its init, pids[0]; or every one of them for process and cgroup faults)."""
+    out = copy.deepcopy(spec)
+    target = out.get("target")
+    if isinstance(target, dict) and "kubernetes" in target:
+        del target["kubernetes"]
+        target["pid"] = pids[0]
+    elif "kubernetes" in out:
+        del out["kubernetes"]
+        out["pid"] = pids
+    else:
+        raise ValueError("the spec has no kubernetes: target to localize")
+    return out

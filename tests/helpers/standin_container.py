@@ -1,0 +1,66 @@
+"""A container stand-in (no container runtime here): real processes in a real network namespace, inside a real
+cgroup named the way containerd names a container's (`.../cri-containerd-<64 hex>.scope`), so the node side
+of chaoskit finds them exactly as on a Kubernetes node."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HIERARCHIES = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
+
+
+def hierarchy() -> Path | None:
+    """A writable cgroup hierarchy of this host (cgroup v1 pids, or the v2 one)."""
+    for h in HIERARCHIES:
+        if (h / "cgroup.procs").exists() and os.access(h, os.W_OK):
+            return h
+    return None
+
+
+@dataclass
+class StandIn:
+    id: str  # the bare container ID (64 hex digits); the pod status says containerd://ID
+    proc: subprocess.Popen
+    cgroup: Path
+
+    @property
+    def container_id(self) -> str:
+        return f"containerd://{self.id}"
+
+    def pids(self) -> list[int]:
+        return sorted(int(p) for p in (self.cgroup / "cgroup.procs").read_text().split())
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+        for path in (self.cgroup, self.cgroup.parent):
+            for _ in range(500):  # the group's last member leaves the cgroup a moment after it is reaped
+                try:
+                    path.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+def start(netns: str, root: Path) -> StandIn:
+    """`sh` (the container's init) and a `sleep` it forks, in network namespace `netns`, in a fresh cgroup."""
+    cid = secrets.token_hex(32)
+    cgroup = root / f"ckt-kubepods-{cid[:8]}" / f"cri-containerd-{cid}.scope"
+    cgroup.mkdir(parents=True)
+    procs = cgroup / "cgroup.procs"
+
+    def join() -> None:  # in the child, before exec: everything it forks is in the container's cgroup
+        procs.write_text(str(os.getpid()))
+
+    proc = subprocess.Popen(["ip", "netns", "exec", netns, "sh", "-c", "sleep 600 & wait"], preexec_fn=join,
+                            start_new_session=True)
+    return StandIn(cid, proc, cgroup)

@@ -1,0 +1,142 @@
+"""Node-level faults on Kubernetes pods, end to end: `chaoskit run` of network.partition and process.signal with
+a `kubernetes:` target chooses pods through FakeKubeApi, runs each verb in a helper pod (its FAKE kubelet runs
+the real `python -m chaoskit.agent` on this host), and the agent finds each pod's container among this host's
+processes by its CRI ID (stand-in containers: real processes in real namespaces and cgroups), applies the real
+nft table / SIGSTOP there, and reverts it; nothing is left in the namespaces, the processes or the cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+
+import pytest
+
+from chaoskit.targets.container import ContainerNotFound, bare_id, container_pids
+from tests.conftest import chaoskit, ledgers, proc_state, wait_for, write
+from tests.helpers import standin_container
+from tests.helpers.fake_kube import FakeKubeApi, run_pod_here
+from tests.helpers.netpair import Pair
+
+PORT = 18081
+EXPERIMENT = f"""\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {{name: kube-node-faults}}
+steadyState:
+  probes:
+    - name: web-ready
+      type: kube.pods
+      target: {{kubernetes: {{namespace: prod, selector: {{app: web}}}}}}
+      expect: {{ready: ">= 2"}}
+method:
+  - inject:
+      type: network.partition
+      target: {{kubernetes: {{namespace: prod, selector: {{app: web}}, mode: all, helper: {{image: "reg/ck:1"}}}}}}
+      ports: [{PORT}]
+    duration: 3s
+  - inject:
+      type: process.signal
+      kubernetes: {{namespace: prod, selector: {{app: web}}, mode: all}}
+      signal: SIGSTOP
+    duration: 3s
+"""
+
+pytestmark = pytest.mark.usefixtures("no_kube_env")
+
+
+@pytest.fixture
+def pods():
+    """Two pods of app=web, on node-a and node-b: stand-in containers in the two namespaces of a veth pair."""
+    root = standin_container.hierarchy()
+    if root is None:
+        pytest.skip("no writable cgroup hierarchy (/sys/fs/cgroup/pids or the v2 one) for stand-in containers")
+    pair = Pair()
+    made = []
+    try:
+        for ns in (pair.srv, pair.cli):
+            made.append(standin_container.start(ns, root))
+        wait_for(lambda: all(len(c.pids()) == 2 for c in made), timeout=10)
+        yield pair, made
+    finally:
+        for c in made:
+            c.stop()
+        pair.close()
+
+
+def chaoskit_tables(pair: Pair, ns: str) -> list[str]:
+    return [x["table"]["name"] for x in pair.ruleset(ns) if "table" in x and x["table"]["name"].startswith("chaoskit")]
+
+
+def while_running(run: subprocess.Popen, cond: Callable[[], bool]) -> None:
+    """Wait for cond while the run goes on; a run that ended first fails the test with its output."""
+    def seen() -> bool:
+        if run.poll() is not None:
+            raise AssertionError(f"the run ended (exit {run.returncode}) first: {run.communicate()}")
+        return cond()
+
+    wait_for(seen, timeout=90)
+
+
+def test_the_agent_finds_a_containers_processes_by_its_cri_id(pods):
+    _, (one, _) = pods
+    found = container_pids(one.container_id)
+    assert found[0] == one.proc.pid  # the container's init (sh) first, then what it forked (sleep)
+    assert sorted(found) == one.pids() and len(found) == 2
+    with pytest.raises(ContainerNotFound, match=r"no process of container 0123456789ab on this node"):
+        container_pids("containerd://" + "0123456789ab" * 2)
+    assert bare_id("cri-o://" + one.id) == one.id
+    with pytest.raises(ValueError, match="not a container ID: 'containerd://web'"):
+        bare_id("containerd://web")
+
+
+def test_partition_and_sigstop_of_pods_run_in_helper_pods_and_are_reverted(tmp_path, state_dir, pods, monkeypatch):
+    pair, containers = pods
+    with FakeKubeApi() as api:
+        api.kubelet = run_pod_here
+        for i, c in enumerate(containers):
+            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
+        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        out_dir = tmp_path / "out"
+        run = chaoskit("run", str(write(tmp_path / "exp.yaml", EXPERIMENT)), "--plain", "--out", str(out_dir),
+                       state=state_dir)
+        while_running(run, lambda: all(chaoskit_tables(pair, ns) for ns in (pair.srv, pair.cli)))
+        while_running(run, lambda: all(proc_state(pid) == "T" for c in containers for pid in c.pids()))
+        assert chaoskit_tables(pair, pair.srv) == []  # the partition ended before the SIGSTOP began
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, (out, err)
+        assert [chaoskit_tables(pair, ns) for ns in (pair.srv, pair.cli)] == [[], []]
+        assert all(proc_state(pid) in ("S", "R") for c in containers for pid in c.pids())
+        helpers = api.calls("POST", "/namespaces/chaoskit/pods$")
+        nodes = [h.body["spec"]["nodeName"] for h in helpers if h.body["metadata"]["labels"]["chaoskit.io/verb"]
+                 == "apply"]
+        assert nodes == ["node-a", "node-b", "node-a", "node-b"]  # one helper per pod, on its node
+        images = {c["image"] for h in helpers for c in h.body["spec"]["containers"]}
+        assert images == {"reg/ck:1", "chaoskit:latest"}
+        assert sorted(api.state.pods) == [("prod", "web-0"), ("prod", "web-1")]  # every helper pod deleted
+        assert api.state.configmaps == {}  # the run's revert records removed once reverted
+    journal = [json.loads(line) for line in next(out_dir.rglob("journal.jsonl")).read_text().splitlines()]
+    applied = [e for e in journal if e["event"] == "fault_applied"]
+    assert [e["executor"] for e in applied] == ["k8s-helper", "k8s-helper"]
+    assert [[t["pod"] for t in e["placement"]["targets"]] for e in applied] == [["web-0", "web-1"]] * 2
+    observed = next(e for e in journal if e["event"] == "fault_observed" and e["type"] == "process.signal"
+                    and e["when"] == "applied")
+    assert observed["details"]["in_effect"] is True and set(observed["details"]["pods"]) == {"node-a/web-0",
+                                                                                           "node-b/web-1"}
+    assert ledgers(state_dir) == []  # everything reverted: the ledger is discarded
+
+
+def test_a_dry_run_plans_helper_pods_per_chosen_pod_and_creates_none(tmp_path, state_dir, pods, monkeypatch):
+    _, containers = pods
+    with FakeKubeApi() as api:
+        for i, c in enumerate(containers):
+            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
+        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        run = chaoskit("run", str(write(tmp_path / "exp.yaml", EXPERIMENT)), "--plain", "--dry-run", state=state_dir)
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, (out, err)
+        text = " ".join((out + err).split())
+        for node, pod in (("node-a", "web-0"), ("node-b", "web-1")):
+            assert (f"on node {node}: a helper pod (reg/ck:1, hostPID, capabilities NET_ADMIN, SYS_ADMIN, SYS_PTRACE) "
+                    f'applies network.partition {{"ports": [{PORT}]}} to pod prod/{pod} container app') in text, text
+        assert api.calls("POST") == []
