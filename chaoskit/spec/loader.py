@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -14,9 +13,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from chaoskit.errors import PreflightError, SpecError
+from chaoskit.errors import SpecError
 from chaoskit.spec.models import Experiment
 from chaoskit.spec.yamlsafe import Located, Path_, load_yaml, read_text
+from chaoskit.targets.facts import target_facts
 
 _PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_][\w\-]*(?:\[\d+\])?(?:\.[A-Za-z_][\w\-]*(?:\[\d+\])?)*)\}(?!\})")
 _VAR_NAME = re.compile(r"^[A-Za-z_][\w\-]*$")
@@ -118,50 +118,11 @@ def _resolve_includes(loc: Located, experiment_path: Path) -> None:
             sg["probe"] = _include(sg["probe"], loc.where(("safeguards", i, "probe")), experiment_path)
 
 
-def reference_facts(engine: str) -> dict[str, Any]:
-    """Facts published by `chaoskit ref up` (state dir .chaoskit/ref or $CHAOSKIT_REF_DIR)."""
-    state = Path(os.environ.get("CHAOSKIT_REF_DIR", ".chaoskit/ref")) / "facts.json"
-    try:
-        facts = json.loads(state.read_text())
-    except (OSError, ValueError):
-        raise PreflightError(f"target.reference: {engine}: the reference deployment is not running "
-                             f"(no {state}); start it with `chaoskit ref up --engine {engine}`") from None
-    return facts
-
-
-def _addressable(prefix: str, facts: dict[str, Any]) -> dict[str, Any]:
-    """Facts by name, and list facts item by item: {target.replica_pids[1]}, {target.replicas[1].pid}."""
-    out: dict[str, Any] = {}
-    for key, value in facts.items():
-        out[f"{prefix}.{key}"] = value
-        if isinstance(value, dict):  # a neighbour deployment's facts: {target.neighbour.url}
-            out.update(_addressable(f"{prefix}.{key}", value))
-        if isinstance(value, list):
-            for i, item in enumerate(value):
-                out[f"{prefix}.{key}[{i}]"] = item
-                if isinstance(item, dict):
-                    out.update({f"{prefix}.{key}[{i}].{k}": v for k, v in item.items()})
-    return out
-
-
 def _facts(data: dict, variables: dict[str, Any], strict: bool,
            deployed: dict[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
-    facts: dict[str, Any] = {}
-    notes: list[str] = []
+    """The target's facts (from the target layer) and the variables, by placeholder name."""
     target = data.get("target") if isinstance(data.get("target"), dict) else {}
-    if deployed is not None:
-        facts.update(_addressable("target", deployed))
-    elif isinstance(target.get("reference"), str):
-        try:
-            facts.update(_addressable("target", reference_facts(target["reference"])))
-        except PreflightError as e:
-            if strict:
-                raise
-            notes.append(str(e))
-    if isinstance(target.get("facts"), dict):
-        facts.update({f"target.{k}": v for k, v in target["facts"].items()})
-    if isinstance(target.get("url"), str):
-        facts["target.url"] = target["url"].rstrip("/")
+    facts, notes = target_facts(target, deployed, strict)
     for k, v in variables.items():
         facts[k] = v
         facts[f"var.{k}"] = v
