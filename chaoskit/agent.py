@@ -4,7 +4,9 @@ The request is JSON — `{"type": ..., "record": {...}, "spec": {...}, "placemen
 `placement` for apply only; a placement naming a pod makes the spec's `kubernetes:` target that container's
 PIDs) — read from a file (`--file PATH`), stdin (`--file -`, the default) or an environment variable (`--env NAME`, how the k8s-helper
 executor passes it). The answer is one JSON line on stdout: apply `{"record": final}`, revert `{"reverted": true}`,
-observe `{"in_effect": bool, "details": {...}}`; a failure is `{"error": "..."}` and exit status 1.
+observe `{"in_effect": bool, "details": {...}}`; a failure is `{"error": "..."}` and exit status 1. An apply
+with `"hold_s": S` stays after answering and reverts the fault on SIGTERM or after S seconds (then prints
+`{"reverted": true, "why": "SIGTERM"|"deadline"}`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 from chaoskit.executors.local import LocalExecutor
@@ -77,12 +81,29 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--file", default="-", help="request JSON file ('-': stdin)")
     source.add_argument("--env", help="environment variable holding the request JSON")
     args = parser.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # never killed halfway through a verb
     try:
-        answer = run(args.verb, read_request(args))
+        request = read_request(args)
+        answer = run(args.verb, request)
     except Exception as e:  # one clear line for the executor to report, never a traceback
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
         return 1
     print(json.dumps(answer, separators=(",", ":"), default=str), flush=True)
+    hold_s = float(request.get("hold_s") or 0)
+    return hold(request["type"], answer["record"], hold_s, stop) if args.verb == "apply" and hold_s > 0 else 0
+
+
+def hold(type_name: str, record: dict[str, Any], seconds: float, stop: threading.Event) -> int:
+    """Stay with an applied fault and revert it on SIGTERM (the pod deleted, or past its activeDeadlineSeconds)
+    or once `seconds` have passed, whichever comes first: a fault never outlives its lifetime on the node."""
+    why = "SIGTERM" if stop.wait(seconds) else "deadline"
+    try:
+        injector_class(type_name).revert(record)
+    except Exception as e:
+        print(json.dumps({"error": f"revert at {why}: {type(e).__name__}: {e}"}), flush=True)
+        return 1
+    print(json.dumps({"reverted": True, "why": why}), flush=True)
     return 0
 
 

@@ -9,6 +9,7 @@ rollback from any machine finishes the run after a crash; it is removed once rev
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
@@ -54,6 +55,7 @@ class HelperPlacement:
     key: str = field(default_factory=lambda: uuid.uuid4().hex[:10])  # this fault's key in the run's ConfigMap
     target: dict[str, Any] | None = None  # the pod placement the fault acts on (targets.kube.Placement)
     targets: list[dict[str, Any]] | None = None  # every chosen pod (the target layer's choice), one helper each
+    hold_s: float = 0.0  # > 0: the apply helper stays, and reverts on SIGTERM or once this long has passed
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,7 +94,8 @@ def helper_pod(verb: str, type_name: str, request: dict[str, Any], hp: HelperPla
               "app.kubernetes.io/managed-by": "chaoskit"}
     name = dns_label(f"chaoskit-{verb}-{hp.key}-{uuid.uuid4().hex[:6]}")
     spec = client.V1PodSpec(
-        node_name=hp.node, host_pid=True, restart_policy="Never", active_deadline_seconds=hp.deadline_s,
+        node_name=hp.node, host_pid=True, restart_policy="Never",
+        active_deadline_seconds=hp.deadline_s + (math.ceil(hp.hold_s) if verb == "apply" else 0),
         service_account_name=hp.service_account, automount_service_account_token=False,
         tolerations=[client.V1Toleration(operator="Exists")], containers=[container], volumes=volumes or None)
     return client.V1Pod(api_version="v1", kind="Pod", spec=spec,
@@ -128,28 +131,33 @@ class K8sHelperExecutor:
     def apply(self, injector: Injector, record: Record, placement: Placement) -> Record:
         hp, core = self._open(placement)
         if not hp.targets:  # one fault on one node, its record prepared by the caller
-            return self._apply_one(core, injector, record, hp)
+            return self._apply_one(core, injector, record, hp)[0]
         pods = []
         for one in hp.per_pod():
-            final = self._apply_one(core, injector, {}, one)
-            pods.append({"key": one.key, "node": one.node, "pod": (one.target or {}).get("pod"), "record": final})
+            final, holder = self._apply_one(core, injector, {}, one)
+            pods.append({"key": one.key, "node": one.node, "pod": (one.target or {}).get("pod"), "record": final,
+                         "holder": holder})
         return {"pods": pods}
 
-    def _apply_one(self, core: Any, injector: Injector, record: Record, hp: HelperPlacement) -> Record:
+    def _apply_one(self, core: Any, injector: Injector, record: Record, hp: HelperPlacement) -> tuple[
+            Record, str | None]:
         request = {"type": injector.type, "spec": injector.spec.model_dump(mode="json"), "record": record,
-                   "placement": hp.to_json()}
+                   "placement": hp.to_json(), "hold_s": hp.hold_s}
         store = RevertStore(core, hp.namespace, hp.run_id)
         store.put(hp.key, {**request, "state": "applying"})  # in the cluster before anything is applied
-        final = run_helper(core, "apply", injector.type, request, hp)["record"]
-        store.put(hp.key, {**request, "record": final, "state": "applied"})
-        return final
+        answer = run_helper(core, "apply", injector.type, request, hp)
+        final, holder = answer["record"], answer.get("holder")
+        store.put(hp.key, {**request, "record": final, "state": "applied", "holder": holder})
+        return final, holder
 
     def revert(self, type_name: str, record: Record, placement: Placement) -> None:
         hp, core = self._open(placement)
         store = RevertStore(core, hp.namespace, hp.run_id)
-        for one, rec in self._records(store, hp, record):
+        for one, rec, holder in self._records(store, hp, record):
             if rec:  # an empty record: nothing was applied there
                 run_helper(core, "revert", type_name, {"type": type_name, "record": rec}, one)
+            if holder:  # reverted: its own revert on SIGTERM finds nothing left to undo
+                _delete_quietly(core, holder, one.namespace)
             store.remove(one.key)
 
     def observe(self, type_name: str, record: Record, placement: Placement) -> bool:
@@ -159,7 +167,7 @@ class K8sHelperExecutor:
         hp, core = self._open(placement)
         store = RevertStore(core, hp.namespace, hp.run_id)
         per_pod = {}
-        for one, rec in self._records(store, hp, record):
+        for one, rec, _ in self._records(store, hp, record):
             if rec:  # an empty record: nothing was applied there
                 answer = run_helper(core, "observe", type_name, {"type": type_name, "record": rec}, one)
                 per_pod[f"{one.node}/{(one.target or {}).get('pod', '')}"] = {
@@ -169,18 +177,20 @@ class K8sHelperExecutor:
         return {"in_effect": any(d["in_effect"] for d in per_pod.values()), "pods": per_pod}
 
     @staticmethod
-    def _records(store: RevertStore, hp: HelperPlacement, record: Record) -> list[tuple[HelperPlacement,
-                                                                                      Record | None]]:
-        """Each pod's placement and revert record: the ledger's, else the cluster's copy of an applied one, else
-        None (never applied there: a helper whose apply failed reverted what it had done itself)."""
+    def _records(store: RevertStore, hp: HelperPlacement, record: Record) -> list[tuple[
+            HelperPlacement, Record | None, str | None]]:
+        """Each pod's placement, revert record and holding helper pod: the ledger's, else the cluster's copy of
+        an applied one, else None (never applied there: a helper whose apply failed reverted itself)."""
         if not hp.targets:
-            return [(hp, record)]
-        known = {p["key"]: p["record"] for p in record.get("pods", [])}
-        out: list[tuple[HelperPlacement, Record | None]] = []
+            return [(hp, record, None)]
+        known = {p["key"]: p for p in record.get("pods", [])}
+        out: list[tuple[HelperPlacement, Record | None, str | None]] = []
         for one in hp.per_pod():
-            stored = store.get(one.key) if one.key not in known else None
-            applied = stored.get("record") if stored and stored.get("state") == "applied" else None
-            out.append((one, known.get(one.key, applied)))
+            entry = known.get(one.key)
+            if entry is None:
+                stored = store.get(one.key) or {}
+                entry = stored if stored.get("state") == "applied" else {}
+            out.append((one, entry.get("record"), entry.get("holder")))
         return out
 
     @staticmethod
@@ -194,40 +204,56 @@ class K8sHelperExecutor:
 
 
 def run_helper(core: Any, verb: str, type_name: str, request: dict[str, Any], hp: HelperPlacement) -> dict[str, Any]:
-    """Create the helper pod, wait for it to finish, read its answer, delete it (always)."""
+    """Create the helper pod, wait for its answer, delete it — unless it holds the fault (apply with hold_s): that
+    one stays on the node to revert on SIGTERM or at its deadline, and its name is the answer's `holder`."""
     pod = helper_pod(verb, type_name, request, hp)
     name = pod.metadata.name
+    holds = verb == "apply" and hp.hold_s > 0
     core.create_namespaced_pod(hp.namespace, pod)
+    kept = False
     try:
-        phase = _wait_done(core, name, hp)
-        lines = [ln for ln in (core.read_namespaced_pod_log(name, hp.namespace) or "").splitlines() if ln.strip()]
+        phase, lines = _wait_answer(core, name, hp, holds)
+        answer = _answer(lines)
+        ok = "error" not in answer and phase in ("Succeeded", "Running")
+        kept = ok and phase == "Running"
     finally:
-        _delete_quietly(core, name, hp.namespace)
-    answer = _answer(lines)
-    if phase != "Succeeded" or "error" in answer:
+        if not kept:
+            _delete_quietly(core, name, hp.namespace)
+    if not ok:
         why = answer.get("error") or (lines[-1] if lines else "no output")
         raise HelperFailed(f"helper pod {hp.namespace}/{name} on node {hp.node}: {verb} {type_name} {phase}: {why}")
-    return answer
+    return {**answer, "holder": name} if kept else answer
 
 
 def _answer(lines: list[str]) -> dict[str, Any]:
-    try:
-        obj = json.loads(lines[-1]) if lines else {}
-    except ValueError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
+    """The verb's answer among the log lines: the first JSON object with a record or an error (a holding helper
+    prints its revert later), else the last JSON object."""
+    objs = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            if "record" in obj or "error" in obj:
+                return obj
+            objs.append(obj)
+    return objs[-1] if objs else {}
 
 
-def _wait_done(core: Any, name: str, hp: HelperPlacement) -> str:
-    """The pod's final phase (Succeeded / Failed); HelperFailed past its deadline (+30 s to be scheduled)."""
-    deadline = time.monotonic() + hp.deadline_s + 30
+def _wait_answer(core: Any, name: str, hp: HelperPlacement, holds: bool) -> tuple[str, list[str]]:
+    """(phase, log lines) once the pod finished — or, for a holding helper, once it answered while Running.
+    HelperFailed past its deadline (+30 s to be scheduled)."""
+    limit = hp.deadline_s + 30
+    deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         phase = core.read_namespaced_pod(name, hp.namespace).status.phase
-        if phase in ("Succeeded", "Failed"):
-            return phase
+        if phase in ("Succeeded", "Failed") or (holds and phase == "Running"):
+            lines = [ln for ln in (core.read_namespaced_pod_log(name, hp.namespace) or "").splitlines() if ln.strip()]
+            if phase != "Running" or _answer(lines):
+                return phase, lines
         time.sleep(POLL_S)
-    raise HelperFailed(f"helper pod {hp.namespace}/{name} on node {hp.node} did not finish within "
-                       f"{hp.deadline_s + 30}s")
+    raise HelperFailed(f"helper pod {hp.namespace}/{name} on node {hp.node} did not answer within {limit}s")
 
 
 def _delete_quietly(core: Any, name: str, namespace: str) -> None:

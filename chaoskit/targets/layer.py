@@ -57,7 +57,7 @@ def place(inj: Injector) -> None:
     inj.ctx.placement = HelperPlacement(
         cluster=cluster.to_json(), node=pods[0].node, run_id=inj.ctx.run_id or "adhoc", namespace=helper.namespace,
         image=helper.image, service_account=helper.service_account, deadline_s=helper.deadline_s,
-        targets=[p.to_json() for p in pods]).to_json()
+        targets=[p.to_json() for p in pods], hold_s=inj.ctx.lifetime_s).to_json()
 
 
 def localize(spec: dict[str, Any], pids: list[int]) -> dict[str, Any]:

@@ -5,7 +5,8 @@ real `kubernetes` client, configured by a real kubeconfig file (`write_kubeconfi
 the JSON the API returns. What it does NOT do (a real cluster does): graceful deletion is immediate (the grace
 period is only recorded), no watch, no admission, no scheduling; only equality label selectors and merge
 patches (a JSON patch or strategic merge patch is answered 415, like a server that does not accept that type).
-A pod created here stays Pending unless a `kubelet` callback runs it (tests give one that runs the agent).
+A pod created here stays Pending unless a `kubelet` callback runs it (tests give one that runs the agent as a
+process: the pod is Running while it runs, its log grows as it prints, deleting the pod sends it SIGTERM).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 Obj = dict[str, Any]
-Kubelet = Callable[[Obj], tuple[str, str]]  # pod -> (final phase, its log)
+Kubelet = Callable[[Obj], "tuple[str, str] | subprocess.Popen[str]"]  # pod -> (final phase, log), or its process
 
 CORE = r"/api/v1/namespaces/(?P<ns>[^/]+)"
 APPS = r"/apis/apps/v1/namespaces/(?P<ns>[^/]+)"
@@ -109,6 +110,7 @@ class FakeKubeApi:
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._kubelets: list[threading.Thread] = []
+        self._procs: dict[tuple[str, str], subprocess.Popen[str]] = {}  # pods whose containers run as processes
 
     @property
     def url(self) -> str:
@@ -120,6 +122,8 @@ class FakeKubeApi:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for proc in list(self._procs.values()):  # a pod still running when the test ends is killed
+            proc.kill()
         for t in self._kubelets:
             t.join(timeout=30)
         self._server.shutdown()
@@ -202,13 +206,29 @@ class FakeKubeApi:
     def _run_kubelet(self, key: tuple[str, str], pod: Obj) -> None:
         assert self.kubelet is not None
         try:
-            phase, log = self.kubelet(pod)
+            result = self.kubelet(pod)
+            phase, log = result if isinstance(result, tuple) else self._follow(key, result)
         except Exception as e:  # a broken kubelet callback is a Failed pod, as a crashing container would be
             phase, log = "Failed", f"kubelet: {type(e).__name__}: {e}"
         with self._lock:
             self.state.logs[key] = log
             if key in self.state.pods:
                 self.state.pods[key]["status"] = {"phase": phase}
+
+    def _follow(self, key: tuple[str, str], proc: subprocess.Popen[str]) -> tuple[str, str]:
+        """A container running as a process: Running, its log growing line by line, until it exits."""
+        with self._lock:
+            self._procs[key] = proc
+            if key in self.state.pods:
+                self.state.pods[key]["status"] = {"phase": "Running"}
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with self._lock:
+                self.state.logs[key] = self.state.logs.get(key, "") + line
+        code = proc.wait()
+        with self._lock:
+            self._procs.pop(key, None)
+            return ("Succeeded" if code == 0 else "Failed"), self.state.logs.get(key, "")
 
     def delete_pod(self, p: dict, q: dict, body: Any) -> Obj:
         pod = self.get_pod(p, q, body)
@@ -219,6 +239,9 @@ class FakeKubeApi:
         grace = q.get("gracePeriodSeconds", (body or {}).get("gracePeriodSeconds"))
         del self.state.pods[(p["ns"], p["name"])]
         self.state.deleted.append((p["ns"], p["name"], None if grace is None else int(grace)))
+        proc = self._procs.get((p["ns"], p["name"]))
+        if proc is not None:  # the kubelet stops a running container: SIGTERM (the grace period is not waited)
+            proc.terminate()
         if self.recreate_deleted:
             spec = pod["spec"]
             self.add_pod(p["ns"], f"{p['name']}-r{next(self._serial)}", pod["metadata"].get("labels", {}),
@@ -292,15 +315,14 @@ class FakeKubeApi:
         raise ApiError(404, "NotFound", f"the fake has no {method} {path}")
 
 
-def run_pod_here(pod: Obj) -> tuple[str, str]:
+def run_pod_here(pod: Obj) -> subprocess.Popen[str]:
     """A FAKE kubelet for helper pods: what a node would run, run on this host — the pod's command (the real
-    `python -m chaoskit.agent`) with its environment; (final phase, log)."""
+    `python -m chaoskit.agent`) with its environment, as a process whose output is the pod's log."""
     (c,) = pod["spec"]["containers"]
     assert c["command"][:3] == ["python", "-m", "chaoskit.agent"]
     env = {**os.environ, **{e["name"]: e["value"] for e in c["env"]}}
-    proc = subprocess.run([sys.executable, *c["command"][1:]], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
-    return ("Succeeded" if proc.returncode == 0 else "Failed"), proc.stdout + proc.stderr
+    return subprocess.Popen([sys.executable, *c["command"][1:]], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
 
 def _merge(target: Obj, patch: Obj) -> None:

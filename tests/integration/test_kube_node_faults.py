@@ -11,8 +11,14 @@ import subprocess
 from collections.abc import Callable
 
 import pytest
+from kubernetes import client
 
+from chaoskit.executors.k8s_helper import K8sHelperExecutor
+from chaoskit.injectors.base import FaultContext
+from chaoskit.injectors.firewall import Partition
 from chaoskit.targets.container import ContainerNotFound, bare_id, container_pids
+from chaoskit.targets.kube import api_client, resolve_cluster
+from chaoskit.targets.layer import place
 from tests.conftest import chaoskit, ledgers, proc_state, wait_for, write
 from tests.helpers import standin_container
 from tests.helpers.fake_kube import FakeKubeApi, run_pod_here
@@ -113,7 +119,9 @@ def test_partition_and_sigstop_of_pods_run_in_helper_pods_and_are_reverted(tmp_p
         assert nodes == ["node-a", "node-b", "node-a", "node-b"]  # one helper per pod, on its node
         images = {c["image"] for h in helpers for c in h.body["spec"]["containers"]}
         assert images == {"reg/ck:1", "chaoskit:latest"}
-        assert sorted(api.state.pods) == [("prod", "web-0"), ("prod", "web-1")]  # every helper pod deleted
+        assert sorted(api.state.pods) == [("prod", "web-0"), ("prod", "web-1")]  # every helper pod deleted,
+        assert [d[1] for d in api.state.deleted if d[1].startswith("chaoskit-apply")] == [  # the holders last
+            h.body["metadata"]["name"] for h in helpers if h.body["metadata"]["name"].startswith("chaoskit-apply")]
         assert api.state.configmaps == {}  # the run's revert records removed once reverted
     journal = [json.loads(line) for line in next(out_dir.rglob("journal.jsonl")).read_text().splitlines()]
     applied = [e for e in journal if e["event"] == "fault_applied"]
@@ -140,3 +148,32 @@ def test_a_dry_run_plans_helper_pods_per_chosen_pod_and_creates_none(tmp_path, s
             assert (f"on node {node}: a helper pod (reg/ck:1, hostPID, capabilities NET_ADMIN, SYS_ADMIN, SYS_PTRACE) "
                     f'applies network.partition {{"ports": [{PORT}]}} to pod prod/{pod} container app') in text, text
         assert api.calls("POST") == []
+
+
+def test_a_holding_helper_reverts_at_its_deadline_and_on_sigterm_without_chaoskit(tmp_path, pods):
+    pair, containers = pods
+    with FakeKubeApi() as api:
+        api.kubelet = run_pod_here
+        for i, c in enumerate(containers):
+            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
+        kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        spec = Partition.Spec.model_validate({"type": "network.partition", "ports": [PORT], "target": {
+            "kubernetes": {"namespace": "prod", "selector": {"app": "web"}, "mode": "all", "kubeconfig": kubeconfig}}})
+        executor = K8sHelperExecutor()
+        for lifetime, why in ((2.0, "deadline"), (600.0, "SIGTERM")):
+            inj = Partition(spec, FaultContext(lifetime_s=lifetime, run_id="hold-test"))
+            place(inj)
+            record = executor.apply(inj, executor.prepare(inj), inj.ctx.placement)
+            holders = [p["holder"] for p in record["pods"]]
+            assert all(chaoskit_tables(pair, ns) for ns in (pair.srv, pair.cli))
+            if why == "SIGTERM":  # the pods deleted (a drain, or activeDeadlineSeconds): the kubelet's SIGTERM
+                for name in holders:
+                    client.CoreV1Api(api_client(resolve_cluster(spec.target.kubernetes))).delete_namespaced_pod(
+                        name, "chaoskit")
+            # nobody reverts but the helpers that hold the fault
+            wait_for(lambda: not any(chaoskit_tables(pair, ns) for ns in (pair.srv, pair.cli)), timeout=30)
+            wait_for(lambda h=holders, w=why: all(f'"why": "{w}"' in api.state.logs.get(("chaoskit", n), "") for n in h),
+                     timeout=10)
+            executor.revert(inj.type, record, inj.ctx.placement)  # idempotent: nothing left; cleans the cluster
+        assert sorted(api.state.pods) == [("prod", "web-0"), ("prod", "web-1")]
+        assert api.state.configmaps == {}
