@@ -103,7 +103,9 @@ class FakeKubeApi:
         self.state = FakeState()
         self.requests: list[Request] = []
         self.kubelet: Kubelet | None = None
-        self.recreate_deleted = False  # act like a ReplicaSet: a deleted pod is replaced by a new one
+        self.recreate_deleted = False  # act like a ReplicaSet: a deleted seeded pod is replaced by a new one
+        self.seeded: set[tuple[str, str]] = set()  # pods made by add_pod (with a controller), not by the API
+        self.keep_container_ids = False  # ... whose containers are the old one's (stand-ins that cannot restart)
         self._lock = threading.RLock()
         self._serial = itertools.count(1)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
@@ -155,6 +157,7 @@ class FakeKubeApi:
                           "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
         with self._lock:
             self.state.pods[(namespace, name)] = pod
+            self.seeded.add((namespace, name))
         return pod
 
     def add_deployment(self, namespace: str, name: str, replicas: int) -> None:
@@ -242,10 +245,12 @@ class FakeKubeApi:
         proc = self._procs.get((p["ns"], p["name"]))
         if proc is not None:  # the kubelet stops a running container: SIGTERM (the grace period is not waited)
             proc.terminate()
-        if self.recreate_deleted:
+        if self.recreate_deleted and (p["ns"], p["name"]) in self.seeded:
             spec = pod["spec"]
+            ids = tuple(s["containerID"] for s in pod["status"].get("containerStatuses", []))
             self.add_pod(p["ns"], f"{p['name']}-r{next(self._serial)}", pod["metadata"].get("labels", {}),
-                         node=spec.get("nodeName", "node-a"), containers=tuple(c["name"] for c in spec["containers"]))
+                         node=spec.get("nodeName", "node-a"), containers=tuple(c["name"] for c in spec["containers"]),
+                         container_ids=self.keep_container_ids and ids or None)
         return pod
 
     def pod_log(self, p: dict, q: dict, body: Any) -> str:

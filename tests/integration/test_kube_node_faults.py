@@ -37,6 +37,10 @@ steadyState:
       expect: {{ready: ">= 2"}}
 method:
   - inject:
+      type: pod.kill
+      target: {{kubernetes: {{namespace: prod, selector: {{app: web}}, mode: one, seed: 3}}}}
+    duration: 1s
+  - inject:
       type: network.partition
       target: {{kubernetes: {{namespace: prod, selector: {{app: web}}, mode: all, helper: {{image: "reg/ck:1"}}}}}}
       ports: [{PORT}]
@@ -100,6 +104,7 @@ def test_partition_and_sigstop_of_pods_run_in_helper_pods_and_are_reverted(tmp_p
     pair, containers = pods
     with FakeKubeApi() as api:
         api.kubelet = run_pod_here
+        api.recreate_deleted = api.keep_container_ids = True
         for i, c in enumerate(containers):
             api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
         monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
@@ -119,18 +124,22 @@ def test_partition_and_sigstop_of_pods_run_in_helper_pods_and_are_reverted(tmp_p
         assert nodes == ["node-a", "node-b", "node-a", "node-b"]  # one helper per pod, on its node
         images = {c["image"] for h in helpers for c in h.body["spec"]["containers"]}
         assert images == {"reg/ck:1", "chaoskit:latest"}
-        assert sorted(api.state.pods) == [("prod", "web-0"), ("prod", "web-1")]  # every helper pod deleted,
+        (killed,) = [d[1] for d in api.state.deleted if d[1].startswith("web-")]
+        pods_now = sorted(name for ns, name in api.state.pods if ns == "prod")
+        assert killed not in pods_now and len(pods_now) == 2
+        assert sorted(api.state.pods) == [("prod", p) for p in pods_now]  # every helper pod deleted,
         assert [d[1] for d in api.state.deleted if d[1].startswith("chaoskit-apply")] == [  # the holders last
             h.body["metadata"]["name"] for h in helpers if h.body["metadata"]["name"].startswith("chaoskit-apply")]
         assert api.state.configmaps == {}  # the run's revert records removed once reverted
     journal = [json.loads(line) for line in next(out_dir.rglob("journal.jsonl")).read_text().splitlines()]
     applied = [e for e in journal if e["event"] == "fault_applied"]
-    assert [e["executor"] for e in applied] == ["k8s-helper", "k8s-helper"]
-    assert [[t["pod"] for t in e["placement"]["targets"]] for e in applied] == [["web-0", "web-1"]] * 2
+    assert [e["executor"] for e in applied] == ["local", "k8s-helper", "k8s-helper"]
+    # chosen again when each step starts: the replacement of the killed pod, not the killed one
+    assert [sorted(t["pod"] for t in e["placement"]["targets"]) for e in applied[1:]] == [pods_now] * 2
     observed = next(e for e in journal if e["event"] == "fault_observed" and e["type"] == "process.signal"
                     and e["when"] == "applied")
-    assert observed["details"]["in_effect"] is True and set(observed["details"]["pods"]) == {"node-a/web-0",
-                                                                                           "node-b/web-1"}
+    assert observed["details"]["in_effect"] is True
+    assert sorted(w.split("/")[1] for w in observed["details"]["pods"]) == pods_now
     assert ledgers(state_dir) == []  # everything reverted: the ledger is discarded
 
 
