@@ -181,8 +181,8 @@ class K8sHelperExecutor:
             HelperPlacement, Record | None, str | None]]:
         """Each pod's placement, revert record and holding helper pod: the ledger's, else the cluster's copy of
         an applied one, else None (never applied there: a helper whose apply failed reverted itself)."""
-        if not hp.targets:
-            return [(hp, record, None)]
+        if not hp.targets:  # one pod's entry (a rollback from the cluster's records): its holder is stored
+            return [(hp, record, (store.get(hp.key) or {}).get("holder"))]
         known = {p["key"]: p for p in record.get("pods", [])}
         out: list[tuple[HelperPlacement, Record | None, str | None]] = []
         for one in hp.per_pod():

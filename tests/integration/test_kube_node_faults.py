@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 from kubernetes import client
 
-from chaoskit.executors.k8s_helper import K8sHelperExecutor
+from chaoskit.executors.k8s_helper import K8sHelperExecutor, replay_cluster
 from chaoskit.injectors.base import FaultContext
 from chaoskit.injectors.firewall import Partition
 from chaoskit.targets.container import ContainerNotFound, bare_id, container_pids
@@ -184,5 +184,16 @@ def test_a_holding_helper_reverts_at_its_deadline_and_on_sigterm_without_chaoski
             wait_for(lambda h=holders, w=why: all(f'"why": "{w}"' in api.state.logs.get(("chaoskit", n), "") for n in h),
                      timeout=10)
             executor.revert(inj.type, record, inj.ctx.placement)  # idempotent: nothing left; cleans the cluster
+        assert sorted(api.state.pods) == [("prod", "web-0"), ("prod", "web-1")]
+        assert api.state.configmaps == {}
+
+        # the host died: `chaoskit rollback --cluster` from the cluster's records alone, holders removed too
+        inj = Partition(spec, FaultContext(lifetime_s=600.0, run_id="hold-test"))
+        place(inj)
+        executor.apply(inj, executor.prepare(inj), inj.ctx.placement)
+        assert all(chaoskit_tables(pair, ns) for ns in (pair.srv, pair.cli))
+        key = inj.ctx.placement["key"]
+        assert replay_cluster(resolve_cluster(spec.target.kubernetes)) == [(f"{key}-0", None), (f"{key}-1", None)]
+        assert [chaoskit_tables(pair, ns) for ns in (pair.srv, pair.cli)] == [[], []]
         assert sorted(api.state.pods) == [("prod", "web-0"), ("prod", "web-1")]
         assert api.state.configmaps == {}
