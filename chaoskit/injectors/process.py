@@ -84,17 +84,20 @@ _SELECTORS = {
     (False, True, True, False): "child_of + name",
     (False, False, False, True): "kubernetes",
 }
+_NO_KUBE = object()  # the spec has no kubernetes: target
 
 
-def check_selector(pid: object, name: object, child_of: object, kubernetes: object = None) -> None:
-    """ValueError unless the target is exactly one of: pid; name; child_of (optionally narrowed by name);
-    kubernetes."""
-    given = (pid is not None, name is not None, child_of is not None, kubernetes is not None)
+def check_selector(pid: object, name: object, child_of: object, kubernetes: object = _NO_KUBE) -> None:
+    """ValueError unless the target is exactly one of: pid; name; child_of (optionally narrowed by name); and,
+    for a spec that has the field, kubernetes."""
+    kube = kubernetes is not _NO_KUBE and kubernetes is not None
+    given = (pid is not None, name is not None, child_of is not None, kube)
     if given not in _SELECTORS:
         fields = ("pid", "name", "child_of", "kubernetes")
         what = ", ".join(f for f, g in zip(fields, given, strict=True) if g) or "none"
-        raise ValueError("give exactly one target: pid, name, child_of (optionally with name), or kubernetes; "
-                         f"got {what}")
+        options = "pid, name, child_of (optionally with name), or kubernetes" if kubernetes is not _NO_KUBE \
+            else "pid, name, or child_of (optionally with name)"
+        raise ValueError(f"give exactly one target: {options}; got {what}")
 
 
 def descendants(root: int) -> list[ProcessRef]:
@@ -144,8 +147,6 @@ class ProcessTargets(StrictModel):
                                                              "among that PID's descendants")
     child_of: int | None = Field(None, gt=0, description="descendants (recursive) of this PID, e.g. "
                                                          "'{target.replica_pid}'; narrowed by name if given")
-    kubernetes: KubeNodeSelector | None = Field(None, description="every process of the chosen pods' container (on "
-                                                              "its node, through a helper pod)")
     full_cmdline: bool = Field(False, description="match `name` against the whole command line")
     allow_host: bool = Field(False, description="allow PID 1 and chaoskit's own ancestors")
 
@@ -161,7 +162,7 @@ class ProcessTargets(StrictModel):
 
     @model_validator(mode="after")
     def _one_target(self) -> Self:
-        check_selector(self.pid, self.name, self.child_of, self.kubernetes)
+        check_selector(self.pid, self.name, self.child_of)
         return self
 
     def select(self) -> list[ProcessRef]:
