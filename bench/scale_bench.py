@@ -204,7 +204,7 @@ def scale_trial(tmp: Path, fleet: Fleet, indices: list[int], name: str, env: dic
     assert rollback["reverted"] == n and rollback["failed"] == 0, rollback
     phase_start = first(events, "state", state="rollback")["t"]
     by_kind: dict[str, list[float]] = {}
-    prev = rollback["t"] - rollback["ms"] / 1000  # reverts run one after another: each gap is one revert
+    prev = rollback["t"] - rollback["ms"] / 1000  # a batch journals its reverts together: gaps are not reverts
     for e in (e for e in events if e["event"] == "fault_reverted"):
         by_kind.setdefault(e["type"], []).append((e["t"] - prev) * 1000)
         prev = e["t"]

@@ -26,6 +26,10 @@ def _addr(value: str) -> Any:
     return {"prefix": {"addr": str(net.network_address), "len": net.prefixlen}}
 
 
+def _delete(table: str) -> dict[str, Any]:
+    return {"delete": {"table": {"family": FAMILY, "name": table}}}
+
+
 class _FirewallSpec(StrictModel):
     target: NetTargetSpec = Field(description="namespace (netns or pid); rules apply to all its interfaces")
     peers: list[str] | None = Field(None, min_length=1, description="addresses/CIDRs on the other side")
@@ -147,7 +151,21 @@ class _Firewall(Injector):
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
         if same_namespace(record) and cls.observe(record):
-            nftables.run(record["ns"], [{"delete": {"table": {"family": FAMILY, "name": record["table"]}}}])
+            nftables.run(record["ns"], [_delete(record["table"])])
+
+    @classmethod
+    def revert_many(cls, records: list[dict[str, Any]]) -> None:
+        """Delete the tables of many faults, one nft transaction per namespace: a transaction costs ~15-40 ms
+        however many tables it deletes, and concurrent ones barely overlap. A speed-up only: a failed
+        transaction (a table gone meanwhile) deletes nothing, and each fault's own revert still follows."""
+        by_ns: dict[str, list[str]] = {}
+        for record in records:
+            if same_namespace(record):
+                by_ns.setdefault(record["ns"], []).append(record["table"])
+        for ns, names in by_ns.items():
+            present = nftables.table_names(ns, FAMILY)
+            if doomed := [_delete(name) for name in names if name in present]:
+                nftables.run(ns, doomed)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -44,21 +45,53 @@ def marked(token: str | None, ref: dict[str, Any] | None) -> list[ProcessRef]:
 def stop(token: str | None, grace_s: float = 5.0, ref: dict[str, Any] | None = None) -> None:
     """SIGTERM every process carrying the token (the recorded `ref` only, when given), SIGKILL what is left
     after `grace_s`."""
-    procs = marked(token, ref)
-    for ref in procs:
-        try:
-            os.kill(ref.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    while procs and time.monotonic() < deadline:
-        procs = [r for r in procs if is_alive(r)]
-        time.sleep(0.01)
-    for ref in procs:
-        try:
-            os.kill(ref.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    stop_all(marked(token, ref), grace_s)
+
+
+def stop_all(procs: list[ProcessRef], grace_s: float = 5.0) -> None:
+    """SIGTERM them all at once, SIGKILL what is left after `grace_s`. Waits on pidfds: woken by each exit, and
+    a reused PID is never signalled."""
+    fds = [fd for fd in map(_pidfd, procs) if fd is not None]
+    try:
+        for fd in fds:
+            _send(fd, signal.SIGTERM)
+        for fd in _wait_exits(fds, grace_s):
+            _send(fd, signal.SIGKILL)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _wait_exits(pidfds: list[int], timeout_s: float) -> list[int]:
+    """Wait until every pidfd's process has exited or `timeout_s` passed; the pidfds still running."""
+    poller = select.poll()
+    for fd in pidfds:
+        poller.register(fd, select.POLLIN)
+    left, deadline = set(pidfds), time.monotonic() + timeout_s
+    while left and (wait := deadline - time.monotonic()) > 0:
+        for fd, _ in poller.poll(wait * 1000):
+            poller.unregister(fd)
+            left.discard(fd)
+    return sorted(left)
+
+
+def _pidfd(ref: ProcessRef) -> int | None:
+    """A pidfd of that very process (opened, then its identity checked), or None when it is gone."""
+    try:
+        fd = os.pidfd_open(ref.pid)
+    except ProcessLookupError:
+        return None
+    if is_alive(ref):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _send(pidfd: int, sig: int) -> None:
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except ProcessLookupError:
+        pass
 
 
 def running(token: str | None, ref: dict[str, Any] | None = None) -> bool:

@@ -141,6 +141,12 @@ class ProxyHelper(helper_proc.HelperFault):
         return {"token": f"{self.token_prefix}{uuid.uuid4().hex}", "listen": self.spec.listen,
                 "upstream": self.spec.upstream}
 
+    @classmethod
+    def revert_many(cls, records: list[dict[str, Any]]) -> None:
+        """Stop the helpers of many proxies together: they exit side by side, one wait for all (revert alone
+        does the same for one; the rollback still reverts and observes each after this)."""
+        helper_proc.stop_all([p for r in records for p in helper_proc.marked(r.get("token"), r.get(cls.ref_key or ""))])
+
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         ref = helper_proc.spawn(self.server, record["token"],
                                 [record["listen"], record["upstream"], json.dumps(self.config()),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import signal
 import socket
@@ -191,17 +192,19 @@ async def serve(listen: str, upstream: str, toxics: list[dict[str, Any]], until:
 
 async def serve_until(server: asyncio.Server, until: float) -> None:
     """Say `ready`, then serve until SIGTERM or the epoch `until` (a helper outliving its run ends by itself)."""
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, _exit_now, server)
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # Ctrl-C at the terminal is the engine's to handle
     print("ready", flush=True)
     async with server:
-        try:
-            async with asyncio.timeout(max(0.0, until - time.time())):
-                await stop.wait()
-        except TimeoutError:
-            pass
+        await asyncio.sleep(max(0.0, until - time.time()))
+
+
+def _exit_now(server: asyncio.Server) -> None:
+    """SIGTERM (the revert): stop listening and end the process at once. The kernel closes every connection as
+    a clean exit would; skipping the interpreter's teardown makes the exit a few ms of CPU instead of ~40."""
+    server.close()
+    os._exit(0)
 
 
 def _nodelay(writer: asyncio.StreamWriter) -> None:

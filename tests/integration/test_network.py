@@ -13,6 +13,7 @@ import pytest
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.firewall import Drop, Partition
 from chaoskit.injectors.network import Bandwidth, Netem, dist_table, netem_message
+from chaoskit.targets import nftables
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.tc import netem_missing_reason
 from tests.conftest import chaoskit, ledgers, wait_for, write
@@ -259,6 +260,41 @@ def test_partition_blocks_and_revert_restores(pair):
         assert pair.ruleset(pair.srv) == before
     finally:
         server.close()
+
+
+def test_table_names_come_from_the_kernel(pair):
+    ns = pair.path(pair.srv)
+    recs = [_partition(pair, port) for port in (7001, 7002, 7003)]
+    sh("ip", "netns", "exec", pair.srv, "nft", "add", "table", "ip", "theirs")
+    listed = {t["name"] for t in nftables.tables(ns) if t["family"] == "inet"}
+    assert nftables.table_names(ns, "inet") == listed == {r["table"] for r in recs}
+    assert nftables.table_names(ns, "ip") == {"theirs"}
+    assert nftables.has_table(ns, "inet", recs[0]["table"]) and not nftables.has_table(ns, "inet", "chaoskit_no")
+    for rec in recs:
+        Partition.revert(rec)
+
+
+def test_revert_many_deletes_every_table_in_one_transaction_and_only_ours(pair, monkeypatch):
+    ns = pair.path(pair.srv)
+    sh("ip", "netns", "exec", pair.srv, "nft", "add", "table", "inet", "theirs")
+    recs = [_partition(pair, port) for port in range(7001, 7011)]
+    Partition.revert(recs[3])  # one already gone: the others still go in one transaction
+    calls, real = [], nftables.run
+    monkeypatch.setattr(nftables, "run", lambda path, cmds: calls.append(cmds) or real(path, cmds))
+    Partition.revert_many(recs)
+    assert len(calls) == 1 and len(calls[0]) == 9
+    assert nftables.table_names(ns, "inet") == {"theirs"}
+    assert not any(Partition.observe(r) for r in recs)
+    Partition.revert_many(recs)  # idempotent
+    for rec in recs:
+        Partition.revert(rec)
+
+
+def _partition(pair: Pair, port: int) -> dict:
+    inj = Partition(Partition.Spec(type="network.partition", target={"netns": pair.srv}, ports=[port]))
+    rec = inj.apply(inj.prepare())
+    assert Partition.observe(rec)
+    return rec
 
 
 # ------------------------------------------------------------------ SIGKILL of chaoskit -> the watchdog restores

@@ -175,6 +175,47 @@ def test_listen_port_in_use_is_a_preflight_error(upstream):
         inj.preflight()
 
 
+def test_revert_ends_the_proxy_at_once_closing_its_connections(upstream):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inj = Proxy(Proxy.Spec(type="network.proxy", listen=f"127.0.0.1:{port}", upstream=f"127.0.0.1:{upstream.port}"))
+    rec = inj.apply(inj.prepare())
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+        c.sendall(b"hi")
+        assert c.recv(16) == b"hi"
+        t0 = time.monotonic()
+        Proxy.revert(rec)
+        took = time.monotonic() - t0
+        assert not Proxy.observe(rec) and took < 0.5, took
+        try:
+            assert c.recv(16) == b""  # the kernel closed it: EOF (or a reset) for the client
+        except ConnectionResetError:
+            pass
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy binds (its closed side: TIME_WAIT)
+        s.bind(("127.0.0.1", port))  # the listening port is free again
+        s.listen()
+    Proxy.revert(rec)  # idempotent
+
+
+def test_revert_many_stops_every_proxy_together(upstream):
+    recs = []
+    for _ in range(5):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        inj = Proxy(Proxy.Spec(type="network.proxy", listen=f"127.0.0.1:{port}",
+                               upstream=f"127.0.0.1:{upstream.port}"))
+        recs.append(inj.apply(inj.prepare()))
+    Proxy.revert(recs[0])  # one already gone
+    t0 = time.monotonic()
+    Proxy.revert_many(recs)
+    assert time.monotonic() - t0 < 0.5 and not any(Proxy.observe(r) for r in recs)
+    assert not any(r["token"] in " ".join(cmdline(pid)) for pid in all_pids() for r in recs)
+    Proxy.revert_many(recs)  # idempotent
+
+
 EXPERIMENT = """\
 apiVersion: chaoskit/v1
 kind: Experiment

@@ -29,13 +29,13 @@ def test_batches_join_only_independent_faults_of_one_block():
 def test_a_parallel_blocks_sigstops_are_reverted_at_once_for_real(tmp_path, monkeypatch):
     procs = [subprocess.Popen(["sleep", "600"]) for _ in range(4)]
     threads: set[str] = set()
-    real = rollback_mod.revert_entry
+    real = rollback_mod.revert_unmarked
 
     def spy(ledger, entry, retries=rollback_mod.RETRIES):
         threads.add(threading.current_thread().name)
         return real(ledger, entry, retries)
 
-    monkeypatch.setattr(rollback_mod, "revert_entry", spy)
+    monkeypatch.setattr(rollback_mod, "revert_unmarked", spy)
     try:
         ledger = Ledger.create("batch", "x", tmp_path)
         for p in procs:
@@ -54,3 +54,44 @@ def test_a_parallel_blocks_sigstops_are_reverted_at_once_for_real(tmp_path, monk
         for p in procs:
             p.kill()
             p.wait()
+
+
+class _Flaky:
+    """A fake executor: entry 2 never reverts; the others revert and are then observed gone."""
+
+    def __init__(self, marks_seen: list[set[int]], ledger: Ledger):
+        self.marks_seen, self.ledger = marks_seen, ledger
+
+    def revert(self, type_name, record, placement):
+        self.marks_seen.append({e.id for e in self.ledger.read().entries.values() if e.reverted})
+        if record["n"] == 2:
+            raise RuntimeError("stuck")
+
+    def observe(self, type_name, record, placement):
+        return False
+
+
+def test_a_batch_marks_only_what_it_reverted_in_one_write(tmp_path, monkeypatch):
+    ledger = Ledger.create("marks", "x", tmp_path)
+    for n in range(1, 5):
+        ledger.applied(ledger.intent("process.signal", {"n": n}, [], group="parallel-1"), {"n": n})
+    seen: list[set[int]] = []
+    monkeypatch.setattr(rollback_mod, "get_executor", lambda name: _Flaky(seen, ledger))
+    monkeypatch.setattr(rollback_mod, "RETRY_DELAY_S", 0.0)
+    appends, real = [], Ledger._append
+    monkeypatch.setattr(Ledger, "_append", lambda self, *objs: appends.append(objs) or real(self, *objs))
+    result = rollback(ledger)
+    assert not result.complete and [e.id for e, _ in result.failed] == [2]
+    assert all(not marks for marks in seen)  # nothing is marked while the batch still runs
+    state = ledger.read()
+    assert [e.id for e in state.pending()] == [2] and not state.closed and len(state.entries[2].failures) == 3
+    assert [sorted(o["id"] for o in objs) for objs in appends if objs[0]["op"] == "reverted"] == [[1, 3, 4]]
+
+
+def test_a_torn_batch_of_marks_leaves_the_rest_pending(tmp_path):
+    ledger = Ledger.create("torn", "x", tmp_path)
+    ids = [ledger.intent("process.signal", {}, [], group="g") for _ in range(3)]
+    ledger.reverted_many(ids)
+    text = ledger.path.read_text()
+    ledger.path.write_text(text[:-10])  # a crash in the middle of the last mark
+    assert [e.id for e in ledger.read().pending()] == [ids[-1]]
