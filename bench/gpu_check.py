@@ -103,7 +103,7 @@ def run_fault(spec: dict[str, Any], settle_s: float, during: Any = None) -> dict
     from chaoskit.injectors.gpu import GpuMemoryPressure
 
     inj = GpuMemoryPressure(GpuMemoryPressure.Spec.model_validate({"type": "gpu.memory_pressure", **spec}))
-    inj.max_lifetime_s = 120
+    inj.ctx.lifetime_s = 120
     inj.preflight()
     before = nvml_used()
     record = inj.apply(inj.prepare())

@@ -182,7 +182,7 @@ def start(upstream: int, faults: list[dict]) -> tuple[int, dict]:
     port = _free_port()
     inj = LlmProxy(LlmProxy.Spec(type="llm.proxy", listen=f"127.0.0.1:{port}", upstream=f"127.0.0.1:{upstream}",
                                  faults=faults, seed=7))
-    inj.max_lifetime_s = 600
+    inj.ctx.lifetime_s = 600
     return port, inj.apply(inj.prepare())
 
 

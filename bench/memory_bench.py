@@ -94,7 +94,7 @@ def holder_s(n: int) -> tuple[float, float]:
     from chaoskit.injectors.memory import MemoryPressure, MemoryPressureSpec
 
     inj = MemoryPressure(MemoryPressureSpec(type="host.memory_pressure", size=n))
-    inj.max_lifetime_s = 300
+    inj.ctx.lifetime_s = 300
     record = inj.prepare()
     t0 = time.perf_counter()
     final = None
@@ -136,7 +136,7 @@ def bench_hold() -> tuple[float, float, float]:
     total, avail = meminfo()
     target = (total - avail) / total + 0.10
     inj = MemoryPressure(MemoryPressureSpec(type="host.memory_pressure", target_used=f"{target * 100:.4f}%"))
-    inj.max_lifetime_s = 120
+    inj.ctx.lifetime_s = 120
     print("\nhold: " + " | ".join(inj.plan()[:2]))
     inj.preflight()
     record, final, churn = inj.prepare(), None, None

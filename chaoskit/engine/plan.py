@@ -53,10 +53,7 @@ def plan_faults(method: list[Step], unresolved: frozenset[int] = frozenset(), ru
 
 
 def _injector(step: Step, spec: Any, run_id: str) -> Injector:
-    inj = injector_class(spec.type)(spec, FaultContext(step=step.label(), lifetime_s=step.lifetime(), run_id=run_id))
-    if hasattr(inj, "max_lifetime_s"):
-        inj.max_lifetime_s = step.lifetime()  # helper processes also expire by themselves
-    return inj
+    return injector_class(spec.type)(spec, FaultContext(step=step.label(), lifetime_s=step.lifetime(), run_id=run_id))
 
 
 def _choose(step: Step, run_id: str) -> tuple[Injector, str | None, list[str]]:

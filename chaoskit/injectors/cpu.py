@@ -189,14 +189,14 @@ class CpuStress(helper_proc.HelperFault):
         return [f"start a helper process with {n} busy worker process(es), each {s.load:.0%} busy at nice "
                 f"{s.nice} (about {n * s.load:g} of the {host_cpus()} CPUs here)",
                 "revert: SIGTERM the helper and every worker (by recorded PID + start time; SIGKILL after 5 s); "
-                f"they also die with chaoskit and exit by themselves after {self.max_lifetime_s:g}s"]
+                f"they also die with chaoskit and exit by themselves after {self.ctx.lifetime_s:g}s"]
 
     def prepare(self) -> dict[str, Any]:
         return {"token": f"chaoskit-holder-cpustress-{uuid.uuid4().hex}", "workers": self._workers(),
                 "load": self.spec.load, "nice": self.spec.nice}
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        until = time.time() + self.max_lifetime_s
+        until = time.time() + self.ctx.lifetime_s
         # the helper's PR_SET_PDEATHSIG fires when the spawning *thread* ends (see gpu.py)
         holder = helper_proc.spawn("chaoskit.injectors.cpu_stress_proc", record["token"],
                                    [str(record["workers"]), repr(record["load"]), str(record["nice"]),

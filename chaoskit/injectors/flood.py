@@ -60,14 +60,14 @@ class Flood(helper_proc.HelperFault):
         ld = self.spec.load
         return [f"start a load helper sending {ld.rate:g} req/s ({ld.arrival}, {ld.api}, {ld.prompt_tokens} prompt "
                 f"tokens, {ld.max_tokens} max) to {ld.url}; revert: SIGTERM it (it also stops by itself after "
-                f"{self.max_lifetime_s:g}s)"]
+                f"{self.ctx.lifetime_s:g}s)"]
 
     def prepare(self) -> dict[str, Any]:
         return {"token": f"chaoskit-flood-{uuid.uuid4().hex}"}
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        spec = self.load_spec(self.max_lifetime_s)
+        spec = self.load_spec(self.ctx.lifetime_s)
         ref = helper_proc.spawn("chaoskit.injectors.flood_proc", record["token"],
-                                [spec.model_dump_json(), f"{time.time() + self.max_lifetime_s:.3f}"],
+                                [spec.model_dump_json(), f"{time.time() + self.ctx.lifetime_s:.3f}"],
                                 f"load flood to {spec.url}")
         return {**record, "helper": ref.to_json(), "load": json.loads(spec.model_dump_json())}

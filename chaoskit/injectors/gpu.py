@@ -167,7 +167,7 @@ class GpuMemoryPressure(helper_proc.HelperFault):
         ramp = f", ramping up over {self.spec.ramp:g}s" if self.spec.ramp else ""
         return [f"start a CUDA holder process on {dev}: {self._amount()}{ramp}",
                 f"revert: SIGTERM the holder, which frees every allocation and exits (it also dies with chaoskit "
-                f"and exits by itself after {self.max_lifetime_s:g}s)"]
+                f"and exits by itself after {self.ctx.lifetime_s:g}s)"]
 
     def prepare(self) -> dict[str, Any]:
         token = f"chaoskit-gpuholder-{uuid.uuid4().hex}"
@@ -179,7 +179,7 @@ class GpuMemoryPressure(helper_proc.HelperFault):
                 "status": str(d / f"{token}.status.json"), "journal": str(d / f"{token}.corrections.jsonl")}
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        until = time.time() + self.max_lifetime_s
+        until = time.time() + self.ctx.lifetime_s
         config = {k: record[k] for k in ("target", "fragment", "status", "journal")}
         # the holder's PR_SET_PDEATHSIG fires when the spawning *thread* ends; the engine's apply threads live
         # until the run's event loop closes, which is after rollback

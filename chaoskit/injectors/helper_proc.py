@@ -101,7 +101,6 @@ def running(token: str | None, ref: dict[str, Any] | None = None) -> bool:
 class HelperFault(Injector):
     """A fault that is a helper process found by the token in its record: revert stops it, observe sees it."""
 
-    max_lifetime_s: float = 3600.0  # the helper exits by itself after this; the runner sets duration + 60 s
     ref_key: ClassVar[str | None] = None  # where apply records the helper's ProcessRef (None: found by token)
 
     @classmethod

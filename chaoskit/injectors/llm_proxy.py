@@ -238,7 +238,7 @@ class LlmProxy(ProxyHelper):
         faults = "; ".join(f"{w['name']}: {_describe(f)}" for f, w in zip(self.spec.faults, self.spec.wire()["faults"],
                                                                           strict=True))
         return [f"start an LLM proxy {self.spec.listen} -> {self.spec.upstream} (seed {self.spec.seed}) with faults: "
-                f"{faults or 'none'}; revert: stop it (it also exits by itself after {self.max_lifetime_s:g}s)"]
+                f"{faults or 'none'}; revert: stop it (it also exits by itself after {self.ctx.lifetime_s:g}s)"]
 
     def config(self) -> Any:
         return self.spec.wire()

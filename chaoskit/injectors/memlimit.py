@@ -84,7 +84,6 @@ class MemoryLimit(Injector):
                               "taking part of it (memory.max / memory.limit_in_bytes; revert: moved back)")
     Spec = MemoryLimitSpec
     spec: MemoryLimitSpec
-    max_lifetime_s: float = 3600.0  # the holder exits by itself after this; the runner sets duration + 60 s
 
     def __init__(self, spec: BaseModel, ctx: FaultContext | None = None):
         super().__init__(spec, ctx)
@@ -133,7 +132,7 @@ class MemoryLimit(Injector):
             lines.append(f"start a holder process inside it that takes {format_size(s.pressure)} of the room, "
                          "asking for oom_score_adj -1000 so the kernel's OOM killer picks a target, not the holder "
                          "(without CAP_SYS_RESOURCE the host refuses and the killer picks by size; it exits by "
-                         f"itself after {self.max_lifetime_s:g}s)")
+                         f"itself after {self.ctx.lifetime_s:g}s)")
         lines.append(f"revert: stop the holder, move every task in {cg} back to its previous cgroup (children "
                      "started meanwhile go where their parent came from; an OOM-killed target is no error), "
                      "then remove the cgroup")
@@ -179,7 +178,7 @@ class MemoryLimit(Injector):
                                f"{e.strerror} ({format_size(usage)} is charged to it after the move)") from None
         out = {**record, "procs": moved, "usage_at_move": usage, "limit_bytes": limit, "charges_moved": charges_moved}
         if pressure:
-            until = time.time() + self.max_lifetime_s
+            until = time.time() + self.ctx.lifetime_s
             # the holder's PR_SET_PDEATHSIG fires when the spawning *thread* ends (see gpu.py)
             holder = helper_proc.spawn(__name__, record["token"], [str(cg), str(pressure), f"{until:.3f}",
                                                                    str(os.getpid())],

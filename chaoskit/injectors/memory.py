@@ -148,7 +148,7 @@ class MemoryPressure(helper_proc.HelperFault):
 
     def plan(self) -> list[str]:
         revert = (f"revert: SIGTERM the holder, which gives everything back and exits (it also exits by itself "
-                  f"after {self.max_lifetime_s:g}s)")
+                  f"after {self.ctx.lifetime_s:g}s)")
         populate = ("the kernel populates it 64 MiB at a time (madvise MADV_POPULATE_WRITE; MAP_POPULATE or "
                     "touching each page on kernels before 5.14)")
         if not self.spec.holds:
@@ -184,7 +184,7 @@ class MemoryPressure(helper_proc.HelperFault):
                 "deadband": deadband_bytes(total)}
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        until = time.time() + self.max_lifetime_s
+        until = time.time() + self.ctx.lifetime_s
         config = {k: record[k] for k in ("status", "goal_available", "floor", "deadband") if k in record}
         what = (f"memory holder keeping MemAvailable at {format_size(record['goal_available'])}"
                 if "goal_available" in record else f"memory holder for {format_size(record['bytes'])}")

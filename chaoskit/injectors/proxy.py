@@ -150,7 +150,7 @@ class ProxyHelper(helper_proc.HelperFault):
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         ref = helper_proc.spawn(self.server, record["token"],
                                 [record["listen"], record["upstream"], json.dumps(self.config()),
-                                 f"{time.time() + self.max_lifetime_s:.3f}"], f"{self.what} on {record['listen']}")
+                                 f"{time.time() + self.ctx.lifetime_s:.3f}"], f"{self.what} on {record['listen']}")
         return {**record, "proxy": ref.to_json()}
 
 
@@ -167,7 +167,7 @@ class Proxy(ProxyHelper):
     def plan(self) -> list[str]:
         toxics = "; ".join(f"{t.type} ({t.stream}, {t.toxicity * 100:g}% of connections)" for t in self.spec.toxics)
         return [f"start a proxy {self.spec.listen} -> {self.spec.upstream} with toxics: {toxics or 'none'}; "
-                f"revert: stop it (it also exits by itself after {self.max_lifetime_s:g}s)"]
+                f"revert: stop it (it also exits by itself after {self.ctx.lifetime_s:g}s)"]
 
     def config(self) -> Any:
         return [t.wire() for t in self.spec.toxics]

@@ -283,7 +283,7 @@ def test_cpu_throttle_child_of(hier, tree):
 
 def stress(**kw) -> CpuStress:
     inj = CpuStress(CpuStressSpec(type="host.cpu_stress", **kw))
-    inj.max_lifetime_s = 60
+    inj.ctx.lifetime_s = 60
     return inj
 
 
@@ -312,7 +312,7 @@ def test_cpu_stress_workers_use_cpu_and_revert_leaves_none(hier, test_cgroups):
 
 def test_cpu_stress_load_share_and_deadline(hier, test_cgroups):
     inj = stress(workers=1, load="30%")
-    inj.max_lifetime_s = 8  # room for a slow start on a busy machine before the 1.5 s measurement
+    inj.ctx.lifetime_s = 8  # room for a slow start on a busy machine before the 1.5 s measurement
     record = inj.apply(inj.prepare())
     worker = ProcessRef.from_json(record["worker_procs"][0])
     try:
@@ -327,7 +327,7 @@ def test_cpu_stress_load_share_and_deadline(hier, test_cgroups):
 
 def test_cpu_stress_dies_with_chaoskit(tmp_path):
     code = ("import json, time; from chaoskit.injectors.cpu import CpuStress, CpuStressSpec\n"
-            "inj = CpuStress(CpuStressSpec(type='host.cpu_stress', workers=1, nice=10)); inj.max_lifetime_s = 60\n"
+            "inj = CpuStress(CpuStressSpec(type='host.cpu_stress', workers=1, nice=10)); inj.ctx.lifetime_s = 60\n"
             "print(json.dumps(inj.apply(inj.prepare())), flush=True); time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     record = json.loads(proc.stdout.readline())  # type: ignore[union-attr]

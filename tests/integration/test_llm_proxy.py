@@ -44,7 +44,7 @@ def _start(upstream: str, faults: list[dict], seed: int = 0) -> tuple[int, dict]
     port = free_port()
     inj = LlmProxy(LlmProxy.Spec(type="llm.proxy", listen=f"127.0.0.1:{port}", upstream=upstream, faults=faults,
                                  seed=seed))
-    inj.max_lifetime_s = 300
+    inj.ctx.lifetime_s = 300
     inj.preflight()
     return port, inj.apply(inj.prepare())
 

@@ -54,7 +54,7 @@ def spec(**kw) -> MemoryLimitSpec:
 
 def limiter(**kw) -> MemoryLimit:
     inj = MemoryLimit(spec(**kw))
-    inj.max_lifetime_s = 120
+    inj.ctx.lifetime_s = 120
     return inj
 
 

@@ -49,7 +49,7 @@ def rss_bytes(pid: int) -> int:
 
 def injector(**kw) -> MemoryPressure:
     inj = MemoryPressure(MemoryPressureSpec(type="host.memory_pressure", **kw))
-    inj.max_lifetime_s = 60  # a holder a failed test leaves behind exits by itself
+    inj.ctx.lifetime_s = 60  # a holder a failed test leaves behind exits by itself
     return inj
 
 
