@@ -1,6 +1,7 @@
-"""The target layer: which executor runs a fault and where, decided once at preflight and kept as plain JSON.
+"""The target layer: which executor runs a fault and where, kept as plain JSON (decided at preflight for the plan,
+and again when the step starts).
 
-A node-level fault (network, cgroup, signal) whose spec targets `kubernetes:` pods runs through the k8s-helper
+A node-level fault (network, process.signal) whose spec targets `kubernetes:` pods runs through the k8s-helper
 executor: the chosen pods (namespace, name, UID, node, container ID) become its placement, and on each node the
 helper pod turns the target into that container's PIDs (`localize`) and runs the same injector code. Every
 other fault stays `local`, on this host, as its spec says.
@@ -28,8 +29,8 @@ def node_selector(spec: BaseModel) -> KubeNodeSelector | None:
 
 
 def place(inj: Injector) -> None:
-    """Route a fault: pods chosen now (the same for plan, ledger and apply) and a k8s-helper placement in its
-    context; nothing for a fault without a Kubernetes node target. PreflightError (exit 4) if the cluster
+    """Route a fault: pods chosen now (for the plan; faults.apply chooses again when the step starts, the same
+    for ledger, apply and revert) and a k8s-helper placement in its context; nothing for a fault without a Kubernetes node target. PreflightError (exit 4) if the cluster
     cannot be reached or the pods do not qualify."""
     selector = node_selector(inj.spec)
     if selector is None:
