@@ -7,21 +7,26 @@ tracepoint program is paid per event, so the bench runs a workload that is dense
 programs in bpf/ trace, which makes the loss measured here an upper bound for a service that produces fewer
 events per unit of work:
 - requests: CLIENTS closed-loop client processes each open a NEW TCP connection per request to SERVERS forked
-  server processes on 127.0.0.1 (sock:inet_sock_set_state -> tcp_connect_latency; the client aborts with RST
+  server processes on 127.0.0.1 (inet_sock_set_state -> tcp_connect_latency; the client aborts with RST
   after the reply, so no TIME_WAIT piles up); every request makes the server do one 4 KiB O_DIRECT read of a
-  loop device backed by a temp file (block:block_rq_issue/complete -> block_io_latency); the hand-offs between
-  the processes and the loop device's kernel worker are wakeups and context switches (sched:* ->
-  runqueue_latency). Throughput = requests completed per second.
+  loop device backed by a temp file (block_rq_issue/complete -> block_io_latency); the hand-offs between
+  the processes and the loop device's kernel worker are wakeups and context switches (sched_wakeup, sched_switch
+  -> runqueue_latency). Those three programs are on BTF raw tracepoints, the other two on classic ones.
+  Throughput = requests completed per second.
 - retransmits: a side process keeps SYNs in flight to a listener whose accept queue is full, which the kernel
   drops, so each connect retransmits its SYN until it is closed 3.5 s later (tcp:tcp_retransmit_skb ->
   tcp_retransmits; this kernel retransmits about once a second: ~3 per connect).
-- OOM kills: at the start of every round (with or without probes) a forked child in a 32 MiB memory cgroup
-  touches 64 MiB and is OOM-killed (oom:mark_victim -> oom_kills).
+- OOM kills: before every window (with or without probes, attached if with) a forked child in a 32 MiB memory
+  cgroup touches 64 MiB and is OOM-killed (oom:mark_victim -> oom_kills); the count starts once it is reaped, so
+  the kill's reclaim and exit, common to both arms, add no noise to the windows.
 The probes are unfiltered (the default, and the most work per event). They are compiled once; a "without"
 window has their tracepoints detached (the programs stay loaded, which costs nothing) and no sampling, a "with"
 window has them attached and every probe's measure() called every SAMPLE_S. The workload runs continuously;
 a round is a window of its request counter. Pair i is (without, with) for even i and (with, without) for odd i,
-which cancels linear drift; its loss is 1 - rps_with / rps_without. Other people's processes on the host take
+which cancels linear drift; its loss is 1 - rps_with / rps_without. Windows are short (1 s) and many: this
+host's noise is slow (with no probes in either arm, adjacent windows differ by about as much at 0.25 s as at
+4 s: sd of the pair loss 0.14 for 1 s windows and 0.11 for 4 s ones in one calibration), so for the same
+running time short pairs give a CI about 1.5 times narrower. Other people's processes on the host take
 CPU at random moments; the same loss is also given per CPU-second left to the workload (the window's CPUs x
 seconds minus what other user-space processes and the hypervisor's steal took, from /proc), which that noise
 does not move.
@@ -32,7 +37,7 @@ rps_with = mean req/s of the workload in each arm; loss_sd = the paired losses' 
 loss_at_equal_cpu / ci95_at_equal_cpu = the same from requests per CPU-second left to the workload;
 goal_met = whether ci95's upper end is <= 0.03. The lines before it give, per program, the events it saw in
 the "with" windows beside what the workload did in them; the bench exits 1 if a program saw none.
-BENCH_ROUNDS (pairs, default 30) and BENCH_ROUND_S (seconds per window, default 4): about 4.5 minutes.
+BENCH_ROUNDS (pairs, default 180) and BENCH_ROUND_S (seconds per window, default 1): about 7.5 minutes.
 """
 
 from __future__ import annotations
@@ -52,15 +57,15 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from chaoskit.errors import PreflightError
 from chaoskit.probes.ebpf import PROGRAMS, EbpfProbe, EbpfProbeSpec
 from chaoskit.targets.cgroups import MemHierarchy, find_mem_hierarchy
 
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "30"))
-ROUND_S = float(os.environ.get("BENCH_ROUND_S", "4"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "180"))
+ROUND_S = float(os.environ.get("BENCH_ROUND_S", "1"))
 WARMUP_S = 3.0
 SAMPLE_S = 1.0
 CLIENTS = 2
@@ -117,7 +122,7 @@ def oom_child(cgroup: Path) -> None:
 
 def side_events(cgroup: Path, commands, counts) -> None:
     """SYNs to a full accept queue, renewed every 0.5 s and kept 3.5 s (1 s and 3 s retransmits each); one OOM
-    kill in `cgroup` per "oom" command."""
+    kill in `cgroup` per "oom" command, answered once the child is reaped."""
     full = socket.create_server(("127.0.0.1", 0), backlog=0)
     addr = full.getsockname()
     _queued = socket.create_connection(addr)  # fills the accept queue (nobody accepts)
@@ -131,6 +136,7 @@ def side_events(cgroup: Path, commands, counts) -> None:
                 oom_child(cgroup)
             _, status = os.waitpid(pid, 0)
             counts[OOMS] += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+            commands.send("done")
         now = time.monotonic()
         if now < next_tick:
             continue
@@ -228,28 +234,13 @@ class Counts:
 
 # ---------------------------------------------------------------- probes: compile once, attach per window
 
-@dataclass
-class Attached:
-    probe: EbpfProbe
-    tracepoints: list[bytes]
-
-    def detach(self) -> None:
-        for tp in self.tracepoints:
-            self.probe.bpf.detach_tracepoint(tp)
-
-    def attach(self) -> None:
-        for tp in self.tracepoints:  # TRACEPOINT_PROBE(cat, event) defines tracepoint__cat__event
-            self.probe.bpf.attach_tracepoint(tp=tp, fn_name=b"tracepoint__" + tp.replace(b":", b"__"))
-
-
-def compile_probes() -> list[Attached]:
+def compile_probes() -> list[EbpfProbe]:
     out = []
     for name in PROGRAMS:
         p = EbpfProbe(EbpfProbeSpec(type="ebpf", name=name, program=name))
         p.preflight()
-        out.append(Attached(p, sorted(p.bpf.tracepoint_fds)))
-    for a in out:
-        a.detach()
+        p.detach()
+        out.append(p)
     return out
 
 
@@ -300,29 +291,41 @@ class Window:
     seen: list[int]
 
 
-async def window(w: Workload, probes: list[Attached]) -> Window:
-    """One round: attach (if any), start an OOM kill, count requests for ROUND_S, sampling probes every
-    SAMPLE_S; detach."""
-    for a in probes:
-        a.attach()
-        await a.probe.measure()  # drop anything left from before
+async def oom_kill(w: Workload) -> None:
+    """Have the side process OOM-kill a child, and wait until it is reaped."""
+    w.commands.send("oom")
+    deadline = time.monotonic() + 30
+    while not w.commands.poll():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the OOM child was not reaped within 30 s")
+        await asyncio.sleep(0.005)
+    w.commands.recv()
+
+
+async def window(w: Workload, probes: list[EbpfProbe]) -> Window:
+    """One round: attach (if any), an OOM kill (before the count starts: the kill's reclaim and exit would be
+    noise common to both arms), count requests for ROUND_S, sampling probes every SAMPLE_S; detach."""
+    for p in probes:
+        p.attach()
+        await p.measure()  # drop anything left from before
     seen = [0] * len(probes)
+    before = w.snapshot()
+    await oom_kill(w)
     cpu0 = Cpu.now(w.ours())
     c0, t0 = w.snapshot(), time.monotonic()
-    w.commands.send("oom")
     end, tick = t0 + ROUND_S, t0
     while True:
         tick = min(tick + SAMPLE_S, end)
         await asyncio.sleep(max(0.0, tick - time.monotonic()))
-        for i, a in enumerate(probes):
-            seen[i] += (await a.probe.measure())["count"]
+        for i, p in enumerate(probes):
+            seen[i] += (await p.measure())["count"]
         if tick >= end:
             break
     c1, t1 = w.snapshot(), time.monotonic()
     taken = Cpu.now(w.ours()).taken_since(cpu0)
-    for a in probes:
-        a.detach()
-    did = c1 - c0
+    for p in probes:
+        p.detach()
+    did = replace(c1 - c0, ooms=c1.ooms - before.ooms)
     left = max(os.cpu_count() * (t1 - t0) - taken, 1e-3)
     return Window(did.requests / (t1 - t0), did.requests / left, did, seen)
 
@@ -351,7 +354,7 @@ def interval(losses: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
-async def rounds(w: Workload, probes: list[Attached]) -> tuple[list[Window], list[Window]]:
+async def rounds(w: Workload, probes: list[EbpfProbe]) -> tuple[list[Window], list[Window]]:
     await window(w, [])  # warm-up: page cache of the loop device's file, the cgroup's first OOM
     without, with_ = [], []
     for r in range(ROUNDS):
@@ -390,7 +393,7 @@ def main() -> None:
         sys.exit("ebpf_overhead: needs root (BPF programs, a loop device, a memory cgroup)")
     with tempfile.TemporaryDirectory(prefix="chaoskit-ebpfbench-") as tmp:
         w = Workload(Path(tmp))
-        probes: list[Attached] = []
+        probes: list[EbpfProbe] = []
         try:
             w.start()
             probes = compile_probes()
@@ -399,8 +402,8 @@ def main() -> None:
         except PreflightError as e:
             sys.exit(f"ebpf_overhead: {e}")
         finally:
-            for a in probes:
-                asyncio.run(a.probe.close())
+            for p in probes:
+                asyncio.run(p.close())
             w.stop()
     silent = report_events(with_)
     if silent:

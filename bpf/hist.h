@@ -1,5 +1,8 @@
 /* Shared by the histogram programs: log-linear buckets (8 per power of two, exact below 8), in the unit
- * the program records (microseconds). Decoded in chaoskit/probes/ebpf.py. */
+ * the program records (microseconds), counted in a per-CPU array `hist` that is never cleared (chaoskit
+ * reads the running totals and reports the difference). Decoded in chaoskit/probes/ebpf.py. */
+#define CK_BUCKETS 512 /* ck_bucket(~0ULL) = 63 * 8 + 7 */
+
 static __always_inline u32 ck_log2(u64 v) {
     u32 r = 0;
     if (v >> 32) { v >>= 32; r += 32; }
@@ -17,3 +20,4 @@ static __always_inline u32 ck_bucket(u64 v) {
     u32 lg = ck_log2(v);
     return lg * 8 + (u32)((v >> (lg - 3)) & 7);
 }
+

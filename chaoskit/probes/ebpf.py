@@ -1,5 +1,5 @@
 """ebpf probe: the bcc programs in bpf/ on kernel tracepoints, compiled once per run (in preflight) and kept
-attached; each sample reads and clears the in-kernel maps, so it reports the window since the last one."""
+attached; each sample reports the window since the last one (histograms: running per-CPU totals, differenced)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,30 @@ from pydantic import Field, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.probes.base import Probe, ProbeSpecBase
+from chaoskit.probes.btf_programs import BtfTracepoints
+from chaoskit.probes.kernel_btf import VMLINUX, KernelBtf
 
 BCC_PATH = "/usr/lib/python3/dist-packages"
 TRACEFS = Path("/sys/kernel/tracing")
 PROGRAMS = ("tcp_retransmits", "tcp_connect_latency", "oom_kills", "block_io_latency", "runqueue_latency")
 HISTOGRAMS = ("tcp_connect_latency", "block_io_latency", "runqueue_latency")
+# The hot programs are BTF raw tracepoints (bpf/tp_btf.h), which get the kernel's own arguments rather than a
+# copied record: the members they read (macro: struct, member, size), at offsets from the running kernel's
+# BTF, and the arguments they take (event, index, type), checked against it.
+MEMBERS: dict[str, dict[str, tuple[str, str, int]]] = {
+    "runqueue_latency": {"TASK_PID": ("task_struct", "pid", 4)},
+    "tcp_connect_latency": {"SK_PROTOCOL": ("sock", "sk_protocol", 2), "SK_DPORT": ("sock", "__sk_common.skc_dport", 2),
+                            "INET_SADDR": ("inet_sock", "inet_saddr", 4)},
+    "block_io_latency": {"RQ_Q": ("request", "q", 8), "Q_DISK": ("request_queue", "disk", 8),
+                         "DISK_MAJOR": ("gendisk", "major", 4), "DISK_FIRST_MINOR": ("gendisk", "first_minor", 4)},
+}
+RAW_ARGS: dict[str, tuple[tuple[str, int, str], ...]] = {
+    "runqueue_latency": (("sched_wakeup", 0, "struct task_struct *"), ("sched_wakeup_new", 0, "struct task_struct *"),
+                         ("sched_switch", 2, "struct task_struct *")),
+    "tcp_connect_latency": (("inet_sock_set_state", 0, "struct sock *"), ("inet_sock_set_state", 1, "int"),
+                            ("inet_sock_set_state", 2, "int")),
+    "block_io_latency": (("block_rq_issue", 0, "struct request *"), ("block_rq_complete", 0, "struct request *")),
+}
 
 
 def bpf_dir() -> Path:
@@ -79,6 +98,62 @@ def hist_values(counts: dict[int, int]) -> dict[str, Any]:
                 break
     out["max_us"] = bucket_value(ordered[-1][0])
     out["mean_us"] = round(sum(bucket_value(b) * n for b, n in ordered) / total, 1)
+    return out
+
+
+def kernel_btf(program: str) -> KernelBtf | None:
+    """The running kernel's BTF, for a program on BTF raw tracepoints (None for the others)."""
+    if program not in MEMBERS:
+        return None
+    if not VMLINUX.exists():
+        raise PreflightError(f"ebpf: {program} needs the kernel's BTF at {VMLINUX} (CONFIG_DEBUG_INFO_BTF)")
+    return KernelBtf.load()
+
+
+def layout_flags(program: str, btf: KernelBtf) -> list[str]:
+    """-D flags with the kernel layout a BTF raw tracepoint program reads; PreflightError if it is not as expected."""
+    flags = []
+    try:
+        for event, index, want in RAW_ARGS[program]:
+            args = btf.tracepoint_args(event)
+            if len(args) <= index or args[index] != want:
+                raise LookupError(f"raw tracepoint {event} takes ({', '.join(args)}), argument {index} is not {want}")
+        for macro, (struct_name, path, size) in MEMBERS[program].items():
+            offset, got = btf.member(struct_name, path)
+            if got != size:
+                raise LookupError(f"{struct_name}.{path} is {got} bytes, not {size}")
+            flags.append(f"-D{macro}={offset}")
+    except LookupError as e:
+        raise PreflightError(f"ebpf: {program} does not fit this kernel: {e}") from None
+    return flags
+
+
+def program_text(source: Path) -> str:
+    """The program with our own `#include "x.h"` lines replaced by the header: bcc turns map calls into BPF
+    only in the file it compiles, and pending.h makes them."""
+    lines = []
+    for line in source.read_text().splitlines():
+        name = line.removeprefix('#include "').removesuffix('"')
+        header = source.parent / name
+        lines.append(header.read_text() if name != line and header.exists() else line)
+    return "\n".join(lines) + "\n"
+
+
+def percpu_totals(table: Any) -> dict[int, int]:
+    """{key: sum over CPUs} of the non-zero entries of a bcc per-CPU array of u64, in one BPF_MAP_LOOKUP_BATCH."""
+    from bcc import lib
+
+    size, cpus = table.max_entries, table.total_cpu
+    keys, values = (ctypes.c_uint32 * size)(), (ctypes.c_uint64 * (size * cpus))()
+    count, next_key = ctypes.c_uint32(size), ctypes.c_uint32(0)
+    if lib.bpf_lookup_batch(table.map_fd, None, ctypes.byref(next_key), keys, values, ctypes.byref(count)) != 0:
+        errno = ctypes.get_errno()
+        if errno != 2:  # ENOENT: the end was reached, and count says how far
+            raise OSError(errno, f"BPF_MAP_LOOKUP_BATCH: {os.strerror(errno)}")
+    out: dict[int, int] = {}
+    for i, n in enumerate(memoryview(values).cast("B").cast("Q")[:count.value * cpus]):
+        if n:  # most buckets are empty
+            out[keys[i // cpus]] = out.get(keys[i // cpus], 0) + n
     return out
 
 
@@ -157,17 +232,20 @@ class EbpfProbe(Probe):
         self.bpf: Any = None
         self.window_start = 0.0
         self.victims: list[dict[str, Any]] = []
+        self.totals: dict[int, int] = {}  # histograms: per-bucket totals at the last sample
+        self.btf_programs = BtfTracepoints()
+        self.tracepoints: list[bytes] = []  # the classic ones bcc attached
 
     # ---------------------------------------------------------------- compile and attach (once)
 
-    def cflags(self) -> list[str]:
+    def cflags(self, btf: KernelBtf | None = None) -> list[str]:
         s = self.spec
         flags = [f"-I{bpf_dir()}",
                  f"-DFILTER_ADDRS={int(s.netns is not None)}", f"-DFILTER_PIDS={int(s.pid is not None)}",
                  f"-DFILTER_DPORT={s.port or 0}", f"-DFILTER_PORT={s.port or 0}",
                  f"-DFILTER_DEV={kernel_dev(s.device) if s.device else 0}",
                  f"-DFILTER_CGROUP={cgroup_v2_id(s.cgroup) if s.cgroup else 0}ULL"]
-        return flags
+        return flags + (layout_flags(s.program, btf) if btf else [])
 
     def preflight(self) -> None:
         if os.geteuid() != 0:
@@ -185,12 +263,28 @@ class EbpfProbe(Probe):
                 kernel_dev(self.spec.device)
             except (OSError, ValueError) as e:
                 raise PreflightError(f"ebpf: device {self.spec.device}: {e}") from None
+        btf = kernel_btf(self.spec.program)
+        self._compile(source, btf)
+        if btf is not None:
+            try:
+                self.btf_programs = BtfTracepoints.load_all(self.bpf, btf)
+                self.btf_programs.attach()
+            except OSError as e:
+                raise PreflightError(f"ebpf: {self.spec.program} does not load here: {e}") from None
+        self.tracepoints = sorted(self.bpf.tracepoint_fds)
+        if self.spec.program == "oom_kills":
+            self.bpf[b"victims"].open_perf_buffer(self._on_victim)
+        self._refresh_filters()
+        self.window_start = time.monotonic()
+
+    def _compile(self, source: Path, btf: KernelBtf | None) -> None:
+        """bcc compiles the program, creates its maps and attaches its classic tracepoint functions."""
         BPF = _load_bcc()
         with tempfile.TemporaryFile() as errors:  # clang writes its diagnostics to fd 2: capture them
             saved = os.dup(2)
             os.dup2(errors.fileno(), 2)
             try:
-                self.bpf = BPF(src_file=str(source).encode(), cflags=self.cflags())
+                self.bpf = BPF(text=program_text(source).encode(), cflags=self.cflags(btf))
                 failure = None
             except Exception as e:
                 failure = e
@@ -203,10 +297,17 @@ class EbpfProbe(Probe):
                                   if "error" in line)[:800]
                 raise PreflightError(f"ebpf: {self.spec.program} does not compile here: {failure}"
                                      + (f": {detail}" if detail else "")) from None
-        if self.spec.program == "oom_kills":
-            self.bpf[b"victims"].open_perf_buffer(self._on_victim)
-        self._refresh_filters()
-        self.window_start = time.monotonic()
+
+    def detach(self) -> None:
+        """Take the programs off their tracepoints; they stay loaded, and attach() puts them back."""
+        for tp in self.tracepoints:
+            self.bpf.detach_tracepoint(tp)
+        self.btf_programs.detach()
+
+    def attach(self) -> None:
+        for tp in self.tracepoints:  # TRACEPOINT_PROBE(cat, event) defines tracepoint__cat__event
+            self.bpf.attach_tracepoint(tp=tp, fn_name=b"tracepoint__" + tp.replace(b":", b"__"))
+        self.btf_programs.attach()
 
     def _on_victim(self, _cpu: int, data: Any, _size: int) -> None:
         v = self.bpf[b"victims"].event(data)
@@ -236,12 +337,7 @@ class EbpfProbe(Probe):
         self.window_start = now
         program = self.spec.program
         if program in HISTOGRAMS:
-            counts: dict[int, int] = {}
-            for k, v in self.bpf[b"hist"].items():
-                b = k.bucket if program == "block_io_latency" else k.value
-                counts[b] = counts.get(b, 0) + v.value
-            self.bpf[b"hist"].clear()
-            out = hist_values(counts)
+            out = hist_values(self._window_counts())
         elif program == "tcp_retransmits":
             per: dict[str, int] = {}
             for k, v in self.bpf[b"counts"].items():
@@ -262,7 +358,16 @@ class EbpfProbe(Probe):
         self._refresh_filters()
         return out
 
+    def _window_counts(self) -> dict[int, int]:
+        """Per-bucket counts since the last sample: the running totals of the per-CPU histogram (read in one
+        batch), less those of the last sample."""
+        totals = percpu_totals(self.bpf[b"hist"])
+        counts = {b: n - self.totals.get(b, 0) for b, n in totals.items() if n > self.totals.get(b, 0)}
+        self.totals = totals
+        return counts
+
     async def close(self) -> None:
+        self.btf_programs.close()
         if self.bpf is not None:
             self.bpf.cleanup()
             self.bpf = None

@@ -16,6 +16,7 @@ import pytest
 
 from chaoskit.injectors.firewall import Drop
 from chaoskit.probes.ebpf import EbpfProbe, EbpfProbeSpec, hist_values
+from chaoskit.probes.kernel_btf import VMLINUX, KernelBtf
 from chaoskit.targets.netns import run_in_netns
 from tests.conftest import ROOT, bcc_missing, chaoskit, write
 from tests.helpers.netpair import SERVER_IP, Pair, Server, upload_rate
@@ -64,6 +65,61 @@ def test_connect_latency_in_a_test_namespace(pair):
     finally:
         asyncio.run(p.close())
         server.close()
+
+
+def test_connect_latency_filtered_by_destination_port():
+    servers = [socket.create_server(("127.0.0.1", 0), backlog=64) for _ in range(2)]
+    ports = [srv.getsockname()[1] for srv in servers]
+    p = probe("tcp_connect_latency", port=ports[0])
+    try:
+        measure(p)
+        for port, n in zip(ports, (20, 10), strict=True):
+            for _ in range(n):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        v = measure(p)
+        print(f"\nconnect latency to port {ports[0]} only: {v}")
+        assert v["count"] == 20
+    finally:
+        asyncio.run(p.close())
+        for srv in servers:
+            srv.close()
+
+
+def test_kernel_btf_gives_member_offsets_and_tracepoint_args():
+    if not VMLINUX.exists():
+        pytest.skip(f"no {VMLINUX}")
+    btf = KernelBtf.load()
+    offset, size = btf.member("task_struct", "pid")
+    assert size == 4 and offset > 0
+    assert btf.member("sock", "__sk_common.skc_dport")[1] == 2  # inside an anonymous struct of a union
+    assert btf.tracepoint_args("sched_switch")[1:3] == ["struct task_struct *", "struct task_struct *"]
+    with pytest.raises(LookupError):
+        btf.member("task_struct", "no_such_member")
+
+
+def test_runqueue_latency_when_its_pending_slots_collide():
+    """Two pending slots for the whole host's wakeups: most go to the fallback hash, and none is lost there (it
+    counts what a probe with the usual 4096 slots counts over the same second)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.002)"])
+    tight = EbpfProbe(EbpfProbeSpec(type="ebpf", name="rq2", program="runqueue_latency"))
+    tight.cflags = lambda btf=None: EbpfProbe.cflags(tight, btf) + ["-DPENDING_BITS=1"]  # type: ignore[method-assign]
+    probes = [tight]
+    try:
+        tight.preflight()
+        probes.append(probe("runqueue_latency"))
+        for p in probes:
+            measure(p)
+        time.sleep(1.0)
+        few, usual = (measure(p) for p in probes)
+        left = tight.bpf[b"pending_more_size"][0].value
+        print(f"\nrunqueue_latency with 2 pending slots: {few['count']}, with 4096: {usual['count']}; "
+              f"left in the fallback hash: {left}")
+        assert usual["count"] > 200 and abs(few["count"] - usual["count"]) < 0.1 * usual["count"] and left < 100
+    finally:
+        for p in probes:
+            asyncio.run(p.close())
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_oom_kill_in_a_memory_limited_cgroup():
