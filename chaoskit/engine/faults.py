@@ -11,7 +11,7 @@ from chaoskit.engine import watchdog
 from chaoskit.engine.journal import Journal
 from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout
 from chaoskit.engine.rollback import revert_entry, rollback
-from chaoskit.executors import LOCAL, Placement, get_executor, route_of
+from chaoskit.executors import Placement, get_executor, route_of
 from chaoskit.injectors import Injector
 from chaoskit.spec.models import Step
 from chaoskit.targets.layer import place
@@ -69,8 +69,8 @@ class Faults:
         `group` names the `parallel` block the step is in."""
         t0 = time.perf_counter()
         try:
-            if inj.ctx.executor != LOCAL:  # chosen again now: a pod an earlier step killed has been replaced
-                await asyncio.to_thread(place, inj)
+            # resolved again now: a process or pod an earlier step killed has been replaced
+            await asyncio.to_thread(place, inj)
             executor_name, placement = route_of(inj)
             executor = get_executor(executor_name)
             record = executor.prepare(inj)

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from chaoskit.targets.local import LocalTarget
 
 
 @dataclass
 class FaultContext:
-    """What the run tells one fault: its step, how long it may live, the run, and where it runs (the executor
-    and its plain-JSON placement, set once by the target layer at preflight: targets.layer.place)."""
+    """What the run tells one fault: its step, how long it may live, the run, and where it runs: the executor
+    and its plain-JSON placement, or the typed local target (set by the target layer, targets.layer.place, at
+    preflight and again when the step starts)."""
 
     step: str = ""
     lifetime_s: float = 3600.0  # duration + timeout + grace: helper processes also expire by themselves
     run_id: str = ""
     executor: str = "local"
     placement: dict[str, Any] | None = None
+    target: LocalTarget | None = None
 
 
 class Injector(ABC):
@@ -38,8 +43,22 @@ class Injector(ABC):
         self.ctx = ctx if ctx is not None else FaultContext()
 
     def placement(self) -> dict[str, Any] | None:
-        """Where the fault runs, for the ledger entry (None: on this host, as its spec says)."""
-        return self.ctx.placement
+        """Where the fault runs, for the ledger entry: the executor's placement, or {"target": the resolved
+        local target} (None: a fault with no target to resolve, such as host-wide pressure)."""
+        if self.ctx.placement is not None:
+            return self.ctx.placement
+        return {"target": self.ctx.target.to_json()} if self.ctx.target is not None else None
+
+    def resolve_target(self) -> LocalTarget | None:
+        """What the spec's target means on this host now (PreflightError if it cannot mean anything); None for
+        a fault that has no target. Called by the target layer; the injector reads it through target()."""
+        return None
+
+    def target(self) -> LocalTarget | None:
+        """The target the layer resolved (resolved here when the injector is used without the layer)."""
+        if self.ctx.target is None:
+            self.ctx.target = self.resolve_target()
+        return self.ctx.target
 
     def preflight(self) -> None:
         """Raise PreflightError if this host cannot apply the fault (checked before anything is applied)."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.targets.cgroups import Hierarchy
+from chaoskit.targets.local import CgroupTarget
 from chaoskit.targets.process import ProcessRef, is_alive, parent_pid, thread_group, threads
 
 
@@ -20,6 +21,16 @@ def proc_record(hier: Hierarchy, ref: ProcessRef) -> dict[str, Any] | None:
         return None
     tids = [{"tid": t, "from": str(c)} for t in threads(ref.pid) if (c := hier.cgroup_of(ref.pid, t)) is not None]
     return {**ref.to_json(), "from": str(home), "threads": tids}
+
+
+def cgroup_target(hier: Hierarchy, refs: list[ProcessRef], selector: str) -> CgroupTarget:
+    """The processes a thread-level cgroup fault will move, each with its and its threads' cgroups now."""
+    procs = (proc_record(hier, r) for r in refs)
+    return CgroupTarget(hier.to_json(), selector, tuple(p for p in procs if p is not None))
+
+
+def target_refs(target: CgroupTarget) -> list[ProcessRef]:
+    return [ProcessRef.from_json(p) for p in target.procs]
 
 
 def move_in(hier: Hierarchy, cg: Path, procs: list[dict[str, Any]], who: str) -> list[dict[str, Any]]:

@@ -16,11 +16,12 @@ from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_va
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import FaultContext, Injector
-from chaoskit.injectors.cgroup_move import any_target_inside, move_back_and_remove, move_in, proc_record
+from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
 from chaoskit.injectors.process import ProcessTargets, check_targets
 from chaoskit.spec.types import Duration, StrictModel
 from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy
-from chaoskit.targets.process import ProcessRef, find_by_token, is_alive, parent_pid, threads
+from chaoskit.targets.local import CgroupTarget
+from chaoskit.targets.process import ProcessRef, find_by_token, is_alive, parent_pid
 
 MAX_CPUS = 1024
 MIN_QUOTA_US = 1000  # the kernel refuses a CFS quota under 1 ms
@@ -94,34 +95,42 @@ class CpuThrottle(Injector):
         super().__init__(spec, ctx)
         self.cgroup_name = f"chaoskit-{uuid.uuid4().hex[:12]}"  # chosen once, so plan names what apply creates
 
+    def resolve_target(self) -> CgroupTarget:
+        return cgroup_target(find_cpu_hierarchy(), self.spec.select(), self.spec.describe())
+
+    def _target(self) -> CgroupTarget:
+        t = self.target()
+        assert isinstance(t, CgroupTarget)
+        return t
+
     def preflight(self) -> None:
-        find_cpu_hierarchy()
-        check_targets(self.type, self.spec, self.spec.select(), self.spec.describe(), "throttle")
+        check_targets(self.type, self.spec, target_refs(self._target()), self.spec.describe(), "throttle")
 
     def plan(self) -> list[str]:
-        s, refs = self.spec, self.spec.select()
+        s = self.spec
         try:
-            hier = find_cpu_hierarchy()
+            t = self._target()
         except PreflightError as e:
             return [f"limit {s.describe()} to {s.cpu:g} CPU (no cpu controller here: {e})"]
+        hier = CpuHierarchy.from_json(t.hierarchy)
         cg = hier.root / self.cgroup_name
         more = f" (more than the {host_cpus()} CPUs here: no limit in effect)" if s.cpu >= host_cpus() else ""
         lines = [f"create cgroup {cg} (cgroup v{hier.version}) with {_limit_text(hier, s.quota_us(), s.period_us())}"
                  f": {s.cpu:g} CPU ({s.cpu * 100:g}% of one CPU) per {s.period * 1e3:g}ms period{more}"]
-        for r in refs:
-            lines.append(f"move PID {r.pid} ({r.comm}) with its {len(threads(r.pid))} thread(s) from "
-                         f"{hier.cgroup_of(r.pid)} into it")
-        if not refs:
+        for p in t.procs:
+            lines.append(f"move PID {p['pid']} ({p['comm']}) with its {len(p['threads'])} thread(s) from "
+                         f"{p['from']} into it")
+        if not t.procs:
             lines.append(f"move {s.describe()} into it (none running now)")
         lines.append(f"revert: move every thread in {cg} back to its previous cgroup (threads and children started "
                      "meanwhile go where their process came from), then remove the cgroup")
         return lines
 
     def prepare(self) -> dict[str, Any]:
-        hier = find_cpu_hierarchy()
-        procs = [p for p in (proc_record(hier, r) for r in self.spec.select()) if p is not None]
-        return {"hierarchy": hier.to_json(), "cgroup": str(hier.root / self.cgroup_name),
-                "quota": self.spec.quota_us(), "period": self.spec.period_us(), "procs": procs,
+        t = self._target()
+        hier = CpuHierarchy.from_json(t.hierarchy)
+        return {"hierarchy": t.hierarchy, "cgroup": str(hier.root / self.cgroup_name),
+                "quota": self.spec.quota_us(), "period": self.spec.period_us(), "procs": list(t.procs),
                 # enabling +cpu in the parent is a change too: recorded before apply, undone by revert if ours
                 "enables_cpu": hier.version == 2 and not hier.enabled_in(hier.root)}
 

@@ -15,6 +15,7 @@ from chaoskit.spec.types import StrictModel
 from chaoskit.spec.units import format_size, parse_size
 from chaoskit.targets.blockdev import BlockTarget, resolve_path, root_disk
 from chaoskit.targets.cgroups import LIMIT_KEYS, IoHierarchy, find_io_hierarchy
+from chaoskit.targets.local import CgroupTarget
 from chaoskit.targets.process import ProcessRef, find_by_name, is_alive, proc_ref
 
 
@@ -73,37 +74,50 @@ class DiskThrottle(Injector):
             return find_by_name(s.name)
         return []
 
+    def resolve_target(self) -> CgroupTarget:
+        """An existing cgroup (`cgroup:`), or the processes, each with its io cgroup now."""
+        hier, s = find_io_hierarchy(), self.spec
+        if s.cgroup is not None:
+            return CgroupTarget(hier.to_json(), f"cgroup {s.cgroup}", cgroup=str(hier.root / s.cgroup))
+        procs = tuple({**r.to_json(), "from": str(hier.cgroup_of(r.pid))} for r in self._pids())
+        return CgroupTarget(hier.to_json(), f"{s.pid or s.name}", procs)
+
+    def _target(self) -> CgroupTarget:
+        t = self.target()
+        assert isinstance(t, CgroupTarget)
+        return t
+
     def preflight(self) -> None:
-        hier = find_io_hierarchy()
-        dev = self._device()
+        t, dev = self._target(), self._device()
         if not self.spec.allow_host and dev.disk == root_disk():
             raise PreflightError(f"disk.throttle: {dev.disk_name} [{dev.disk}] holds the root filesystem; "
                                  "set allow_host: true to throttle it")
-        if self.spec.cgroup is not None and not (hier.root / self.spec.cgroup).is_dir():
-            raise PreflightError(f"disk.throttle: cgroup {hier.root / self.spec.cgroup} does not exist")
-        if self.spec.cgroup is None and not self._pids():
-            raise PreflightError(f"disk.throttle: no running process matches {self.spec.pid or self.spec.name}")
+        if t.cgroup is not None and not Path(t.cgroup).is_dir():
+            raise PreflightError(f"disk.throttle: cgroup {t.cgroup} does not exist")
+        if t.cgroup is None and not t.procs:
+            raise PreflightError(f"disk.throttle: no running process matches {t.selector}")
 
     def plan(self) -> list[str]:
         dev = self._device()
         lim = ", ".join(f"{k}={format_size(int(v)) + '/s' if k.endswith('bps') else v}"
                         for k, v in self.spec.limits().items())
-        if self.spec.cgroup is not None:
+        t = self._target()
+        if t.cgroup is not None:
             who = f"cgroup {self.spec.cgroup} (previous limit lines restored on revert)"
         else:
-            who = (f"PIDs {', '.join(str(r.pid) for r in self._pids()) or '(none now)'} moved into a dedicated "
+            who = (f"PIDs {', '.join(str(p['pid']) for p in t.procs) or '(none now)'} moved into a dedicated "
                    "cgroup (moved back on revert)")
         return [dev.describe(), f"limit {lim} on {dev.disk} for {who}"]
 
     def prepare(self) -> dict[str, Any]:
-        hier, dev = find_io_hierarchy(), self._device()
-        rec: dict[str, Any] = {"hierarchy": hier.to_json(), "dev": dev.disk, "limits": self.spec.limits()}
-        if self.spec.cgroup is not None:
-            cg = hier.root / self.spec.cgroup
-            rec.update(cgroup=str(cg), previous=hier.read_limits(cg, dev.disk), dedicated=False)
+        t, dev = self._target(), self._device()
+        hier = IoHierarchy.from_json(t.hierarchy)
+        rec: dict[str, Any] = {"hierarchy": t.hierarchy, "dev": dev.disk, "limits": self.spec.limits()}
+        if t.cgroup is not None:
+            rec.update(cgroup=t.cgroup, previous=hier.read_limits(Path(t.cgroup), dev.disk), dedicated=False)
         else:
-            procs = [{**r.to_json(), "from": str(hier.cgroup_of(r.pid))} for r in self._pids()]
-            rec.update(cgroup=str(hier.root / f"chaoskit-{uuid.uuid4().hex[:12]}"), dedicated=True, procs=procs)
+            rec.update(cgroup=str(hier.root / f"chaoskit-{uuid.uuid4().hex[:12]}"), dedicated=True,
+                       procs=list(t.procs))
             # enabling +io in the parent is a change too: recorded before apply, undone by revert if ours
             rec["enables_io"] = hier.version == 2 and not hier.enabled_in(hier.root)
         return rec

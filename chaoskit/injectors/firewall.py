@@ -13,7 +13,8 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import Percent, Port, StrictModel
 from chaoskit.targets import nftables
-from chaoskit.targets.netns import NetTargetSpec, check_namespace, ns_inode, same_namespace
+from chaoskit.targets.local import NetnsTarget
+from chaoskit.targets.netns import NetTargetSpec, resolve_namespace, same_namespace
 
 FAMILY = "inet"
 PRIORITY = -10  # before the usual filter chains (priority 0)
@@ -127,22 +128,30 @@ class _Firewall(Injector):
     independent_revert: ClassVar[bool] = True
     spec: DropSpec | PartitionSpec
 
+    def resolve_target(self) -> NetnsTarget:
+        return resolve_namespace(self.spec.target, self.spec.allow_host, self.type)
+
+    def _target(self) -> NetnsTarget:
+        t = self.target()
+        assert isinstance(t, NetnsTarget)
+        return t
+
     def preflight(self) -> None:
         if os.geteuid() != 0:
             raise PreflightError(f"{self.type} needs root (CAP_NET_ADMIN)")
-        path = check_namespace(self.spec.target, self.spec.allow_host, self.type)
+        t = self._target()
         try:
-            nftables.tables(path)
+            nftables.tables(t.ns_path)
         except (nftables.NftError, OSError) as e:
-            raise PreflightError(f"{self.type}: nftables unusable in {self.spec.target.label()}: {e}") from None
+            raise PreflightError(f"{self.type}: nftables unusable in {t.label}: {e}") from None
 
     def plan(self) -> list[str]:
         return [f"in {self.spec.target.label()}: nft table {FAMILY} chaoskit_<id> that will "
                 f"{self.spec.describe()}; revert deletes the table whole"]
 
     def prepare(self) -> dict[str, Any]:
-        path = self.spec.target.ns_path()
-        return {"ns": path, "ns_inode": ns_inode(path), "table": f"chaoskit_{uuid.uuid4().hex[:12]}"}
+        t = self._target()
+        return {"ns": t.ns_path, "ns_inode": t.ns_inode, "table": f"chaoskit_{uuid.uuid4().hex[:12]}"}
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         nftables.run(record["ns"], self.spec.rules(record["table"]))

@@ -21,6 +21,7 @@ from chaoskit.injectors.base import FaultContext
 from chaoskit.paths import state_dir
 from chaoskit.spec.types import Duration, Percent, StrictModel
 from chaoskit.spec.units import format_size, is_percent, parse_size
+from chaoskit.targets.local import GpuTarget
 
 PROBE_TIMEOUT_S = 60.0
 CORRECTIONS_IN_REPORT = 2000
@@ -120,12 +121,19 @@ class GpuMemoryPressure(helper_proc.HelperFault):
         self.facts: dict[str, Any] | None = None
         self.unknown = "device not checked yet"
 
+    def resolve_target(self) -> GpuTarget:
+        """The device as its CUDA driver names it (asked once: a device keeps its identity for the run)."""
+        if self.facts is None:
+            try:
+                self.facts = probe_device(self.spec.device)
+            except PreflightError as e:
+                self.unknown = str(e).removeprefix("gpu.memory_pressure: ")
+                raise
+        return GpuTarget(self.spec.device, self.facts["uuid"], self.facts["name"])
+
     def preflight(self) -> None:
-        try:
-            self.facts = probe_device(self.spec.device)
-        except PreflightError as e:
-            self.unknown = str(e).removeprefix("gpu.memory_pressure: ")
-            raise
+        self.target()
+        assert self.facts is not None
         need = self._own_bytes()
         if self.spec.hold == "fixed" and need is not None and need > self.facts["free"]:
             raise PreflightError(f"gpu.memory_pressure: device {self.spec.device} has {format_size(self.facts['free'])}"

@@ -22,10 +22,11 @@ from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_va
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc, memory_holder
 from chaoskit.injectors.base import FaultContext, Injector
-from chaoskit.injectors.cgroup_move import any_target_inside, move_back_and_remove, move_in, proc_record
+from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
 from chaoskit.injectors.process import ProcessTargets, check_targets, descendants
 from chaoskit.spec.units import format_size, parse_size
 from chaoskit.targets.cgroups import MemHierarchy, find_mem_hierarchy
+from chaoskit.targets.local import CgroupTarget
 from chaoskit.targets.process import ProcessRef, is_alive
 
 RMDIR_WAIT_S = 10.0  # a memory cgroup whose task was just OOM-killed stays busy for a moment
@@ -89,7 +90,15 @@ class MemoryLimit(Injector):
         super().__init__(spec, ctx)
         self.cgroup_name = f"chaoskit-{uuid.uuid4().hex[:12]}"  # chosen once, so plan names what apply creates
 
-    def _targets(self) -> list[ProcessRef]:
+    def resolve_target(self) -> CgroupTarget:
+        return cgroup_target(find_mem_hierarchy(), self._select(), self._what())
+
+    def _target(self) -> CgroupTarget:
+        t = self.target()
+        assert isinstance(t, CgroupTarget)
+        return t
+
+    def _select(self) -> list[ProcessRef]:
         s = self.spec
         refs = s.select()
         if s.descendants:
@@ -111,22 +120,22 @@ class MemoryLimit(Injector):
         if os.geteuid() != 0:
             raise PreflightError("process.memory_limit: needs root (it creates a memory cgroup, moves processes "
                                  "into it and sets oom_score_adj)")
-        find_mem_hierarchy()
-        check_targets(self.type, self.spec, self._targets(), self._what(), "limit")
+        check_targets(self.type, self.spec, target_refs(self._target()), self._what(), "limit")
 
     def plan(self) -> list[str]:
-        s, refs = self.spec, self._targets()
+        s = self.spec
         try:
-            hier = find_mem_hierarchy()
+            t = self._target()
         except PreflightError as e:
             return [f"limit the memory of {self._what()} ({self._limit_words()}; no memory controller here: {e})"]
+        hier = MemHierarchy.from_json(t.hierarchy)
         cg = hier.root / self.cgroup_name
         lines = [f"create cgroup {cg} (cgroup v{hier.version} memory) with {self._limit_words()}"
                  + ("" if hier.version == 2 else "; memory.move_charge_at_immigrate = 3 where the kernel still "
                                                  "moves charges")]
-        for r in refs:
-            lines.append(f"move PID {r.pid} ({r.comm}) from {hier.cgroup_of(r.pid)} into it")
-        if not refs:
+        for p in t.procs:
+            lines.append(f"move PID {p['pid']} ({p['comm']}) from {p['from']} into it")
+        if not t.procs:
             lines.append(f"move {self._what()} into it (none running now)")
         if s.pressure:
             lines.append(f"start a holder process inside it that takes {format_size(s.pressure)} of the room, "
@@ -139,10 +148,10 @@ class MemoryLimit(Injector):
         return lines
 
     def prepare(self) -> dict[str, Any]:
-        hier, s = find_mem_hierarchy(), self.spec
-        procs = [p for p in (proc_record(hier, r) for r in self._targets()) if p is not None]
-        return {"hierarchy": hier.to_json(), "cgroup": str(hier.root / self.cgroup_name), "limit": s.limit,
-                "headroom": s.headroom, "pressure": s.pressure, "procs": procs,
+        t, s = self._target(), self.spec
+        hier = MemHierarchy.from_json(t.hierarchy)
+        return {"hierarchy": t.hierarchy, "cgroup": str(hier.root / self.cgroup_name), "limit": s.limit,
+                "headroom": s.headroom, "pressure": s.pressure, "procs": list(t.procs),
                 "token": f"chaoskit-holder-memlimit-{uuid.uuid4().hex}" if s.pressure else None,
                 # enabling +memory in the parent is a change too: recorded before apply, undone by revert if ours
                 "enables_memory": hier.version == 2 and not hier.enabled_in(hier.root)}

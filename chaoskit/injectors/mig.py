@@ -12,6 +12,7 @@ from chaoskit.gpu.mig import MigBackend, MigError, MigPlanError, format_layout, 
 from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import StrictModel
 from chaoskit.spec.units import format_size
+from chaoskit.targets.local import GpuTarget
 
 PREFIX = "gpu.mig: "
 REVERT_LINE = ("revert: restore the checkpoint (MIG mode, GPU and compute instances at their exact placements), "
@@ -66,6 +67,13 @@ class MigReconfigure(Injector):
 
     def _target(self) -> dict[str, int]:
         return normalize_target(self.spec.mig_devices)
+
+    def resolve_target(self) -> GpuTarget:
+        try:
+            facts = self.backend().describe(self.spec.device)
+        except (PreflightError, MigError) as e:
+            raise PreflightError(_one_line(e)) from None
+        return GpuTarget(self.spec.device, facts.uuid, facts.name)
 
     def preflight(self) -> None:
         try:

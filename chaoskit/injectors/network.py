@@ -20,7 +20,8 @@ from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import Duration, Percent, Port, StrictModel
 from chaoskit.spec.units import format_size, parse_rate, parse_size
 from chaoskit.targets import tc
-from chaoskit.targets.netns import NetTarget, NetTargetSpec, ns_inode, resolve, same_namespace, with_iproute
+from chaoskit.targets.local import NetnsTarget
+from chaoskit.targets.netns import NetTargetSpec, resolve, same_namespace, with_iproute
 
 ROOT_HANDLE = 0x00CE0000  # "ce:" - chaoskit's root qdisc (or htb when a filter is given)
 LEAF_HANDLE = 0x00CF0000  # "cf:" - the netem/tbf leaf under the htb class that matched traffic goes to
@@ -227,8 +228,13 @@ class _TcFault(Injector):
 
     spec: NetemSpec | BandwidthSpec
 
-    def _target(self) -> NetTarget:
+    def resolve_target(self) -> NetnsTarget:
         return resolve(self.spec.target, self.spec.allow_host, self.type)
+
+    def _target(self) -> NetnsTarget:
+        t = self.target()
+        assert isinstance(t, NetnsTarget) and t.ifindex is not None
+        return t
 
     def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:
         raise NotImplementedError
@@ -250,7 +256,7 @@ class _TcFault(Injector):
         if self.spec.filter and self.spec.filter.destinations:
             self._check_routes(t)
 
-    def _check_routes(self, t: NetTarget) -> None:
+    def _check_routes(self, t: NetnsTarget) -> None:
         """Refuse a filter that matches nothing: each destination must leave through the target interface."""
         if self.spec.direction != "egress":
             return
@@ -283,7 +289,7 @@ class _TcFault(Injector):
 
     def prepare(self) -> dict[str, Any]:
         t = self._target()
-        rec: dict[str, Any] = {"ns": t.ns_path, "ns_inode": ns_inode(t.ns_path), "ifindex": t.ifindex,
+        rec: dict[str, Any] = {"ns": t.ns_path, "ns_inode": t.ns_inode, "ifindex": t.ifindex,
                                "ifname": t.ifname, "direction": self.spec.direction}
         if self.spec.direction == "ingress":
             rec["ifb"] = f"ck{uuid.uuid4().hex[:10]}"

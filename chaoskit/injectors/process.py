@@ -18,6 +18,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import StrictModel
 from chaoskit.targets.kube import KubeNodeSelector
+from chaoskit.targets.local import ProcessTarget
 from chaoskit.targets.process import ProcessRef, cmdline, find_by_name, is_alive, proc_ref, proc_state
 
 _ALLOWED_SIGNALS = ("SIGSTOP", "SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
@@ -211,12 +212,17 @@ class ProcessSignal(Injector):
     Spec = ProcessSignalSpec
     spec: ProcessSignalSpec
 
-    def _targets(self) -> list[ProcessRef]:
+    def resolve_target(self) -> ProcessTarget:
         s = self.spec
         refs = select_processes(s.pid, s.name, s.child_of, s.full_cmdline, s.allow_host)
         if s.pid is None and s.select == "one":
             refs = sorted(refs, key=lambda r: r.start_time)[:1]
-        return refs
+        return ProcessTarget(self._what(), tuple(refs))
+
+    def _targets(self) -> list[ProcessRef]:
+        t = self.target()
+        assert isinstance(t, ProcessTarget)
+        return list(t.processes)
 
     def _what(self) -> str:
         return describe_selector(self.spec.pid, self.spec.name, self.spec.child_of)

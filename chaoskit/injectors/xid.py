@@ -15,6 +15,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import FaultContext, Injector
 from chaoskit.probes.kernel_log import KmsgTail
 from chaoskit.spec.types import Duration, StrictModel
+from chaoskit.targets.local import GpuTarget
 
 KMSG = "/dev/kmsg"
 DEVKMSG_SYSCTL = "/proc/sys/kernel/printk_devkmsg"
@@ -204,9 +205,11 @@ class XidEvent(Injector):
         s = self.spec
         return [xid_line(self.bus_id(), s.xid, s.text(), s.pid, s.process_name)] * s.count
 
+    def resolve_target(self) -> GpuTarget:
+        return GpuTarget(self.spec.device, pci_bus_id=self.bus_id())
+
     def preflight(self) -> None:
         check_kmsg_writable()
-        self.bus_id()
 
     def plan(self) -> list[str]:
         s = self.spec

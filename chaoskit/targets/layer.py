@@ -1,10 +1,12 @@
-"""The target layer: which executor runs a fault and where, kept as plain JSON (decided at preflight for the plan,
-and again when the step starts).
+"""The target layer: where a fault lands and which executor runs it, decided at preflight for the plan and again
+when the step starts (so the ledger, apply and revert see the same).
 
+A fault that stays on this host (`local`) gets its spec's target resolved into a typed record
+(targets.local: processes, a network namespace, cgroup members, a GPU), which the ledger keeps as its placement.
 A node-level fault (network, process.signal) whose spec targets `kubernetes:` pods runs through the k8s-helper
 executor: the chosen pods (namespace, name, UID, node, container ID) become its placement, and on each node the
-helper pod turns the target into that container's PIDs (`localize`) and runs the same injector code. Every
-other fault stays `local`, on this host, as its spec says.
+helper pod turns the target into that container's PIDs (`localize`) and runs the same injector code, which
+resolves its local target there.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ def node_selector(spec: BaseModel) -> KubeNodeSelector | None:
 
 
 def place(inj: Injector) -> None:
-    """Route a fault: pods chosen now (for the plan; faults.apply chooses again when the step starts, the same
-    for ledger, apply and revert) and a k8s-helper placement in its context; nothing for a fault without a Kubernetes node target. PreflightError (exit 4) if the cluster
-    cannot be reached or the pods do not qualify."""
+    """Resolve a fault's target into its context: the typed local target, or for a Kubernetes node target the
+    pods chosen now and a k8s-helper placement. PreflightError (exit 4) if the target means nothing here, the
+    cluster cannot be reached or the pods do not qualify."""
     selector = node_selector(inj.spec)
     if selector is None:
+        inj.ctx.target = inj.resolve_target()
         return
     from kubernetes import client
 

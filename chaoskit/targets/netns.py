@@ -6,7 +6,6 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,6 +14,7 @@ from pydantic import Field, model_validator
 from chaoskit.errors import PreflightError
 from chaoskit.spec.types import StrictModel
 from chaoskit.targets.kube import KubeNodeSelector
+from chaoskit.targets.local import NetnsTarget
 
 NETNS_RUN_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
@@ -112,17 +112,6 @@ def with_iproute(path: str, fn: Callable[[Any], T]) -> T:
     return run_in_netns(path, body)
 
 
-@dataclass(frozen=True)
-class NetTarget:
-    ns_path: str
-    label: str
-    ifname: str
-    ifindex: int
-
-    def describe(self) -> str:
-        return f"{self.ifname} (index {self.ifindex}) in {self.label}"
-
-
 def check_namespace(spec: NetTargetSpec, allow_host: bool, what: str) -> str:
     """The namespace path, after the blast-radius guard (PreflightError with a plain reason)."""
     path = spec.ns_path()
@@ -135,7 +124,7 @@ def check_namespace(spec: NetTargetSpec, allow_host: bool, what: str) -> str:
     return path
 
 
-def resolve(spec: NetTargetSpec, allow_host: bool, what: str) -> NetTarget:
+def resolve(spec: NetTargetSpec, allow_host: bool, what: str) -> NetnsTarget:
     """Resolve namespace and interface, with the blast-radius guard."""
     path = check_namespace(spec, allow_host, what)
     try:
@@ -153,4 +142,10 @@ def resolve(spec: NetTargetSpec, allow_host: bool, what: str) -> NetTarget:
             raise PreflightError(f"{what}: {spec.label()} has {len(candidates)} non-loopback interfaces "
                                  f"({', '.join(candidates) or 'none'}); set target.interface")
         ifname = candidates[0]
-    return NetTarget(path, spec.label(), ifname, links[ifname])
+    return NetnsTarget(path, ns_inode(path), spec.label(), ifname, links[ifname])
+
+
+def resolve_namespace(spec: NetTargetSpec, allow_host: bool, what: str) -> NetnsTarget:
+    """The namespace alone (for faults that need no interface), after the blast-radius guard."""
+    path = check_namespace(spec, allow_host, what)
+    return NetnsTarget(path, ns_inode(path), spec.label())

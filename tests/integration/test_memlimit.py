@@ -336,9 +336,9 @@ def test_descendants_selects_the_whole_tree(hier, tmp_path):
     try:
         wait_for(lambda: len(subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True,
                                             text=True).stdout.split()) == 2, 5)
-        refs = limiter(pid=parent.pid, descendants=True, limit="64MiB")._targets()
-        assert refs[0].pid == parent.pid and sorted(r.comm for r in refs[1:]) == ["sleep", "sleep"]
-        assert [r.pid for r in limiter(pid=parent.pid, limit="64MiB")._targets()] == [parent.pid]
+        procs = limiter(pid=parent.pid, descendants=True, limit="64MiB").target().procs
+        assert procs[0]["pid"] == parent.pid and sorted(p["comm"] for p in procs[1:]) == ["sleep", "sleep"]
+        assert [p["pid"] for p in limiter(pid=parent.pid, limit="64MiB").target().procs] == [parent.pid]
     finally:
         os.killpg(parent.pid, 9)
         parent.wait()
