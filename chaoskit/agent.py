@@ -2,7 +2,7 @@
 
 The request is JSON — `{"type": ..., "record": {...}, "spec": {...}, "placement": {...}}` (`spec` and
 `placement` for apply only; a placement naming a pod makes the spec's `kubernetes:` target that container's
-PIDs) — read from a file (`--file PATH`), stdin (`--file -`, the default) or an environment variable (`--env NAME`, how the k8s-helper
+PIDs, or its cgroup for a cgroup limit) — read from a file (`--file PATH`), stdin (`--file -`, the default) or an environment variable (`--env NAME`, how the k8s-helper
 executor passes it). The answer is one JSON line on stdout: apply `{"record": final}`, revert `{"reverted": true}`,
 observe `{"in_effect": bool, "details": {...}}`; a failure is `{"error": "..."}` and exit status 1. An apply
 with `"hold_s": S` stays after answering and reverts the fault on SIGTERM or after S seconds (then prints
@@ -21,8 +21,7 @@ from typing import Any
 
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors import injector_class
-from chaoskit.targets.container import container_pids
-from chaoskit.targets.layer import localize
+from chaoskit.targets.layer import localize_on_node
 
 VERBS = ("apply", "revert", "observe")
 
@@ -41,11 +40,11 @@ def run(verb: str, request: dict[str, Any]) -> dict[str, Any]:
 
 def apply(type_name: str, spec: dict[str, Any], record: dict[str, Any], pod: dict[str, Any] | None) -> dict[str, Any]:
     """Apply on this node. For a chosen pod (`pod`, a targets.kube.Placement) the spec's kubernetes target
-    becomes its container's PIDs, and the fault is checked and prepared here; one that fails halfway is
+    becomes its container's PIDs (or cgroup), and the fault is checked and prepared here; one that fails halfway is
     reverted before the error is answered."""
     cls = injector_class(type_name)
     if pod is not None:
-        spec = localize(spec, container_pids(pod["container_id"]))
+        spec = localize_on_node(cls, spec, pod["container_id"])
     injector = cls(cls.Spec.model_validate(spec))
     if record:  # prepared by the caller (one fault on one node)
         return injector.apply(record)

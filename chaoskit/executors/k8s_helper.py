@@ -26,15 +26,15 @@ POLL_S = 0.2
 
 # fault type -> the capabilities its helper needs (everything else is dropped). Entering a pod's network
 # namespace is setns(2): SYS_ADMIN; reading another user's /proc/PID/ns: SYS_PTRACE; tc/nftables: NET_ADMIN;
-# cgroup limits and moves: SYS_ADMIN (with /sys/fs/cgroup mounted from the host); signals to other users: KILL.
+# a limit on the container's own cgroup: none (root writes root's files in the host's cgroup tree, mounted
+# from the host); signals to other users: KILL.
 _NET = ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE")
-_CGROUP = ("SYS_ADMIN", "SYS_PTRACE")
+_CGROUP: tuple[str, ...] = ()
 CAPABILITIES: dict[str, tuple[str, ...]] = {
     "network.netem": _NET, "network.bandwidth": _NET, "network.drop": _NET, "network.partition": _NET,
-    "process.cpu_throttle": _CGROUP, "process.memory_limit": _CGROUP, "disk.throttle": _CGROUP,
-    "process.signal": ("KILL", "SYS_PTRACE"),
+    "process.cpu_throttle": _CGROUP, "process.signal": ("KILL", "SYS_PTRACE"),
 }
-HOST_PATHS: dict[str, tuple[str, ...]] = {t: ("/sys/fs/cgroup",) for t, caps in CAPABILITIES.items() if caps == _CGROUP}
+HOST_PATHS: dict[str, tuple[str, ...]] = {"process.cpu_throttle": ("/sys/fs/cgroup",)}
 
 
 class HelperFailed(RuntimeError):
@@ -115,11 +115,12 @@ class K8sHelperExecutor:
     def plan(self, injector: Injector) -> list[str]:
         hp = HelperPlacement.from_json(injector.ctx.placement or {})
         caps = ", ".join(CAPABILITIES.get(injector.type, ())) or "none"
+        host = "".join(f", the host's {p} mounted" for p in HOST_PATHS.get(injector.type, ()))
         spec = injector.spec.model_dump(mode="json", exclude_defaults=True, exclude={"type", "target", "kubernetes"})
         lines = []
         for one in hp.per_pod():
             pod = one.target or {}
-            lines.append(f"on node {one.node}: a helper pod ({hp.image}, hostPID, capabilities {caps}) applies "
+            lines.append(f"on node {one.node}: a helper pod ({hp.image}, hostPID, capabilities {caps}{host}) applies "
                          f"{injector.type} {json.dumps(spec, sort_keys=True)} to pod {pod.get('namespace')}/"
                          f"{pod.get('pod')} container {pod.get('container')}")
         return [*lines, f"revert: a helper pod on each node, from the record (also kept in ConfigMap "

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
+    from chaoskit.targets.cgroups import Hierarchy
     from chaoskit.targets.local import LocalTarget
 
 
@@ -59,6 +60,12 @@ class Injector(ABC):
         if self.ctx.target is None:
             self.ctx.target = self.resolve_target()
         return self.ctx.target
+
+    @classmethod
+    def cgroup_hierarchy(cls) -> Hierarchy | None:
+        """For a fault that can limit a whole existing cgroup (its `cgroup:` field): the controller's hierarchy
+        here, where a pod's container is then found as its cgroup; None for the others."""
+        return None
 
     def preflight(self) -> None:
         """Raise PreflightError if this host cannot apply the fault (checked before anything is applied)."""

@@ -17,9 +17,10 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import FaultContext, Injector
 from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
-from chaoskit.injectors.process import ProcessTargets, check_targets
+from chaoskit.injectors.process import ProcessTargets, check_selector, check_targets
 from chaoskit.spec.types import Duration, StrictModel
 from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy
+from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import CgroupTarget
 from chaoskit.targets.process import ProcessRef, find_by_token, is_alive, parent_pid
 
@@ -62,6 +63,29 @@ class CpuThrottleSpec(ProcessTargets):
     cpu: Share = Field(gt=0, le=MAX_CPUS, description="CPU time allowed, in CPUs: 0.2 or '20%' = a fifth of one "
                                                       "CPU, 1.5 = one and a half")
     period: Duration = Field(0.1, description="CFS period the quota is enforced over, 1ms..1s (default 100ms)")
+    cgroup: str | None = Field(None, min_length=1, description="instead of processes: an existing cgroup (relative "
+                                                               "to the cpu hierarchy's root, e.g. "
+                                                               "system.slice/vllm.service) whose own limit is set, "
+                                                               "and restored on revert")
+    kubernetes: KubeNodeSelector | None = Field(None, description="the chosen pods' container cgroups (each limited "
+                                                                "on its node, through a helper pod)")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> CpuThrottleSpec:
+        whole = [k for k in ("cgroup", "kubernetes") if getattr(self, k) is not None]
+        if whole and (len(whole) > 1 or any(v is not None for v in (self.pid, self.name, self.child_of))):
+            raise ValueError("give exactly one target: pid, name, child_of (optionally with name), cgroup or "
+                             "kubernetes")
+        if not whole:
+            check_selector(self.pid, self.name, self.child_of)
+        return self
+
+    def describe(self) -> str:
+        if self.cgroup is not None:
+            return f"cgroup {self.cgroup}"
+        if self.kubernetes is not None:
+            return self.kubernetes.describe()
+        return super().describe()
 
     @model_validator(mode="after")
     def _check(self) -> CpuThrottleSpec:
@@ -79,15 +103,16 @@ class CpuThrottleSpec(ProcessTargets):
         return round(self.cpu * self.period * 1e6)
 
 
-def _limit_text(hier: CpuHierarchy, quota: int, period: int) -> str:
+def _limit_text(hier: CpuHierarchy, quota: int | None, period: int) -> str:
     if hier.version == 2:
-        return f"cpu.max = '{quota} {period}'"
-    return f"cpu.cfs_period_us = {period}, cpu.cfs_quota_us = {quota}"
+        return f"cpu.max = '{'max' if quota is None else quota} {period}'"
+    return f"cpu.cfs_period_us = {period}, cpu.cfs_quota_us = {-1 if quota is None else quota}"
 
 
 class CpuThrottle(Injector):
     type: ClassVar[str] = "process.cpu_throttle"
-    summary: ClassVar[str] = "cap the CPU time of processes (cgroup cpu.max / cpu.cfs_quota_us; revert: moved back)"
+    summary: ClassVar[str] = ("cap the CPU time of processes or of a cgroup (cpu.max / cpu.cfs_quota_us; revert: moved "
+                              "back, or the cgroup's previous limit restored)")
     Spec = CpuThrottleSpec
     spec: CpuThrottleSpec
 
@@ -96,7 +121,14 @@ class CpuThrottle(Injector):
         self.cgroup_name = f"chaoskit-{uuid.uuid4().hex[:12]}"  # chosen once, so plan names what apply creates
 
     def resolve_target(self) -> CgroupTarget:
-        return cgroup_target(find_cpu_hierarchy(), self.spec.select(), self.spec.describe())
+        hier = find_cpu_hierarchy()
+        if self.spec.cgroup is not None:
+            return CgroupTarget(hier.to_json(), self.spec.describe(), cgroup=str(hier.root / self.spec.cgroup))
+        return cgroup_target(hier, self.spec.select(), self.spec.describe())
+
+    @classmethod
+    def cgroup_hierarchy(cls) -> CpuHierarchy:
+        return find_cpu_hierarchy()
 
     def _target(self) -> CgroupTarget:
         t = self.target()
@@ -104,7 +136,16 @@ class CpuThrottle(Injector):
         return t
 
     def preflight(self) -> None:
-        check_targets(self.type, self.spec, target_refs(self._target()), self.spec.describe(), "throttle")
+        t = self._target()
+        if t.cgroup is None:
+            check_targets(self.type, self.spec, target_refs(t), self.spec.describe(), "throttle")
+            return
+        hier, cg = CpuHierarchy.from_json(t.hierarchy), Path(t.cgroup)
+        if not cg.is_dir():
+            raise PreflightError(f"{self.type}: cgroup {cg} does not exist")
+        if hier.read_limit(cg)[1] == 0:
+            raise PreflightError(f"{self.type}: cgroup {cg} has no CPU bandwidth files (on cgroup v2, its parent "
+                                 "must have +cpu in cgroup.subtree_control)")
 
     def plan(self) -> list[str]:
         s = self.spec
@@ -113,6 +154,11 @@ class CpuThrottle(Injector):
         except PreflightError as e:
             return [f"limit {s.describe()} to {s.cpu:g} CPU (no cpu controller here: {e})"]
         hier = CpuHierarchy.from_json(t.hierarchy)
+        if t.cgroup is not None:
+            quota, period = hier.read_limit(Path(t.cgroup))
+            return [f"set {_limit_text(hier, s.quota_us(), s.period_us())} on cgroup {t.cgroup}: {s.cpu:g} CPU "
+                    f"per {s.period * 1e3:g}ms period for everything in it",
+                    f"revert: restore its previous limit ({_limit_text(hier, quota, period)})"]
         cg = hier.root / self.cgroup_name
         more = f" (more than the {host_cpus()} CPUs here: no limit in effect)" if s.cpu >= host_cpus() else ""
         lines = [f"create cgroup {cg} (cgroup v{hier.version}) with {_limit_text(hier, s.quota_us(), s.period_us())}"
@@ -129,6 +175,9 @@ class CpuThrottle(Injector):
     def prepare(self) -> dict[str, Any]:
         t = self._target()
         hier = CpuHierarchy.from_json(t.hierarchy)
+        if t.cgroup is not None:  # its own limit, with the one it had before
+            return {"hierarchy": t.hierarchy, "cgroup": t.cgroup, "dedicated": False, "quota": self.spec.quota_us(),
+                    "period": self.spec.period_us(), "previous": list(hier.read_limit(Path(t.cgroup)))}
         return {"hierarchy": t.hierarchy, "cgroup": str(hier.root / self.cgroup_name),
                 "quota": self.spec.quota_us(), "period": self.spec.period_us(), "procs": list(t.procs),
                 # enabling +cpu in the parent is a change too: recorded before apply, undone by revert if ours
@@ -136,6 +185,9 @@ class CpuThrottle(Injector):
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
+        if not record.get("dedicated", True):
+            hier.write_limit(cg, record["quota"], record["period"])
+            return record
         if hier.version == 2:
             hier.enable_in(cg.parent)
         cg.mkdir(exist_ok=True)
@@ -147,6 +199,9 @@ class CpuThrottle(Injector):
         hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not cg.is_dir():
             return
+        if not record.get("dedicated", True):
+            hier.write_limit(cg, *record["previous"])
+            return
         move_back_and_remove(hier, cg, record.get("procs", []), cls.type, RMDIR_WAIT_S, poll_s=0.01)
         if record.get("enables_cpu"):
             hier.disable_if_unused(cg.parent)
@@ -156,7 +211,7 @@ class CpuThrottle(Injector):
         hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not cg.is_dir() or hier.read_limit(cg) != (record["quota"], record["period"]):
             return False
-        return any_target_inside(cg, record.get("procs", []))
+        return not record.get("dedicated", True) or any_target_inside(cg, record.get("procs", []))
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:

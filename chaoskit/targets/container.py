@@ -7,6 +7,7 @@ cgroup v1 and v2 alike, so a process in a helper pod with hostPID finds them wit
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -40,6 +41,18 @@ def container_pids(container_id: str, proc: Path = Path("/proc")) -> list[int]:
                                 "is the pod on this node and the helper running with hostPID?)")
     inside = set(pids)
     return sorted(pids, key=lambda p: (_parent(p) in inside, p))
+
+
+def container_cgroup(root: Path, container_id: str) -> Path:
+    """The container's own cgroup in the hierarchy rooted at `root` (the node's whole tree: from a helper pod,
+    the host's /sys/fs/cgroup mounted in), by its ID in the directory name; ContainerNotFound if none."""
+    cid = bare_id(container_id)
+    for top, dirs, _files in os.walk(root):
+        for d in dirs:
+            if cid in d:
+                return Path(top) / d
+    raise ContainerNotFound(f"no cgroup of container {cid[:12]} under {root} (is the pod on this node, and the "
+                            "host's /sys/fs/cgroup mounted in the helper?)")
 
 
 def _pids(proc: Path) -> list[int]:

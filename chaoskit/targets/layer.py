@@ -3,10 +3,11 @@ when the step starts (so the ledger, apply and revert see the same).
 
 A fault that stays on this host (`local`) gets its spec's target resolved into a typed record
 (targets.local: processes, a network namespace, cgroup members, a GPU), which the ledger keeps as its placement.
-A node-level fault (network, process.signal) whose spec targets `kubernetes:` pods runs through the k8s-helper
-executor: the chosen pods (namespace, name, UID, node, container ID) become its placement, and on each node the
-helper pod turns the target into that container's PIDs (`localize`) and runs the same injector code, which
-resolves its local target there.
+A node-level fault (network, process.signal, process.cpu_throttle) whose spec targets `kubernetes:` pods runs
+through the k8s-helper executor: the chosen pods (namespace, name, UID, node, container ID) become its placement,
+and on each node the helper pod turns the target into that container's PIDs, or for a cgroup limit into the
+container's own cgroup (`localize_on_node`), and runs the same injector code, which resolves its local target
+there.
 """
 
 from __future__ import annotations
@@ -64,17 +65,29 @@ def place(inj: Injector) -> None:
         targets=[p.to_json() for p in pods], hold_s=inj.ctx.lifetime_s).to_json()
 
 
-def localize(spec: dict[str, Any], pids: list[int]) -> dict[str, Any]:
+def localize(spec: dict[str, Any], pids: list[int] | None = None, cgroup: str | None = None) -> dict[str, Any]:
     """The spec a helper applies on the node: its `kubernetes:` target replaced by the container's processes
-    (the network namespace of its init, pids[0]; or every one of them for process and cgroup faults)."""
+    (the network namespace of its init, pids[0]; or every one of them for process.signal), or for a cgroup
+    fault by the container's own cgroup (relative to the hierarchy's root)."""
     out = copy.deepcopy(spec)
     target = out.get("target")
-    if isinstance(target, dict) and "kubernetes" in target:
+    if isinstance(target, dict) and "kubernetes" in target and pids:
         del target["kubernetes"]
         target["pid"] = pids[0]
-    elif "kubernetes" in out:
+    elif "kubernetes" in out and (pids or cgroup):
         del out["kubernetes"]
-        out["pid"] = pids
+        out.update({"cgroup": cgroup} if cgroup else {"pid": pids})
     else:
         raise ValueError("the spec has no kubernetes: target to localize")
     return out
+
+
+def localize_on_node(cls: type[Injector], spec: dict[str, Any], container_id: str) -> dict[str, Any]:
+    """localize() with what this node knows of the container: its cgroup for a fault that limits a whole cgroup,
+    else its processes (ContainerNotFound if it is not here)."""
+    from chaoskit.targets.container import container_cgroup, container_pids
+
+    hier = cls.cgroup_hierarchy()
+    if hier is not None:
+        return localize(spec, cgroup=str(container_cgroup(hier.root, container_id).relative_to(hier.root)))
+    return localize(spec, container_pids(container_id))

@@ -28,6 +28,7 @@ class StandIn:
     id: str  # the bare container ID (64 hex digits); the pod status says containerd://ID
     proc: subprocess.Popen
     cgroup: Path
+    also: tuple[Path, ...] = ()  # the same cgroup in other hierarchies (v1 controllers) it was started in
 
     @property
     def container_id(self) -> str:
@@ -42,7 +43,7 @@ class StandIn:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=10)
-        for path in (self.cgroup, self.cgroup.parent):
+        for path in (c for cg in (self.cgroup, *self.also) for c in (cg, cg.parent)):
             for _ in range(500):  # the group's last member leaves the cgroup a moment after it is reaped
                 try:
                     path.rmdir()
@@ -51,16 +52,19 @@ class StandIn:
                     time.sleep(0.01)
 
 
-def start(netns: str, root: Path) -> StandIn:
-    """`sh` (the container's init) and a `sleep` it forks, in network namespace `netns`, in a fresh cgroup."""
+def start(netns: str, root: Path, also: tuple[Path, ...] = ()) -> StandIn:
+    """`sh` (the container's init) and a `sleep` it forks, in network namespace `netns`, in a fresh cgroup (of
+    hierarchy `root`, and of each other hierarchy root in `also`)."""
     cid = secrets.token_hex(32)
-    cgroup = root / f"ckt-kubepods-{cid[:8]}" / f"cri-containerd-{cid}.scope"
-    cgroup.mkdir(parents=True)
-    procs = cgroup / "cgroup.procs"
+    relative = Path(f"ckt-kubepods-{cid[:8]}") / f"cri-containerd-{cid}.scope"
+    cgroups = [r / relative for r in (root, *(a for a in also if a != root))]
+    for cg in cgroups:
+        cg.mkdir(parents=True)
 
-    def join() -> None:  # in the child, before exec: everything it forks is in the container's cgroup
-        procs.write_text(str(os.getpid()))
+    def join() -> None:  # in the child, before exec: everything it forks is in the container's cgroups
+        for cg in cgroups:
+            (cg / "cgroup.procs").write_text(str(os.getpid()))
 
     proc = subprocess.Popen(["ip", "netns", "exec", netns, "sh", "-c", "sleep 600 & wait"], preexec_fn=join,
                             start_new_session=True)
-    return StandIn(cid, proc, cgroup)
+    return StandIn(cid, proc, cgroups[0], tuple(cgroups[1:]))

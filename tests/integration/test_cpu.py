@@ -167,6 +167,38 @@ def test_throttle_caps_cpu_and_revert_restores_every_thread(hier, test_cgroups, 
         os.kill(forked, signal.SIGKILL)
 
 
+def test_an_existing_cgroup_gets_its_own_limit_and_has_it_restored(hier, test_cgroups, busy):
+    """`cgroup:` (what a pod's container becomes on its node): the limit is written on that cgroup, nothing is
+    moved, and revert puts back the limit it had (here one set beforehand: 0.9 CPU), not "unlimited"."""
+    home = test_cgroups[0]
+    IoHierarchy.move(busy.pid, home)
+    hier.write_limit(home, 90000, 100000)
+    inj = throttle(cgroup=home.name, cpu=0.2, period="100ms")
+    inj.preflight()
+    plan = inj.plan()
+    assert str(home) in plan[0] and "0.2 CPU" in plan[0] and "90000" in plan[1]
+    record = inj.prepare()
+    assert (record["cgroup"], record["dedicated"], record["previous"]) == (str(home), False, [90000, 100000])
+    try:
+        record = inj.apply(record)
+        assert CpuThrottle.observe(record) and hier.read_limit(home) == (20000, 100000)
+        during = cpu_rate(busy.pid, 1.5)
+        assert during <= 0.3, f"throttled to 0.2 CPU but used {during:.2f}"
+        assert cgroup_in(hier, busy.pid) == home, "nothing is moved"
+    finally:
+        CpuThrottle.revert(record)
+    assert hier.read_limit(home) == (90000, 100000) and home.is_dir() and not CpuThrottle.observe(record)
+    CpuThrottle.revert(record)  # twice is fine
+    assert hier.read_limit(home) == (90000, 100000)
+
+
+def test_cgroup_target_must_exist_and_is_one_of_the_targets(hier):
+    with pytest.raises(PreflightError, match="does not exist"):
+        throttle(cgroup="cktest-no-such-cgroup", cpu=0.5).preflight()
+    with pytest.raises(ValueError, match="exactly one target"):
+        throttle(cgroup="x", pid=1, cpu=0.5)
+
+
 def test_revert_from_the_record_alone_in_a_fresh_process(hier, test_cgroups, busy):
     IoHierarchy.move(busy.pid, test_cgroups[0])
     inj = throttle(pid=[busy.pid], cpu="20%", period="50ms")

@@ -13,10 +13,13 @@ from collections.abc import Callable
 import pytest
 from kubernetes import client
 
+from chaoskit.errors import PreflightError
 from chaoskit.executors.k8s_helper import K8sHelperExecutor, replay_cluster
 from chaoskit.injectors.base import FaultContext
+from chaoskit.injectors.cpu import CpuThrottle
 from chaoskit.injectors.firewall import Partition
-from chaoskit.targets.container import ContainerNotFound, bare_id, container_pids
+from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy
+from chaoskit.targets.container import ContainerNotFound, bare_id, container_cgroup, container_pids
 from chaoskit.targets.kube import api_client, resolve_cluster
 from chaoskit.targets.layer import place
 from tests.conftest import chaoskit, ledgers, proc_state, wait_for, write
@@ -64,8 +67,12 @@ def pods():
     pair = Pair()
     made = []
     try:
+        cpu = find_cpu_hierarchy().root  # the container's cpu cgroup too, for process.cpu_throttle
+    except PreflightError:
+        cpu = root
+    try:
         for ns in (pair.srv, pair.cli):
-            made.append(standin_container.start(ns, root))
+            made.append(standin_container.start(ns, root, also=(cpu,)))
         wait_for(lambda: all(len(c.pids()) == 2 for c in made), timeout=10)
         yield pair, made
     finally:
@@ -157,6 +164,40 @@ def test_a_dry_run_plans_helper_pods_per_chosen_pod_and_creates_none(tmp_path, s
             assert (f"on node {node}: a helper pod (reg/ck:1, hostPID, capabilities NET_ADMIN, SYS_ADMIN, SYS_PTRACE) "
                     f'applies network.partition {{"ports": [{PORT}]}} to pod prod/{pod} container app') in text, text
         assert api.calls("POST") == []
+
+
+def test_cpu_throttle_of_pods_limits_each_containers_own_cgroup(tmp_path, pods):
+    """On its node the helper finds the container's cgroup by its ID in the host's tree, sets that cgroup's own
+    CPU limit (nothing is moved: the container keeps its cgroup, and the pod its accounting), and the revert
+    helper puts back the limit it had."""
+    _, containers = pods
+    hier = find_cpu_hierarchy()
+    cgroups = [container_cgroup(hier.root, c.container_id) for c in containers]
+    assert [cg.name for cg in cgroups] == [f"cri-containerd-{c.id}.scope" for c in containers]
+    before = [hier.read_limit(cg) for cg in cgroups]
+    with FakeKubeApi() as api:
+        api.kubelet = run_pod_here
+        for i, c in enumerate(containers):
+            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
+        kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        spec = CpuThrottle.Spec.model_validate({"type": "process.cpu_throttle", "cpu": 0.25, "kubernetes": {
+            "namespace": "prod", "selector": {"app": "web"}, "mode": "all", "kubeconfig": kubeconfig}})
+        inj, executor = CpuThrottle(spec, FaultContext(lifetime_s=600.0, run_id="cpu-test")), K8sHelperExecutor()
+        place(inj)
+        record = executor.apply(inj, executor.prepare(inj), inj.ctx.placement)
+        try:
+            assert [hier.read_limit(cg) for cg in cgroups] == [(25000, 100000)] * 2
+            assert all(sorted(CpuHierarchy.procs(cg)) == c.pids() for cg, c in zip(cgroups, containers, strict=True))
+            local = [p["record"] for p in record["pods"]]
+            assert [(r["cgroup"], r["dedicated"]) for r in local] == [(str(cg), False) for cg in cgroups]
+            assert executor.observe(inj.type, record, inj.ctx.placement) is True
+        finally:
+            executor.revert(inj.type, record, inj.ctx.placement)
+        assert [hier.read_limit(cg) for cg in cgroups] == before
+        assert executor.observe(inj.type, record, inj.ctx.placement) is False
+        assert sorted(api.state.pods) == [("prod", "web-0"), ("prod", "web-1")] and api.state.configmaps == {}
+    with pytest.raises(ContainerNotFound, match="no cgroup of container 0123456789ab"):
+        container_cgroup(hier.root, "containerd://" + "0123456789ab" * 2)
 
 
 def test_a_holding_helper_reverts_at_its_deadline_and_on_sigterm_without_chaoskit(tmp_path, pods):

@@ -61,7 +61,7 @@ def test_a_cgroup_fault_gets_the_host_cgroup_tree_and_no_network_capability(clus
     pod = client.ApiClient().sanitize_for_serialization(
         helper_pod("apply", "process.cpu_throttle", {"type": "process.cpu_throttle"}, placement(cluster)))
     (c,) = pod["spec"]["containers"]
-    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN", "SYS_PTRACE"]}
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert c["volumeMounts"] == [{"name": "host-0", "mountPath": "/sys/fs/cgroup"}]
     assert pod["spec"]["volumes"] == [{"name": "host-0", "hostPath": {"path": "/sys/fs/cgroup", "type": "Directory"}}]
     unknown = client.ApiClient().sanitize_for_serialization(helper_pod("apply", "disk.fill", {}, placement(cluster)))
@@ -96,3 +96,20 @@ def test_a_failing_helper_is_a_loud_error_and_is_still_deleted(api, cluster):
 def test_an_entry_without_placement_fails_clearly():
     with pytest.raises(ValueError, match="k8s-helper: the ledger entry has no placement"):
         K8sHelperExecutor().revert("network.netem", {}, None)
+
+
+def test_localize_puts_the_containers_processes_or_cgroup_in_place_of_the_kubernetes_target():
+    from chaoskit.targets.layer import localize
+
+    kube = {"namespace": "prod", "selector": {"app": "web"}}
+    net = {"type": "network.drop", "percent": "5%", "target": {"kubernetes": kube, "interface": "eth0"}}
+    assert localize(net, [41, 42]) == {"type": "network.drop", "percent": "5%", "target": {"interface": "eth0",
+                                                                                           "pid": 41}}
+    sig = {"type": "process.signal", "kubernetes": kube}
+    assert localize(sig, [41, 42]) == {"type": "process.signal", "pid": [41, 42]}
+    cpu = {"type": "process.cpu_throttle", "cpu": 0.5, "kubernetes": kube}
+    assert localize(cpu, cgroup="kubepods/pod1/cri-containerd-ab.scope") == {
+        "type": "process.cpu_throttle", "cpu": 0.5, "cgroup": "kubepods/pod1/cri-containerd-ab.scope"}
+    assert "kubernetes" in cpu  # the caller's spec is left as it was
+    with pytest.raises(ValueError, match="no kubernetes: target"):
+        localize({"type": "process.signal", "pid": 3}, [41])
