@@ -32,9 +32,10 @@ _NET = ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE")
 _CGROUP: tuple[str, ...] = ()
 CAPABILITIES: dict[str, tuple[str, ...]] = {
     "network.netem": _NET, "network.bandwidth": _NET, "network.drop": _NET, "network.partition": _NET,
-    "process.cpu_throttle": _CGROUP, "process.signal": ("KILL", "SYS_PTRACE"),
+    "process.cpu_throttle": _CGROUP, "process.memory_limit": _CGROUP, "process.signal": ("KILL", "SYS_PTRACE"),
 }
-HOST_PATHS: dict[str, tuple[str, ...]] = {"process.cpu_throttle": ("/sys/fs/cgroup",)}
+HOST_PATHS: dict[str, tuple[str, ...]] = {t: ("/sys/fs/cgroup",) for t in ("process.cpu_throttle",
+                                                                         "process.memory_limit")}
 
 
 class HelperFailed(RuntimeError):

@@ -17,10 +17,9 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import FaultContext, Injector
 from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
-from chaoskit.injectors.process import ProcessTargets, check_selector, check_targets
+from chaoskit.injectors.process import CgroupTargets, check_targets
 from chaoskit.spec.types import Duration, StrictModel
 from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy
-from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import CgroupTarget
 from chaoskit.targets.process import ProcessRef, find_by_token, is_alive, parent_pid
 
@@ -58,35 +57,11 @@ def host_cpus() -> int:
 
 # ---------------------------------------------------------------- process.cpu_throttle
 
-class CpuThrottleSpec(ProcessTargets):
+class CpuThrottleSpec(CgroupTargets):
     type: Literal["process.cpu_throttle"]
     cpu: Share = Field(gt=0, le=MAX_CPUS, description="CPU time allowed, in CPUs: 0.2 or '20%' = a fifth of one "
                                                       "CPU, 1.5 = one and a half")
     period: Duration = Field(0.1, description="CFS period the quota is enforced over, 1ms..1s (default 100ms)")
-    cgroup: str | None = Field(None, min_length=1, description="instead of processes: an existing cgroup (relative "
-                                                               "to the cpu hierarchy's root, e.g. "
-                                                               "system.slice/vllm.service) whose own limit is set, "
-                                                               "and restored on revert")
-    kubernetes: KubeNodeSelector | None = Field(None, description="the chosen pods' container cgroups (each limited "
-                                                                "on its node, through a helper pod)")
-
-    @model_validator(mode="after")
-    def _one_target(self) -> CpuThrottleSpec:
-        whole = [k for k in ("cgroup", "kubernetes") if getattr(self, k) is not None]
-        if whole and (len(whole) > 1 or any(v is not None for v in (self.pid, self.name, self.child_of))):
-            raise ValueError("give exactly one target: pid, name, child_of (optionally with name), cgroup or "
-                             "kubernetes")
-        if not whole:
-            check_selector(self.pid, self.name, self.child_of)
-        return self
-
-    def describe(self) -> str:
-        if self.cgroup is not None:
-            return f"cgroup {self.cgroup}"
-        if self.kubernetes is not None:
-            return self.kubernetes.describe()
-        return super().describe()
-
     @model_validator(mode="after")
     def _check(self) -> CpuThrottleSpec:
         if not 0.001 <= self.period <= 1.0:

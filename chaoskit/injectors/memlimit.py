@@ -23,7 +23,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc, memory_holder
 from chaoskit.injectors.base import FaultContext, Injector
 from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
-from chaoskit.injectors.process import ProcessTargets, check_targets, descendants
+from chaoskit.injectors.process import CgroupTargets, check_targets, descendants
 from chaoskit.spec.units import format_size, parse_size
 from chaoskit.targets.cgroups import MemHierarchy, find_mem_hierarchy
 from chaoskit.targets.local import CgroupTarget
@@ -49,7 +49,7 @@ Bytes = Annotated[
 ]
 
 
-class MemoryLimitSpec(ProcessTargets):
+class MemoryLimitSpec(CgroupTargets):
     type: Literal["process.memory_limit"]
     limit: Bytes | None = Field(None, gt=0, description="memory limit of the cgroup the targets are moved into, "
                                                         "e.g. '300MiB' (one of limit or headroom)")
@@ -67,6 +67,9 @@ class MemoryLimitSpec(ProcessTargets):
     def _check(self) -> MemoryLimitSpec:
         if self.descendants and self.pid is None:
             raise ValueError("descendants goes with pid (child_of already selects descendants)")
+        if self.pressure is not None and self.kubernetes is not None:
+            raise ValueError("pressure is not available on pods: the holder would have to join the container's "
+                             "cgroup from the helper pod's own cgroup namespace")
         if (self.limit is None) == (self.headroom is None):
             raise ValueError("give exactly one of limit (absolute, e.g. '300MiB') or headroom (on top of what the "
                              "targets have charged after the move, e.g. '64MiB')")
@@ -81,8 +84,9 @@ class MemoryLimitSpec(ProcessTargets):
 
 class MemoryLimit(Injector):
     type: ClassVar[str] = "process.memory_limit"
-    summary: ClassVar[str] = ("limit the memory of processes in a cgroup, optionally with an OOM-proof holder "
-                              "taking part of it (memory.max / memory.limit_in_bytes; revert: moved back)")
+    summary: ClassVar[str] = ("limit the memory of processes in a cgroup, or of an existing cgroup, optionally with "
+                              "an OOM-proof holder taking part of it (memory.max / memory.limit_in_bytes; revert: "
+                              "moved back, or the cgroup's previous limits restored)")
     Spec = MemoryLimitSpec
     spec: MemoryLimitSpec
 
@@ -91,7 +95,14 @@ class MemoryLimit(Injector):
         self.cgroup_name = f"chaoskit-{uuid.uuid4().hex[:12]}"  # chosen once, so plan names what apply creates
 
     def resolve_target(self) -> CgroupTarget:
-        return cgroup_target(find_mem_hierarchy(), self._select(), self._what())
+        hier = find_mem_hierarchy()
+        if self.spec.cgroup is not None:
+            return CgroupTarget(hier.to_json(), self._what(), cgroup=str(hier.root / self.spec.cgroup))
+        return cgroup_target(hier, self._select(), self._what())
+
+    @classmethod
+    def cgroup_hierarchy(cls) -> MemHierarchy:
+        return find_mem_hierarchy()
 
     def _target(self) -> CgroupTarget:
         t = self.target()
@@ -120,7 +131,15 @@ class MemoryLimit(Injector):
         if os.geteuid() != 0:
             raise PreflightError("process.memory_limit: needs root (it creates a memory cgroup, moves processes "
                                  "into it and sets oom_score_adj)")
-        check_targets(self.type, self.spec, target_refs(self._target()), self._what(), "limit")
+        t = self._target()
+        if t.cgroup is None:
+            check_targets(self.type, self.spec, target_refs(t), self._what(), "limit")
+            return
+        if not Path(t.cgroup).is_dir():
+            raise PreflightError(f"{self.type}: cgroup {t.cgroup} does not exist")
+        if not MemHierarchy.from_json(t.hierarchy).limit_files(Path(t.cgroup)):
+            raise PreflightError(f"{self.type}: cgroup {t.cgroup} has no memory limit files (on cgroup v2, its "
+                                 "parent must have +memory in cgroup.subtree_control)")
 
     def plan(self) -> list[str]:
         s = self.spec
@@ -129,6 +148,8 @@ class MemoryLimit(Injector):
         except PreflightError as e:
             return [f"limit the memory of {self._what()} ({self._limit_words()}; no memory controller here: {e})"]
         hier = MemHierarchy.from_json(t.hierarchy)
+        if t.cgroup is not None:
+            return self._plan_existing(hier, Path(t.cgroup))
         cg = hier.root / self.cgroup_name
         lines = [f"create cgroup {cg} (cgroup v{hier.version} memory) with {self._limit_words()}"
                  + ("" if hier.version == 2 else "; memory.move_charge_at_immigrate = 3 where the kernel still "
@@ -147,12 +168,26 @@ class MemoryLimit(Injector):
                      "then remove the cgroup")
         return lines
 
+    def _plan_existing(self, hier: MemHierarchy, cg: Path) -> list[str]:
+        saved = ", ".join(f"{n} = {t}" for n, t in hier.limit_files(cg).items())
+        lines = [f"set {self._limit_words()} on cgroup {cg} (cgroup v{hier.version} memory; swap not allowed) for "
+                 "everything in it; nothing is moved"]
+        if self.spec.pressure:
+            lines.append(f"start a holder process inside it that takes {format_size(self.spec.pressure)} of the "
+                         "room (oom_score_adj -1000)")
+        return [*lines, f"revert: stop the holder if any, and write back {saved}"]
+
     def prepare(self) -> dict[str, Any]:
         t, s = self._target(), self.spec
         hier = MemHierarchy.from_json(t.hierarchy)
+        token = f"chaoskit-holder-memlimit-{uuid.uuid4().hex}" if s.pressure else None
+        if t.cgroup is not None:  # its own limit, with the files it had before
+            return {"hierarchy": t.hierarchy, "cgroup": t.cgroup, "dedicated": False, "limit": s.limit,
+                    "headroom": s.headroom, "pressure": s.pressure, "procs": [], "token": token,
+                    "previous": hier.limit_files(Path(t.cgroup))}
         return {"hierarchy": t.hierarchy, "cgroup": str(hier.root / self.cgroup_name), "limit": s.limit,
                 "headroom": s.headroom, "pressure": s.pressure, "procs": list(t.procs),
-                "token": f"chaoskit-holder-memlimit-{uuid.uuid4().hex}" if s.pressure else None,
+                "token": token,
                 # enabling +memory in the parent is a change too: recorded before apply, undone by revert if ours
                 "enables_memory": hier.version == 2 and not hier.enabled_in(hier.root)}
 
@@ -168,11 +203,13 @@ class MemoryLimit(Injector):
 
     def _apply(self, record: dict[str, Any]) -> dict[str, Any]:
         hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
-        if hier.version == 2:
-            hier.enable_in(cg.parent)
-        cg.mkdir(exist_ok=True)
-        charges_moved = hier.move_charges_on_immigrate(cg)
-        moved = move_in(hier, cg, record["procs"], self.type)
+        moved, charges_moved = [], False
+        if record.get("dedicated", True):
+            if hier.version == 2:
+                hier.enable_in(cg.parent)
+            cg.mkdir(exist_ok=True)
+            charges_moved = hier.move_charges_on_immigrate(cg)
+            moved = move_in(hier, cg, record["procs"], self.type)
         usage = hier.usage(cg) or 0
         limit = record["limit"] if record["limit"] is not None else usage + record["headroom"]
         pressure = record["pressure"] or 0
@@ -201,6 +238,10 @@ class MemoryLimit(Injector):
     def revert(cls, record: dict[str, Any]) -> None:
         helper_proc.stop(record.get("token"))  # first: it holds memory in the cgroup and is not a target
         hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
+        if not record.get("dedicated", True):
+            if cg.is_dir():
+                hier.restore_limits(cg, record["previous"])
+            return
         if cg.is_dir():
             # children started meanwhile go where their parent came from; v1 reclaims what an emptied cgroup holds
             move_back_and_remove(hier, cg, record.get("procs", []), cls.type, RMDIR_WAIT_S, poll_s=0.05,
@@ -213,7 +254,7 @@ class MemoryLimit(Injector):
         hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not cg.is_dir() or record.get("limit_bytes") is None or hier.read_limit(cg) != record["limit_bytes"]:
             return False
-        return any_target_inside(cg, record.get("procs", []))
+        return not record.get("dedicated", True) or any_target_inside(cg, record.get("procs", []))
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:

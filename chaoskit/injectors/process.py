@@ -173,6 +173,35 @@ class ProcessTargets(StrictModel):
         return describe_selector(self.pid, self.name, self.child_of)
 
 
+class CgroupTargets(ProcessTargets):
+    """ProcessTargets, or a whole cgroup: an existing one (`cgroup`), or each chosen pod's container cgroup."""
+
+    cgroup: str | None = Field(None, min_length=1, description="instead of processes: an existing cgroup (relative "
+                                                               "to the controller's hierarchy root, e.g. "
+                                                               "system.slice/vllm.service) whose own limit is set, "
+                                                               "and restored on revert")
+    kubernetes: KubeNodeSelector | None = Field(None, description="the chosen pods' container cgroups (each limited "
+                                                                "on its node, through a helper pod)")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Self:
+        processes = any(v is not None for v in (self.pid, self.name, self.child_of))
+        given = [k for k in ("cgroup", "kubernetes") if getattr(self, k) is not None] + ["processes"] * processes
+        if len(given) != 1:
+            raise ValueError("give exactly one target: pid, name, child_of (optionally with name), cgroup or "
+                             f"kubernetes (got {' and '.join(given) or 'none'})")
+        if processes:
+            check_selector(self.pid, self.name, self.child_of)
+        return self
+
+    def describe(self) -> str:
+        if self.cgroup is not None:
+            return f"cgroup {self.cgroup}"
+        if self.kubernetes is not None:
+            return self.kubernetes.describe()
+        return super().describe()
+
+
 def check_targets(who: str, spec: ProcessTargets, refs: list[ProcessRef], what: str, verb: str) -> None:
     """PreflightError unless `child_of` is running, `refs` (what `spec` selects, `what` in words) is not empty
     and, without allow_host, holds no protected process."""

@@ -293,6 +293,27 @@ class MemHierarchy(Hierarchy):
         if memsw.exists():
             memsw.write_text(f"{nbytes}\n")
 
+    def limit_files(self, cgroup: Path) -> dict[str, str]:
+        """The text of every limit file write_limit changes that `cgroup` has, to put back with restore_limits."""
+        names = ("memory.max", "memory.swap.max") if self.version == 2 else ("memory.limit_in_bytes",
+                                                                             "memory.memsw.limit_in_bytes")
+        return {n: _read(cgroup / n).strip() for n in names if (cgroup / n).exists()}
+
+    def restore_limits(self, cgroup: Path, saved: dict[str, str]) -> None:
+        """Write back what limit_files read. On v1 memory+swap may never be below memory, so one of the two
+        orders fails when the limits go up and the other when they go down: try both."""
+        items = [(n, t) for n, t in saved.items() if (cgroup / n).exists()]
+        error: OSError | None = None
+        for order in (items, items[::-1]):
+            try:
+                for name, text in order:
+                    (cgroup / name).write_text(f"{text}\n")
+                return
+            except OSError as e:
+                error = e
+        assert error is not None
+        raise error
+
     def move_charges_on_immigrate(self, cgroup: Path) -> bool:
         """v1: ask the kernel to move a task's existing charges with it into `cgroup`
         (`memory.move_charge_at_immigrate` = 3: anonymous and file pages). False where it cannot: v2 never

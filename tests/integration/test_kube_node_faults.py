@@ -18,7 +18,8 @@ from chaoskit.executors.k8s_helper import K8sHelperExecutor, replay_cluster
 from chaoskit.injectors.base import FaultContext
 from chaoskit.injectors.cpu import CpuThrottle
 from chaoskit.injectors.firewall import Partition
-from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy
+from chaoskit.injectors.memlimit import MemoryLimit
+from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy, find_mem_hierarchy
 from chaoskit.targets.container import ContainerNotFound, bare_id, container_cgroup, container_pids
 from chaoskit.targets.kube import api_client, resolve_cluster
 from chaoskit.targets.layer import place
@@ -66,13 +67,15 @@ def pods():
         pytest.skip("no writable cgroup hierarchy (/sys/fs/cgroup/pids or the v2 one) for stand-in containers")
     pair = Pair()
     made = []
-    try:
-        cpu = find_cpu_hierarchy().root  # the container's cpu cgroup too, for process.cpu_throttle
-    except PreflightError:
-        cpu = root
+    also = []  # the container's cpu and memory cgroups too, for process.cpu_throttle and memory_limit
+    for find in (find_cpu_hierarchy, find_mem_hierarchy):
+        try:
+            also.append(find().root)
+        except PreflightError:
+            pass
     try:
         for ns in (pair.srv, pair.cli):
-            made.append(standin_container.start(ns, root, also=(cpu,)))
+            made.append(standin_container.start(ns, root, also=tuple(also)))
         wait_for(lambda: all(len(c.pids()) == 2 for c in made), timeout=10)
         yield pair, made
     finally:
@@ -198,6 +201,33 @@ def test_cpu_throttle_of_pods_limits_each_containers_own_cgroup(tmp_path, pods):
         assert sorted(api.state.pods) == [("prod", "web-0"), ("prod", "web-1")] and api.state.configmaps == {}
     with pytest.raises(ContainerNotFound, match="no cgroup of container 0123456789ab"):
         container_cgroup(hier.root, "containerd://" + "0123456789ab" * 2)
+
+
+def test_memory_limit_of_pods_limits_each_containers_own_cgroup(tmp_path, pods):
+    _, containers = pods
+    hier = find_mem_hierarchy()
+    cgroups = [container_cgroup(hier.root, c.container_id) for c in containers]
+    before = [hier.limit_files(cg) for cg in cgroups]
+    with FakeKubeApi() as api:
+        api.kubelet = run_pod_here
+        for i, c in enumerate(containers):
+            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
+        spec = MemoryLimit.Spec.model_validate({"type": "process.memory_limit", "limit": "64MiB", "kubernetes": {
+            "namespace": "prod", "selector": {"app": "web"}, "mode": "all",
+            "kubeconfig": str(api.write_kubeconfig(tmp_path / "k"))}})
+        inj, executor = MemoryLimit(spec, FaultContext(lifetime_s=600.0, run_id="mem-test")), K8sHelperExecutor()
+        place(inj)
+        record = executor.apply(inj, executor.prepare(inj), inj.ctx.placement)
+        try:
+            assert [hier.read_limit(cg) for cg in cgroups] == [64 << 20] * 2
+            assert all(sorted(CpuHierarchy.procs(cg)) == c.pids() for cg, c in zip(cgroups, containers, strict=True))
+            assert executor.observe(inj.type, record, inj.ctx.placement) is True
+        finally:
+            executor.revert(inj.type, record, inj.ctx.placement)
+        assert [hier.limit_files(cg) for cg in cgroups] == before
+    with pytest.raises(ValueError, match="pressure is not available on pods"):
+        MemoryLimit.Spec.model_validate({"type": "process.memory_limit", "limit": "64MiB", "pressure": "8MiB",
+                                         "kubernetes": {"namespace": "prod", "selector": {"app": "web"}}})
 
 
 def test_a_holding_helper_reverts_at_its_deadline_and_on_sigterm_without_chaoskit(tmp_path, pods):

@@ -214,6 +214,31 @@ def test_allocating_past_the_limit_gets_the_child_oom_killed(hier, home, childre
     assert not cg.exists()
 
 
+def test_an_existing_cgroup_gets_its_own_limit_and_has_its_previous_limits_restored(hier, home, children):
+    """`cgroup:` (what a pod's container becomes on its node): the limit goes on that cgroup, nothing is moved,
+    an allocation past it is OOM-killed there, and revert writes back the limit files as they were (here a
+    256MiB limit set beforehand, not "unlimited")."""
+    hier.write_limit(home, 256 * MiB)
+    before = hier.limit_files(home)
+    children.append(victim := Child(home))
+    inj = limiter(cgroup=home.name, headroom="32MiB")
+    inj.preflight()
+    plan = inj.plan()
+    assert str(home) in plan[0] and "nothing is moved" in plan[0] and str(256 * MiB) in plan[-1]
+    record = inj.apply(inj.prepare())
+    try:
+        assert (record["cgroup"], record["dedicated"], record["previous"]) == (str(home), False, before)
+        assert hier.read_limit(home) == record["limit_bytes"] == record["usage_at_move"] + 32 * MiB
+        assert MemoryLimit.observe(record) and hier.cgroup_of(victim.pid) == home
+        assert not victim.allocate(64)  # more than the headroom: OOM-killed in its own cgroup
+        assert victim.proc.wait(timeout=30) == -9
+    finally:
+        MemoryLimit.revert(record)
+    assert hier.limit_files(home) == before and home.is_dir() and not MemoryLimit.observe(record)
+    MemoryLimit.revert(record)  # twice is fine
+    assert hier.limit_files(home) == before
+
+
 def test_headroom_survives_until_it_needs_what_the_holder_took(hier, home, children):
     children.append(victim := Child(home))
     children.append(bystander := Child(home))
