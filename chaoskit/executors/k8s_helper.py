@@ -32,10 +32,12 @@ _NET = ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE")
 _CGROUP: tuple[str, ...] = ()
 CAPABILITIES: dict[str, tuple[str, ...]] = {
     "network.netem": _NET, "network.bandwidth": _NET, "network.drop": _NET, "network.partition": _NET,
-    "process.cpu_throttle": _CGROUP, "process.memory_limit": _CGROUP, "process.signal": ("KILL", "SYS_PTRACE"),
+    "process.cpu_throttle": _CGROUP, "process.memory_limit": _CGROUP,
+    "disk.throttle": ("SYS_PTRACE",),  # its path is read through /proc/PID/root of the container's init
+    "process.signal": ("KILL", "SYS_PTRACE"),
 }
 HOST_PATHS: dict[str, tuple[str, ...]] = {t: ("/sys/fs/cgroup",) for t in ("process.cpu_throttle",
-                                                                         "process.memory_limit")}
+                                                                         "process.memory_limit", "disk.throttle")}
 
 
 class HelperFailed(RuntimeError):

@@ -15,13 +15,15 @@ from chaoskit.spec.types import StrictModel
 from chaoskit.spec.units import format_size, parse_size
 from chaoskit.targets.blockdev import BlockTarget, resolve_path, root_disk
 from chaoskit.targets.cgroups import LIMIT_KEYS, IoHierarchy, find_io_hierarchy
+from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import CgroupTarget
 from chaoskit.targets.process import ProcessRef, find_by_name, is_alive, proc_ref
 
 
 class DiskThrottleSpec(StrictModel):
     type: Literal["disk.throttle"]
-    path: str = Field(min_length=1, description="a file, directory or block device; its whole disk is throttled")
+    path: str = Field(min_length=1, description="a file, directory or block device; its whole disk is throttled "
+                                                "(with kubernetes: as the container sees it)")
     rbps: str | int | None = Field(None, description="read bytes per second, e.g. '2MiB'")
     wbps: str | int | None = Field(None, description="write bytes per second")
     riops: int | None = Field(None, gt=0, description="read operations per second")
@@ -30,6 +32,8 @@ class DiskThrottleSpec(StrictModel):
     name: str | None = Field(None, min_length=1, description="regex on process names (comm)")
     cgroup: str | None = Field(None, min_length=1, description="existing cgroup (relative to the hierarchy root) "
                                                                "whose limit lines are set and later restored")
+    kubernetes: KubeNodeSelector | None = Field(None, description="the chosen pods' container cgroups (each limited "
+                                                                "on its node, through a helper pod)")
     allow_host: bool = Field(False, description="allow throttling the disk that holds /")
 
     @field_validator("rbps", "wbps")
@@ -43,8 +47,8 @@ class DiskThrottleSpec(StrictModel):
     def _check(self) -> DiskThrottleSpec:
         if all(getattr(self, k) is None for k in LIMIT_KEYS):
             raise ValueError("give at least one of rbps, wbps, riops, wiops")
-        if sum(x is not None for x in (self.pid, self.name, self.cgroup)) != 1:
-            raise ValueError("give exactly one target: pid, name or cgroup")
+        if sum(x is not None for x in (self.pid, self.name, self.cgroup, self.kubernetes)) != 1:
+            raise ValueError("give exactly one target: pid, name, cgroup or kubernetes")
         return self
 
     def limits(self) -> dict[str, str]:
@@ -74,6 +78,10 @@ class DiskThrottle(Injector):
             return find_by_name(s.name)
         return []
 
+    @classmethod
+    def cgroup_hierarchy(cls) -> IoHierarchy:
+        return find_io_hierarchy()
+
     def resolve_target(self) -> CgroupTarget:
         """An existing cgroup (`cgroup:`), or the processes, each with its io cgroup now."""
         hier, s = find_io_hierarchy(), self.spec
@@ -89,7 +97,9 @@ class DiskThrottle(Injector):
 
     def preflight(self) -> None:
         t, dev = self._target(), self._device()
-        if not self.spec.allow_host and dev.disk == root_disk():
+        # a path through a process's root (a pod's container, from its node's helper): the node's / is PID 1's
+        node_root = "/proc/1/root" if self.spec.path.startswith("/proc/") else "/"
+        if not self.spec.allow_host and dev.disk == root_disk(root=node_root):
             raise PreflightError(f"disk.throttle: {dev.disk_name} [{dev.disk}] holds the root filesystem; "
                                  "set allow_host: true to throttle it")
         if t.cgroup is not None and not Path(t.cgroup).is_dir():

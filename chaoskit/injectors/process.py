@@ -88,16 +88,18 @@ _SELECTORS = {
 _NO_KUBE = object()  # the spec has no kubernetes: target
 
 
-def check_selector(pid: object, name: object, child_of: object, kubernetes: object = _NO_KUBE) -> None:
+def check_selector(pid: object, name: object, child_of: object, kubernetes: object = _NO_KUBE,
+                   cgroup: object = None, options: str | None = None) -> None:
     """ValueError unless the target is exactly one of: pid; name; child_of (optionally narrowed by name); and,
-    for a spec that has the field, kubernetes."""
+    for a spec that has the field, kubernetes; and for one that says so in `options`, cgroup."""
     kube = kubernetes is not _NO_KUBE and kubernetes is not None
     given = (pid is not None, name is not None, child_of is not None, kube)
-    if given not in _SELECTORS:
-        fields = ("pid", "name", "child_of", "kubernetes")
-        what = ", ".join(f for f, g in zip(fields, given, strict=True) if g) or "none"
-        options = "pid, name, child_of (optionally with name), or kubernetes" if kubernetes is not _NO_KUBE \
-            else "pid, name, or child_of (optionally with name)"
+    if given not in _SELECTORS or (cgroup is not None and any(given)):
+        fields = ("pid", "name", "child_of", "kubernetes", "cgroup")
+        what = ", ".join(f for f, g in zip(fields, (*given, cgroup is not None), strict=True) if g) or "none"
+        if options is None:
+            options = "pid, name, child_of (optionally with name), or kubernetes" if kubernetes is not _NO_KUBE \
+                else "pid, name, or child_of (optionally with name)"
         raise ValueError(f"give exactly one target: {options}; got {what}")
 
 
@@ -185,13 +187,11 @@ class CgroupTargets(ProcessTargets):
 
     @model_validator(mode="after")
     def _one_target(self) -> Self:
-        processes = any(v is not None for v in (self.pid, self.name, self.child_of))
-        given = [k for k in ("cgroup", "kubernetes") if getattr(self, k) is not None] + ["processes"] * processes
-        if len(given) != 1:
-            raise ValueError("give exactly one target: pid, name, child_of (optionally with name), cgroup or "
-                             f"kubernetes (got {' and '.join(given) or 'none'})")
-        if processes:
-            check_selector(self.pid, self.name, self.child_of)
+        cgroup_alone = self.cgroup is not None and all(
+            v is None for v in (self.pid, self.name, self.child_of, self.kubernetes))
+        if not cgroup_alone:
+            check_selector(self.pid, self.name, self.child_of, self.kubernetes, self.cgroup,
+                           options="pid, name, child_of (optionally with name), cgroup, or kubernetes")
         return self
 
     def describe(self) -> str:

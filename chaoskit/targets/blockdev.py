@@ -92,9 +92,10 @@ def resolve_path(path: str | Path, sysfs: Path = Path("/sys"),
     return BlockTarget(str(p), mp, fstype, source, dev, disk, name, notes)
 
 
-def root_disk(sysfs: Path = Path("/sys")) -> str | None:
-    """The whole disk holding `/`, or None if `/` has no block device."""
+def root_disk(sysfs: Path = Path("/sys"), root: str = "/") -> str | None:
+    """The whole disk holding `/` (or `root`: /proc/1/root is the node's from a helper pod with hostPID), or None
+    if it has no block device."""
     try:
-        return resolve_path("/", sysfs).disk
+        return resolve_path(root, sysfs).disk
     except PreflightError:
         return None

@@ -88,6 +88,9 @@ def localize_on_node(cls: type[Injector], spec: dict[str, Any], container_id: st
     from chaoskit.targets.container import container_cgroup, container_pids
 
     hier = cls.cgroup_hierarchy()
-    if hier is not None:
-        return localize(spec, cgroup=str(container_cgroup(hier.root, container_id).relative_to(hier.root)))
-    return localize(spec, container_pids(container_id))
+    if hier is None:
+        return localize(spec, container_pids(container_id))
+    out = localize(spec, cgroup=str(container_cgroup(hier.root, container_id).relative_to(hier.root)))
+    if isinstance(out.get("path"), str):  # a path as the container sees it: through its init's root
+        out["path"] = f"/proc/{container_pids(container_id)[0]}/root/{out['path'].lstrip('/')}"
+    return out

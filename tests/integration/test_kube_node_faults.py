@@ -17,9 +17,11 @@ from chaoskit.errors import PreflightError
 from chaoskit.executors.k8s_helper import K8sHelperExecutor, replay_cluster
 from chaoskit.injectors.base import FaultContext
 from chaoskit.injectors.cpu import CpuThrottle
+from chaoskit.injectors.disk import DiskThrottle
 from chaoskit.injectors.firewall import Partition
 from chaoskit.injectors.memlimit import MemoryLimit
-from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy, find_mem_hierarchy
+from chaoskit.targets.blockdev import resolve_path
+from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy, find_io_hierarchy, find_mem_hierarchy
 from chaoskit.targets.container import ContainerNotFound, bare_id, container_cgroup, container_pids
 from chaoskit.targets.kube import api_client, resolve_cluster
 from chaoskit.targets.layer import place
@@ -67,8 +69,8 @@ def pods():
         pytest.skip("no writable cgroup hierarchy (/sys/fs/cgroup/pids or the v2 one) for stand-in containers")
     pair = Pair()
     made = []
-    also = []  # the container's cpu and memory cgroups too, for process.cpu_throttle and memory_limit
-    for find in (find_cpu_hierarchy, find_mem_hierarchy):
+    also = []  # the container's cpu, memory and io cgroups too, for cpu_throttle, memory_limit and disk.throttle
+    for find in (find_cpu_hierarchy, find_mem_hierarchy, find_io_hierarchy):
         try:
             also.append(find().root)
         except PreflightError:
@@ -228,6 +230,34 @@ def test_memory_limit_of_pods_limits_each_containers_own_cgroup(tmp_path, pods):
     with pytest.raises(ValueError, match="pressure is not available on pods"):
         MemoryLimit.Spec.model_validate({"type": "process.memory_limit", "limit": "64MiB", "pressure": "8MiB",
                                          "kubernetes": {"namespace": "prod", "selector": {"app": "web"}}})
+
+
+def test_disk_throttle_of_pods_limits_each_containers_cgroup_on_the_disk_behind_its_path(tmp_path, pods, loopdev):
+    """The path is the container's (read through its init's /proc/PID/root on the node); the limit lines go on
+    the container's own io cgroup for that disk, and come back as they were."""
+    _, containers = pods
+    hier, disk = find_io_hierarchy(), resolve_path(loopdev).disk
+    cgroups = [container_cgroup(hier.root, c.container_id) for c in containers]
+    before = [hier.read_limits(cg, disk) for cg in cgroups]
+    with FakeKubeApi() as api:
+        api.kubelet = run_pod_here
+        for i, c in enumerate(containers):
+            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
+        spec = DiskThrottle.Spec.model_validate({"type": "disk.throttle", "path": loopdev, "rbps": "1MiB",
+                                                 "kubernetes": {"namespace": "prod", "selector": {"app": "web"},
+                                                                "mode": "all",
+                                                                "kubeconfig": str(api.write_kubeconfig(tmp_path / "k"))}})
+        inj, executor = DiskThrottle(spec, FaultContext(lifetime_s=600.0, run_id="disk-test")), K8sHelperExecutor()
+        place(inj)
+        record = executor.apply(inj, executor.prepare(inj), inj.ctx.placement)
+        try:
+            assert [hier.read_limits(cg, disk)["rbps"] for cg in cgroups] == [str(1 << 20)] * 2
+            local = [p["record"] for p in record["pods"]]
+            assert [(r["cgroup"], r["dedicated"], r["dev"]) for r in local] == [(str(cg), False, disk) for cg in cgroups]
+            assert executor.observe(inj.type, record, inj.ctx.placement) is True
+        finally:
+            executor.revert(inj.type, record, inj.ctx.placement)
+        assert [hier.read_limits(cg, disk) for cg in cgroups] == before
 
 
 def test_a_holding_helper_reverts_at_its_deadline_and_on_sigterm_without_chaoskit(tmp_path, pods):

@@ -76,7 +76,7 @@ SELECTORS = [  # (fields, valid?)
 
 @pytest.mark.parametrize("fields, ok", SELECTORS)
 @pytest.mark.parametrize("make, options", [
-    (lambda **kw: throttle(cpu=0.5, **kw), "pid, name, or child_of (optionally with name)"),
+    (lambda **kw: throttle(cpu=0.5, **kw), "pid, name, child_of (optionally with name), cgroup, or kubernetes"),
     (lambda **kw: ProcessSignalSpec.model_validate({"type": "process.signal", **kw}),
      "pid, name, child_of (optionally with name), or kubernetes"),
 ], ids=["cpu_throttle", "signal"])
