@@ -10,6 +10,7 @@ from chaoskit.injectors import Injector, injector_class
 from chaoskit.injectors.base import FaultContext
 from chaoskit.spec.models import Step
 from chaoskit.targets.layer import place
+from chaoskit.targets.local import CgroupTarget
 
 
 def inject_steps(steps: list[Step]) -> list[Step]:
@@ -49,7 +50,23 @@ def plan_faults(method: list[Step], unresolved: frozenset[int] = frozenset(), ru
                 entry["changes"].insert(0, f"variant {inj.type}: " + "; ".join(passed_over))
         injectors[id(step)] = inj
         plan.append({**entry, "type": inj.type})
-    return injectors, plan, problems
+    return injectors, plan, problems + _shared_cgroups(method, injectors)
+
+
+def _shared_cgroups(method: list[Step], injectors: dict[int, Injector]) -> list[str]:
+    """Two faults of one `parallel` block that set the limits of the same existing cgroup: each restores the
+    limit it found, so whichever ends last would put back the other's. Refused before anything is applied."""
+    problems = []
+    for block in (s for s in method if s.parallel):
+        seen: dict[str, str] = {}
+        for step in inject_steps(block.parallel or []):
+            target = injectors[id(step)].ctx.target
+            if isinstance(target, CgroupTarget) and target.cgroup is not None:
+                if target.cgroup in seen:
+                    problems.append(f"{step.label()}: {seen[target.cgroup]} in the same parallel block already "
+                                    f"limits cgroup {target.cgroup}; their reverts would undo each other")
+                seen.setdefault(target.cgroup, step.label())
+    return problems
 
 
 def _injector(step: Step, spec: Any, run_id: str) -> Injector:

@@ -17,7 +17,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import FaultContext, Injector
 from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
-from chaoskit.injectors.process import CgroupTargets, check_targets
+from chaoskit.injectors.process import CgroupTargets, check_cgroup_target, check_targets
 from chaoskit.spec.types import Duration, StrictModel
 from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy
 from chaoskit.targets.local import CgroupTarget
@@ -116,8 +116,7 @@ class CpuThrottle(Injector):
             check_targets(self.type, self.spec, target_refs(t), self.spec.describe(), "throttle")
             return
         hier, cg = CpuHierarchy.from_json(t.hierarchy), Path(t.cgroup)
-        if not cg.is_dir():
-            raise PreflightError(f"{self.type}: cgroup {cg} does not exist")
+        check_cgroup_target(self.type, hier, cg, self.spec.allow_host)
         if hier.read_limit(cg)[1] == 0:
             raise PreflightError(f"{self.type}: cgroup {cg} has no CPU bandwidth files (on cgroup v2, its parent "
                                  "must have +cpu in cgroup.subtree_control)")
@@ -174,8 +173,9 @@ class CpuThrottle(Injector):
         hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not cg.is_dir():
             return
-        if not record.get("dedicated", True):
-            hier.write_limit(cg, *record["previous"])
+        if not record.get("dedicated", True):  # only while the limit is ours (not a later fault's, the kubelet's)
+            if hier.read_limit(cg) == (record["quota"], record["period"]):
+                hier.write_limit(cg, *record["previous"])
             return
         move_back_and_remove(hier, cg, record.get("procs", []), cls.type, RMDIR_WAIT_S, poll_s=0.01)
         if record.get("enables_cpu"):

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import Injector
+from chaoskit.injectors.process import check_cgroup_path, check_cgroup_target
 from chaoskit.spec.types import StrictModel
 from chaoskit.spec.units import format_size, parse_size
 from chaoskit.targets.blockdev import BlockTarget, resolve_path, root_disk
@@ -35,6 +36,11 @@ class DiskThrottleSpec(StrictModel):
     kubernetes: KubeNodeSelector | None = Field(None, description="the chosen pods' container cgroups (each limited "
                                                                 "on its node, through a helper pod)")
     allow_host: bool = Field(False, description="allow throttling the disk that holds /")
+
+    @field_validator("cgroup")
+    @classmethod
+    def _relative(cls, v: str | None) -> str | None:
+        return check_cgroup_path(v)
 
     @field_validator("rbps", "wbps")
     @classmethod
@@ -87,8 +93,13 @@ class DiskThrottle(Injector):
         hier, s = find_io_hierarchy(), self.spec
         if s.cgroup is not None:
             return CgroupTarget(hier.to_json(), f"cgroup {s.cgroup}", cgroup=str(hier.root / s.cgroup))
-        procs = tuple({**r.to_json(), "from": str(hier.cgroup_of(r.pid))} for r in self._pids())
-        return CgroupTarget(hier.to_json(), f"{s.pid or s.name}", procs)
+        procs = []
+        for r in self._pids():
+            try:
+                procs.append({**r.to_json(), "from": str(hier.cgroup_of(r.pid))})
+            except PreflightError:  # it exited meanwhile
+                continue
+        return CgroupTarget(hier.to_json(), f"{s.pid or s.name}", tuple(procs))
 
     def _target(self) -> CgroupTarget:
         t = self.target()
@@ -99,11 +110,17 @@ class DiskThrottle(Injector):
         t, dev = self._target(), self._device()
         # a path through a process's root (a pod's container, from its node's helper): the node's / is PID 1's
         node_root = "/proc/1/root" if self.spec.path.startswith("/proc/") else "/"
-        if not self.spec.allow_host and dev.disk == root_disk(root=node_root):
-            raise PreflightError(f"disk.throttle: {dev.disk_name} [{dev.disk}] holds the root filesystem; "
-                                 "set allow_host: true to throttle it")
-        if t.cgroup is not None and not Path(t.cgroup).is_dir():
-            raise PreflightError(f"disk.throttle: cgroup {t.cgroup} does not exist")
+        if not self.spec.allow_host:
+            try:  # never fail open on a node: a root we may not look at is not a root without a disk
+                os.stat(node_root)
+            except OSError as e:
+                raise PreflightError(f"disk.throttle: cannot tell which disk holds the node's root ({node_root}: "
+                                     f"{e.strerror}); set allow_host: true to throttle without that check") from None
+            if dev.disk == root_disk(root=node_root):
+                raise PreflightError(f"disk.throttle: {dev.disk_name} [{dev.disk}] holds the root filesystem; "
+                                     "set allow_host: true to throttle it")
+        if t.cgroup is not None:
+            check_cgroup_target(self.type, IoHierarchy.from_json(t.hierarchy), Path(t.cgroup), self.spec.allow_host)
         if t.cgroup is None and not t.procs:
             raise PreflightError(f"disk.throttle: no running process matches {t.selector}")
 

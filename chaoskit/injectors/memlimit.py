@@ -23,7 +23,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc, memory_holder
 from chaoskit.injectors.base import FaultContext, Injector
 from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
-from chaoskit.injectors.process import CgroupTargets, check_targets, descendants
+from chaoskit.injectors.process import CgroupTargets, check_cgroup_target, check_targets, descendants
 from chaoskit.spec.units import format_size, parse_size
 from chaoskit.targets.cgroups import MemHierarchy, find_mem_hierarchy
 from chaoskit.targets.local import CgroupTarget
@@ -135,8 +135,7 @@ class MemoryLimit(Injector):
         if t.cgroup is None:
             check_targets(self.type, self.spec, target_refs(t), self._what(), "limit")
             return
-        if not Path(t.cgroup).is_dir():
-            raise PreflightError(f"{self.type}: cgroup {t.cgroup} does not exist")
+        check_cgroup_target(self.type, MemHierarchy.from_json(t.hierarchy), Path(t.cgroup), self.spec.allow_host)
         if not MemHierarchy.from_json(t.hierarchy).limit_files(Path(t.cgroup)):
             raise PreflightError(f"{self.type}: cgroup {t.cgroup} has no memory limit files (on cgroup v2, its "
                                  "parent must have +memory in cgroup.subtree_control)")
@@ -239,7 +238,8 @@ class MemoryLimit(Injector):
         helper_proc.stop(record.get("token"))  # first: it holds memory in the cgroup and is not a target
         hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not record.get("dedicated", True):
-            if cg.is_dir():
+            ours = record.get("limit_bytes")  # None: the apply failed part way, and the limit files are ours
+            if cg.is_dir() and (ours is None or hier.read_limit(cg) == ours):
                 hier.restore_limits(cg, record["previous"])
             return
         if cg.is_dir():

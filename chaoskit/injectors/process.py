@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
 import psutil
@@ -17,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import Injector
 from chaoskit.spec.types import StrictModel
+from chaoskit.targets.cgroups import Hierarchy
 from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import ProcessTarget
 from chaoskit.targets.process import ProcessRef, cmdline, find_by_name, is_alive, proc_ref, proc_state
@@ -129,7 +131,7 @@ def select_processes(pid: int | list[int] | None, name: str | None, child_of: in
     else:
         found = find_by_name(name, full=full_cmdline)  # type: ignore[arg-type]
     if not allow_host:
-        protected = _protected_pids()
+        protected = protected_pids()
         found = [r for r in found if r.pid not in protected]
     return found
 
@@ -185,6 +187,11 @@ class CgroupTargets(ProcessTargets):
     kubernetes: KubeNodeSelector | None = Field(None, description="the chosen pods' container cgroups (each limited "
                                                                 "on its node, through a helper pod)")
 
+    @field_validator("cgroup")
+    @classmethod
+    def _relative(cls, v: str | None) -> str | None:
+        return check_cgroup_path(v)
+
     @model_validator(mode="after")
     def _one_target(self) -> Self:
         cgroup_alone = self.cgroup is not None and all(
@@ -202,6 +209,30 @@ class CgroupTargets(ProcessTargets):
         return super().describe()
 
 
+def check_cgroup_path(v: str | None) -> str | None:
+    """A cgroup given by path: relative to the hierarchy's root and inside it."""
+    if v is not None and (v.startswith("/") or ".." in Path(v).parts or Path(v) == Path(".")):
+        raise ValueError(f"a cgroup path relative to the hierarchy's root, without '..' (got '{v}')")
+    return v
+
+
+def check_cgroup_target(who: str, hier: Hierarchy, cgroup: Path, allow_host: bool) -> None:
+    """PreflightError unless `cgroup` exists and, without allow_host, holds neither PID 1 nor chaoskit's own
+    process tree (a limit on it limits them too)."""
+    if not cgroup.is_dir():
+        raise PreflightError(f"{who}: cgroup {cgroup} does not exist")
+    if allow_host:
+        return
+    for pid in sorted(protected_pids()):
+        try:
+            home = hier.cgroup_of(pid)
+        except PreflightError:
+            continue
+        if home is not None and (home == cgroup or cgroup in home.parents):
+            raise PreflightError(f"{who}: cgroup {cgroup} holds PID {pid} (init or chaoskit's own process tree); "
+                                 "set allow_host: true to force")
+
+
 def check_targets(who: str, spec: ProcessTargets, refs: list[ProcessRef], what: str, verb: str) -> None:
     """PreflightError unless `child_of` is running, `refs` (what `spec` selects, `what` in words) is not empty
     and, without allow_host, holds no protected process."""
@@ -215,14 +246,14 @@ def check_targets(who: str, spec: ProcessTargets, refs: list[ProcessRef], what: 
 
 def refuse_protected(who: str, refs: list[ProcessRef], verb: str = "target") -> None:
     """PreflightError if any target is PID 1 or chaoskit's own process tree."""
-    protected = _protected_pids()
+    protected = protected_pids()
     bad = [r.pid for r in refs if r.pid in protected]
     if bad:
         raise PreflightError(f"{who}: refusing to {verb} PID {bad[0]} (init or chaoskit's own process tree); "
                              "set allow_host: true to force")
 
 
-def _protected_pids() -> set[int]:
+def protected_pids() -> set[int]:
     """PID 1, chaoskit and its ancestors (the shell, the CI runner)."""
     me = psutil.Process()
     return {1, me.pid, *(p.pid for p in me.parents())}

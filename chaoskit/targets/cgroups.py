@@ -154,8 +154,23 @@ class IoHierarchy(Hierarchy):
 def _read(path: Path) -> str:
     try:
         return path.read_text()
-    except FileNotFoundError:
+    except OSError:  # gone (ENOENT), or its task exited while it was read (ESRCH)
         return ""
+
+
+def _write_either_order(cgroup: Path, items: list[tuple[str, str]]) -> None:
+    """Write limit files that constrain each other (v1 memory+swap may never be below memory): one order fails
+    when the limits go up, the other when they go down, so try both; the first order's error if both fail."""
+    first: OSError | None = None
+    for order in (items, items[::-1]):
+        try:
+            for name, text in order:
+                (cgroup / name).write_text(f"{text}\n")
+            return
+        except OSError as e:
+            first = first or e
+    assert first is not None
+    raise first
 
 
 def find_io_hierarchy(mountinfo: Path = Path("/proc/self/mountinfo")) -> IoHierarchy:
@@ -281,17 +296,16 @@ class MemHierarchy(Hierarchy):
 
     def write_limit(self, cgroup: Path, nbytes: int) -> None:
         """Set the limit. v1 also sets `memory.memsw.limit_in_bytes` (memory + swap) where swap is accounted,
-        so swap cannot absorb what the limit is meant to refuse; memory first: memsw may never be below it."""
+        so swap cannot absorb what the limit is meant to refuse (memory first when lowering, memsw first when
+        raising an existing cgroup's limit)."""
         if self.version == 2:
             (cgroup / "memory.max").write_text(f"{nbytes}\n")
             swap = cgroup / "memory.swap.max"
             if swap.exists():
                 swap.write_text("0\n")
             return
-        (cgroup / "memory.limit_in_bytes").write_text(f"{nbytes}\n")
-        memsw = cgroup / "memory.memsw.limit_in_bytes"
-        if memsw.exists():
-            memsw.write_text(f"{nbytes}\n")
+        names = [n for n in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes") if (cgroup / n).exists()]
+        _write_either_order(cgroup, [(n, str(nbytes)) for n in names])
 
     def limit_files(self, cgroup: Path) -> dict[str, str]:
         """The text of every limit file write_limit changes that `cgroup` has, to put back with restore_limits."""
@@ -300,19 +314,8 @@ class MemHierarchy(Hierarchy):
         return {n: _read(cgroup / n).strip() for n in names if (cgroup / n).exists()}
 
     def restore_limits(self, cgroup: Path, saved: dict[str, str]) -> None:
-        """Write back what limit_files read. On v1 memory+swap may never be below memory, so one of the two
-        orders fails when the limits go up and the other when they go down: try both."""
-        items = [(n, t) for n, t in saved.items() if (cgroup / n).exists()]
-        error: OSError | None = None
-        for order in (items, items[::-1]):
-            try:
-                for name, text in order:
-                    (cgroup / name).write_text(f"{text}\n")
-                return
-            except OSError as e:
-                error = e
-        assert error is not None
-        raise error
+        """Write back what limit_files read."""
+        _write_either_order(cgroup, [(n, t) for n, t in saved.items() if (cgroup / n).exists()])
 
     def move_charges_on_immigrate(self, cgroup: Path) -> bool:
         """v1: ask the kernel to move a task's existing charges with it into `cgroup`

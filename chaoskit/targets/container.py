@@ -14,6 +14,9 @@ from pathlib import Path
 import psutil
 
 RUNTIME_PREFIXES = ("containerd://", "cri-o://", "docker://")
+# the container's own cgroup directory is `<prefix><id>` or `<prefix><id>.scope`; CRI-O's monitor sits beside it
+# as `crio-conmon-<id>.scope`, and systemd may leave `<id>.mount` units: neither is the container
+DIR_PREFIXES = ("", "cri-containerd-", "crio-", "docker-", "libpod-")
 _ID = re.compile(r"[0-9a-f]{12,64}")
 
 
@@ -35,7 +38,7 @@ def container_pids(container_id: str, proc: Path = Path("/proc")) -> list[int]:
     """PIDs of the container's processes, its init first (the one whose parent is outside the container), then by
     PID; ContainerNotFound if none."""
     cid = bare_id(container_id)
-    pids = sorted(pid for pid in _pids(proc) if cid in _cgroups(proc / str(pid) / "cgroup"))
+    pids = sorted(pid for pid in _pids(proc) if _in_container(_cgroups(proc / str(pid) / "cgroup"), cid))
     if not pids:
         raise ContainerNotFound(f"no process of container {cid[:12]} on this node (searched {proc}/*/cgroup; "
                                 "is the pod on this node and the helper running with hostPID?)")
@@ -49,10 +52,21 @@ def container_cgroup(root: Path, container_id: str) -> Path:
     cid = bare_id(container_id)
     for top, dirs, _files in os.walk(root):
         for d in dirs:
-            if cid in d:
+            if is_container_dir(d, cid):
                 return Path(top) / d
     raise ContainerNotFound(f"no cgroup of container {cid[:12]} under {root} (is the pod on this node, and the "
                             "host's /sys/fs/cgroup mounted in the helper?)")
+
+
+def is_container_dir(name: str, cid: str) -> bool:
+    """Whether a cgroup directory name is the container's own (not its runtime monitor's, nor a mount unit)."""
+    return any(name.removesuffix(".scope") == prefix + cid for prefix in DIR_PREFIXES)
+
+
+def _in_container(cgroup_lines: str, cid: str) -> bool:
+    """Whether /proc/PID/cgroup text puts the process in the container's cgroup (or one below it)."""
+    return any(is_container_dir(part, cid) for line in cgroup_lines.splitlines()
+               for part in line.split(":", 2)[-1].split("/"))
 
 
 def _pids(proc: Path) -> list[int]:

@@ -3,11 +3,11 @@ when the step starts (so the ledger, apply and revert see the same).
 
 A fault that stays on this host (`local`) gets its spec's target resolved into a typed record
 (targets.local: processes, a network namespace, cgroup members, a GPU), which the ledger keeps as its placement.
-A node-level fault (network, process.signal, process.cpu_throttle) whose spec targets `kubernetes:` pods runs
-through the k8s-helper executor: the chosen pods (namespace, name, UID, node, container ID) become its placement,
-and on each node the helper pod turns the target into that container's PIDs, or for a cgroup limit into the
-container's own cgroup (`localize_on_node`), and runs the same injector code, which resolves its local target
-there.
+A node-level fault (network, process.signal, the cpu, memory and disk limits) whose spec targets `kubernetes:`
+pods runs through the k8s-helper executor: the chosen pods (namespace, name, UID, node, container ID) become its
+placement, and on each node the helper pod turns the target into that container's PIDs, or for a cgroup limit
+into the container's own cgroup (`localize_on_node`), and runs the same injector code, which resolves its local
+target there.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ def place(inj: Injector) -> None:
     cluster cannot be reached or the pods do not qualify."""
     selector = node_selector(inj.spec)
     if selector is None:
-        inj.ctx.target = inj.resolve_target()
+        try:
+            inj.ctx.target = inj.resolve_target()
+        except (OSError, ValueError) as e:  # the host changed under it (a process gone mid-read ...)
+            raise PreflightError(f"{inj.type}: cannot resolve its target: {type(e).__name__}: {e}") from None
         return
     from kubernetes import client
 

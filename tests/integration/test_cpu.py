@@ -190,6 +190,11 @@ def test_an_existing_cgroup_gets_its_own_limit_and_has_it_restored(hier, test_cg
     assert hier.read_limit(home) == (90000, 100000) and home.is_dir() and not CpuThrottle.observe(record)
     CpuThrottle.revert(record)  # twice is fine
     assert hier.read_limit(home) == (90000, 100000)
+    # a limit someone else set since (a later fault, the kubelet) is not ours to put back
+    record = inj.apply(inj.prepare())
+    hier.write_limit(home, 50000, 100000)
+    CpuThrottle.revert(record)
+    assert hier.read_limit(home) == (50000, 100000)
 
 
 def test_cgroup_target_must_exist_and_is_one_of_the_targets(hier):

@@ -7,6 +7,7 @@ nft table / SIGSTOP there, and reverts it; nothing is left in the namespaces, th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Callable
 
@@ -243,8 +244,10 @@ def test_disk_throttle_of_pods_limits_each_containers_cgroup_on_the_disk_behind_
         api.kubelet = run_pod_here
         for i, c in enumerate(containers):
             api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
+        # allow_host: this host's PID 1 (the VM's init) refuses even root a look at its /proc/1/root, so the
+        # node-root guard refuses here; the next test asserts that refusal
         spec = DiskThrottle.Spec.model_validate({"type": "disk.throttle", "path": loopdev, "rbps": "1MiB",
-                                                 "kubernetes": {"namespace": "prod", "selector": {"app": "web"},
+                                                 "allow_host": True, "kubernetes": {"namespace": "prod", "selector": {"app": "web"},
                                                                 "mode": "all",
                                                                 "kubeconfig": str(api.write_kubeconfig(tmp_path / "k"))}})
         inj, executor = DiskThrottle(spec, FaultContext(lifetime_s=600.0, run_id="disk-test")), K8sHelperExecutor()
@@ -258,6 +261,21 @@ def test_disk_throttle_of_pods_limits_each_containers_cgroup_on_the_disk_behind_
         finally:
             executor.revert(inj.type, record, inj.ctx.placement)
         assert [hier.read_limits(cg, disk) for cg in cgroups] == before
+
+
+def test_the_root_disk_guard_on_a_node_does_not_fail_open(loopdev):
+    """Through a container's root (/proc/PID/root/...), the guard compares with the node's root, /proc/1/root.
+    Where that cannot be looked at, the throttle is refused (without allow_host), not let through."""
+    path = f"/proc/{os.getpid()}/root{loopdev}"
+    inj = DiskThrottle(DiskThrottle.Spec.model_validate({"type": "disk.throttle", "path": path, "rbps": "1MiB",
+                                                         "pid": os.getpid()}))
+    try:
+        os.stat("/proc/1/root")
+    except PermissionError:
+        with pytest.raises(PreflightError, match=r"cannot tell which disk holds the node's root \(/proc/1/root"):
+            inj.preflight()
+        return
+    inj.preflight()  # readable: a loop device is not the node's root disk
 
 
 def test_a_holding_helper_reverts_at_its_deadline_and_on_sigterm_without_chaoskit(tmp_path, pods):

@@ -120,3 +120,38 @@ def test_gpu_target_without_asking_the_driver():
     place(inj)
     assert inj.placement() == {"target": {"kind": "gpu", "device": None, "uuid": None, "name": None,
                                           "pci_bus_id": "0000:3b:00.0"}}
+
+
+PARALLEL = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {name: one-cgroup-twice}
+steadyState:
+  probes:
+    - {name: ok, type: command, argv: ["true"]}
+method:
+  - parallel:
+      - inject: {type: process.cpu_throttle, cgroup: CG, cpu: 0.5}
+        duration: 1s
+      - inject: {type: process.cpu_throttle, cgroup: CG, cpu: 0.2}
+        duration: 2s
+"""
+
+
+def test_two_limits_on_one_cgroup_in_a_parallel_block_are_refused_before_anything(tmp_path, state_dir):
+    """Each would put back the limit it found, so the one ending last would restore the other's: exit 4."""
+    from chaoskit.targets.cgroups import find_cpu_hierarchy
+
+    hier = find_cpu_hierarchy()
+    cg = hier.root / f"cktest-twice-{os.getpid()}"
+    cg.mkdir()
+    try:
+        before = hier.read_limit(cg)
+        exp = write(tmp_path / "e.yaml", PARALLEL.replace("CG", cg.name))
+        run = chaoskit("run", str(exp), "--out", str(tmp_path / "o"), state=state_dir)
+        out, err = run.communicate(timeout=60)
+        assert run.returncode == 4, out + err
+        assert f"already limits cgroup {cg}; their reverts would undo each other" in " ".join((out + err).split())
+        assert hier.read_limit(cg) == before
+    finally:
+        cg.rmdir()

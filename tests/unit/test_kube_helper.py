@@ -113,3 +113,16 @@ def test_localize_puts_the_containers_processes_or_cgroup_in_place_of_the_kubern
     assert "kubernetes" in cpu  # the caller's spec is left as it was
     with pytest.raises(ValueError, match="no kubernetes: target"):
         localize({"type": "process.signal", "pid": 3}, [41])
+
+
+def test_the_containers_own_cgroup_is_told_from_its_monitors_and_mount_units():
+    from chaoskit.targets.container import _in_container, is_container_dir
+
+    cid = "ab" * 32
+    for own in (cid, f"cri-containerd-{cid}.scope", f"crio-{cid}.scope", f"crio-{cid}", f"docker-{cid}.scope"):
+        assert is_container_dir(own, cid), own
+    for other in (f"crio-conmon-{cid}.scope", f"{cid}.mount", f"cri-containerd-{cid[:-2]}.scope", "kubepods.slice"):
+        assert not is_container_dir(other, cid), other
+    assert _in_container(f"0::/kubepods.slice/kubepods-pod1.slice/crio-{cid}.scope\n", cid)
+    assert not _in_container(f"0::/kubepods.slice/kubepods-pod1.slice/crio-conmon-{cid}.scope\n", cid)
+    assert _in_container(f"4:memory:/kubepods/besteffort/pod1/{cid}/init.scope\n", cid)  # a cgroup below it

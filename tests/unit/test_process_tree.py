@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import psutil
 import pytest
 
-from chaoskit.injectors.process import ProcessSignal, _protected_pids, descendants
+from chaoskit.injectors.process import ProcessSignal, descendants, protected_pids
 from chaoskit.reference.vllm import engine_core_pid
 from chaoskit.targets.process import (
     ProcessRef,
@@ -124,7 +124,7 @@ def test_engine_core_is_found_among_that_servers_children_only(tree):
 
 
 def test_protected_pids_are_init_chaoskit_and_its_ancestors():
-    protected = _protected_pids()
+    protected = protected_pids()
     assert {1, os.getpid(), os.getppid()} <= protected
     assert protected == {1, os.getpid(), *(p.pid for p in psutil.Process().parents())}
 
