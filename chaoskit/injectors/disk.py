@@ -165,7 +165,8 @@ class DiskThrottle(Injector):
     def revert(cls, record: dict[str, Any]) -> None:
         hier, cg = IoHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not record["dedicated"]:
-            if cg.is_dir():
+            now = hier.read_limits(cg, record["dev"]) if cg.is_dir() else {}
+            if any(now.get(k) == v for k, v in record["limits"].items()):  # ours, even half-applied; not a later fault's
                 prev = record["previous"]
                 hier.write_limits(cg, record["dev"], {k: prev.get(k, hier.unlimited()) for k in record["limits"]})
             return
