@@ -5,11 +5,11 @@ tokens. What the seed's incident needs is real here:
 - `isolate_kv_cache: true`: a finished request's blocks are cleared and freed at once, and long-context
   requests allocate from the top of the pool, short ones from the bottom, so they never interleave.
 - `isolate_kv_cache: false`: finished requests leave their blocks as *residue* that is not reset: the next
-  request reuses the largest residue extent (if it fits) as is and inherits its stale keys/values and length,
-  so a short request after a long one attends over the long context's leftovers (slower, and polluted), and
-  the next long request, finding its extent taken, allocates fresh blocks beside it. (Largest, not most
-  recent: with most-recent reuse the outcome hung on the order requests finished inside a batch, which
-  follows host speed; the kv-cache-pollution scenario held on a slower host.) Residue
+  short request reuses the largest residue extent (if it fits) as is and inherits its stale keys/values and
+  length, so a short request after a long one attends over the long context's leftovers (slower, and
+  polluted); a long-context request allocates fresh blocks beside the residue. (Reuse by the newest extent,
+  and by long requests too, made the outcome hang on the order requests finished inside a batch, which follows
+  host speed: the kv-cache-pollution scenario held on a slower host.) Residue
   not reused is reclaimed lazily (after `residue_ttl_s`, or, with `cache_eviction_policy: lru`, oldest first
   when an allocation needs room); it keeps the pool looking full and fragmented.
 - `cache_eviction_policy: none` never evicts residue to make room: when free blocks run out the request
@@ -75,7 +75,7 @@ class KVPool:
 
     def allocate(self, nblocks: int, long: bool, ntokens: int) -> tuple[list[int], int]:
         """Blocks for `ntokens` new positions, and how many stale positions they start with."""
-        if not self.isolate and self.residue:  # reuse the largest residue extent (the newest of equals), as is
+        if not self.isolate and not long and self.residue:  # the largest residue extent (newest of equals), as is
             i = max(range(len(self.residue)), key=lambda j: (len(self.residue[j][1]), j))
             _, blocks, length = self.residue[i]
             room = len(blocks) * self.block_tokens

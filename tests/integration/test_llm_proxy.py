@@ -40,8 +40,8 @@ def triton(tmp_path_factory):
     d.down(say=lambda _m: None)
 
 
-def _start(upstream: str, faults: list[dict], seed: int = 0) -> tuple[int, dict]:
-    port = free_port()
+def _start(upstream: str, faults: list[dict], seed: int = 0, port: int | None = None) -> tuple[int, dict]:
+    port = port or free_port()
     inj = LlmProxy(LlmProxy.Spec(type="llm.proxy", listen=f"127.0.0.1:{port}", upstream=upstream, faults=faults,
                                  seed=seed))
     inj.ctx.lifetime_s = 300
@@ -62,8 +62,12 @@ def proxies():
     started: list[dict] = []
 
     def start(upstream: str, configs: list[tuple[list[dict], int]]) -> list[int]:
+        ports: list[int] = []
+        while len(ports) < len(configs):  # distinct: free_port() from threads at once can answer one port twice
+            if (port := free_port()) not in ports:
+                ports.append(port)
         with ThreadPoolExecutor(len(configs)) as pool:
-            out = list(pool.map(lambda c: _start(upstream, *c), configs))
+            out = list(pool.map(lambda c: _start(upstream, *c[0], port=c[1]), zip(configs, ports, strict=True)))
         started.extend(rec for _, rec in out)
         return [port for port, _ in out]
 

@@ -22,6 +22,9 @@ def test_a_short_request_reuses_the_long_contexts_residue_and_the_next_long_one_
     fresh, stale = p.allocate(10, True, 10 * BLOCK)
     assert stale == 0 and not set(fresh) & set(long_blocks + short_blocks)
     assert p.fragmentation() > 0
+    p.release(fresh, 10 * BLOCK)
+    again, stale = p.allocate(10, True, 10 * BLOCK)  # a long request never takes a residue: fresh blocks again
+    assert stale == 0 and not set(again) & set(fresh)
 
 
 def test_a_residue_too_small_is_not_reused_and_isolation_reuses_nothing():
