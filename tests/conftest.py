@@ -105,6 +105,39 @@ def no_kube_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
+FAKE_GPU_TOTAL = 4 << 30
+
+
+@pytest.fixture
+def fake_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Build the simulated CUDA driver (tests/helpers/fake_libcuda.c, a TEST DOUBLE: no GPU here), a device of
+    FAKE_GPU_TOTAL bytes whose memory every process shares; every process started from here on uses it
+    (through the environment). Its state file is returned."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the simulated CUDA driver")
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(ROOT / "tests/helpers/fake_libcuda.c")],
+                   check=True)
+    state = tmp_path / "fake-gpu.state"
+    monkeypatch.setenv("CHAOSKIT_LIBCUDA", str(lib))
+    monkeypatch.setenv("CHAOSKIT_FAKE_CUDA_STATE", str(state))
+    monkeypatch.setenv("CHAOSKIT_FAKE_CUDA_TOTAL", str(FAKE_GPU_TOTAL))
+    return state
+
+
+def device_used() -> int:
+    """Bytes in use on CUDA device 0 (the simulated one under fake_cuda)."""
+    from chaoskit.gpu.cuda import Driver
+
+    drv = Driver()
+    drv.open_device(0)
+    free, total = drv.info()
+    return total - free
+
+
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

@@ -27,7 +27,8 @@ POLL_S = 0.2
 # fault type -> the capabilities its helper needs (everything else is dropped). Entering a pod's network
 # namespace is setns(2): SYS_ADMIN; reading another user's /proc/PID/ns: SYS_PTRACE; tc/nftables: NET_ADMIN;
 # a limit on the container's own cgroup: none (root writes root's files in the host's cgroup tree, mounted
-# from the host); signals to other users: KILL.
+# from the host); signals to other users: KILL; the GPUs a container was given are read from its init's
+# environment and /dev: SYS_PTRACE.
 _NET = ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE")
 _CGROUP: tuple[str, ...] = ()
 CAPABILITIES: dict[str, tuple[str, ...]] = {
@@ -35,9 +36,17 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "process.cpu_throttle": _CGROUP, "process.memory_limit": _CGROUP,
     "disk.throttle": ("SYS_PTRACE",),  # its path is read through /proc/PID/root of the container's init
     "process.signal": ("KILL", "SYS_PTRACE"),
+    "gpu.memory_pressure": ("SYS_PTRACE",),
 }
 HOST_PATHS: dict[str, tuple[str, ...]] = {t: ("/sys/fs/cgroup",) for t in ("process.cpu_throttle",
                                                                          "process.memory_limit", "disk.throttle")}
+# a GPU fault's helper gets from the NVIDIA container toolkit every GPU of the node and the driver's libraries
+# (the fault picks the target container's GPU itself), and room for a CUDA context
+GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+GPU_TYPES = frozenset({"gpu.memory_pressure"})
+LIMITS = {"cpu": "500m", "memory": "256Mi"}
+GPU_LIMITS = {"cpu": "1", "memory": "2Gi"}
+STATE_DIR = "/var/lib/chaoskit"  # state_dir() of root: an emptyDir, as the root filesystem is read-only
 
 
 class HelperFailed(RuntimeError):
@@ -59,6 +68,7 @@ class HelperPlacement:
     target: dict[str, Any] | None = None  # the pod placement the fault acts on (targets.kube.Placement)
     targets: list[dict[str, Any]] | None = None  # every chosen pod (the target layer's choice), one helper each
     hold_s: float = 0.0  # > 0: the apply helper stays, and reverts on SIGTERM or once this long has passed
+    runtime_class: str | None = None  # of a GPU fault's helper (the NVIDIA container runtime's class)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,18 +91,22 @@ def helper_pod(verb: str, type_name: str, request: dict[str, Any], hp: HelperPla
 
     caps = list(CAPABILITIES.get(type_name, ()))
     paths = HOST_PATHS.get(type_name, ())
-    mounts = [client.V1VolumeMount(name=f"host-{i}", mount_path=p) for i, p in enumerate(paths)]
-    volumes = [client.V1Volume(name=f"host-{i}", host_path=client.V1HostPathVolumeSource(path=p, type="Directory"))
-               for i, p in enumerate(paths)]
+    gpu = type_name in GPU_TYPES
+    mounts = [client.V1VolumeMount(name="state", mount_path=STATE_DIR),
+              *(client.V1VolumeMount(name=f"host-{i}", mount_path=p) for i, p in enumerate(paths))]
+    volumes = [client.V1Volume(name="state", empty_dir=client.V1EmptyDirVolumeSource(size_limit="64Mi")),
+               *(client.V1Volume(name=f"host-{i}", host_path=client.V1HostPathVolumeSource(path=p, type="Directory"))
+                 for i, p in enumerate(paths))]
     security = client.V1SecurityContext(
         privileged=False, allow_privilege_escalation=False, read_only_root_filesystem=True, run_as_user=0,
         capabilities=client.V1Capabilities(drop=["ALL"], add=caps or None))
+    env = {REQUEST_ENV: json.dumps(request, sort_keys=True), **(GPU_ENV if gpu else {})}
     container = client.V1Container(
         name="agent", image=hp.image, command=["python", "-m", "chaoskit.agent", verb, "--env", REQUEST_ENV],
-        env=[client.V1EnvVar(name=REQUEST_ENV, value=json.dumps(request, sort_keys=True))],
-        security_context=security, volume_mounts=mounts or None,
+        env=[client.V1EnvVar(name=k, value=v) for k, v in env.items()],
+        security_context=security, volume_mounts=mounts,
         resources=client.V1ResourceRequirements(requests={"cpu": "10m", "memory": "64Mi"},
-                                                limits={"cpu": "500m", "memory": "256Mi"}))
+                                                limits=GPU_LIMITS if gpu else LIMITS))
     labels = {RUN_LABEL: dns_label(hp.run_id), ROLE_LABEL: "helper", "chaoskit.io/verb": verb,
               "app.kubernetes.io/managed-by": "chaoskit"}
     name = dns_label(f"chaoskit-{verb}-{hp.key}-{uuid.uuid4().hex[:6]}")
@@ -100,7 +114,8 @@ def helper_pod(verb: str, type_name: str, request: dict[str, Any], hp: HelperPla
         node_name=hp.node, host_pid=True, restart_policy="Never",
         active_deadline_seconds=hp.deadline_s + (math.ceil(hp.hold_s) if verb == "apply" else 0),
         service_account_name=hp.service_account, automount_service_account_token=False,
-        tolerations=[client.V1Toleration(operator="Exists")], containers=[container], volumes=volumes or None)
+        tolerations=[client.V1Toleration(operator="Exists")], containers=[container], volumes=volumes,
+        runtime_class_name=hp.runtime_class if gpu else None)
     return client.V1Pod(api_version="v1", kind="Pod", spec=spec,
                         metadata=client.V1ObjectMeta(name=name, namespace=hp.namespace, labels=labels))
 
@@ -119,7 +134,10 @@ class K8sHelperExecutor:
         hp = HelperPlacement.from_json(injector.ctx.placement or {})
         caps = ", ".join(CAPABILITIES.get(injector.type, ())) or "none"
         host = "".join(f", the host's {p} mounted" for p in HOST_PATHS.get(injector.type, ()))
-        spec = injector.spec.model_dump(mode="json", exclude_defaults=True, exclude={"type", "target", "kubernetes"})
+        if injector.type in GPU_TYPES:
+            host += ", every GPU of the node" + (f" (runtime class {hp.runtime_class})" if hp.runtime_class else "")
+        spec = injector.spec.model_dump(mode="json", by_alias=True, exclude_defaults=True,
+                                        exclude={"type", "target", "kubernetes"})
         lines = []
         for one in hp.per_pod():
             pod = one.target or {}
@@ -145,7 +163,7 @@ class K8sHelperExecutor:
 
     def _apply_one(self, core: Any, injector: Injector, record: Record, hp: HelperPlacement) -> tuple[
             Record, str | None]:
-        request = {"type": injector.type, "spec": injector.spec.model_dump(mode="json"), "record": record,
+        request = {"type": injector.type, "spec": injector.spec.model_dump(mode="json", by_alias=True), "record": record,
                    "placement": hp.to_json(), "hold_s": hp.hold_s}
         store = RevertStore(core, hp.namespace, hp.run_id)
         store.put(hp.key, {**request, "state": "applying"})  # in the cluster before anything is applied

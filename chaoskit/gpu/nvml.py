@@ -123,6 +123,17 @@ def devices() -> list[DeviceInfo]:
         return [device_info(nv, nv.nvmlDeviceGetHandleByIndex(i), i) for i in range(nv.nvmlDeviceGetCount())]
 
 
+def uuid_of_minor(minor: int) -> str:
+    """The UUID of the GPU whose device node is /dev/nvidia<minor> (PreflightError if NVML knows none)."""
+    with session() as nv:
+        count = nv.nvmlDeviceGetCount()
+        for i in range(count):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            if _safe(lambda h=h: nv.nvmlDeviceGetMinorNumber(h)) == minor:
+                return _s(nv.nvmlDeviceGetUUID(h))
+    raise PreflightError(f"no GPU has device node /dev/nvidia{minor} ({count} GPU(s) visible to NVML)")
+
+
 @dataclass(frozen=True)
 class MemoryInfo:
     total: int

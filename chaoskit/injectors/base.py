@@ -67,6 +67,12 @@ class Injector(ABC):
         here, where a pod's container is then found as its cgroup; None for the others."""
         return None
 
+    @classmethod
+    def on_node(cls, spec: dict[str, Any], container_id: str) -> dict[str, Any] | None:
+        """For a fault whose pod target means something other than the container's processes or cgroup (a GPU):
+        the spec to apply on the container's node, its `kubernetes:` target replaced; None for the others."""
+        return None
+
     def preflight(self) -> None:
         """Raise PreflightError if this host cannot apply the fault (checked before anything is applied)."""
 

@@ -21,6 +21,7 @@ from chaoskit.injectors.base import FaultContext
 from chaoskit.paths import state_dir
 from chaoskit.spec.types import Duration, Percent, StrictModel
 from chaoskit.spec.units import format_size, is_percent, parse_size
+from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import GpuTarget
 
 PROBE_TIMEOUT_S = 60.0
@@ -47,7 +48,10 @@ class FragmentSpec(StrictModel):
 
 class GpuMemoryPressureSpec(StrictModel):
     type: Literal["gpu.memory_pressure"]
-    device: int | str = Field(0, description="GPU index (nvidia-smi order), GPU-UUID or MIG-UUID")
+    device: int | str = Field(0, description="GPU index (nvidia-smi order), GPU-UUID or MIG-UUID; with "
+                              "kubernetes: the index among the container's own GPUs, or one of their UUIDs")
+    kubernetes: KubeNodeSelector | None = Field(None, description="the GPU of each chosen pod's container (a "
+                                                "helper pod on its node takes the memory)")
     bytes_: str | int | None = Field(None, alias="bytes", description="bytes to take, e.g. 20GiB")
     percent: Percent | None = Field(None, description="share of the device's total memory, e.g. 80%")
     leave_free: str | int | None = Field(None, description="allocate until only this much is free, e.g. 2GiB")
@@ -120,6 +124,19 @@ class GpuMemoryPressure(helper_proc.HelperFault):
         super().__init__(spec, ctx)
         self.facts: dict[str, Any] | None = None
         self.unknown = "device not checked yet"
+
+    @classmethod
+    def on_node(cls, spec: dict[str, Any], container_id: str) -> dict[str, Any]:
+        """The spec on a pod's node: `device` becomes the node's name for the container's GPU (`device` is its
+        index among the GPUs the container was given, or one of their UUIDs)."""
+        from chaoskit.targets.container import container_gpus
+
+        out = {k: v for k, v in spec.items() if k != "kubernetes"}
+        node_name = container_gpus(container_id).pick(spec.get("device", 0))
+        if node_name.startswith("minor:"):
+            node_name = nvml.uuid_of_minor(int(node_name.removeprefix("minor:")))
+        out["device"] = int(node_name) if node_name.isdigit() else node_name
+        return out
 
     def resolve_target(self) -> GpuTarget:
         """The device as its CUDA driver names it (asked once: a device keeps its identity for the run)."""
@@ -209,11 +226,11 @@ class GpuMemoryPressure(helper_proc.HelperFault):
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"in_effect": cls.observe(record)}
         try:
-            out["holder"] = json.loads(Path(record["status"]).read_text())
+            out["holder"] = json.loads(_holder_file(record, "status").read_text())
         except (OSError, ValueError, KeyError):
             out["holder"] = None
         try:
-            lines = Path(record["journal"]).read_text().splitlines()
+            lines = _holder_file(record, "journal").read_text().splitlines()
             out["corrections"] = [json.loads(x) for x in lines[-CORRECTIONS_IN_REPORT:]]
             out["corrections_total"] = len(lines)
         except (OSError, ValueError, KeyError):
@@ -224,3 +241,12 @@ class GpuMemoryPressure(helper_proc.HelperFault):
         except PreflightError as e:
             out["nvml"] = f"unavailable: {e}"
         return out
+
+
+def _holder_file(record: dict[str, Any], key: str) -> Path:
+    """The holder's status or journal file, through the holder's /proc root while it runs: in a Kubernetes
+    helper pod the holder lives in the apply helper's pod, whose files an observe helper does not share."""
+    path = Path(record[key])
+    pid = (record.get("holder") or {}).get("pid")
+    through = Path(f"/proc/{pid}/root") / path.relative_to(path.anchor) if pid and path.is_absolute() else path
+    return through if through.exists() else path

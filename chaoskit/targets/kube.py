@@ -79,6 +79,8 @@ class KubeHelper(StrictModel):
                                                                     "Dockerfile)")
     service_account: str = Field("chaoskit-helper", min_length=1, description="the helper pods' ServiceAccount")
     deadline_s: int = Field(120, ge=10, le=3600, description="activeDeadlineSeconds of each helper pod")
+    runtime_class: str | None = Field(None, min_length=1, description="runtimeClassName of a GPU fault's helper "
+                                      "(e.g. nvidia; default: the node's default runtime, which must inject GPUs)")
 
 
 class KubeNodeSelector(KubeSelector):

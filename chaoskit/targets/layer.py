@@ -3,11 +3,11 @@ when the step starts (so the ledger, apply and revert see the same).
 
 A fault that stays on this host (`local`) gets its spec's target resolved into a typed record
 (targets.local: processes, a network namespace, cgroup members, a GPU), which the ledger keeps as its placement.
-A node-level fault (network, process.signal, the cpu, memory and disk limits) whose spec targets `kubernetes:`
-pods runs through the k8s-helper executor: the chosen pods (namespace, name, UID, node, container ID) become its
-placement, and on each node the helper pod turns the target into that container's PIDs, or for a cgroup limit
-into the container's own cgroup (`localize_on_node`), and runs the same injector code, which resolves its local
-target there.
+A node-level fault (network, process.signal, the cpu, memory and disk limits, GPU memory pressure) whose spec
+targets `kubernetes:` pods runs through the k8s-helper executor: the chosen pods (namespace, name, UID, node,
+container ID) become its placement, and on each node the helper pod turns the target into that container's PIDs,
+for a cgroup limit into the container's own cgroup, or for a GPU fault into the GPU it was given
+(`localize_on_node`), and runs the same injector code, which resolves its local target there.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def place(inj: Injector) -> None:
     inj.ctx.placement = HelperPlacement(
         cluster=cluster.to_json(), node=pods[0].node, run_id=inj.ctx.run_id or "adhoc", namespace=helper.namespace,
         image=helper.image, service_account=helper.service_account, deadline_s=helper.deadline_s,
+        runtime_class=helper.runtime_class,
         targets=[p.to_json() for p in pods], hold_s=inj.ctx.lifetime_s).to_json()
 
 
@@ -86,10 +87,14 @@ def localize(spec: dict[str, Any], pids: list[int] | None = None, cgroup: str | 
 
 
 def localize_on_node(cls: type[Injector], spec: dict[str, Any], container_id: str) -> dict[str, Any]:
-    """localize() with what this node knows of the container: its cgroup for a fault that limits a whole cgroup,
-    else its processes (ContainerNotFound if it is not here)."""
+    """localize() with what this node knows of the container: what the fault's own on_node() makes of it (its
+    GPU), else its cgroup for a fault that limits a whole cgroup, else its processes (ContainerNotFound if it
+    is not here)."""
     from chaoskit.targets.container import container_cgroup, container_pids
 
+    own = cls.on_node(spec, container_id)
+    if own is not None:
+        return own
     hier = cls.cgroup_hierarchy()
     if hier is None:
         return localize(spec, container_pids(container_id))

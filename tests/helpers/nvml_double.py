@@ -57,6 +57,10 @@ class SimulatedNvml:
             raise NVMLError("Not Found")
         return "h0"
 
+    def nvmlDeviceGetMinorNumber(self, h: str) -> int:
+        self._c(f"minor({h})")
+        return 3  # its device node: /dev/nvidia3
+
     def nvmlDeviceGetHandleByPciBusId(self, bus: str) -> str:
         self._c(f"byPci({bus})")
         return "h0"

@@ -52,9 +52,10 @@ class StandIn:
                     time.sleep(0.01)
 
 
-def start(netns: str, root: Path, also: tuple[Path, ...] = ()) -> StandIn:
-    """`sh` (the container's init) and a `sleep` it forks, in network namespace `netns`, in a fresh cgroup (of
-    hierarchy `root`, and of each other hierarchy root in `also`)."""
+def start(netns: str | None, root: Path, also: tuple[Path, ...] = (), env: dict[str, str] | None = None) -> StandIn:
+    """`sh` (the container's init) and a `sleep` it forks, in network namespace `netns` (None: this host's), in a
+    fresh cgroup (of hierarchy `root`, and of each other hierarchy root in `also`), with `env` added to the
+    environment (what a container runtime sets, such as NVIDIA_VISIBLE_DEVICES)."""
     cid = secrets.token_hex(32)
     relative = Path(f"ckt-kubepods-{cid[:8]}") / f"cri-containerd-{cid}.scope"
     cgroups = [r / relative for r in (root, *(a for a in also if a != root))]
@@ -65,6 +66,7 @@ def start(netns: str, root: Path, also: tuple[Path, ...] = ()) -> StandIn:
         for cg in cgroups:
             (cg / "cgroup.procs").write_text(str(os.getpid()))
 
-    proc = subprocess.Popen(["ip", "netns", "exec", netns, "sh", "-c", "sleep 600 & wait"], preexec_fn=join,
-                            start_new_session=True)
+    inside = ["ip", "netns", "exec", netns] if netns else []
+    proc = subprocess.Popen([*inside, "sh", "-c", "sleep 600 & wait"], preexec_fn=join, start_new_session=True,
+                            env={**os.environ, **(env or {})})
     return StandIn(cid, proc, cgroups[0], tuple(cgroups[1:]))

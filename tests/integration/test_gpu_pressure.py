@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from chaoskit.errors import PreflightError
-from tests.conftest import ROOT, chaoskit, ledger_ops, ledgers, wait_for
+from tests.conftest import FAKE_GPU_TOTAL, ROOT, chaoskit, device_used, ledger_ops, ledgers, wait_for
 
 GiB = 1 << 30
-TOTAL = 4 * GiB
+TOTAL = FAKE_GPU_TOTAL
 GPU_EXPERIMENTS = sorted(p.name for p in (ROOT / "experiments" / "gpu").glob("*.yaml") if "xid" not in p.name)
 
 
@@ -38,31 +37,6 @@ def _real_driver_missing() -> str | None:
         if env is not None:
             os.environ["CHAOSKIT_LIBCUDA"] = env
     return None
-
-
-@pytest.fixture
-def fake_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Build the simulated driver; every process started from here on uses it (through the environment)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler to build the simulated CUDA driver")
-    lib = tmp_path / "libcuda.so.1"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(ROOT / "tests/helpers/fake_libcuda.c")],
-                   check=True)
-    state = tmp_path / "fake-gpu.state"
-    monkeypatch.setenv("CHAOSKIT_LIBCUDA", str(lib))
-    monkeypatch.setenv("CHAOSKIT_FAKE_CUDA_STATE", str(state))
-    monkeypatch.setenv("CHAOSKIT_FAKE_CUDA_TOTAL", str(TOTAL))
-    return state
-
-
-def device_used() -> int:
-    from chaoskit.gpu.cuda import Driver
-
-    drv = Driver()
-    drv.open_device(0)
-    free, total = drv.info()
-    return total - free
 
 
 NEIGHBOUR = textwrap.dedent("""

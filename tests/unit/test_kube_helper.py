@@ -45,7 +45,8 @@ def test_helper_pod_spec_exactly(cluster):
         "nodeName": "node-7", "hostPID": True, "restartPolicy": "Never", "activeDeadlineSeconds": 90,
         "serviceAccountName": "chaoskit-helper", "automountServiceAccountToken": False,
         "tolerations": [{"operator": "Exists"}]}
-    assert "volumes" not in spec
+    assert spec["volumes"] == [{"name": "state", "emptyDir": {"sizeLimit": "64Mi"}}]  # the read-only root's room
+    assert "runtimeClassName" not in spec
     (c,) = spec["containers"]
     assert c["image"] == "registry.local/chaoskit:0.9"
     assert c["command"] == ["python", "-m", "chaoskit.agent", "revert", "--env", REQUEST_ENV]
@@ -55,6 +56,7 @@ def test_helper_pod_spec_exactly(cluster):
                                     "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"]}}
     assert c["resources"] == {"requests": {"cpu": "10m", "memory": "64Mi"},
                               "limits": {"cpu": "500m", "memory": "256Mi"}}
+    assert c["volumeMounts"] == [{"name": "state", "mountPath": "/var/lib/chaoskit"}]
 
 
 def test_a_cgroup_fault_gets_the_host_cgroup_tree_and_no_network_capability(cluster):
@@ -62,10 +64,28 @@ def test_a_cgroup_fault_gets_the_host_cgroup_tree_and_no_network_capability(clus
         helper_pod("apply", "process.cpu_throttle", {"type": "process.cpu_throttle"}, placement(cluster)))
     (c,) = pod["spec"]["containers"]
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert c["volumeMounts"] == [{"name": "host-0", "mountPath": "/sys/fs/cgroup"}]
-    assert pod["spec"]["volumes"] == [{"name": "host-0", "hostPath": {"path": "/sys/fs/cgroup", "type": "Directory"}}]
+    assert c["volumeMounts"][1:] == [{"name": "host-0", "mountPath": "/sys/fs/cgroup"}]
+    assert pod["spec"]["volumes"][1:] == [{"name": "host-0", "hostPath": {"path": "/sys/fs/cgroup",
+                                                                          "type": "Directory"}}]
     unknown = client.ApiClient().sanitize_for_serialization(helper_pod("apply", "disk.fill", {}, placement(cluster)))
     assert unknown["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_a_gpu_fault_gets_the_nodes_gpus_through_the_container_toolkit(cluster):
+    """Every GPU of the node (the agent picks the target container's), the runtime class asked for, SYS_PTRACE
+    to read the target's environment and /dev, and memory for a CUDA context; no GPU for the other faults."""
+    hp = placement(cluster, runtime_class="nvidia")
+    pod = client.ApiClient().sanitize_for_serialization(
+        helper_pod("apply", "gpu.memory_pressure", {"type": "gpu.memory_pressure"}, hp))
+    (c,) = pod["spec"]["containers"]
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+    assert c["env"][1:] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert c["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
+    other = client.ApiClient().sanitize_for_serialization(helper_pod("apply", "network.netem", {}, hp))
+    assert "runtimeClassName" not in other["spec"]
+    assert [e["name"] for e in other["spec"]["containers"][0]["env"]] == [REQUEST_ENV]
 
 
 def test_revert_store_round_trip_and_cleanup(api, cluster):
