@@ -28,15 +28,17 @@ HISTOGRAMS = ("tcp_connect_latency", "block_io_latency", "runqueue_latency")
 # copied record: the members they read (macro: struct, member, size), at offsets from the running kernel's
 # BTF, and the arguments they take (event, index, type), checked against it.
 MEMBERS: dict[str, dict[str, tuple[str, str, int]]] = {
-    "runqueue_latency": {"TASK_PID": ("task_struct", "pid", 4)},
+    "runqueue_latency": {"TASK_PID": ("task_struct", "pid", 4),
+                         "TASK_LAST_QUEUED": ("task_struct", "sched_info.last_queued", 8),
+                         "TASK_CFS_RQ": ("task_struct", "se.cfs_rq", 8), "CFS_RQ_RQ": ("cfs_rq", "rq", 8),
+                         "RQ_CLOCK": ("rq", "clock", 8)},
     "tcp_connect_latency": {"SK_PROTOCOL": ("sock", "sk_protocol", 2), "SK_DPORT": ("sock", "__sk_common.skc_dport", 2),
                             "INET_SADDR": ("inet_sock", "inet_saddr", 4)},
     "block_io_latency": {"RQ_Q": ("request", "q", 8), "Q_DISK": ("request_queue", "disk", 8),
                          "DISK_MAJOR": ("gendisk", "major", 4), "DISK_FIRST_MINOR": ("gendisk", "first_minor", 4)},
 }
 RAW_ARGS: dict[str, tuple[tuple[str, int, str], ...]] = {
-    "runqueue_latency": (("sched_wakeup", 0, "struct task_struct *"), ("sched_wakeup_new", 0, "struct task_struct *"),
-                         ("sched_switch", 2, "struct task_struct *")),
+    "runqueue_latency": (("sched_switch", 2, "struct task_struct *"),),
     "tcp_connect_latency": (("inet_sock_set_state", 0, "struct sock *"), ("inet_sock_set_state", 1, "int"),
                             ("inet_sock_set_state", 2, "int")),
     "block_io_latency": (("block_rq_issue", 0, "struct request *"), ("block_rq_complete", 0, "struct request *")),

@@ -1,5 +1,5 @@
 """eBPF probes with real events: connects in a test namespace, an OOM kill in a memory-limited cgroup, O_DIRECT
-reads on a loop device, retransmits under an nftables drop, wakeups of one process."""
+reads on a loop device, retransmits under an nftables drop, run-queue waits of one process."""
 
 from __future__ import annotations
 
@@ -97,29 +97,47 @@ def test_kernel_btf_gives_member_offsets_and_tracepoint_args():
         btf.member("task_struct", "no_such_member")
 
 
-def test_runqueue_latency_when_its_pending_slots_collide():
-    """Two pending slots for the whole host's wakeups: most go to the fallback hash, and none is lost there (it
-    counts what a probe with the usual 4096 slots counts over the same second)."""
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.002)"])
-    tight = EbpfProbe(EbpfProbeSpec(type="ebpf", name="rq2", program="runqueue_latency"))
+def test_connect_latency_when_its_pending_slots_collide():
+    """Two pending slots for the whole host's connects while eight are in SYN_SENT at once (their SYNs dropped
+    by a full accept queue until it is drained): most go to the fallback hash, and none is lost there (it
+    counts what a probe with the usual 4096 slots counts over the same connects)."""
+    server = socket.create_server(("127.0.0.1", 0), backlog=8)
+    first = [socket.create_connection(server.getsockname()) for _ in range(9)]  # a full queue drops later SYNs
+    tight = EbpfProbe(EbpfProbeSpec(type="ebpf", name="c2", program="tcp_connect_latency", port=server.getsockname()[1]))
     tight.cflags = lambda btf=None: EbpfProbe.cflags(tight, btf) + ["-DPENDING_BITS=1"]  # type: ignore[method-assign]
-    probes = [tight]
+    probes, waiting = [tight], []
     try:
         tight.preflight()
-        probes.append(probe("runqueue_latency"))
+        probes.append(probe("tcp_connect_latency", port=server.getsockname()[1]))
         for p in probes:
             measure(p)
-        time.sleep(1.0)
+        for _ in range(8):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(server.getsockname())
+            waiting.append(c)
+        time.sleep(0.2)
+        in_hash = tight.bpf[b"pending_more_size"][0].value
+        server.settimeout(0.2)
+        deadline = time.monotonic() + 20
+        accepted = 0
+        while accepted < 17 and time.monotonic() < deadline:  # the retransmitted SYNs find room once drained
+            try:
+                server.accept()[0].close()
+                accepted += 1
+            except TimeoutError:
+                pass
         few, usual = (measure(p) for p in probes)
-        left = tight.bpf[b"pending_more_size"][0].value
-        print(f"\nrunqueue_latency with 2 pending slots: {few['count']}, with 4096: {usual['count']}; "
-              f"left in the fallback hash: {left}")
-        assert usual["count"] > 200 and abs(few["count"] - usual["count"]) < 0.1 * usual["count"] and left < 100
+        print(f"\ntcp_connect_latency with 2 pending slots: {few['count']} (in the fallback hash while pending: "
+              f"{in_hash}), with 4096: {usual['count']}; p50 {few['p50_us']} vs {usual['p50_us']} us")
+        assert accepted == 17 and in_hash >= 6
+        assert few["count"] == usual["count"] == 8 and few["p50_us"] == usual["p50_us"] > 500_000  # a retransmit
     finally:
         for p in probes:
             asyncio.run(p.close())
-        sleeper.kill()
-        sleeper.wait()
+        for c in (*first, *waiting):
+            c.close()
+        server.close()
 
 
 def test_oom_kill_in_a_memory_limited_cgroup():
@@ -236,11 +254,35 @@ def test_runqueue_latency_of_one_process():
         time.sleep(1.0)
         v = measure(p)
         print(f"\nrunqueue_latency of a process waking every 2 ms: {v}")
-        assert 200 < v["count"] < 600 and v["p50_us"] > 0
+        assert 200 < v["count"] < 600  # one wait per wakeup (onto an idle CPU: ~0 us in the scheduler's clock)
         asyncio.run(p.close())
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_runqueue_latency_adds_up_to_the_kernels_own_run_delay():
+    """Two busy loops on one CPU wait about half the time each: the histogram of one's waits (count x mean)
+    is what /proc/PID/schedstat's run_delay grew by over the same window, within the buckets' resolution."""
+    spin = [sys.executable, "-c", "while True: pass"]
+    busy = [subprocess.Popen(["taskset", "-c", "0", *spin]) for _ in range(2)]
+    try:
+        time.sleep(0.3)
+        p = probe("runqueue_latency", pid=busy[0].pid)
+        measure(p)
+        before = int(Path(f"/proc/{busy[0].pid}/schedstat").read_text().split()[1])
+        time.sleep(2.0)
+        v = measure(p)
+        grew_ms = (int(Path(f"/proc/{busy[0].pid}/schedstat").read_text().split()[1]) - before) / 1e6
+        waited_ms = v["count"] * v["mean_us"] / 1000
+        print(f"\nrunqueue_latency of a busy loop sharing a CPU: {v}; waits {waited_ms:.0f} ms, run_delay grew "
+              f"{grew_ms:.0f} ms")
+        assert grew_ms > 500 and abs(waited_ms - grew_ms) < 0.1 * grew_ms
+        asyncio.run(p.close())
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
 
 
 def test_filters_that_do_not_apply_are_spec_errors():
