@@ -10,8 +10,9 @@ events per unit of work:
   server processes on 127.0.0.1 (inet_sock_set_state -> tcp_connect_latency; the client aborts with RST
   after the reply, so no TIME_WAIT piles up); every request makes the server do one 4 KiB O_DIRECT read of a
   loop device backed by a temp file (block_rq_issue/complete -> block_io_latency); the hand-offs between
-  the processes and the loop device's kernel worker are wakeups and context switches (sched_wakeup, sched_switch
-  -> runqueue_latency). Those three programs are on BTF raw tracepoints, the other two on classic ones.
+  the processes and the loop device's kernel worker are wakeups and context switches (sched_switch of a task
+  that waited on a run queue -> runqueue_latency). Those three programs are on BTF raw tracepoints, the other
+  two on classic ones.
   Throughput = requests completed per second.
 - retransmits: a side process keeps SYNs in flight to a listener whose accept queue is full, which the kernel
   drops, so each connect retransmits its SYN until it is closed 3.5 s later (tcp:tcp_retransmit_skb ->
@@ -35,7 +36,11 @@ RESULT keys: throughput_loss = mean of the paired losses (fraction; goal <= 0.03
 interval as lo..hi (mean ± t(0.975, rounds-1) * sd / sqrt(rounds)); rounds = number of pairs; rps_without /
 rps_with = mean req/s of the workload in each arm; loss_sd = the paired losses' standard deviation;
 loss_at_equal_cpu / ci95_at_equal_cpu = the same from requests per CPU-second left to the workload;
-goal_met = whether ci95's upper end is <= 0.03. The lines before it give, per program, the events it saw in
+program_runs_per_request / program_ns_per_request = BPF program runs per request, and ns spent in them, over a
+last COST_S seconds with every program attached and kernel.bpf_stats_enabled (the kernel's own count; its clock
+reads per run are included, entering the program is not); cpu_ns_per_request = the CPU-ns one request takes
+without the probes (CPUs / rps_without), the scale for the two before it; goal_met = whether ci95's upper end
+is <= 0.03. The lines before it give, per program, the events it saw in
 the "with" windows beside what the workload did in them; the bench exits 1 if a program saw none.
 BENCH_ROUNDS (pairs, default 180) and BENCH_ROUND_S (seconds per window, default 1): about 7.5 minutes.
 """
@@ -43,6 +48,7 @@ BENCH_ROUNDS (pairs, default 180) and BENCH_ROUND_S (seconds per window, default
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import math
 import mmap
 import multiprocessing as mp
@@ -61,7 +67,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from chaoskit.errors import PreflightError
+from chaoskit.probes.btf_programs import bpf_syscall
 from chaoskit.probes.ebpf import PROGRAMS, EbpfProbe, EbpfProbeSpec
+from chaoskit.probes.kernel_btf import STRUCT, KernelBtf
 from chaoskit.targets.cgroups import MemHierarchy, find_mem_hierarchy
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "180"))
@@ -78,6 +86,9 @@ GOAL = 0.03
 REQ, READS, SYNS, OOMS = 0, CLIENTS, CLIENTS + SERVERS, CLIENTS + SERVERS + 1
 SLOTS = CLIENTS + SERVERS + 2
 PF_KTHREAD = 0x00200000
+COST_S = 5.0  # the per-program cost phase, after the rounds
+STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+BPF_OBJ_GET_INFO_BY_FD = 15
 
 
 # ---------------------------------------------------------------- the workload (forked processes)
@@ -330,6 +341,58 @@ async def window(w: Workload, probes: list[EbpfProbe]) -> Window:
     return Window(did.requests / (t1 - t0), did.requests / left, did, seen)
 
 
+# ---------------------------------------------------------------- what each program costs, as the kernel counts it
+
+class InfoAttr(ctypes.Structure):
+    _fields_ = [("bpf_fd", ctypes.c_uint32), ("info_len", ctypes.c_uint32), ("info", ctypes.c_uint64)]
+
+
+def program_fds(p: EbpfProbe) -> dict[str, int]:
+    """The probe's loaded programs by name: its BTF raw tracepoint ones and the classic ones bcc attached."""
+    out = {name.decode(): fd for name, fd in p.btf_programs.progs.items()}
+    for tp in p.tracepoints:
+        fn = b"tracepoint__" + tp.replace(b":", b"__")
+        out[fn.decode()] = p.bpf.funcs[fn].fd
+    return out
+
+
+def run_stats(fd: int, btf: KernelBtf) -> tuple[int, int]:
+    """(runs, ns spent in them) of a loaded program: bpf_prog_info's run_cnt and run_time_ns, which the kernel
+    keeps while kernel.bpf_stats_enabled is 1."""
+    size = btf.size(btf.by_name[(STRUCT, "bpf_prog_info")])
+    buf = ctypes.create_string_buffer(size)
+    bpf_syscall(BPF_OBJ_GET_INFO_BY_FD, InfoAttr(bpf_fd=fd, info_len=size, info=ctypes.addressof(buf)))
+    (count_at, _), (time_at, _) = btf.member("bpf_prog_info", "run_cnt"), btf.member("bpf_prog_info", "run_time_ns")
+    return struct.unpack_from("<Q", buf, count_at)[0], struct.unpack_from("<Q", buf, time_at)[0]
+
+
+async def program_costs(w: Workload, probes: list[EbpfProbe]) -> tuple[float, float]:
+    """Runs per request and ns per run of every program over COST_S seconds of the workload, all attached, as the
+    kernel counts them with kernel.bpf_stats_enabled (whose own two clock reads per run are in its ns: a phase
+    of its own, after the rounds); printed per program. Returns the totals per request (runs, ns)."""
+    btf, previous = KernelBtf.load(), STATS_SYSCTL.read_text().strip()
+    fds = {name: fd for p in probes for name, fd in program_fds(p).items()}
+    for p in probes:
+        p.attach()
+    STATS_SYSCTL.write_text("1")
+    try:
+        before, c0 = {n: run_stats(fd, btf) for n, fd in fds.items()}, w.snapshot()
+        await asyncio.sleep(COST_S)
+        after, c1 = {n: run_stats(fd, btf) for n, fd in fds.items()}, w.snapshot()
+    finally:
+        STATS_SYSCTL.write_text(previous)
+        for p in probes:
+            p.detach()
+    requests = max((c1 - c0).requests, 1)
+    print(f"what each program cost over {COST_S:g} s ({requests} requests; kernel.bpf_stats_enabled):")
+    runs_total = ns_total = 0
+    for name in fds:
+        runs, ns = after[name][0] - before[name][0], after[name][1] - before[name][1]
+        runs_total, ns_total = runs_total + runs, ns_total + ns
+        print(f"  {name:40s} {runs / requests:6.2f} runs per request  {ns / max(runs, 1):7.1f} ns per run")
+    return runs_total / requests, ns_total / requests
+
+
 def t_quantile(q: float, df: int) -> float:
     """Student's t quantile (q > 0.5): bisection on the CDF, integrated by Simpson's rule."""
     c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
@@ -352,6 +415,11 @@ def interval(losses: list[float]) -> tuple[float, float, float]:
         return m, math.nan, math.nan
     half = t_quantile(0.975, len(losses) - 1) * statistics.stdev(losses) / math.sqrt(len(losses))
     return m, m - half, m + half
+
+
+async def measure_all(w: Workload, probes: list[EbpfProbe]) -> tuple[list[Window], list[Window], tuple[float, float]]:
+    without, with_ = await rounds(w, probes)
+    return without, with_, await program_costs(w, probes)
 
 
 async def rounds(w: Workload, probes: list[EbpfProbe]) -> tuple[list[Window], list[Window]]:
@@ -381,7 +449,7 @@ def report_events(with_: list[Window]) -> list[str]:
             "tcp_connect_latency": f"{did.requests} requests, one new connection each",
             "oom_kills": f"{did.ooms} children OOM-killed in the 32 MiB cgroup",
             "block_io_latency": f"{did.reads} O_DIRECT reads of the loop device",
-            "runqueue_latency": "every wakeup on the host"}
+            "runqueue_latency": "every switch to a task that was queued, on the host"}
     print(f"events seen by each program in the {len(with_)} 'with' windows ({len(with_) * ROUND_S:.0f} s):")
     for name, n in zip(PROGRAMS, seen, strict=True):
         print(f"  {name:20s} {n:10d}   (workload: {what[name]})")
@@ -398,7 +466,7 @@ def main() -> None:
             w.start()
             probes = compile_probes()
             time.sleep(WARMUP_S)
-            without, with_ = asyncio.run(rounds(w, probes))
+            without, with_, (runs, program_ns) = asyncio.run(measure_all(w, probes))
         except PreflightError as e:
             sys.exit(f"ebpf_overhead: {e}")
         finally:
@@ -416,7 +484,9 @@ def main() -> None:
     rps_off, rps_on = statistics.mean(x.rps for x in without), statistics.mean(x.rps for x in with_)
     print(f"RESULT throughput_loss={loss:.4f} ci95={lo:.4f}..{hi:.4f} rounds={len(with_)} rps_without={rps_off:.1f} "
           f"rps_with={rps_on:.1f} loss_sd={sd:.4f} loss_at_equal_cpu={cpu_loss:.4f} "
-          f"ci95_at_equal_cpu={cpu_lo:.4f}..{cpu_hi:.4f} goal_met={str(hi <= GOAL).lower()}")
+          f"ci95_at_equal_cpu={cpu_lo:.4f}..{cpu_hi:.4f} program_runs_per_request={runs:.2f} "
+          f"program_ns_per_request={program_ns:.0f} cpu_ns_per_request={os.cpu_count() * 1e9 / rps_off:.0f} "
+          f"goal_met={str(hi <= GOAL).lower()}")
 
 
 if __name__ == "__main__":

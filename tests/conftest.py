@@ -105,6 +105,15 @@ def no_kube_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
+@pytest.fixture
+def cluster(api, tmp_path: Path):
+    """The targets.kube.ClusterRef of the test module's `api` fixture (a FakeKubeApi whose kubeconfig it wrote
+    to tmp_path/kubeconfig)."""
+    from chaoskit.targets.kube import KubeCluster, resolve_cluster
+
+    return resolve_cluster(KubeCluster(kubeconfig=str(tmp_path / "kubeconfig")))
+
+
 FAKE_GPU_TOTAL = 4 << 30
 
 

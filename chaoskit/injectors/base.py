@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from chaoskit.targets.cgroups import Hierarchy
     from chaoskit.targets.local import LocalTarget
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -60,6 +62,13 @@ class Injector(ABC):
         if self.ctx.target is None:
             self.ctx.target = self.resolve_target()
         return self.ctx.target
+
+    def target_as(self, kind: type[T]) -> T:
+        """target(), which is a `kind`: the record this injector's resolve_target returns."""
+        t = self.target()
+        if not isinstance(t, kind):
+            raise TypeError(f"{self.type}: its target is a {type(t).__name__}, not a {kind.__name__}")
+        return t
 
     @classmethod
     def cgroup_hierarchy(cls) -> Hierarchy | None:

@@ -105,13 +105,8 @@ class CpuThrottle(Injector):
     def cgroup_hierarchy(cls) -> CpuHierarchy:
         return find_cpu_hierarchy()
 
-    def _target(self) -> CgroupTarget:
-        t = self.target()
-        assert isinstance(t, CgroupTarget)
-        return t
-
     def preflight(self) -> None:
-        t = self._target()
+        t = self.target_as(CgroupTarget)
         if t.cgroup is None:
             check_targets(self.type, self.spec, target_refs(t), self.spec.describe(), "throttle")
             return
@@ -124,7 +119,7 @@ class CpuThrottle(Injector):
     def plan(self) -> list[str]:
         s = self.spec
         try:
-            t = self._target()
+            t = self.target_as(CgroupTarget)
         except PreflightError as e:
             return [f"limit {s.describe()} to {s.cpu:g} CPU (no cpu controller here: {e})"]
         hier = CpuHierarchy.from_json(t.hierarchy)
@@ -147,7 +142,7 @@ class CpuThrottle(Injector):
         return lines
 
     def prepare(self) -> dict[str, Any]:
-        t = self._target()
+        t = self.target_as(CgroupTarget)
         hier = CpuHierarchy.from_json(t.hierarchy)
         if t.cgroup is not None:  # its own limit, with the one it had before
             return {"hierarchy": t.hierarchy, "cgroup": t.cgroup, "dedicated": False, "quota": self.spec.quota_us(),

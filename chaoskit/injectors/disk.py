@@ -101,13 +101,8 @@ class DiskThrottle(Injector):
                 continue
         return CgroupTarget(hier.to_json(), f"{s.pid or s.name}", tuple(procs))
 
-    def _target(self) -> CgroupTarget:
-        t = self.target()
-        assert isinstance(t, CgroupTarget)
-        return t
-
     def preflight(self) -> None:
-        t, dev = self._target(), self._device()
+        t, dev = self.target_as(CgroupTarget), self._device()
         # a path through a process's root (a pod's container, from its node's helper): the node's / is PID 1's
         node_root = "/proc/1/root" if self.spec.path.startswith("/proc/") else "/"
         if not self.spec.allow_host:
@@ -128,7 +123,7 @@ class DiskThrottle(Injector):
         dev = self._device()
         lim = ", ".join(f"{k}={format_size(int(v)) + '/s' if k.endswith('bps') else v}"
                         for k, v in self.spec.limits().items())
-        t = self._target()
+        t = self.target_as(CgroupTarget)
         if t.cgroup is not None:
             who = f"cgroup {self.spec.cgroup} (previous limit lines restored on revert)"
         else:
@@ -137,7 +132,7 @@ class DiskThrottle(Injector):
         return [dev.describe(), f"limit {lim} on {dev.disk} for {who}"]
 
     def prepare(self) -> dict[str, Any]:
-        t, dev = self._target(), self._device()
+        t, dev = self.target_as(CgroupTarget), self._device()
         hier = IoHierarchy.from_json(t.hierarchy)
         rec: dict[str, Any] = {"hierarchy": t.hierarchy, "dev": dev.disk, "limits": self.spec.limits()}
         if t.cgroup is not None:

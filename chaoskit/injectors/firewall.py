@@ -131,15 +131,10 @@ class _Firewall(Injector):
     def resolve_target(self) -> NetnsTarget:
         return resolve_namespace(self.spec.target, self.spec.allow_host, self.type)
 
-    def _target(self) -> NetnsTarget:
-        t = self.target()
-        assert isinstance(t, NetnsTarget)
-        return t
-
     def preflight(self) -> None:
         if os.geteuid() != 0:
             raise PreflightError(f"{self.type} needs root (CAP_NET_ADMIN)")
-        t = self._target()
+        t = self.target_as(NetnsTarget)
         try:
             nftables.tables(t.ns_path)
         except (nftables.NftError, OSError) as e:
@@ -150,7 +145,7 @@ class _Firewall(Injector):
                 f"{self.spec.describe()}; revert deletes the table whole"]
 
     def prepare(self) -> dict[str, Any]:
-        t = self._target()
+        t = self.target_as(NetnsTarget)
         return {"ns": t.ns_path, "ns_inode": t.ns_inode, "table": f"chaoskit_{uuid.uuid4().hex[:12]}"}
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:

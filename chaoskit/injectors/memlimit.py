@@ -104,11 +104,6 @@ class MemoryLimit(Injector):
     def cgroup_hierarchy(cls) -> MemHierarchy:
         return find_mem_hierarchy()
 
-    def _target(self) -> CgroupTarget:
-        t = self.target()
-        assert isinstance(t, CgroupTarget)
-        return t
-
     def _select(self) -> list[ProcessRef]:
         s = self.spec
         refs = s.select()
@@ -131,7 +126,7 @@ class MemoryLimit(Injector):
         if os.geteuid() != 0:
             raise PreflightError("process.memory_limit: needs root (it creates a memory cgroup, moves processes "
                                  "into it and sets oom_score_adj)")
-        t = self._target()
+        t = self.target_as(CgroupTarget)
         if t.cgroup is None:
             check_targets(self.type, self.spec, target_refs(t), self._what(), "limit")
             return
@@ -143,7 +138,7 @@ class MemoryLimit(Injector):
     def plan(self) -> list[str]:
         s = self.spec
         try:
-            t = self._target()
+            t = self.target_as(CgroupTarget)
         except PreflightError as e:
             return [f"limit the memory of {self._what()} ({self._limit_words()}; no memory controller here: {e})"]
         hier = MemHierarchy.from_json(t.hierarchy)
@@ -177,7 +172,7 @@ class MemoryLimit(Injector):
         return [*lines, f"revert: stop the holder if any, and write back {saved}"]
 
     def prepare(self) -> dict[str, Any]:
-        t, s = self._target(), self.spec
+        t, s = self.target_as(CgroupTarget), self.spec
         hier = MemHierarchy.from_json(t.hierarchy)
         token = f"chaoskit-holder-memlimit-{uuid.uuid4().hex}" if s.pressure else None
         if t.cgroup is not None:  # its own limit, with the files it had before

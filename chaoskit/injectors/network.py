@@ -232,8 +232,8 @@ class _TcFault(Injector):
         return resolve(self.spec.target, self.spec.allow_host, self.type)
 
     def _target(self) -> NetnsTarget:
-        t = self.target()
-        assert isinstance(t, NetnsTarget) and t.ifindex is not None
+        t = self.target_as(NetnsTarget)
+        assert t.ifindex is not None  # a qdisc fault's target always names its interface
         return t
 
     def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:

@@ -280,9 +280,7 @@ class ProcessSignal(Injector):
         return ProcessTarget(self._what(), tuple(refs))
 
     def _targets(self) -> list[ProcessRef]:
-        t = self.target()
-        assert isinstance(t, ProcessTarget)
-        return list(t.processes)
+        return list(self.target_as(ProcessTarget).processes)
 
     def _what(self) -> str:
         return describe_selector(self.spec.pid, self.spec.name, self.spec.child_of)

@@ -320,6 +320,18 @@ class FakeKubeApi:
         raise ApiError(404, "NotFound", f"the fake has no {method} {path}")
 
 
+HELPER_RUN = "20261203-1200-kube-Helper_Test"  # a run id that is not a DNS label as it stands
+
+
+def helper_placement(cluster: Any, **kw: Any) -> Any:
+    """A k8s-helper placement for one fault on node-7 of the fake cluster (a targets.kube.ClusterRef), run
+    HELPER_RUN, key k1."""
+    from chaoskit.executors.k8s_helper import HelperPlacement
+
+    return HelperPlacement(cluster=cluster.to_json(), node="node-7", run_id=HELPER_RUN,
+                           image="registry.local/chaoskit:0.9", key="k1", **kw)
+
+
 def run_pod_here(pod: Obj) -> subprocess.Popen[str]:
     """A FAKE kubelet for helper pods: what a node would run, run on this host — the pod's command (the real
     `python -m chaoskit.agent`) with its environment, as a process whose output is the pod's log."""

@@ -16,15 +16,14 @@ from kubernetes import client
 from chaoskit.engine.ledger import Ledger
 from chaoskit.engine.rollback import rollback
 from chaoskit.executors import get_executor
-from chaoskit.executors.k8s_helper import HelperPlacement, K8sHelperExecutor, replay_cluster
+from chaoskit.executors.k8s_helper import K8sHelperExecutor, replay_cluster
 from chaoskit.executors.revert_store import RevertStore
 from chaoskit.injectors.process import ProcessSignal
-from chaoskit.targets.kube import ClusterRef, KubeCluster, api_client, resolve_cluster
+from chaoskit.targets.kube import api_client
 from chaoskit.targets.process import proc_ref
 from tests.conftest import ROOT, proc_state, wait_for
-from tests.helpers.fake_kube import FakeKubeApi, run_pod_here
-
-RUN = "20261203-1200-kube-Helper_Test"
+from tests.helpers.fake_kube import HELPER_RUN as RUN
+from tests.helpers.fake_kube import FakeKubeApi, helper_placement, run_pod_here
 
 
 @pytest.fixture
@@ -33,16 +32,6 @@ def api(tmp_path):
         fake.kubelet = run_pod_here
         fake.write_kubeconfig(tmp_path / "kubeconfig")
         yield fake
-
-
-@pytest.fixture
-def cluster(api, tmp_path) -> ClusterRef:
-    return resolve_cluster(KubeCluster(kubeconfig=str(tmp_path / "kubeconfig")))
-
-
-def placement(cluster: ClusterRef, **kw) -> HelperPlacement:
-    return HelperPlacement(cluster=cluster.to_json(), node="node-7", run_id=RUN, image="registry.local/chaoskit:0.9",
-                           key="k1", **kw)
 
 
 @pytest.fixture
@@ -56,7 +45,7 @@ def _helper_pods(api: FakeKubeApi) -> list:
 
 
 def test_apply_and_rollback_through_the_helper_and_the_ledger(api, cluster, sleeper, sigstop, tmp_path):
-    hp = placement(cluster)
+    hp = helper_placement(cluster)
     ledger = Ledger.create("helper-run", "x", tmp_path)
     record = sigstop.prepare()
     entry_id = ledger.intent(sigstop.type, record, sigstop.plan(), executor="k8s-helper", placement=hp.to_json())
@@ -79,7 +68,7 @@ def test_apply_and_rollback_through_the_helper_and_the_ledger(api, cluster, slee
 
 
 def test_after_a_crash_the_cluster_alone_is_enough_to_roll_back(api, cluster, sleeper, sigstop):
-    K8sHelperExecutor().apply(sigstop, sigstop.prepare(), placement(cluster).to_json())
+    K8sHelperExecutor().apply(sigstop, sigstop.prepare(), helper_placement(cluster).to_json())
     wait_for(lambda: proc_state(sleeper.pid) == "T")
     # the run's host is gone with its ledger; from "another machine" with a kubeconfig:
     assert replay_cluster(cluster) == [("k1", None)]
@@ -104,7 +93,7 @@ def test_agent_cli_reads_stdin_and_answers_one_json_line(sleeper):
 
 def test_rollback_cluster_command_finishes_the_job_from_another_machine(api, cluster, sleeper, sigstop, tmp_path,
                                                                          state_dir):
-    K8sHelperExecutor().apply(sigstop, sigstop.prepare(), placement(cluster).to_json())
+    K8sHelperExecutor().apply(sigstop, sigstop.prepare(), helper_placement(cluster).to_json())
     wait_for(lambda: proc_state(sleeper.pid) == "T")
     cli = [sys.executable, "-m", "chaoskit", "rollback", "--cluster", "--kubeconfig", str(tmp_path / "kubeconfig")]
     env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state_dir)}

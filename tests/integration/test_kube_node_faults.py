@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 from kubernetes import client
@@ -87,6 +88,19 @@ def pods():
         pair.close()
 
 
+@contextmanager
+def web_pods(containers: list, tmp_path, run_helpers: bool = True) -> Iterator[tuple[FakeKubeApi, str]]:
+    """FakeKubeApi with pods web-0 (node-a) and web-1 (node-b) of app=web in prod, whose containers are the
+    stand-ins; the helper pods asked for run on this host (unless not run_helpers). Yields it and the path of
+    its kubeconfig."""
+    with FakeKubeApi() as api:
+        if run_helpers:
+            api.kubelet = run_pod_here
+        for i, c in enumerate(containers):
+            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
+        yield api, str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+
+
 def chaoskit_tables(pair: Pair, ns: str) -> list[str]:
     return [x["table"]["name"] for x in pair.ruleset(ns) if "table" in x and x["table"]["name"].startswith("chaoskit")]
 
@@ -115,12 +129,9 @@ def test_the_agent_finds_a_containers_processes_by_its_cri_id(pods):
 
 def test_partition_and_sigstop_of_pods_run_in_helper_pods_and_are_reverted(tmp_path, state_dir, pods, monkeypatch):
     pair, containers = pods
-    with FakeKubeApi() as api:
-        api.kubelet = run_pod_here
+    with web_pods(containers, tmp_path) as (api, kubeconfig):
         api.recreate_deleted = api.keep_container_ids = True
-        for i, c in enumerate(containers):
-            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
-        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.setenv("KUBECONFIG", kubeconfig)
         out_dir = tmp_path / "out"
         run = chaoskit("run", str(write(tmp_path / "exp.yaml", EXPERIMENT)), "--plain", "--out", str(out_dir),
                        state=state_dir)
@@ -158,10 +169,8 @@ def test_partition_and_sigstop_of_pods_run_in_helper_pods_and_are_reverted(tmp_p
 
 def test_a_dry_run_plans_helper_pods_per_chosen_pod_and_creates_none(tmp_path, state_dir, pods, monkeypatch):
     _, containers = pods
-    with FakeKubeApi() as api:
-        for i, c in enumerate(containers):
-            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
-        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    with web_pods(containers, tmp_path, run_helpers=False) as (api, kubeconfig):
+        monkeypatch.setenv("KUBECONFIG", kubeconfig)
         run = chaoskit("run", str(write(tmp_path / "exp.yaml", EXPERIMENT)), "--plain", "--dry-run", state=state_dir)
         out, err = run.communicate(timeout=120)
         assert run.returncode == 0, (out, err)
@@ -181,11 +190,7 @@ def test_cpu_throttle_of_pods_limits_each_containers_own_cgroup(tmp_path, pods):
     cgroups = [container_cgroup(hier.root, c.container_id) for c in containers]
     assert [cg.name for cg in cgroups] == [f"cri-containerd-{c.id}.scope" for c in containers]
     before = [hier.read_limit(cg) for cg in cgroups]
-    with FakeKubeApi() as api:
-        api.kubelet = run_pod_here
-        for i, c in enumerate(containers):
-            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
-        kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+    with web_pods(containers, tmp_path) as (api, kubeconfig):
         spec = CpuThrottle.Spec.model_validate({"type": "process.cpu_throttle", "cpu": 0.25, "kubernetes": {
             "namespace": "prod", "selector": {"app": "web"}, "mode": "all", "kubeconfig": kubeconfig}})
         inj, executor = CpuThrottle(spec, FaultContext(lifetime_s=600.0, run_id="cpu-test")), K8sHelperExecutor()
@@ -211,13 +216,10 @@ def test_memory_limit_of_pods_limits_each_containers_own_cgroup(tmp_path, pods):
     hier = find_mem_hierarchy()
     cgroups = [container_cgroup(hier.root, c.container_id) for c in containers]
     before = [hier.limit_files(cg) for cg in cgroups]
-    with FakeKubeApi() as api:
-        api.kubelet = run_pod_here
-        for i, c in enumerate(containers):
-            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
+    with web_pods(containers, tmp_path) as (api, kubeconfig):
         spec = MemoryLimit.Spec.model_validate({"type": "process.memory_limit", "limit": "64MiB", "kubernetes": {
             "namespace": "prod", "selector": {"app": "web"}, "mode": "all",
-            "kubeconfig": str(api.write_kubeconfig(tmp_path / "k"))}})
+            "kubeconfig": kubeconfig}})
         inj, executor = MemoryLimit(spec, FaultContext(lifetime_s=600.0, run_id="mem-test")), K8sHelperExecutor()
         place(inj)
         record = executor.apply(inj, executor.prepare(inj), inj.ctx.placement)
@@ -240,16 +242,13 @@ def test_disk_throttle_of_pods_limits_each_containers_cgroup_on_the_disk_behind_
     hier, disk = find_io_hierarchy(), resolve_path(loopdev).disk
     cgroups = [container_cgroup(hier.root, c.container_id) for c in containers]
     before = [hier.read_limits(cg, disk) for cg in cgroups]
-    with FakeKubeApi() as api:
-        api.kubelet = run_pod_here
-        for i, c in enumerate(containers):
-            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
+    with web_pods(containers, tmp_path) as (api, kubeconfig):
         # allow_host: this host's PID 1 (the VM's init) refuses even root a look at its /proc/1/root, so the
         # node-root guard refuses here; the next test asserts that refusal
         spec = DiskThrottle.Spec.model_validate({"type": "disk.throttle", "path": loopdev, "rbps": "1MiB",
                                                  "allow_host": True, "kubernetes": {"namespace": "prod", "selector": {"app": "web"},
                                                                 "mode": "all",
-                                                                "kubeconfig": str(api.write_kubeconfig(tmp_path / "k"))}})
+                                                                "kubeconfig": kubeconfig}})
         inj, executor = DiskThrottle(spec, FaultContext(lifetime_s=600.0, run_id="disk-test")), K8sHelperExecutor()
         place(inj)
         record = executor.apply(inj, executor.prepare(inj), inj.ctx.placement)
@@ -280,11 +279,7 @@ def test_the_root_disk_guard_on_a_node_does_not_fail_open(loopdev):
 
 def test_a_holding_helper_reverts_at_its_deadline_and_on_sigterm_without_chaoskit(tmp_path, pods):
     pair, containers = pods
-    with FakeKubeApi() as api:
-        api.kubelet = run_pod_here
-        for i, c in enumerate(containers):
-            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
-        kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+    with web_pods(containers, tmp_path) as (api, kubeconfig):
         spec = Partition.Spec.model_validate({"type": "network.partition", "ports": [PORT], "target": {
             "kubernetes": {"namespace": "prod", "selector": {"app": "web"}, "mode": "all", "kubeconfig": kubeconfig}}})
         executor = K8sHelperExecutor()

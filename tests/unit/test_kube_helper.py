@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from chaoskit.executors.k8s_helper import REQUEST_ENV, HelperFailed, HelperPlacement, K8sHelperExecutor, helper_pod
+from chaoskit.executors.k8s_helper import REQUEST_ENV, HelperFailed, K8sHelperExecutor, helper_pod
 from chaoskit.executors.revert_store import RevertStore, configmap_name, dns_label
-from chaoskit.targets.kube import ClusterRef, KubeCluster, api_client, resolve_cluster
-from tests.helpers.fake_kube import FakeKubeApi
-
-RUN = "20261203-1200-kube-Helper_Test"
+from chaoskit.targets.kube import api_client
+from tests.helpers.fake_kube import HELPER_RUN as RUN
+from tests.helpers.fake_kube import FakeKubeApi, helper_placement
 
 
 @pytest.fixture
@@ -21,18 +20,8 @@ def api(tmp_path):
         yield fake
 
 
-@pytest.fixture
-def cluster(api, tmp_path) -> ClusterRef:
-    return resolve_cluster(KubeCluster(kubeconfig=str(tmp_path / "kubeconfig")))
-
-
-def placement(cluster: ClusterRef, **kw) -> HelperPlacement:
-    return HelperPlacement(cluster=cluster.to_json(), node="node-7", run_id=RUN, image="registry.local/chaoskit:0.9",
-                           key="k1", **kw)
-
-
 def test_helper_pod_spec_exactly(cluster):
-    hp = placement(cluster, deadline_s=90)
+    hp = helper_placement(cluster, deadline_s=90)
     pod = client.ApiClient().sanitize_for_serialization(
         helper_pod("revert", "network.netem", {"type": "network.netem", "record": {"dev": "eth0"}}, hp))
     assert pod["metadata"]["namespace"] == "chaoskit"
@@ -61,20 +50,20 @@ def test_helper_pod_spec_exactly(cluster):
 
 def test_a_cgroup_fault_gets_the_host_cgroup_tree_and_no_network_capability(cluster):
     pod = client.ApiClient().sanitize_for_serialization(
-        helper_pod("apply", "process.cpu_throttle", {"type": "process.cpu_throttle"}, placement(cluster)))
+        helper_pod("apply", "process.cpu_throttle", {"type": "process.cpu_throttle"}, helper_placement(cluster)))
     (c,) = pod["spec"]["containers"]
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert c["volumeMounts"][1:] == [{"name": "host-0", "mountPath": "/sys/fs/cgroup"}]
     assert pod["spec"]["volumes"][1:] == [{"name": "host-0", "hostPath": {"path": "/sys/fs/cgroup",
                                                                           "type": "Directory"}}]
-    unknown = client.ApiClient().sanitize_for_serialization(helper_pod("apply", "disk.fill", {}, placement(cluster)))
+    unknown = client.ApiClient().sanitize_for_serialization(helper_pod("apply", "disk.fill", {}, helper_placement(cluster)))
     assert unknown["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_a_gpu_fault_gets_the_nodes_gpus_through_the_container_toolkit(cluster):
     """Every GPU of the node (the agent picks the target container's), the runtime class asked for, SYS_PTRACE
     to read the target's environment and /dev, and memory for a CUDA context; no GPU for the other faults."""
-    hp = placement(cluster, runtime_class="nvidia")
+    hp = helper_placement(cluster, runtime_class="nvidia")
     pod = client.ApiClient().sanitize_for_serialization(
         helper_pod("apply", "gpu.memory_pressure", {"type": "gpu.memory_pressure"}, hp))
     (c,) = pod["spec"]["containers"]
@@ -109,7 +98,7 @@ def test_revert_store_round_trip_and_cleanup(api, cluster):
 def test_a_failing_helper_is_a_loud_error_and_is_still_deleted(api, cluster):
     api.kubelet = lambda pod: ("Failed", '{"error": "RuntimeError: no such qdisc"}\n')
     with pytest.raises(HelperFailed, match=r"on node node-7: revert network.netem Failed: RuntimeError: no such qdisc"):
-        K8sHelperExecutor().revert("network.netem", {"dev": "eth0"}, placement(cluster).to_json())
+        K8sHelperExecutor().revert("network.netem", {"dev": "eth0"}, helper_placement(cluster).to_json())
     assert api.state.pods == {} and [r.method for r in api.requests if "/pods" in r.path][-1] == "DELETE"
 
 
