@@ -6,10 +6,14 @@ machine, and it fires only two of the five programs (sched and socket-state even
 tracepoint program is paid per event, so the bench runs a workload that is dense in exactly the events the
 programs in bpf/ trace, which makes the loss measured here an upper bound for a service that produces fewer
 events per unit of work:
-- requests: CLIENTS closed-loop client processes each open a NEW TCP connection per request to SERVERS forked
-  server processes on 127.0.0.1 (inet_sock_set_state -> tcp_connect_latency; the client aborts with RST
+- requests: PAIRS closed-loop client processes each open a NEW TCP connection per request to their own forked
+  server process on 127.0.0.1, pair i pinned to CPU i (inet_sock_set_state -> tcp_connect_latency; unpinned,
+  where the scheduler happens to put four busy processes on two CPUs moved the throughput by ~15% from window
+  to window: sd of the pair loss 0.146 at 1 s windows and 0.219 at 0.25 s, against 0.048 pinned; pinned, a
+  request takes ~70 us of CPU instead of ~120 us, so the same per-event cost is a larger share of it, which
+  keeps this an upper bound); the client aborts with RST
   after the reply, so no TIME_WAIT piles up); every request makes the server do one 4 KiB O_DIRECT read of a
-  loop device backed by a temp file (block_rq_issue/complete -> block_io_latency); the hand-offs between
+  loop device backed by a temp file (block_rq_complete -> block_io_latency); the hand-offs between
   the processes and the loop device's kernel worker are wakeups and context switches (sched_switch of a task
   that waited on a run queue -> runqueue_latency). Those three programs are on BTF raw tracepoints, the other
   two on classic ones.
@@ -24,10 +28,8 @@ The probes are unfiltered (the default, and the most work per event). They are c
 window has their tracepoints detached (the programs stay loaded, which costs nothing) and no sampling, a "with"
 window has them attached and every probe's measure() called every SAMPLE_S. The workload runs continuously;
 a round is a window of its request counter. Pair i is (without, with) for even i and (with, without) for odd i,
-which cancels linear drift; its loss is 1 - rps_with / rps_without. Windows are short (1 s) and many: this
-host's noise is slow (with no probes in either arm, adjacent windows differ by about as much at 0.25 s as at
-4 s: sd of the pair loss 0.14 for 1 s windows and 0.11 for 4 s ones in one calibration), so for the same
-running time short pairs give a CI about 1.5 times narrower. Other people's processes on the host take
+which cancels linear drift; its loss is 1 - rps_with / rps_without. Windows are short (1 s) and many. Other
+people's processes on the host take
 CPU at random moments; the same loss is also given per CPU-second left to the workload (the window's CPUs x
 seconds minus what other user-space processes and the hypervisor's steal took, from /proc), which that noise
 does not move.
@@ -76,8 +78,8 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "180"))
 ROUND_S = float(os.environ.get("BENCH_ROUND_S", "1"))
 WARMUP_S = 3.0
 SAMPLE_S = 1.0
-CLIENTS = 2
-SERVERS = 2
+PAIRS = 2  # client/server pairs, pair i pinned to CPU i
+CLIENTS = SERVERS = PAIRS
 BLOCK = 4096
 DISK_BYTES = 64 << 20
 OOM_LIMIT = 32 << 20
@@ -120,6 +122,14 @@ def request_loop(addr: tuple[str, int], counts, slot: int) -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, abort)
         s.close()
         counts[slot] += 1
+
+
+def pinned(pair: int, fn, *args) -> None:
+    """Run fn on CPU `pair` (mod the CPUs there are): client i and server i share a CPU, so which processes the
+    scheduler happens to put together, which moves throughput by a tenth from second to second unpinned, is
+    the same in every window."""
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[pair % len(os.sched_getaffinity(0))]})
+    fn(*args)
 
 
 def oom_child(cgroup: Path) -> None:
@@ -188,15 +198,17 @@ class Workload:
         self.mem.write_limit(self.cgroup, OOM_LIMIT)
         ctx = mp.get_context("fork")
         self.counts = ctx.Array("q", SLOTS, lock=False)
-        listener = socket.create_server(("127.0.0.1", 0), backlog=512)
+        listeners = [socket.create_server(("127.0.0.1", 0), backlog=512) for _ in range(PAIRS)]
         self.commands, theirs = ctx.Pipe()
-        targets = [(serve, (listener, self.dev, self.counts, READS + i)) for i in range(SERVERS)]
-        targets += [(request_loop, (listener.getsockname(), self.counts, REQ + i)) for i in range(CLIENTS)]
+        targets = [(pinned, (i, serve, listeners[i], self.dev, self.counts, READS + i)) for i in range(PAIRS)]
+        targets += [(pinned, (i, request_loop, listeners[i].getsockname(), self.counts, REQ + i))
+                    for i in range(PAIRS)]
         targets.append((side_events, (self.cgroup, theirs, self.counts)))
         for fn, args in targets:
             self.procs.append(ctx.Process(target=fn, args=args, daemon=True))
             self.procs[-1].start()
-        listener.close()
+        for listener in listeners:
+            listener.close()
 
     def snapshot(self) -> Counts:
         c = list(self.counts)

@@ -1,11 +1,18 @@
-/* block_io_latency: issue -> complete per request (block_rq_issue / block_rq_complete, as BTF raw
- * tracepoints), microseconds, matched by the request's address. FILTER_DEV keeps one device (the kernel's dev_t:
- * major << 20 | minor, from rq->q->disk as the block tracepoints compute it); FILTER_CGROUP keeps requests
- * issued from that cgroup v2 id (direct and synchronous I/O are issued by the process itself). RQ_Q, Q_DISK,
- * DISK_MAJOR, DISK_FIRST_MINOR: member offsets from the kernel's BTF. */
+/* block_io_latency: per request, from when the block layer took it (request.start_time_ns, stamped at allocation
+ * wherever the device keeps I/O statistics, `queue/iostats`) to its completion (block_rq_complete, a BTF raw
+ * tracepoint), in microseconds: the time each I/O took as iostat's r_await / w_await average it, queueing in the
+ * I/O scheduler included, so a window's waits add up to what /proc/diskstats' time reading and writing grew by.
+ * One program run per request, on the completion; a request without the stamp (a device with iostats off and no
+ * I/O scheduler) is not timed. FILTER_DEV keeps one device (the kernel's dev_t: major << 20 | minor, from
+ * rq->q->disk as the block tracepoints compute it). FILTER_CGROUP keeps requests issued from that cgroup v2 id
+ * (direct and synchronous I/O are issued by the process itself): only then does block_rq_issue run too, to mark
+ * the requests issued from it. RQ_Q, Q_DISK, DISK_MAJOR, DISK_FIRST_MINOR, RQ_START_TIME_NS: member offsets
+ * from the kernel's BTF. */
 #include "hist.h"
 #include "tp_btf.h"
+#if FILTER_CGROUP
 #include "pending.h"
+#endif
 
 BPF_PERCPU_ARRAY(hist, u64, CK_BUCKETS);
 
@@ -19,25 +26,33 @@ static __always_inline u32 rq_dev(u64 rq) {
 }
 #endif
 
+#if FILTER_CGROUP
 TP_BTF(block_rq_issue) { /* (rq) */
     u64 rq = ctx[0];
 #if FILTER_DEV
     if (rq_dev(rq) != FILTER_DEV)
         return 0;
 #endif
-#if FILTER_CGROUP
-    if (bpf_get_current_cgroup_id() != FILTER_CGROUP)
-        return 0;
-#endif
-    pending_put(pending_key(rq), bpf_ktime_get_ns());
+    if (bpf_get_current_cgroup_id() == FILTER_CGROUP)
+        pending_put(pending_key(rq), 1);
     return 0;
 }
+#endif
 
 TP_BTF(block_rq_complete) { /* (rq, error, nr_bytes) */
-    u64 ts = pending_take(pending_key(ctx[0]));
-    if (!ts)
+    u64 rq = ctx[0];
+#if FILTER_CGROUP
+    if (!pending_take(pending_key(rq)))
         return 0;
-    u32 bucket = ck_bucket((bpf_ktime_get_ns() - ts) / 1000);
+#elif FILTER_DEV
+    if (rq_dev(rq) != FILTER_DEV)
+        return 0;
+#endif
+    u64 start = CK_MEMBER(u64, rq, RQ_START_TIME_NS);
+    u64 now = bpf_ktime_get_ns();
+    if (!start || now < start)
+        return 0;
+    u32 bucket = ck_bucket((now - start) / 1000);
     u64 *n = hist.lookup(&bucket);
     if (n)
         *n += 1;

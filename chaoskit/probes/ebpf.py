@@ -35,7 +35,8 @@ MEMBERS: dict[str, dict[str, tuple[str, str, int]]] = {
     "tcp_connect_latency": {"SK_PROTOCOL": ("sock", "sk_protocol", 2), "SK_DPORT": ("sock", "__sk_common.skc_dport", 2),
                             "INET_SADDR": ("inet_sock", "inet_saddr", 4)},
     "block_io_latency": {"RQ_Q": ("request", "q", 8), "Q_DISK": ("request_queue", "disk", 8),
-                         "DISK_MAJOR": ("gendisk", "major", 4), "DISK_FIRST_MINOR": ("gendisk", "first_minor", 4)},
+                         "DISK_MAJOR": ("gendisk", "major", 4), "DISK_FIRST_MINOR": ("gendisk", "first_minor", 4),
+                         "RQ_START_TIME_NS": ("request", "start_time_ns", 8)},
 }
 RAW_ARGS: dict[str, tuple[tuple[str, int, str], ...]] = {
     "runqueue_latency": (("sched_switch", 2, "struct task_struct *"),),

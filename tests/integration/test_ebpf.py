@@ -194,6 +194,35 @@ def test_block_io_latency_on_a_loop_device(loopdev):
         asyncio.run(p.close())
 
 
+def test_block_io_latency_times_each_request_diskstats_counts(loopdev):
+    """One wait per request /sys/block/DEV/stat counts, from the block layer's stamp to the device's completion:
+    diskstats adds a few microseconds more per request (it also counts the completion's own work), never less."""
+    stat = Path(f"/sys/block/{Path(loopdev).name}/stat")
+
+    def ios_and_ms() -> tuple[int, int]:
+        f = [int(x) for x in stat.read_text().split()]
+        return f[0] + f[4], f[3] + f[7]  # reads + writes completed, ms spent reading + writing
+
+    p = probe("block_io_latency", device=loopdev)
+    reader = subprocess.Popen([sys.executable, str(HELPERS / "direct_reader.py"), loopdev], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        measure(p)
+        ios0, ms0 = ios_and_ms()
+        time.sleep(1.0)
+        v = measure(p)
+        ios1, ms1 = ios_and_ms()
+        more_us = ((ms1 - ms0) * 1000 - v["count"] * v["mean_us"]) / max(v["count"], 1)
+        print(f"\nblock_io_latency {loopdev}: {v}; diskstats: {ios1 - ios0} I/Os, {ms1 - ms0} ms: {more_us:.1f} us "
+              "more per I/O")
+        assert v["count"] > 1000 and abs(v["count"] - (ios1 - ios0)) <= 0.01 * v["count"]  # the reads are apart
+        assert -2 <= more_us <= 25  # -2: diskstats' ms truncated, bucket midpoints
+    finally:
+        reader.kill()
+        reader.wait()
+        asyncio.run(p.close())
+
+
 def test_block_io_latency_filtered_by_cgroup(loopdev):
     root = next((r for r in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
                  if (r / "cgroup.controllers").exists()), None)
