@@ -23,6 +23,16 @@ def hierarchy() -> Path | None:
     return None
 
 
+def hierarchy_or_skip() -> Path:
+    """hierarchy(), or the test is skipped saying why."""
+    import pytest
+
+    root = hierarchy()
+    if root is None:
+        pytest.skip("no writable cgroup hierarchy (/sys/fs/cgroup/pids or the v2 one) for stand-in containers")
+    return root
+
+
 @dataclass
 class StandIn:
     id: str  # the bare container ID (64 hex digits); the pod status says containerd://ID

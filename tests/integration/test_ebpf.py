@@ -204,22 +204,27 @@ def test_block_io_latency_times_each_request_diskstats_counts(loopdev):
         return f[0] + f[4], f[3] + f[7]  # reads + writes completed, ms spent reading + writing
 
     p = probe("block_io_latency", device=loopdev)
-    reader = subprocess.Popen([sys.executable, str(HELPERS / "direct_reader.py"), loopdev], stdout=subprocess.DEVNULL)
+    reader = None
     try:
-        time.sleep(0.3)
-        measure(p)
+        measure(p)  # both windows span the whole reader: nothing else reads the test's loop device
         ios0, ms0 = ios_and_ms()
+        reader = subprocess.Popen([sys.executable, str(HELPERS / "direct_reader.py"), loopdev],
+                                  stdout=subprocess.DEVNULL)
         time.sleep(1.0)
-        v = measure(p)
+        reader.kill()
+        reader.wait()
+        time.sleep(0.1)  # its last read completes
         ios1, ms1 = ios_and_ms()
+        v = measure(p)
         more_us = ((ms1 - ms0) * 1000 - v["count"] * v["mean_us"]) / max(v["count"], 1)
         print(f"\nblock_io_latency {loopdev}: {v}; diskstats: {ios1 - ios0} I/Os, {ms1 - ms0} ms: {more_us:.1f} us "
               "more per I/O")
-        assert v["count"] > 1000 and abs(v["count"] - (ios1 - ios0)) <= 0.01 * v["count"]  # the reads are apart
-        assert -2 <= more_us <= 25  # -2: diskstats' ms truncated, bucket midpoints
+        assert v["count"] > 1000 and abs(v["count"] - (ios1 - ios0)) <= 2  # the read in flight at the kill
+        assert -2 <= more_us <= 50  # -2: diskstats' ms truncated, bucket midpoints; 50: a loaded host
     finally:
-        reader.kill()
-        reader.wait()
+        if reader is not None:
+            reader.kill()
+            reader.wait()
         asyncio.run(p.close())
 
 

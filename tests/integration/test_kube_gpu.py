@@ -29,9 +29,7 @@ pytestmark = pytest.mark.usefixtures("no_kube_env")
 @pytest.fixture
 def gpu_pod():
     """A stand-in container that was given the simulated GPU, as the NVIDIA device plugin gives one."""
-    root = standin_container.hierarchy()
-    if root is None:
-        pytest.skip("no writable cgroup hierarchy (/sys/fs/cgroup/pids or the v2 one) for stand-in containers")
+    root = standin_container.hierarchy_or_skip()
     c = standin_container.start(None, root, env={"NVIDIA_VISIBLE_DEVICES": FAKE_UUID})
     try:
         wait_for(lambda: len(c.pids()) == 2, timeout=10)

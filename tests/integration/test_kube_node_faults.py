@@ -66,9 +66,7 @@ pytestmark = pytest.mark.usefixtures("no_kube_env")
 @pytest.fixture
 def pods():
     """Two pods of app=web, on node-a and node-b: stand-in containers in the two namespaces of a veth pair."""
-    root = standin_container.hierarchy()
-    if root is None:
-        pytest.skip("no writable cgroup hierarchy (/sys/fs/cgroup/pids or the v2 one) for stand-in containers")
+    root = standin_container.hierarchy_or_skip()
     pair = Pair()
     made = []
     also = []  # the container's cpu, memory and io cgroups too, for cpu_throttle, memory_limit and disk.throttle
