@@ -1,7 +1,7 @@
 /* block_io_latency: per request, from when the block layer took it (request.start_time_ns, stamped at allocation
  * wherever the device keeps I/O statistics, `queue/iostats`) to its completion (block_rq_complete, a BTF raw
- * tracepoint), in microseconds: the time each I/O took as iostat's r_await / w_await average it, queueing in the
- * I/O scheduler included, so a window's waits add up to what /proc/diskstats' time reading and writing grew by.
+ * tracepoint), in microseconds, queueing in the I/O scheduler included: one wait per I/O /proc/diskstats counts,
+ * each a few microseconds under the time it adds (iostat's await), which also counts the completion's own work.
  * One program run per request, on the completion; a request without the stamp (a device with iostats off and no
  * I/O scheduler) is not timed. FILTER_DEV keeps one device (the kernel's dev_t: major << 20 | minor, from
  * rq->q->disk as the block tracepoints compute it). FILTER_CGROUP keeps requests issued from that cgroup v2 id
