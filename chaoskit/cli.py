@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from chaoskit import __version__, errors
 from chaoskit.errors import ChaoskitError
+from chaoskit.term import console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Chaos engineering and fault injection for LLM inference services.")
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 
 def _add_subcommands() -> None:
@@ -183,7 +183,7 @@ def run_one(file: Path, args: RunArgs, rec: Outcome) -> int:
     with ExitStack() as deployed:
         if own is not None:
             loaded = _deploy(deployed, own, loaded, file, args, run_id, rec)
-        result, exp = _execute(loaded, args, journal_path, run_id, dry_run_unresolved=own is not None)
+        result, exp = _execute(loaded, args, journal_path, run_id)
         if own is not None and not args.dry_run:
             for sig in (signal.SIGINT, signal.SIGTERM):  # the deployment is stopping: let it finish (≤ 15 s)
                 signal.signal(sig, signal.SIG_IGN)
@@ -202,12 +202,20 @@ def _deploy(deployed: ExitStack, own: Any, loaded: Any, file: Path, args: RunArg
             rec: Outcome) -> Any:
     """Bring up (or reuse) the deployment the experiment declares, inside `deployed`; the experiment loaded
     again with its facts. A dry run starts nothing."""
-    from chaoskit.reference.scenario import deployment_for, describe
+    from chaoskit.reference.scenario import deployment_for, describe, running_facts
     from chaoskit.spec.loader import load_experiment
 
     if args.dry_run:
-        err.print(f"[yellow]note:[/] would start the reference deployment: {describe(own)}", highlight=False)
-        return loaded
+        facts = running_facts(own)
+        if facts is None:
+            err.print(f"[yellow]note:[/] would start the reference deployment: {describe(own)}", highlight=False)
+            return loaded
+        err.print(f"[yellow]note:[/] would reuse the running reference deployment at {facts['url']}: "
+                  f"{describe(own)}", highlight=False)
+        try:
+            return load_experiment(file, args.cli_vars, strict=False, deployed=facts)
+        except ChaoskitError as e:
+            _fail_rec(rec, e)
     signal.signal(signal.SIGTERM, _term_as_interrupt)  # a stop while it starts: stop what started
     try:
         _host_preflight(loaded)
@@ -236,8 +244,9 @@ def _make_view(exp: Any, use_live: bool) -> Any:
     return LiveView(out, exp.metadata.name, {p.name: list(p.flat_expect()) for p in probes}, guards)
 
 
-def _execute(loaded: Any, args: RunArgs, journal_path: Path, run_id: str, dry_run_unresolved: bool) -> tuple[Any, Any]:
-    """Journal, view, runner: run the experiment; (its result, the experiment)."""
+def _execute(loaded: Any, args: RunArgs, journal_path: Path, run_id: str) -> tuple[Any, Any]:
+    """Journal, view, runner: run the experiment; (its result, the experiment). A dry run plans the steps whose
+    target needs facts not known yet as "at run time", never with a stand-in that could select more."""
     from chaoskit.engine.journal import Journal
     from chaoskit.engine.runinfo import experiment_record, host_facts
     from chaoskit.engine.runner import Runner, RunOptions
@@ -251,7 +260,7 @@ def _execute(loaded: Any, args: RunArgs, journal_path: Path, run_id: str, dry_ru
     if not args.dry_run:  # what the report needs besides the events: the experiment as run, the host
         jr.record("experiment", **experiment_record(loaded))
         jr.record("host", **host_facts())
-    unresolved = frozenset(loaded.deferred_steps()) if dry_run_unresolved and args.dry_run else frozenset()
+    unresolved = frozenset(loaded.deferred_steps()) if args.dry_run else frozenset()
     stepper = None
     if args.step:
         from chaoskit.stepper import Stepper

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from chaoskit.errors import ChaoskitError, SpecError
+from chaoskit.term import console
 
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 
 def parse_slo(text: str | None) -> dict[str, str]:

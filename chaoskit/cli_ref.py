@@ -6,16 +6,16 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from chaoskit.errors import ChaoskitError
+from chaoskit.term import console
 
 ref_app = typer.Typer(no_args_is_help=True, help="The bundled reference deployment: real Triton (or vLLM) "
                                                   "replicas behind a latency-stamping gateway.")
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 DIR_OPT = typer.Option(None, "--dir", help="state dir (default $CHAOSKIT_REF_DIR or .chaoskit/ref)")
 

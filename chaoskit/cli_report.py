@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from chaoskit.errors import ChaoskitError
+from chaoskit.term import console
 
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 
 def fail(e: ChaoskitError) -> None:

@@ -23,7 +23,7 @@ def inject_steps(steps: list[Step]) -> list[Step]:
     return out
 
 
-UNRESOLVED = "(planned at run time: its target comes from the deployment the run starts)"
+UNRESOLVED = "(target resolved at run time: it needs facts of a reference deployment that is not running yet)"
 
 
 def plan_faults(method: list[Step], unresolved: frozenset[int] = frozenset(), run_id: str = "") -> tuple[

@@ -111,17 +111,40 @@ def deployment_for(ref: Reference, run_id: str, experiment: str, say: Callable[[
             say(f"could not undo {entry.type} {entry.record}: {why}; `chaoskit rollback --ledger {ledger.path}`")
 
 
+def _own_dir(opts: RefOptions) -> Path:
+    digest = hashlib.sha256(json.dumps(opts.settings(), sort_keys=True).encode()).hexdigest()[:10]
+    return ref_dir().parent / f"ref-{digest}"
+
+
+def _running(opts: RefOptions) -> tuple[Path, dict[str, Any]] | None:
+    """A running deployment with these settings (`chaoskit ref up`'s, else one a scenario left): (dir, facts)."""
+    for d in (ref_dir(), _own_dir(opts)):
+        if (facts := _running_with(d, opts.settings())) is not None:
+            return d, facts
+    return None
+
+
+def running_facts(ref: Reference) -> dict[str, Any] | None:
+    """The facts a run would reuse (running deployments with these settings, the neighbour's under "neighbour",
+    the gateway's health as the run sets it), or None where the run would start one: what a dry run plans
+    against."""
+    found = _running(options(ref))
+    neighbour = _running(options(ref.neighbour)) if ref.neighbour is not None else None
+    if found is None or (ref.neighbour is not None and neighbour is None):
+        return None
+    facts = {**found[1], "health_mode": ref.health}
+    return facts if neighbour is None else {**facts, "neighbour": neighbour[1]}
+
+
 @contextmanager
 def _one(ref: Reference, ledger: Ledger, say: Callable[[str], None]) -> Iterator[dict[str, Any]]:
     opts = options(ref)
-    digest = hashlib.sha256(json.dumps(opts.settings(), sort_keys=True).encode()).hexdigest()[:10]
-    own = ref_dir().parent / f"ref-{digest}"
-    running = [(d, f) for d in (ref_dir(), own) if (f := _running_with(d, opts.settings())) is not None]
+    running = _running(opts)
     if running:
-        with _reused(*running[0], opts, ledger, say) as facts:
+        with _reused(*running, opts, ledger, say) as facts:
             yield facts
     else:
-        with _brought_up(Deployment(own), ref, ledger, say) as facts:
+        with _brought_up(Deployment(_own_dir(opts)), ref, ledger, say) as facts:
             yield facts
 
 

@@ -14,9 +14,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from chaoskit.errors import SpecError
-from chaoskit.spec.models import Experiment
+from chaoskit.spec.models import Experiment, Reference
 from chaoskit.spec.yamlsafe import Located, Path_, load_yaml, read_text
-from chaoskit.targets.facts import target_facts
+from chaoskit.targets.facts import Pending, pending_shape, reference_running, reference_shape, target_facts
 
 _PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_][\w\-]*(?:\[\d+\])?(?:\.[A-Za-z_][\w\-]*(?:\[\d+\])?)*)\}(?!\})")
 _VAR_NAME = re.compile(r"^[A-Za-z_][\w\-]*$")
@@ -60,11 +60,13 @@ def parse_cli_vars(items: list[str]) -> dict[str, str]:
 
 def library_dirs(experiment_path: Path, kind: str = "probes") -> list[Path]:
     """Where `include:` looks: `probes/` (or `faults/`) beside the file and in its ancestors, then
-    $CHAOSKIT_PROBES_PATH (or $CHAOSKIT_FAULTS_PATH), then the bundled library."""
+    $CHAOSKIT_PROBES_PATH (or $CHAOSKIT_FAULTS_PATH), then the library bundled in the package."""
+    from chaoskit.paths import library
+
     dirs = [p / kind for p in [experiment_path.parent, *experiment_path.resolve().parent.parents]]
     extra = os.environ.get(f"CHAOSKIT_{kind.upper()}_PATH", "")
     dirs += [Path(p) for p in extra.split(":") if p]
-    dirs.append(Path(__file__).resolve().parents[2] / kind)
+    dirs.append(library(kind))
     seen, out = set(), []
     for d in dirs:
         if d.is_dir() and d.resolve() not in seen:
@@ -129,13 +131,33 @@ def _facts(data: dict, variables: dict[str, Any], strict: bool,
     return facts, notes
 
 
+def _pending(data: dict, variables: dict[str, Any], deployed: dict[str, Any] | None) -> Pending | None:
+    """The facts a reference deployment will publish once it runs, where they are not known now: the file's own
+    deployment before it starts (its engine and replica count, `when` overlays applied), or `reference: ENGINE`
+    while none is running (names only: its replica count and --netns are not known)."""
+    ref = data["target"].get("reference") if isinstance(data.get("target"), dict) else None
+    if deployed is not None or ref is None:
+        return None
+    if isinstance(ref, str):
+        return None if reference_running() else pending_shape(reference_shape(ref, netns=True), counted=False)
+    try:
+        own = Reference.model_validate(ref).effective(variables)
+    except ValidationError:  # reported by validation, or a placeholder inside it: check names only
+        engine = ref.get("engine") if isinstance(ref, dict) else None
+        return pending_shape(reference_shape(engine if isinstance(engine, str) else "triton"), counted=False)
+    nb = own.neighbour
+    neighbour = None if nb is None else {"engine": nb.engine, "replicas": nb.replicas, "netns": nb.netns}
+    return pending_shape(reference_shape(own.engine, own.replicas, own.netns, neighbour))
+
+
 def _file_facts(path: Path) -> dict[str, Any]:
     """{experiment.dir}: the experiment file's directory (data files next to it: traces, prompts)."""
     return {"experiment.dir": str(path.resolve().parent)}
 
 
-def _substitute(loc: Located, facts: dict[str, Any], strict: bool, notes: list[str]) -> set[Path_]:
-    """Replace placeholders in place; return the paths still holding run-time placeholders (non-strict only)."""
+def _substitute(loc: Located, facts: dict[str, Any], pending: Pending | None, notes: list[str]) -> set[Path_]:
+    """Replace placeholders in place; return the paths still holding placeholders that `pending` (a deployment
+    not running yet) will provide at run time. Any other unknown placeholder is an error now."""
     deferred: set[Path_] = set()
 
     def visit(value: Any, path: Path_) -> Any:
@@ -150,11 +172,13 @@ def _substitute(loc: Located, facts: dict[str, Any], strict: bool, notes: list[s
             key = m.group(1)
             if key in facts:
                 return str(facts[key])
-            if not strict and key.startswith("target."):
+            if pending is not None and pending.has(key):
                 notes.append(f"{loc.where(path)}: {{{key}}} is resolved at run time")
                 deferred.add(path)
                 # a stand-in of the right shape, so the rest of the field still gets validated
                 return "http://target.invalid" if key.endswith("url") else m.group(0)
+            if pending is not None and key.startswith("target."):
+                raise SpecError(f"{loc.where(path)}: {_dotted(path)}: {pending.unknown(key)}")
             known = ", ".join(sorted(k for k in facts if not k.startswith("var."))) or "none"
             hint = difflib.get_close_matches(key, list(facts), n=1)
             raise SpecError(f"{loc.where(path)}: {_dotted(path)}: unknown substitution {{{key}}}"
@@ -303,9 +327,7 @@ def load_experiment(path: str | Path, cli_vars: dict[str, str] | None = None, st
     variables.update(cli_vars or {})
     facts, notes = _facts(loc.data, variables, strict, deployed)
     facts.update(_file_facts(path))
-    target = loc.data.get("target")
-    own_deployment = isinstance(target, dict) and isinstance(target.get("reference"), dict) and deployed is None
-    deferred = _substitute(loc, facts, strict and not own_deployment, notes)
+    deferred = _substitute(loc, facts, _pending(loc.data, variables, deployed), notes)
     try:
         exp = _validate(loc, deferred)
     except ValidationError as e:

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chaoskit.errors import PreflightError
+
+# What reference/deploy.py publishes (tests/integration/test_reference.py checks a real deployment against these).
+REFERENCE_FACTS = ("engine", "url", "gateway_port", "health_mode", "replicas", "replica_url", "replica_host",
+                   "replica_port", "replica_metrics_url", "replica_pid", "replica_pids", "model_repository",
+                   "python", "model", "startup_s", "settings")
+REPLICA_FACTS = ("name", "pid", "host", "port", "url", "metrics_url", "netns")
+VLLM_REPLICA_FACTS = ("engine_pid",)
+_INDEX = re.compile(r"\[\d+\]")
 
 
 def reference_facts(engine: str) -> dict[str, Any]:
@@ -36,12 +47,73 @@ def addressable(prefix: str, facts: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class Pending:
+    """The facts a deployment not yet known will publish: their placeholder names, and whether list indices
+    can be checked (the replica count is known)."""
+
+    names: frozenset[str]
+    counted: bool
+    replicas: int | None = None
+
+    def has(self, key: str) -> bool:
+        return key in self.names if self.counted else _first(key) in self.names
+
+    def unknown(self, key: str) -> str:
+        """Why `key` is not one of these facts: an index past the replicas, or a name they do not have."""
+        if self.counted and _first(key) in self.names:
+            return (f"unknown substitution {{{key}}}: index out of range, the deployment has {self.replicas} "
+                    f"replica{'s' if self.replicas != 1 else ''} (indices 0..{(self.replicas or 1) - 1})")
+        hint = difflib.get_close_matches(key if self.counted else _first(key), sorted(self.names), n=1)
+        return f"unknown substitution {{{key}}}" + (f" (did you mean {{{hint[0]}}}?)" if hint else "") + \
+            f"; a reference deployment provides {self.listing()}"
+
+    def listing(self) -> str:
+        top = sorted(n.removeprefix("target.") for n in self.names if "[" not in n and ".settings." not in n)
+        per = sorted({n.split("].", 1)[1] for n in self.names if n.startswith("target.replicas[0].")})
+        return f"{{target.NAME}}: {', '.join(top)}; and per replica {{target.replicas[N].NAME}}: {', '.join(per)}"
+
+
+def _first(key: str) -> str:
+    """The key with every list index 0 (a name check where the replica count is not known)."""
+    return _INDEX.sub("[0]", key)
+
+
+def reference_shape(engine: str, replicas: int = 1, netns: bool = False,
+                    neighbour: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The facts `chaoskit ref up` (deploy.py) publishes for this engine and replica count, values unknown:
+    the same keys, so a placeholder can be checked before the deployment exists."""
+    replica = REPLICA_FACTS + (VLLM_REPLICA_FACTS if engine == "vllm" else ())
+    shape: dict[str, Any] = dict.fromkeys(REFERENCE_FACTS + (("netns",) if netns else ()))
+    shape["replicas"] = [dict.fromkeys(replica) for _ in range(replicas)]
+    shape["replica_pids"] = [None] * replicas
+    shape["settings"] = dict.fromkeys(("engine", "replicas", "netns", "model_params"))
+    if neighbour is not None:
+        shape["neighbour"] = reference_shape(**neighbour)
+    return shape
+
+
+def pending_shape(shape: dict[str, Any], counted: bool = True) -> Pending:
+    """The placeholder names of a deployment's shape (see reference_shape)."""
+    replicas = len(shape["replicas"]) if counted else None
+    return Pending(frozenset(addressable("target", shape)), counted, replicas)
+
+
+def reference_running() -> bool:
+    """Whether `chaoskit ref up` facts are published (see reference_facts)."""
+    try:
+        reference_facts("")
+        return True
+    except PreflightError:
+        return False
+
+
 def target_facts(target: dict[str, Any], deployed: dict[str, Any] | None, strict: bool) -> tuple[
         dict[str, Any], list[str]]:
     """The experiment target's facts by placeholder name ({target.url}, {target.replica_pids[0]} ...): the
     deployment the run brought up (`deployed`), else a running reference deployment's, then `facts:` and `url:`
     of the target; (facts, notes). Not strict (validation, --dry-run): a reference not running is a note and
-    its placeholders wait for run time."""
+    its placeholders wait for run time (Pending says which names they may have)."""
     facts: dict[str, Any] = {}
     notes: list[str] = []
     if deployed is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -135,6 +136,76 @@ def _metric(text: str, name: str, model: str = "tiny_lm") -> float:
         if line.startswith(f'{name}{{model="{model}"'):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not found")
+
+
+def test_published_facts_are_the_names_validation_checks(ref):
+    """validate refuses a {target.*} a deployment cannot have from targets/facts.py's list: it must be what
+    `ref up` publishes."""
+    from chaoskit.targets.facts import addressable, reference_shape
+
+    assert set(addressable("target", ref)) == set(addressable("target", reference_shape("triton", 2)))
+
+
+def _process_experiments() -> list[Path]:
+    """Bundled Triton experiments whose faults select processes (by PID, parent or name)."""
+    from chaoskit.spec.loader import load_experiment
+
+    found = []
+    for f in sorted((ROOT / "chaoskit" / "library" / "experiments").rglob("*.yaml")):
+        exp = load_experiment(f, strict=False).experiment
+        ref = exp.target.reference
+        engine = ref if isinstance(ref, str) or ref is None else ref.engine
+        specs = [s.inject.model_dump() for s in _inject_steps(exp.method)]
+        if engine in ("triton", None) and any({"pid", "child_of", "name"} & set(d) for d in specs):
+            found.append(f)
+    return found
+
+
+def _inject_steps(steps):
+    from chaoskit.engine.plan import inject_steps
+
+    return inject_steps(steps)
+
+
+def _same_names(lines: list[str]) -> list[str]:
+    """The plan with the names made of each run's id (its cgroups) made equal."""
+    return [re.sub(r"chaoskit-[0-9a-f]{12}", "chaoskit-RUN", line) for line in lines]
+
+
+def test_a_dry_run_plans_the_targets_its_run_plans(ref, tmp_path):
+    """Every bundled experiment that targets processes, against a running deployment it would reuse: the dry
+    run's plan (the CLI's output) is the plan the run makes from the facts it gets."""
+    from chaoskit.engine.plan import UNRESOLVED, plan_faults
+    from chaoskit.reference.scenario import running_facts
+    from chaoskit.spec.loader import load_experiment
+    from chaoskit.spec.models import Reference
+
+    env = {**os.environ, "CHAOSKIT_REF_DIR": str(Path(ref["model_repository"]).parent),
+           "CHAOSKIT_STATE_DIR": str(tmp_path / "state")}
+    compared = []
+    for f in _process_experiments():
+        p = subprocess.run([sys.executable, "-m", "chaoskit", "run", "--dry-run", str(f)], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        lines = p.stdout.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("plan for "))
+        dry = [line.strip() for line in lines[start + 1:] if line.startswith("      ")]
+        os.environ["CHAOSKIT_REF_DIR"] = env["CHAOSKIT_REF_DIR"]
+        try:
+            declared = load_experiment(f, strict=False).experiment.target.reference
+            deployed = running_facts(declared) if isinstance(declared, Reference) else None
+            if isinstance(declared, Reference) and deployed is None:  # other settings: the run starts its own
+                assert UNRESOLVED in dry, (f, dry)
+                continue
+            loaded = load_experiment(f, deployed=deployed)
+        finally:
+            del os.environ["CHAOSKIT_REF_DIR"]
+        _, plan, _ = plan_faults(loaded.experiment.method)
+        run = [line for step in plan for line in step["changes"]]
+        assert _same_names(dry) == _same_names(run), (f, p.stderr)
+        assert UNRESOLVED not in dry, (f, dry)
+        compared.append(f.stem)
+    assert {"stop-http-server", "stall-one-replica", "health-check-blindspot", "oom-kills-healthy-replica"} <= \
+        set(compared), compared
 
 
 def test_residue_exhausts_the_pool_like_an_oom(tmp_path):

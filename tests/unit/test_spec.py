@@ -199,7 +199,7 @@ metadata: {name: x}
 target: {reference: triton}
 steadyState: {probes: [{name: t, type: command, argv: ["true"]}]}
 method:
-  - inject: {type: network.drop, target: {netns: "{target.netns}"}, percent: 30%, ports: ["{target.port}", 70000]}
+  - inject: {type: network.drop, target: {netns: "{target.netns}"}, percent: 30%, ports: ["{target.replica_port}", 70000]}
     duration: 1s
 """
     with pytest.raises(SpecError) as e:
