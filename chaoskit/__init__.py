@@ -1,3 +1,8 @@
 """chaoskit: chaos engineering and fault injection for LLM inference services."""
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("chaoskit")  # the installed distribution's metadata (pyproject.toml [project] version)
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"

@@ -1,4 +1,4 @@
-"""ebpf probe: the bcc programs in bpf/ on kernel tracepoints, compiled once per run (in preflight) and kept
+"""ebpf probe: the bcc programs in chaoskit/library/bpf/ on kernel tracepoints, compiled once per run (in preflight) and kept
 attached; each sample reports the window since the last one (histograms: running per-CPU totals, differenced)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from chaoskit.errors import PreflightError
+from chaoskit.paths import library
 from chaoskit.probes.base import Probe, ProbeSpecBase
 from chaoskit.probes.btf_programs import BtfTracepoints
 from chaoskit.probes.kernel_btf import VMLINUX, KernelBtf
@@ -47,7 +48,9 @@ RAW_ARGS: dict[str, tuple[tuple[str, int, str], ...]] = {
 
 
 def bpf_dir() -> Path:
-    return Path(os.environ.get("CHAOSKIT_BPF_DIR", Path(__file__).resolve().parents[2] / "bpf"))
+    """The bcc sources: $CHAOSKIT_BPF_DIR, else the package's own (chaoskit/library/bpf)."""
+    env = os.environ.get("CHAOSKIT_BPF_DIR")
+    return Path(env) if env else library("bpf")
 
 
 class EbpfProbeSpec(ProbeSpecBase):

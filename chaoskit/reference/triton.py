@@ -11,6 +11,7 @@ import sysconfig
 from pathlib import Path
 
 from chaoskit.errors import PreflightError
+from chaoskit.paths import package_parent
 from chaoskit.reference.tinylm import WEIGHTS_FILE, init_weights, save_weights
 
 MODEL_REPOSITORY = Path(__file__).resolve().parent / "model_repository"
@@ -75,13 +76,13 @@ def argv(repo: Path, backends: Path, host: str, http: int, grpc: int, metrics: i
 
 
 def env() -> dict[str, str]:
-    """The stub must load this interpreter's libpython and the wheel's bundled libs; chaoskit importable."""
+    """The stub must load this interpreter's libpython and the wheel's bundled libs, and import chaoskit (from
+    where this process imports it) and numpy (from the wheel's site-packages): it sees no venv of its own."""
     root = wheel_root()
     libdir = sysconfig.get_config_var("LIBDIR") or ""
-    package_parent = str(Path(__file__).resolve().parents[2])
     e = dict(os.environ)
     e["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, str(root / "nvidia_pytriton.libs"),
                                                        e.get("LD_LIBRARY_PATH", "")) if p)
     e["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), e.get("PATH", "")))
-    e["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, str(root), e.get("PYTHONPATH", "")) if p)
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_parent()), str(root), e.get("PYTHONPATH", "")) if p)
     return e

