@@ -56,4 +56,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --no-deps "$TRITON_WHEEL"
   echo "$want" > "$stamp"
 fi
+# ajv, the JSON Schema validator most editors and CI tools use: tests check the published schema in its strict mode.
+if command -v npm >/dev/null && [ ! -d .chaoskit/npm/node_modules/ajv ]; then
+  log "installing ajv@8 into .chaoskit/npm (strict check of the published schema)"
+  npm install --silent --no-audit --no-fund --prefix .chaoskit/npm ajv@8 >/dev/null \
+    || log "warning: npm install ajv@8 failed; the schema's ajv test will say so"
+fi
 log "ready"

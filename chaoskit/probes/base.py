@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from chaoskit.spec.types import Duration, StrictModel, ToleranceSpec
 
@@ -21,6 +23,7 @@ class ProbeSpecBase(StrictModel):
         default_factory=dict, description="tolerances on measured values; nested maps for headers/json")
 
     expect_keys: ClassVar[tuple[str, ...]] = ()  # allowed keys; a trailing '.' allows a nested map
+    expect_patterns: ClassVar[tuple[str, ...]] = ()  # regexes of computed keys (the published schema's)
 
     @model_validator(mode="after")
     def _check(self) -> ProbeSpecBase:
@@ -30,10 +33,10 @@ class ProbeSpecBase(StrictModel):
         for key, value in self.expect.items():
             nested = key + "." in self.expect_keys
             if not nested and (why := self.unknown_key(key)):
-                raise ValueError(why)
+                raise expect_key_error(key, why)
             if nested != isinstance(value, dict):
-                raise ValueError(f"expect.{key}: " + ("expected a map of name: tolerance" if nested
-                                                      else "expected a tolerance, not a map"))
+                raise expect_key_error(key, "expected a map of name: tolerance" if nested
+                                       else "expected a tolerance, not a map")
         for key, tol in self.flat_expect().items():
             if tol.relative and "before" not in self.phases:
                 raise ValueError(f"expect.{key}: '{tol}' compares with this probe's {key} in the before phase, "
@@ -44,8 +47,10 @@ class ProbeSpecBase(StrictModel):
         """Why `key` cannot be in expect (None: it can). Probes with computed keys override this."""
         if key in self.expect_keys:
             return None
-        allowed = ", ".join(k.rstrip(".") for k in self.expect_keys)
-        return f"expect: unknown key '{key}' for this probe (allowed: {allowed})"
+        allowed = [k.rstrip(".") for k in self.expect_keys]
+        hint = difflib.get_close_matches(key, allowed, n=1)
+        return f"unknown key '{key}' for this probe" + (f" (did you mean '{hint[0]}'?)" if hint else
+                                                          f"; it measures: {', '.join(allowed)}")
 
     def flat_expect(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -55,6 +60,11 @@ class ProbeSpecBase(StrictModel):
             else:
                 out[key] = value
         return out
+
+
+def expect_key_error(key: str, why: str) -> PydanticCustomError:
+    """An error about one `expect` key: the loader reports it at that key's own line (type "expect_key")."""
+    return PydanticCustomError("expect_key", "{why}", {"key": key, "why": why.removeprefix("expect: ")})
 
 
 class Probe(ABC):

@@ -52,6 +52,7 @@ class SloProbeSpec(ProbeSpecBase):
                                  "it (connect errors, timeouts before the response head) in group 'none'. Needs "
                                  "the python sender (sender auto picks it)")
     expect_keys: ClassVar[tuple[str, ...]] = _KEYS
+    expect_patterns: ClassVar[tuple[str, ...]] = (rf"^({'|'.join(_GROUP_KEYS)})\[[^\[\]]+\]$",)  # KEY[group]
 
     @model_validator(mode="after")
     def _timeout(self) -> SloProbeSpec:

@@ -284,6 +284,8 @@ def format_validation_error(err: ValidationError, loc: Located) -> list[str]:
             path = path + ("type",)
         elif e["type"] == "union_tag_not_found":
             msg = "needs a 'type' field"
+        elif e["type"] == "expect_key":
+            path = _data_path(loc.data, (*path, "expect", e["ctx"]["key"]))
         problems.append(f"{loc.where(path)}: {_dotted(path)}: {msg}")
     return problems
 
