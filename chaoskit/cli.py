@@ -119,7 +119,8 @@ class Outcome:
 
 @app.command()
 def run(
-    files: list[Path] = typer.Argument(..., help="experiment YAML; several files or a directory make a suite"),
+    files: list[Path] = typer.Argument(..., help="experiment YAML, or a bundled experiment's name (chaoskit list); "
+                                      "several files or a directory make a suite"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate, check the host, print the plan; apply nothing"),
     var: list[str] = typer.Option([], "--var", help="NAME=VALUE for {NAME} substitution (repeatable)"),
     journal: Path | None = typer.Option(None, help="JSON-lines journal (default: OUT/journal.jsonl)"),
@@ -136,6 +137,9 @@ def run(
 ) -> None:
     """Run an experiment: hypothesis before, faults, hypothesis during and after; always roll back. Several
     files (or a directory of them) run as a suite, in order, with one summary, JUnit file and index page."""
+    from chaoskit.paths import experiment_path
+
+    files = [experiment_path(f) for f in files]  # a path as given wins; else a bundled experiment's name
     suite = len(files) > 1 or files[0].is_dir()
     try:  # the argument checks that need nothing loaded come first (loading the spec takes a while)
         if step and (dry_run or ci):
@@ -254,6 +258,8 @@ def _execute(loaded: Any, args: RunArgs, journal_path: Path, run_id: str) -> tup
     exp = loaded.experiment
     for note in loaded.notes:
         err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    for warning in loaded.warnings:
+        err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
     use_live = (out.is_terminal and not args.ci) if args.live is None else args.live
     view = _make_view(exp, use_live)
     jr = Journal(None if args.dry_run else journal_path, [view])
@@ -350,12 +356,14 @@ def append_step_summary(markdown: str) -> str:
 
 
 @app.command()
-def validate(files: list[Path] = typer.Argument(..., help="experiment YAML files")) -> None:
+def validate(files: list[Path] = typer.Argument(..., help="experiment YAML files (or bundled experiments' names)")
+             ) -> None:
     """Check experiment files; errors name file:line:column and the field. Exit 2 if any is invalid."""
+    from chaoskit.paths import experiment_path
     from chaoskit.spec.loader import load_experiment
 
     bad = 0
-    for f in files:
+    for f in map(experiment_path, files):
         try:
             loaded = load_experiment(f, strict=False)
         except ChaoskitError as e:
@@ -367,6 +375,8 @@ def validate(files: list[Path] = typer.Argument(..., help="experiment YAML files
                   f"({len(loaded.experiment.method)} steps)", highlight=False)
         for note in loaded.notes:
             out.print(f"  [yellow]note:[/] {escape(note)}", highlight=False)
+        for warning in loaded.warnings:
+            out.print(f"  [bold yellow]warning:[/] {escape(warning)}", highlight=False)
     raise typer.Exit(errors.EXIT_INVALID if bad else 0)
 
 
@@ -476,6 +486,7 @@ def schema() -> None:
 def list_() -> None:
     """Injectors, probes and bundled experiments, one line each."""
     from chaoskit.injectors import INJECTORS
+    from chaoskit.paths import library
     from chaoskit.probes import PROBES
     from chaoskit.spec.loader import load_experiment
 
@@ -487,22 +498,22 @@ def list_() -> None:
         for row in rows:
             table.add_row(*row)
         out.print(table)
-    table = Table(title="bundled experiments", title_justify="left")
-    table.add_column("file")
+    root = library("experiments")
+    table = Table(title=f"bundled experiments (chaoskit run NAME; files in {root})", title_justify="left")
+    table.add_column("name")
     table.add_column("description")
-    root = Path(__file__).resolve().parent.parent / "experiments"
     for f in sorted(root.rglob("*.yaml")):
         try:
             desc = load_experiment(f, strict=False).experiment.metadata.description
         except ChaoskitError as e:
-            desc = f"[red]invalid: {str(e).splitlines()[0]}[/]"
-        table.add_row(str(f.relative_to(root.parent)), desc)
+            desc = f"[red]invalid: {escape(str(e).splitlines()[0])}[/]"
+        table.add_row(str(f.relative_to(root).with_suffix("")), desc)
     out.print(table)
 
 
 @app.command()
 def version() -> None:
-    """Print the version."""
+    """Print the version (the installed package's metadata)."""
     print(f"chaoskit {__version__}")
 
 

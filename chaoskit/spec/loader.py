@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from chaoskit.errors import SpecError
+from chaoskit.spec.lint import hold_warnings
 from chaoskit.spec.models import Experiment, Reference
 from chaoskit.spec.yamlsafe import Located, Path_, load_yaml, read_text
 from chaoskit.targets.facts import Pending, pending_shape, reference_running, reference_shape, target_facts
@@ -30,6 +31,7 @@ class Loaded:
     notes: list[str] = field(default_factory=list)
     variables: dict[str, Any] = field(default_factory=dict)
     deferred: set[Path_] = field(default_factory=set)  # fields holding {target.*} known only at run time
+    warnings: list[str] = field(default_factory=list)  # valid, but probably not what was meant (spec.lint)
 
     def deferred_steps(self) -> set[int]:
         """id() of each method step whose fault has a field known only at run time."""
@@ -336,4 +338,4 @@ def load_experiment(path: str | Path, cli_vars: dict[str, str] | None = None, st
         raise SpecError(format_validation_error(e, loc)) from None
     except RecursionError:
         raise SpecError(f"{path}: nesting too deep") from None
-    return Loaded(exp, path, loc, notes, variables, deferred)
+    return Loaded(exp, path, loc, notes, variables, deferred, hold_warnings(exp, loc))

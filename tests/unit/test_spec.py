@@ -308,3 +308,37 @@ method:
         load(tmp_path, text, strict=False)
     assert str(e.value).endswith(":11:9: steadyState.probes[0].expect.eror_rate: unknown key 'eror_rate' for this "
                                  "probe (did you mean 'error_rate'?)")
+
+
+HOLD = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {name: x}
+steadyState:
+  probes:
+    - name: sla
+      type: slo
+      load: {url: "http://127.0.0.1:PORT/v1/completions", rate: 5, duration: 1s, timeout: 10s}
+method:
+  - name: hold
+    inject:
+      type: llm.proxy
+      listen: 127.0.0.1:18080
+      upstream: http://127.0.0.1:8000
+      faults:
+        - {type: delay, delay: DELAY}
+    duration: 8s
+"""
+
+
+@pytest.mark.parametrize("delay, port, want", [
+    ("15", 18080, ["step's duration (8s)", "every probe sending through it ('sla' (10s))"]),
+    ("9s", 18080, ["step's duration (8s)"]),
+    ("15", 8000, ["step's duration (8s)"]),  # the probe goes to the server directly: no client of the fault
+    ("150ms", 18080, []),
+])
+def test_a_hold_no_client_waits_out_is_a_warning(tmp_path, delay, port, want):
+    loaded = load(tmp_path, HOLD.replace("DELAY", delay).replace("PORT", str(port)))
+    assert len(loaded.warnings) == len(want)
+    for warning, part in zip(loaded.warnings, want, strict=True):
+        assert ":16:25: delay " in warning and part in warning
