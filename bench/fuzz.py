@@ -53,7 +53,7 @@ def main() -> int:
                 crashes.append(f"doc {i}: {traceback.format_exc(limit=3)}\n{f.read_text()[:400]}")
         docs_s = time.perf_counter() - t0
         os.environ["CHAOSKIT_STATE_DIR"] = str(Path(tmp) / "state")
-        shutil.copytree(ROOT / "experiments", Path(tmp) / "experiments")  # the CLI gets copies to (mis)use
+        shutil.copytree(ROOT / "chaoskit/library/experiments", Path(tmp) / "experiments")  # the CLI gets copies to (mis)use
         os.chdir(tmp)
         originals = {p: p.read_bytes() for p in (Path(tmp) / "experiments").rglob("*.yaml")}
         arg_crashes = 0

@@ -48,15 +48,19 @@ def package_parent() -> Path:
 
 
 def cache_dir() -> Path:
-    """Where installed engines live (the vLLM venv and its model): for chaoskit run from a source tree, its
-    .chaoskit/ (where `make vllm` installs); for an installed package /var/cache/chaoskit for root,
-    $XDG_CACHE_HOME/chaoskit (~/.cache/chaoskit) otherwise."""
+    """What chaoskit builds once and keeps (the native load sender): $CHAOSKIT_CACHE_DIR, else
+    $XDG_CACHE_HOME/chaoskit (~/.cache/chaoskit)."""
+    env = os.environ.get("CHAOSKIT_CACHE_DIR")
+    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "chaoskit"
+
+
+def engines_dir() -> Path:
+    """Where the optional engines are installed (the vLLM venv and its model): for chaoskit run from a source
+    tree, its .chaoskit/ (where `make vllm` installs); for an installed package, the cache directory."""
     parent = package_parent()
     if parent.name not in ("site-packages", "dist-packages"):
         return parent / ".chaoskit"
-    if os.geteuid() == 0:
-        return Path("/var/cache/chaoskit")
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "chaoskit"
+    return cache_dir()
 
 
 def experiment_path(arg: Path) -> Path:

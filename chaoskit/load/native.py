@@ -18,6 +18,7 @@ from itertools import islice
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from chaoskit import paths
 from chaoskit.errors import ChaoskitError
 from chaoskit.load.recorder import METRICS, Recorder, layout
 from chaoskit.load.spec import LoadSpec
@@ -49,8 +50,7 @@ class _Stats(ctypes.Structure):
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("CHAOSKIT_CACHE_DIR")
-    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "chaoskit"
+    return paths.cache_dir()
 
 
 def build() -> Path:

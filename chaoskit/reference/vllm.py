@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from chaoskit.errors import ChaoskitError, PreflightError
-from chaoskit.paths import cache_dir, package_parent
+from chaoskit.paths import engines_dir, package_parent
 
 if TYPE_CHECKING:
     from chaoskit.reference.deploy import Deployment, RefOptions
@@ -25,9 +25,9 @@ SERVED_NAME = "tiny-llama"
 
 
 def home() -> Path:
-    """Where the vLLM venv lives (shared by every ref dir): $CHAOSKIT_VLLM_HOME, else the engines' cache
-    (paths.cache_dir(): .chaoskit/vllm in a source tree)."""
-    return Path(os.environ.get("CHAOSKIT_VLLM_HOME", cache_dir() / "vllm")).resolve()
+    """Where the vLLM venv lives (shared by every ref dir): $CHAOSKIT_VLLM_HOME, else paths.engines_dir()/vllm
+    (.chaoskit/vllm in a source tree)."""
+    return Path(os.environ.get("CHAOSKIT_VLLM_HOME", engines_dir() / "vllm")).resolve()
 
 
 def chaoskit_path(state: Path) -> Path:

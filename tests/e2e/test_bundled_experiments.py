@@ -1,4 +1,5 @@
-"""`chaoskit run` on bundled experiment files, as is, against a real local HTTP server."""
+"""`chaoskit run` on bundled experiments, as is, by name (with and without .yaml), against a real local HTTP
+server."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def http_server(tmp_path):
 
 def test_stop_http_server_is_detected_and_recovers(tmp_path, state_dir, http_server):
     proc, port = http_server
-    run = chaoskit("run", "experiments/basic/stop-http-server.yaml", "--var", f"port={port}",
+    run = chaoskit("run", "basic/stop-http-server", "--var", f"port={port}",
                    "--out", str(tmp_path / "o"), "--junit", str(tmp_path / "j.xml"), state=state_dir)
     out, err = run.communicate(timeout=60)
     assert run.returncode == 1, out + err  # the frozen server is the deviation this experiment exists to show
@@ -47,7 +48,7 @@ def test_stop_http_server_is_detected_and_recovers(tmp_path, state_dir, http_ser
 
 def test_memory_pressure_holds(tmp_path, state_dir, http_server):
     _, port = http_server
-    run = chaoskit("run", "experiments/basic/memory-pressure.yaml", "--var", f"port={port}", "--var", "size=64MiB",
+    run = chaoskit("run", "basic/memory-pressure.yaml", "--var", f"port={port}", "--var", "size=64MiB",
                    "--out", str(tmp_path / "o"), state=state_dir)
     out, err = run.communicate(timeout=60)
     assert run.returncode == 0, out + err

@@ -1,4 +1,4 @@
-"""experiments/llm through the CLI against the reference Triton: truncated-stream.yaml holds (exit 0, as its
+"""The bundled llm/ experiments through the CLI against the reference Triton: truncated-stream.yaml holds (exit 0, as its
 header documents) - the slo probe counts the cut streams as stream_truncated at the proxy's share - and the
 run leaves no proxy behind."""
 
@@ -26,7 +26,7 @@ def ref(tmp_path_factory):
 def test_truncated_stream_experiment_holds_and_counts_the_cuts(ref, tmp_path, state_dir, monkeypatch):
     monkeypatch.setenv("CHAOSKIT_REF_DIR", str(ref))
     port = free_port()
-    p = chaoskit("run", "experiments/llm/truncated-stream.yaml", "--var", "duration=6s", "--var",
+    p = chaoskit("run", "llm/truncated-stream", "--var", "duration=6s", "--var",
                  f"proxy_port={port}", "--out", str(tmp_path / "o"), state=state_dir)
     out, err = p.communicate(timeout=120)
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())

@@ -1,4 +1,4 @@
-"""Bundled experiments (experiments/reference, experiments/network) run as is against `chaoskit ref up --netns`."""
+"""Bundled experiments (reference/, network/) run by name, as is, against `chaoskit ref up --netns`."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def run(ref, tmp_path, state_dir, experiment: str) -> tuple[int, dict, str]:
 def test_network_experiment_runs_and_leaves_the_namespace_as_it_was(ref, tmp_path, state_dir, name):
     _, facts = ref
     before = ns_state(facts["netns"])
-    code, summary, out = run(ref, tmp_path, state_dir, f"experiments/network/{name}.yaml")
+    code, summary, out = run(ref, tmp_path, state_dir, f"network/{name}")
     assert code in (0, 1), out  # held, or deviated (a partitioned replica is seen before it is ejected)
     assert summary["rollback_complete"] and summary["faults"] and summary["faults"][0]["applied_at"]
     assert ns_state(facts["netns"]) == before
@@ -54,7 +54,7 @@ def test_network_experiment_runs_and_leaves_the_namespace_as_it_was(ref, tmp_pat
 
 def test_stall_one_replica(ref, tmp_path, state_dir):
     _, facts = ref
-    code, summary, out = run(ref, tmp_path, state_dir, "experiments/reference/stall-one-replica.yaml")
+    code, summary, out = run(ref, tmp_path, state_dir, "reference/stall-one-replica")
     assert code == 1, out  # documented: requests reach the frozen replica until the health checks eject it
     assert summary["rollback_complete"] and summary["recovery_s"] is not None
     assert proc_state(facts["replica_pid"]) in ("S", "R")

@@ -159,7 +159,7 @@ def test_ci_examples_are_valid_yaml_and_run_the_documented_commands():
     readme = (ROOT / "README.md").read_text()
     block = readme.split("**A CI gate**", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
     commands = [line.strip() for line in block.splitlines() if line.strip()]
-    assert ".venv/bin/chaoskit run experiments/sits2026/ --ci --out chaoskit-runs/ci" in commands
+    assert ".venv/bin/chaoskit run sits2026 --ci --out chaoskit-runs/ci" in commands
     assert commands[0] == "make setup" and commands[-1] == ".venv/bin/chaoskit rollback --all"
     assert all(c in (ROOT / "docs" / "ci.md").read_text() for c in commands)
     gh = yaml.safe_load((ROOT / "docs" / "ci" / "github-actions.yml").read_text())
