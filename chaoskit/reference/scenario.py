@@ -109,6 +109,8 @@ def deployment_for(ref: Reference, run_id: str, experiment: str, say: Callable[[
         result = rollback(ledger)
         for entry, why in result.failed:
             say(f"could not undo {entry.type} {entry.record}: {why}; `chaoskit rollback --ledger {ledger.path}`")
+        if result.complete:  # closed, nothing left to undo: removed, as a run's ledger is
+            ledger.discard()
 
 
 def _own_dir(opts: RefOptions) -> Path:

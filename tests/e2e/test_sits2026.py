@@ -1,6 +1,7 @@
-"""experiments/sits2026/: every scenario validates and documents its verdict; each CPU-runnable one runs with
-one command (it brings up its own deployment) and ends with exactly its documented exit code, with and without
-`--var fix=true`; nothing is left running afterwards, also after a SIGKILL of the run."""
+"""The bundled sits2026/ scenarios (chaoskit/library/experiments/sits2026/): every scenario validates and
+documents its verdict; each CPU-runnable one runs with one command (it brings up its own deployment) and ends
+with exactly its documented exit code, with and without `--var fix=true`; nothing is left running afterwards,
+also after a SIGKILL of the run."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from chaoskit.reference import vllm
 from tests.conftest import ROOT, chaoskit, requires_triton, wait_for
 
-SCENARIOS = ROOT / "experiments" / "sits2026"
+SCENARIOS = ROOT / "chaoskit" / "library" / "experiments" / "sits2026"
 EXPECTED = re.compile(r"^# Expected:", re.MULTILINE)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="replicas in network namespaces need root")
 needs_vllm = pytest.mark.skipif(not vllm.installed(), reason=f"vLLM not installed in {vllm.home()} (make vllm)")
@@ -52,7 +53,8 @@ def _leftovers(ref_root: Path, keep: Path | None = None) -> list[str]:
 def run_scenario(name: str, tmp_path: Path, state: Path, *variables: str, ref_root: Path | None = None,
                  timeout: float = 300, shared: bool = False) -> tuple[int, dict, str]:
     """Run a scenario with one command; afterwards nothing it started may be left (with `shared`, the
-    deployment already running in ref_root, which the run reuses, stays)."""
+    deployment already running in ref_root, which the run reuses, stays), nor any file in the state dir's
+    ledgers/ (the run's and the deployment's ledgers, closed, are removed with their watchdog logs)."""
     ref_root = ref_root or tmp_path / "ref"
     args = ["run", str(SCENARIOS / f"{name}.yaml"), "--out", str(tmp_path / "o"), "--plain"]
     for v in variables:
@@ -69,6 +71,8 @@ def run_scenario(name: str, tmp_path: Path, state: Path, *variables: str, ref_ro
     summary_file = tmp_path / "o" / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     assert _leftovers(ref_root, keep=ref_root if shared else None) == [], out + err
+    left = sorted(f.name for f in (state / "ledgers").iterdir()) if (state / "ledgers").is_dir() else []
+    assert left == [], out + err
     return p.returncode, summary, out + err
 
 
