@@ -319,8 +319,8 @@ def _report(exp: Any, result: Any, args: RunArgs, run_dir: Path, journal_path: P
     write_html(report_path, events)
     if junit:
         write_junit(junit, data)
-    rec.markdown = render_report(events, "md", str(report_path))
     md_path = journal_path.with_name("summary.md")
+    rec.markdown = render_report(events, "md", os.path.relpath(report_path, md_path.parent))
     if args.ci:
         md_path.write_text(rec.markdown, encoding="utf-8")
     style = {0: "green", 1: "yellow"}.get(code, "red")

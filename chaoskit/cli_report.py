@@ -3,6 +3,7 @@ or write its Markdown summary for a CI job page or a pull-request comment."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -45,12 +46,14 @@ def report(
         fail(ChaoskitError(f"{journal}: not a chaoskit journal (no 'run' event)"))
     html_path = journal.with_name("report.html")
     view = run_view(events)
-    text = (report_html.render(view) if fmt == "html"
-            else report_md.render(view, str(html_path) if html_path.exists() else None))
-    if output is not None and str(output) == "-":
+    to_stdout = output is not None and str(output) == "-"
+    target = journal.with_name("report.html" if fmt == "html" else "summary.md") if output is None or to_stdout \
+        else output
+    text = (report_html.render(view) if fmt == "html"  # the summary names the report relative to itself
+            else report_md.render(view, os.path.relpath(html_path, target.parent) if html_path.exists() else None))
+    if to_stdout:
         sys.stdout.write(text)
         return
-    target = output or journal.with_name("report.html" if fmt == "html" else "summary.md")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8")
     out.print(f"{'report' if fmt == 'html' else 'summary'} {target}", highlight=False)

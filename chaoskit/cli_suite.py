@@ -5,6 +5,7 @@ experiments' codes by `reports.EXIT_ORDER`; an interrupted experiment stops the 
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -52,6 +53,17 @@ def vars_for(file: Path, cli_vars: dict[str, str]) -> dict[str, str]:
                 continue  # not this file's variable
         known[name] = value  # any other problem is the run's to report
     return known
+
+
+def _from_suite(o: Any, suite_dir: Path) -> str:
+    """An experiment's Markdown with its report's path relative to the suite's summary (not its own run dir)."""
+    from chaoskit.engine import report_md
+
+    if o.report is None:
+        return o.markdown
+    own = os.path.relpath(o.report, o.report.parent)
+    return o.markdown.replace(report_md.report_line(own),
+                              report_md.report_line(os.path.relpath(o.report, suite_dir)))
 
 
 def run_suite(files: list[Path], args: Any, stop_on_failure: bool, run_one: Callable[..., int],
@@ -150,9 +162,9 @@ def _finish(paths: list[Path], outcomes: list[Any], stopped: str, suite_dir: Pat
                   for o in outcomes]
         suites += [junit_not_run(p.stem, str(p), stopped or "not run") for p in paths[len(outcomes):]]
         write_junit_suites(junit, suites)
-    markdown = report_md.render_suite(title, rows + skipped, code, str(index))
-    markdown += "".join("\n" + o.markdown for o in outcomes if o.markdown)
     md_path = suite_dir / "summary.md"
+    markdown = report_md.render_suite(title, rows + skipped, code, os.path.relpath(index, suite_dir))
+    markdown += "".join("\n" + _from_suite(o, suite_dir) for o in outcomes if o.markdown)
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(markdown, encoding="utf-8")
     added = append_step_summary(markdown) if args.ci else ""

@@ -103,17 +103,16 @@ async def take_sample(probe: Probe, phase: str, baselines: Baselines | None = No
         baselines.record(spec.name, None if error else values, error)
     if error is not None:
         return Sample(spec.name, phase, t, "error", error=error, duration_ms=_ms(t0))
-    expect = spec.flat_expect()
-    details, ok = [], True
-    for key, tol in expect.items():
+    judged: list[tuple[bool, str]] = []
+    for key, tol in spec.flat_expect().items():
         if key not in values:
-            ok = False
-            details.append(f"{key}: {probe.missing(key, values)}")
+            judged.append((False, f"{key}: {probe.missing(key, values)}"))
             continue
         passed, why = _judge(tol, values[key], phase, spec.name, key, baselines)
-        ok = ok and passed
-        details.append(f"{key}: {why}")
-    kept = {k: (v[:200] if isinstance(v, str) else v) for k, v in values.items()}
+        judged.append((passed, f"{key}: {why}"))
+    ok = all(passed for passed, _ in judged)
+    details = [text for passed, text in judged if not passed] + [text for passed, text in judged if passed]
+    kept = {k: (v[:200] if isinstance(v, str) else v) for k, v in values.items()}  # failing clauses first
     return Sample(spec.name, phase, t, "ok" if ok else "fail", kept, details, duration_ms=_ms(t0))
 
 

@@ -55,8 +55,14 @@ def render(view: RunView, report_path: str | None = None) -> str:
             lines.append(f"| #{f.id} {_cell(f.step)} | `{f.type}` | {_rel(view, f.applied_at)} | {rev} |")
         lines.append("")
     if report_path:
-        lines += [f"Report: `{report_path}`", ""]
+        lines += [report_line(report_path), ""]
     return "\n".join(lines)
+
+
+def report_line(path: str) -> str:
+    """Where the HTML report is, as a path relative to the summary that names it (never a runner's absolute
+    path: the Markdown is read in a CI job summary or beside the files)."""
+    return f"Report: `{path}`"
 
 
 def render_suite(title: str, rows: list[dict[str, Any]], code: int, index: str | None = None) -> str:

@@ -58,8 +58,20 @@ def write_summary(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, default=str))
 
 
+_PHASE_STATES = {"before": ("hypothesis_before",), "during": ("method",), "after": ("hypothesis_after",)}
+
+
+def phase_seconds(states: list[dict[str, Any]]) -> dict[str, float]:
+    """How long each steady-state phase lasted: the time the run spent in its states (the history)."""
+    spent: dict[str, float] = {}
+    for cur, nxt in zip(states, states[1:], strict=False):
+        spent[cur["state"]] = spent.get(cur["state"], 0.0) + nxt["t"] - cur["t"]
+    return {phase: sum(spent.get(s, 0.0) for s in names) for phase, names in _PHASE_STATES.items()}
+
+
 def junit_suite(data: dict[str, Any]) -> ET.Element:
-    """One testsuite: a testcase per (phase, probe), plus one for rollback and one for safeguards."""
+    """One testsuite: a testcase per (phase, probe) lasting the phase, plus one for rollback and one for
+    safeguards. Failure lines are stamped with seconds since the run started."""
     cases: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for s in data["samples"]:
         cases.setdefault((s["phase"], s["probe"]), []).append(s)
@@ -70,17 +82,17 @@ def junit_suite(data: dict[str, Any]) -> ET.Element:
     def case(name: str, classname: str, seconds: float = 0.0) -> ET.Element:
         return ET.SubElement(suite, "testcase", name=name, classname=classname, time=f"{seconds:.3f}")
 
+    spans = phase_seconds(data["states"])
     for (phase, probe), samples in cases.items():
-        tc = case(f"{phase}: {probe}", f"chaoskit.{data['experiment']}.{phase}",
-                  sum(s["duration_ms"] for s in samples) / 1000)
+        tc = case(f"{phase}: {probe}", f"chaoskit.{data['experiment']}.{phase}", spans.get(phase, 0.0))
         bad = [s for s in samples if s["verdict"] != "ok"]
         if bad:
             failures += 1
             first = bad[0]
             msg = first["error"] or "; ".join(first["details"])
             el = ET.SubElement(tc, "failure", message=f"{len(bad)}/{len(samples)} samples did not hold: {msg}")
-            el.text = "\n".join(f"{s['t']:.3f} {s['verdict']}: {s['error'] or '; '.join(s['details'])}"
-                                for s in bad)
+            el.text = "\n".join(f"+{s['t'] - data['started']:.3f}s {s['verdict']}: "
+                                f"{s['error'] or '; '.join(s['details'])}" for s in bad)
     tc = case("rollback", f"chaoskit.{data['experiment']}")
     if not data["rollback_complete"]:
         errors += 1

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import signal
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
 
-from chaoskit.engine.reports import EXIT_ORDER, worst_exit
+from chaoskit.engine.reports import EXIT_ORDER, phase_seconds, worst_exit
 from tests.conftest import ROOT, chaoskit, proc_state
 
 HELD = """\
@@ -43,7 +44,7 @@ kind: Experiment
 metadata: {name: c-not-before}
 steadyState:
   probes:
-    - {name: nope, type: command, argv: ["false"], expect: {exit_code: 0}}
+    - {name: nope, type: command, argv: ["false"], expect: {duration_ms: "< 60000", exit_code: 0}}
 method:
   - pause: 1s
 """
@@ -113,6 +114,17 @@ def test_suite_runs_in_order_with_one_summary(tmp_path, state_dir):
     md = (out_dir / "summary.md").read_text()
     assert md.startswith("### ❌ chaoskit suite (3/3 run): exit 1")
     assert "| b-invalid | ⛔ invalid | 2 |" in md and "### ✅ a-held: held (exit 0)" in md
+    # paths relative to the summary (a CI job summary has no runner paths), the suite's own index too
+    assert "Report: `01-a-held/report.html`" in md and "Reports: `index.html`" in md and "`/" not in md
+    # a phase's testcase lasts the phase (the state history), not the sum of its samples' durations
+    spans = phase_seconds(held["states"])
+    times = {tc.get("name"): float(tc.get("time")) for tc in suites[0].iter("testcase")}
+    assert spans["before"] > 0 and spans["after"] > 0
+    assert times["before: ok"] == round(spans["before"], 3) and times["after: ok"] == round(spans["after"], 3)
+    # the failing clause first, stamped with seconds since the start (not epoch seconds)
+    failure = suites[2].find("testcase/failure")
+    assert "did not hold: exit_code: " in failure.get("message")
+    assert all(re.match(r"^\+\d+\.\d{3}s fail: exit_code: ", line) for line in failure.text.splitlines())
 
 
 def test_stop_on_failure_and_unknown_vars(tmp_path, state_dir):

@@ -66,8 +66,8 @@ def test_before_measures_the_baseline_and_later_samples_compare_with_it():
     assert at_bound.details[0] == "p99_ms: 361.5 < 3x baseline (3 x 120.5 = 361.5) is false"
     assert at_bound.details[1] == "error_rate: 0.01 <= baseline + 0.01 (0 + 0.01 = 0.01)"
     just_over = sample(probe, "during", b)
-    assert just_over.verdict == "fail" and just_over.details[0].endswith("= 361.5)")
-    assert "is false" in just_over.details[1]
+    assert just_over.verdict == "fail" and just_over.details[1].endswith("= 361.5)")
+    assert "is false" in just_over.details[0]  # the failing clause first
     assert sample(probe, "after", b).verdict == "ok"
     assert b.get("p", "p99_ms") == (120.5, "")  # only the before phase records
 
