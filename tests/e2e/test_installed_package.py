@@ -1,0 +1,190 @@
+"""chaoskit as a user installs it: the wheel built from this tree, installed into a fresh venv in a temporary
+directory, every command run from a directory outside the checkout with no CHAOSKIT_* variable (nor
+PYTHONPATH) set. What a run needs — the eBPF sources, the probe and fault libraries, the experiments and their
+data — must come from the installed package, not from the checkout.
+
+The venv gets chaoskit from the wheel only (`--no-deps`); its dependencies come from the project's .venv
+through a plain path entry in a .pth file. A plain entry does not run .venv's own .pth files, so the editable
+chaoskit installed there stays invisible; test_chaoskit_is_the_installed_wheel checks that.
+(`chaoskit ref install` and `chaoskit init` get their tests here once they exist: see `user`.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, TRITON_MISSING, bcc_missing
+
+LIBRARY = ROOT / "chaoskit" / "library"
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def _shipped(path: Path) -> bool:
+    return "__pycache__" not in path.parts and path.suffix not in (".pyc", ".so")
+
+
+@dataclass
+class User:
+    """The installed CLI, run as a user would: from `home` (outside the checkout), without CHAOSKIT_* variables."""
+
+    venv: Path
+    wheel: Path
+    home: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.venv / "bin" / "chaoskit"), *args], cwd=cwd or self.home, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def python(self, code: str) -> str:
+        p = subprocess.run([str(self.venv / "bin" / "python"), "-c", code], cwd=self.home, env=self.env,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return p.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory: pytest.TempPathFactory) -> Iterator[User]:
+    top = tmp_path_factory.mktemp("installed")
+    try:
+        yield _install(top)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _install(top: Path) -> User:
+    # the wheel of this working tree (built from a copy: no build/ or egg-info in the checkout)
+    src = top / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(ROOT / "chaoskit", src / "chaoskit", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(top / "dist"), str(src)], check=True, capture_output=True, timeout=120)
+    (wheel,) = (top / "dist").glob("chaoskit-*.whl")
+    # a fresh venv with that wheel alone; the dependencies through a path entry to .venv's site-packages
+    venv = top / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True, timeout=120)
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], check=True, capture_output=True, text=True).stdout.strip())
+    (site / "_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    home = top / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("CHAOSKIT_") and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "COLUMNS")}
+    assert not home.resolve().is_relative_to(ROOT.resolve())
+    return User(venv, wheel, home, env)
+
+
+def test_the_wheel_carries_every_file_of_the_package(user):
+    """Every file of chaoskit/ in this tree (the library's eBPF sources, YAML and data files included) is in
+    the wheel: a new kind of file the package-data globs miss fails here, not on a user's machine."""
+    names = set(zipfile.ZipFile(user.wheel).namelist())
+    tree = {str(p.relative_to(ROOT)) for p in (ROOT / "chaoskit").rglob("*") if p.is_file() and _shipped(p)}
+    assert sorted(tree - names) == []
+    library = [n for n in names if n.startswith("chaoskit/library/")]
+    assert {n.split("/")[2] for n in library} == {"bpf", "probes", "faults", "experiments"}
+    assert any(n.startswith("chaoskit/library/experiments/sits2026/data/") for n in library)
+
+
+def test_chaoskit_is_the_installed_wheel(user):
+    where = Path(user.python("import chaoskit; print(chaoskit.__file__)"))
+    assert where.is_relative_to(user.venv), where
+    assert user.python("from chaoskit.paths import library; print(library('bpf'))").startswith(str(user.venv))
+
+
+def test_version_comes_from_the_package_metadata(user):
+    p = user.run("version")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"chaoskit {VERSION}"
+    assert user.wheel.name.startswith(f"chaoskit-{VERSION}-")
+
+
+def test_list_shows_every_bundled_experiment_by_name(user):
+    p = user.run("list")
+    assert p.returncode == 0, p.stdout + p.stderr
+    names = sorted(str(f.relative_to(LIBRARY / "experiments").with_suffix(""))
+                   for f in (LIBRARY / "experiments").rglob("*.yaml"))
+    assert len(names) >= 20
+    rows = {line.split("│")[1].strip() for line in p.stdout.splitlines() if line.count("│") >= 3}
+    assert [n for n in names if n not in rows] == [], p.stdout
+    assert "invalid" not in p.stdout and str(user.venv) in p.stdout  # each loaded from the installed package
+
+
+def test_validate_includes_a_bundled_probe_from_an_empty_directory(user, tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    (d / "mine.yaml").write_text("""\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {name: mine}
+target: {reference: triton}
+steadyState:
+  probes:
+    - include: triton-ready
+method:
+  - pause: 1s
+""")
+    p = user.run("validate", "mine.yaml", cwd=d)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "✓ mine.yaml: mine" in p.stdout
+    by_name = user.run("validate", "sits2026/health-check-blindspot", "basic/stop-http-server.yaml")
+    assert by_name.returncode == 0 and by_name.stdout.count("✓") == 2, by_name.stdout + by_name.stderr
+
+
+def test_an_ebpf_probe_compiles_from_the_installed_sources_and_holds(user, tmp_path):
+    why = bcc_missing("oom_kills")
+    if why is not None:
+        pytest.skip(f"eBPF cannot run here: {why}")
+    bystander = subprocess.Popen(["sleep", "600"])  # OOM kills in its tree only: other tests may OOM-kill theirs
+    try:
+        (tmp_path / "ooms.yaml").write_text(f"""\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {{name: no-oom-kills}}
+steadyState:
+  probes: [{{name: ooms, type: ebpf, program: oom_kills, pid: {bystander.pid}, expect: {{count: "== 0"}}}}]
+method:
+  - pause: 1s
+""")
+        p = user.run("run", str(tmp_path / "ooms.yaml"), "--plain", "--out", str(tmp_path / "o"), timeout=120)
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    samples = [s for s in summary["samples"] if s["probe"] == "ooms"]
+    assert summary["verdict"] == "held" and samples and all(s["values"]["count"] == 0 for s in samples)
+
+
+@pytest.mark.skipif(TRITON_MISSING is not None, reason=f"Triton not installed: {TRITON_MISSING}")
+def test_a_bundled_scenario_runs_by_name(user, tmp_path):
+    """The scenario brings up its own Triton replicas (in ./.chaoskit/, the directory it runs in), whose python
+    backend imports chaoskit from the installed package, and takes them down; no ledger of the run (nor of its
+    deployment) is left in the state directory."""
+    from chaoskit.reference.deploy import Deployment
+    from chaoskit.targets.process import ProcessRef, is_alive
+
+    p = user.run("run", "sits2026/health-check-blindspot", "--var", "fix=true", "--plain", "--out",
+                 str(tmp_path / "o"), cwd=tmp_path, timeout=180)
+    deployments = sorted((tmp_path / ".chaoskit").glob("ref-*"))
+    alive = [x for d in deployments for x in Deployment(d).processes() if is_alive(ProcessRef.from_json(x))]
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert deployments and alive == []
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["verdict"] == "held" and summary["rollback_complete"]
+    ledgers = Path(user.python("from chaoskit.paths import state_dir; print(state_dir() / 'ledgers')"))
+    assert sorted(ledgers.glob(f"{summary['run_id']}*")) == []
