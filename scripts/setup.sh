@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up: system packages, kernel mounts, headers symlink, .venv with chaoskit.
+# Idempotent set-up: system packages, kernel mounts, headers symlink, .venv with chaoskit, the Triton engine.
 # Only does what is missing; safe to run again and again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,11 +39,8 @@ else
   log "not root or no apt-get: skipping system packages (eBPF/network tests will skip with a reason)"
 fi
 
-# The real tritonserver ships in this wheel; --no-deps because only the binary and its bundled libraries are
-# used (its Python client dependencies are not).
-TRITON_WHEEL="nvidia-pytriton==0.7.0"
 stamp=.venv/.chaoskit-installed
-want=$( (cat pyproject.toml; echo "$TRITON_WHEEL") | sha256sum | cut -d' ' -f1)
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   "$PY" -m venv .venv
@@ -52,10 +49,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   log "installing chaoskit and its dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install -q -e '.[dev]'
-  log "installing $TRITON_WHEEL (tritonserver binary, --no-deps)"
-  .venv/bin/python -m pip install -q --no-deps "$TRITON_WHEEL"
   echo "$want" > "$stamp"
 fi
+# The reference Triton engine (the real tritonserver of the nvidia-pytriton wheel), as a user installs it:
+# once into .chaoskit/triton, then "already installed".
+.venv/bin/chaoskit ref install triton
 # ajv, the JSON Schema validator most editors and CI tools use: tests check the published schema in its strict mode.
 if command -v npm >/dev/null && [ ! -d .chaoskit/npm/node_modules/ajv ]; then
   log "installing ajv@8 into .chaoskit/npm (strict check of the published schema)"

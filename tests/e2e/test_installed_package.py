@@ -178,6 +178,8 @@ def test_a_bundled_scenario_runs_by_name(user, tmp_path):
     from chaoskit.reference.deploy import Deployment
     from chaoskit.targets.process import ProcessRef, is_alive
 
+    engine = user.run("ref", "install", "triton", timeout=600)  # as a user does; "already installed" after once
+    assert engine.returncode == 0 and "installed (tritonserver " in engine.stdout, engine.stdout + engine.stderr
     p = user.run("run", "sits2026/health-check-blindspot", "--var", "fix=true", "--plain", "--out",
                  str(tmp_path / "o"), cwd=tmp_path, timeout=180)
     deployments = sorted((tmp_path / ".chaoskit").glob("ref-*"))
