@@ -456,22 +456,17 @@ def _rollback_cluster(kubeconfig: Path | None, context: str | None, namespace: s
 
 
 @app.command()
-def doctor(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
-    """What this host can do: fault families and probes, and why not."""
-    from chaoskit.doctor import python_info, run_checks
+def doctor(as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+           fix: bool = typer.Option(False, "--fix", help="show the package commands that provide what is missing "
+                                                         "and run them (apt hosts, as root)")) -> None:
+    """What this host can do: fault families and probes, why not, and the packages that provide the rest."""
+    from chaoskit.cli_doctor import doctor_command
 
-    _replay_orphans()
-    checks = run_checks()
-    if as_json:
-        print(json.dumps([c.__dict__ for c in checks], indent=2))
-        return
-    table = Table(title=f"chaoskit doctor — {python_info()}")
-    table.add_column("capability")
-    table.add_column("ok")
-    table.add_column("detail")
-    for c in checks:
-        table.add_row(c.area, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail)
-    out.print(table)
+    try:
+        _replay_orphans()
+    except OSError as e:  # a state directory this user cannot write: the checks still run
+        err.print(f"[yellow]note:[/] orphaned runs not replayed: {escape(str(e))}", highlight=False)
+    doctor_command(as_json, fix)
 
 
 @app.command()

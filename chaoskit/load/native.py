@@ -53,9 +53,14 @@ def cache_dir() -> Path:
     return paths.cache_dir()
 
 
+def compiler() -> str | None:
+    """The C compiler build() uses: $CC, else cc, else gcc on PATH."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def build() -> Path:
     """The shared library for this sender.c (compiled on first use); ChaoskitError when it cannot be."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = compiler()
     src = SOURCE.read_bytes()
     key = hashlib.sha256(src + " ".join(CFLAGS).encode()).hexdigest()[:16]
     lib = cache_dir() / f"sender-{key}.so"
