@@ -73,7 +73,7 @@ REQUIREMENTS: dict[str, Requirement] = {r.id: r for r in (
     Requirement("bcc-site", "bcc importable from this interpreter", installable=False,
                 note="bcc is installed system-wide, but this interpreter does not see it: install chaoskit into a "
                      "venv made with `python3 -m venv --system-site-packages`, or `pipx install "
-                     "--system-site-packages chaoskit` (pipx reinstall ... after changing it)"),
+                     "--system-site-packages chaoskit` (with --force over an existing pipx install)"),
     Requirement("kernel-headers", f"the running kernel's headers (/lib/modules/{KERNEL}/build)",
                 debian=("linux-headers-{kernel}",), rhel=("kernel-devel-{kernel}",),
                 kernel_option="CONFIG_IKHEADERS=m (the kernel carries its own headers)"),
