@@ -28,11 +28,13 @@ err = console(stderr=True)
 
 
 def _add_subcommands() -> None:
+    from chaoskit.cli_init import init
     from chaoskit.cli_load import load
     from chaoskit.cli_ref import ref_app
     from chaoskit.cli_report import report
 
     app.add_typer(ref_app, name="ref")
+    app.command()(init)
     app.command()(load)
     app.command()(report)
 
