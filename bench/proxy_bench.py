@@ -1,19 +1,26 @@
 """network.proxy benchmark: latency the proxy adds with no toxics, and its throughput, against a direct
 loopback connection to the same upstream measured in the same run (the anchor).
 
-Latency: 64-byte ping-pong over one connection, N round trips (default 5000) direct and through the proxy;
-added p50/p99 = proxied percentile - direct percentile. Throughput: one connection downloading M bytes
-(default 512 MiB) from a bulk upstream, direct and through the proxy.
+Latency: 64-byte ping-pong over one connection, N round trips (default 5000, `BENCH_RTTS`) direct and through
+the proxy; added p50/p99 = proxied percentile - direct percentile. Throughput: one connection downloading M bytes
+(default 512 MiB, `BENCH_BYTES`) from a bulk upstream, direct and through the proxy.
+
+Every answer is checked: a round trip must echo the 64 bytes sent (a closed connection or other bytes is an
+error, and ends that connection's round trips); a download must deliver exactly M bytes, each one the payload's.
+A throughput is computed only from a complete download (else `nan`); the latency only from complete round trips.
 
 RESULT keys: proxy_added_p50_us, proxy_added_p99_us (goal p50 <= 200 us), proxy_mbps, direct_mbps (MB/s),
-throughput_ratio (proxy / direct).
+throughput_ratio (proxy / direct), errors (short or wrong answers, direct and proxied; the exit status is 1
+when it is not 0).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import statistics
+import sys
 import threading
 import time
 
@@ -22,6 +29,7 @@ from chaoskit.injectors.proxy import Proxy
 N = int(os.environ.get("BENCH_RTTS", "5000"))
 BULK = int(os.environ.get("BENCH_BYTES", str(512 << 20)))
 PAYLOAD = b"x" * (1 << 20)
+PAYLOAD_VIEW = memoryview(PAYLOAD)
 
 
 def serve(bulk: bool) -> socket.socket:
@@ -54,27 +62,48 @@ def serve(bulk: bool) -> socket.socket:
     return srv
 
 
-def rtts(port: int) -> list[float]:
+PING = b"p" * 64
+
+
+def rtts(port: int, errors: list[str], label: str) -> list[float]:
+    """N round trips (after 200 warm-up ones); each must get its 64 bytes back. A closed connection or other
+    bytes is an error and ends the loop: the times of the complete round trips before it are returned."""
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         out = []
-        for _ in range(N + 200):
+        for i in range(N + 200):
             t0 = time.perf_counter()
-            s.sendall(b"p" * 64)
-            got = 0
-            while got < 64:
-                got += len(s.recv(4096))
-            out.append(time.perf_counter() - t0)
+            s.sendall(PING)
+            got = b""
+            while len(got) < len(PING):
+                data = s.recv(4096)
+                if not data:
+                    break
+                got += data
+            dt = time.perf_counter() - t0
+            if got != PING:
+                errors.append(f"{label}: round trip {i + 1}: {len(got)} of {len(PING)} bytes"
+                              + (" (connection closed)" if len(got) < len(PING) else " (not the bytes sent)"))
+                break
+            out.append(dt)
         return sorted(out[200:])  # the first ones warm up caches and the proxy's connection
 
 
-def mbps(port: int) -> float:
+def mbps(port: int, errors: list[str], label: str) -> float:
+    """MB/s of one download of BULK bytes; nan (and an error) unless exactly BULK bytes of the payload arrived."""
     with socket.create_connection(("127.0.0.1", port)) as s:
         buf = bytearray(1 << 20)
-        t0, got = time.perf_counter(), 0
+        t0, got, wrong = time.perf_counter(), 0, 0
         while n := s.recv_into(buf):
             got += n
-        return got / (time.perf_counter() - t0) / 1e6
+            if not buf.startswith(PAYLOAD_VIEW[:n]):  # the payload is all b"x": a memcmp, no copy
+                wrong += n - buf.count(b"x", 0, n)
+        dt = time.perf_counter() - t0
+    if got != BULK or wrong:
+        errors.append(f"{label}: download of {BULK} bytes got {got}" + (f", {wrong} of them not the payload's"
+                                                                       if wrong else ""))
+        return math.nan
+    return got / dt / 1e6
 
 
 def pct(sorted_vals: list[float], q: float) -> float:
@@ -87,7 +116,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def main() -> None:
+def main() -> int:
+    errors: list[str] = []
     echo, bulk = serve(bulk=False), serve(bulk=True)
     records = []
     try:
@@ -98,21 +128,26 @@ def main() -> None:
                                    upstream=f"127.0.0.1:{up.getsockname()[1]}"))
             records.append(inj.apply(inj.prepare()))
             ports[name] = port
-        direct, proxied = rtts(echo.getsockname()[1]), rtts(ports["echo"])
-        d_mbps, p_mbps = mbps(bulk.getsockname()[1]), mbps(ports["bulk"])
+        direct, proxied = rtts(echo.getsockname()[1], errors, "direct"), rtts(ports["echo"], errors, "proxy")
+        d_mbps, p_mbps = mbps(bulk.getsockname()[1], errors, "direct"), mbps(ports["bulk"], errors, "proxy")
     finally:
         for rec in records:
             Proxy.revert(rec)
         echo.close()
         bulk.close()
-    add50 = (statistics.median(proxied) - statistics.median(direct)) * 1e6
-    add99 = (pct(proxied, 0.99) - pct(direct, 0.99)) * 1e6
-    print(f"round trips ({N}): direct p50 {statistics.median(direct) * 1e6:.1f} us p99 {pct(direct, .99) * 1e6:.1f} us; "
-          f"proxy p50 {statistics.median(proxied) * 1e6:.1f} us p99 {pct(proxied, .99) * 1e6:.1f} us")
+    for e in errors:
+        print(f"ERROR {e}")
+    p50 = {k: statistics.median(v) if v else math.nan for k, v in (("direct", direct), ("proxy", proxied))}
+    p99 = {k: pct(v, 0.99) if v else math.nan for k, v in (("direct", direct), ("proxy", proxied))}
+    add50, add99 = (p50["proxy"] - p50["direct"]) * 1e6, (p99["proxy"] - p99["direct"]) * 1e6
+    print(f"round trips ({N}): direct {len(direct)} complete, p50 {p50['direct'] * 1e6:.1f} us p99 "
+          f"{p99['direct'] * 1e6:.1f} us; proxy {len(proxied)} complete, p50 {p50['proxy'] * 1e6:.1f} us p99 "
+          f"{p99['proxy'] * 1e6:.1f} us")
     print(f"throughput ({BULK >> 20} MiB): direct {d_mbps:.0f} MB/s, proxy {p_mbps:.0f} MB/s")
     print(f"RESULT proxy_added_p50_us={add50:.1f} proxy_added_p99_us={add99:.1f} proxy_mbps={p_mbps:.1f} "
-          f"direct_mbps={d_mbps:.1f} throughput_ratio={p_mbps / d_mbps:.3f}")
+          f"direct_mbps={d_mbps:.1f} throughput_ratio={p_mbps / d_mbps:.3f} errors={len(errors)}")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
