@@ -13,15 +13,23 @@ answers at once: non-streamed completions, and SSE streams written in one go, on
 The L4 network.proxy (no toxics) is measured beside it in the same interleaved latency loop: what one more
 loopback hop through a Python process costs on this machine at this moment (the noise floor of the goal).
 
+Every answer is checked: a completion must be `200` with the upstream's body (`503` or that through the abort
+proxy); a stream must be `200` with every token event the upstream sent, `data: [DONE]` and the final chunk.
+A short, cut or wrong answer is an error: it is left out of what is measured (a latency, a gap, a throughput
+over complete streams only; `nan` when none was complete) and counted in `errors`; the exit status is then 1.
+Sizes: `BENCH_REQUESTS` (N), `BENCH_ABORTS` (M), `BENCH_EVENTS` (E).
+
 RESULT keys: added_p50_us, added_p99_us (goal p50 <= 200 us), l4_added_p50_us (network.proxy, same run),
 itl_p50_ms, itl_error_ms (|p50 - 20|, goal <= 1), abort_share, abort_share_error (|share - 0.2|, goal <= 0.015),
-direct_mbps, proxy_mbps, throughput_ratio (proxy / direct), events_mbps (every event parsed), events_ratio.
+direct_mbps, proxy_mbps, throughput_ratio (proxy / direct), events_mbps (every event parsed), events_ratio,
+errors (short, cut or wrong answers in all of the above).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import socket
@@ -44,6 +52,11 @@ GAP_MS, ITL_TOKENS, ITL_STREAMS = 20.0, 32, 10
 
 
 # ---------------------------------------------------------------- the upstream (run as `--upstream PORT`)
+
+COMPLETION_BODY = b'{"id":"c","choices":[{"text":"hello","index":0}],"usage":{"completion_tokens":1}}'
+TOKEN_MARK = b'"text":"'  # one in each token event
+STREAM_END = b"data: [DONE]\n\n\r\n0\r\n\r\n"  # the [DONE] event, then the final chunk
+
 
 def _event(i: int) -> bytes:
     ev = b'data: {"id":"c","choices":[{"text":"t%d","index":0}]}\n\n' % i
@@ -72,7 +85,7 @@ class _Upstream(asyncio.Protocol):
             n = int(re.search(rb'"max_tokens": (\d+)', body).group(1))
             events = b"".join(_event(i) for i in range(n))
         else:
-            js = b'{"id":"c","choices":[{"text":"hello","index":0}],"usage":{"completion_tokens":1}}'
+            js = COMPLETION_BODY
             self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
                          % (len(js), js))
             return
@@ -117,64 +130,134 @@ def _request(body: dict, path: str = "/v1/completions") -> bytes:
 COMPLETION = _request({"model": "m", "prompt": "hi", "max_tokens": 1})
 
 
+class BadAnswer(Exception):
+    """A short, cut or wrong answer: counted as an error, never measured."""
+
+
+class Errors:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, where: str, what: object) -> None:
+        self.lines.append(f"{where}: {what}")
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+
+def _recv(s: socket.socket, n: int) -> bytes:
+    data = s.recv(n)
+    if not data:
+        raise BadAnswer("connection closed mid-answer")
+    return data
+
+
 def one(s: socket.socket, req: bytes) -> tuple[int, bytes]:
-    """Send a request, read a Content-Length answer: (status, body)."""
+    """Send a request, read a Content-Length answer: (status, body); BadAnswer if it is cut or has no length."""
     s.sendall(req)
     buf = b""
     while (end := buf.find(b"\r\n\r\n")) < 0:
-        buf += s.recv(65536)
-    n = int(re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", buf[:end]).group(1))
+        buf += _recv(s, 65536)
+    m = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", buf[:end])
+    if not buf.startswith(b"HTTP/1.1 ") or m is None:
+        raise BadAnswer(f"not a Content-Length answer: {buf[:end][:80]!r}")
+    n = int(m.group(1))
     while len(buf) < end + 4 + n:
-        buf += s.recv(65536)
+        buf += _recv(s, 65536)
     return int(buf[9:12]), buf[end + 4:end + 4 + n]
 
 
-def stream(s: socket.socket, req: bytes) -> tuple[list[float], int]:
-    """Send a streaming request, read to the final chunk: (arrival time of each token event, bytes)."""
+def completion(s: socket.socket, allowed: tuple[int, ...] = (200,)) -> int:
+    """One completion; its status, which must be in `allowed`, with the upstream's body when 200 (BadAnswer)."""
+    status, body = one(s, COMPLETION)
+    if status not in allowed:
+        raise BadAnswer(f"status {status}")
+    if status == 200 and body != COMPLETION_BODY:
+        raise BadAnswer(f"200 with a body of {len(body)} bytes, not the upstream's {len(COMPLETION_BODY)}")
+    return status
+
+
+def stream(s: socket.socket, req: bytes, tokens: int) -> tuple[list[float], int]:
+    """Send a streaming request, read to the final chunk: (arrival time of each token event, bytes). BadAnswer
+    unless it is a 200 carrying all `tokens` token events, then [DONE] and the final chunk."""
     s.sendall(req)
-    times, total, tail = [], 0, b""
+    times: list[float] = []
+    total, head, tail = 0, b"", b""
+    keep = len(TOKEN_MARK) - 1  # a mark split between two reads is counted once: in the read that ends it
     while True:
-        data = s.recv(1 << 20)
+        try:
+            data = s.recv(1 << 20)
+        except ConnectionError as e:
+            raise BadAnswer(f"stream cut after {len(times)} of {tokens} token events ({e})") from None
         now = time.perf_counter()
         if not data:
-            raise ConnectionError("closed mid-stream")
+            raise BadAnswer(f"stream closed after {len(times)} of {tokens} token events, before its final chunk")
+        if len(head) < 12:
+            head += data[:12]
         total += len(data)
-        times.extend([now] * data.count(b'"text":"'))
-        tail = (tail + data)[-16:]
+        times.extend([now] * (tail[-keep:] + data).count(TOKEN_MARK))
+        tail = (tail + data)[-len(STREAM_END):]
         if tail.endswith(b"\r\n0\r\n\r\n"):
-            return times, total
+            break
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise BadAnswer(f"stream answered {head[:12]!r}")
+    if len(times) != tokens or tail != STREAM_END:
+        raise BadAnswer(f"stream ended after {len(times)} of {tokens} token events"
+                        + ("" if tail == STREAM_END else ", without [DONE]"))
+    return times, total
 
 
 def pct(xs: list[float], q: float) -> float:
+    """The q-th percentile; nan for no values (no complete answer to measure)."""
+    if not xs:
+        return math.nan
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q / 100 * len(xs)))]
 
 
-def latency(*ports: int) -> list[list[float]]:
-    """N sequential requests on one keep-alive connection to each port, interleaved in blocks of 100."""
-    socks = [_conn(p) for p in ports]
-    for s in socks:  # warm up
+def latency(errors: Errors, **ports: int) -> list[list[float]]:
+    """N sequential requests on one keep-alive connection to each port, interleaved in blocks of 100; the times
+    of the complete 200s with the upstream's body (a bad answer is an error, and the connection is made anew)."""
+    socks = {name: _conn(p) for name, p in ports.items()}
+    out: dict[str, list[float]] = {name: [] for name in ports}
+
+    def timed(name: str) -> float | None:
+        t0 = time.perf_counter()
+        try:
+            completion(socks[name])
+            return time.perf_counter() - t0
+        except (BadAnswer, OSError) as e:
+            errors.add(f"latency {name}", e)
+            socks[name].close()
+            socks[name] = _conn(ports[name])
+            return None
+
+    for name in ports:  # warm up
         for _ in range(200):
-            one(s, COMPLETION)
-    out: list[list[float]] = [[] for _ in ports]
+            timed(name)
     for _ in range(N // 100):
-        for s, times in zip(socks, out, strict=True):
+        for name, times in out.items():
             for _ in range(100):
-                t0 = time.perf_counter()
-                one(s, COMPLETION)
-                times.append(time.perf_counter() - t0)
-    for s in socks:
+                if (dt := timed(name)) is not None:
+                    times.append(dt)
+    for s in socks.values():
         s.close()
-    return out
+    return list(out.values())
 
 
-def throughput(port: int) -> float:
-    best = 0.0
+def throughput(port: int, errors: Errors, name: str) -> float:
+    """The best MB/s of 3 reads of the whole E-event stream, over the complete ones only (nan: none was)."""
+    best = math.nan
     for _ in range(3):
         with _conn(port) as s:
             t0 = time.perf_counter()
-            _, n = stream(s, b"GET /big HTTP/1.1\r\nHost: bench\r\n\r\n")
-            best = max(best, n / (time.perf_counter() - t0) / 1e6)
+            try:
+                _, n = stream(s, b"GET /big HTTP/1.1\r\nHost: bench\r\n\r\n", EVENTS)
+            except (BadAnswer, OSError) as e:
+                errors.add(f"throughput {name}", e)
+                continue
+            mbps = n / (time.perf_counter() - t0) / 1e6
+            best = mbps if math.isnan(best) else max(best, mbps)
     return best
 
 
@@ -186,11 +269,12 @@ def start(upstream: int, faults: list[dict]) -> tuple[int, dict]:
     return port, inj.apply(inj.prepare())
 
 
-def main() -> None:
+def main() -> int:
     up_port = _free_port()
     up = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)], stdout=subprocess.PIPE, text=True)
     assert up.stdout is not None and up.stdout.readline().strip() == "ready"
     records = []
+    errors = Errors()
     try:
         plain, r = start(up_port, [])
         records.append(r)
@@ -205,40 +289,61 @@ def main() -> None:
         l4 = Proxy(Proxy.Spec(type="network.proxy", listen=f"127.0.0.1:{l4_port}", upstream=f"127.0.0.1:{up_port}"))
         l4_rec = l4.apply(l4.prepare())
         try:
-            dt, pt, lt = latency(up_port, plain, l4_port)
+            dt, pt, lt = latency(errors, direct=up_port, proxy=plain, l4=l4_port)
         finally:
             Proxy.revert(l4_rec)
         added50, added99 = (pct(pt, 50) - pct(dt, 50)) * 1e6, (pct(pt, 99) - pct(dt, 99)) * 1e6
         l4_added50 = (pct(lt, 50) - pct(dt, 50)) * 1e6
 
         gaps: list[float] = []
-        with _conn(itl) as s:
-            for _ in range(ITL_STREAMS):
+        s = _conn(itl)
+        for _ in range(ITL_STREAMS):
+            try:
                 times, _ = stream(s, _request({"model": "m", "prompt": "hi", "max_tokens": ITL_TOKENS,
-                                               "stream": True}))
-                gaps += [(b - a) * 1e3 for a, b in zip(times, times[1:], strict=False)]
-        itl50 = statistics.median(gaps)
+                                               "stream": True}), ITL_TOKENS)
+            except (BadAnswer, OSError) as e:
+                errors.add("token_delay", e)
+                s.close()
+                s = _conn(itl)
+                continue
+            gaps += [(b - a) * 1e3 for a, b in zip(times, times[1:], strict=False)]
+        s.close()
+        itl50 = statistics.median(gaps) if gaps else math.nan
 
-        with _conn(abort) as s:
-            statuses = [one(s, COMPLETION)[0] for _ in range(M)]
-        share = statuses.count(503) / len(statuses)
+        statuses: list[int] = []
+        s = _conn(abort)
+        for _ in range(M):
+            try:
+                statuses.append(completion(s, (200, 503)))
+            except (BadAnswer, OSError) as e:
+                errors.add("abort", e)
+                s.close()
+                s = _conn(abort)
+        s.close()
+        share = statuses.count(503) / len(statuses) if statuses else math.nan
 
-        direct_mbps, proxy_mbps, events_mbps = throughput(up_port), throughput(plain), throughput(parsed)
+        direct_mbps, proxy_mbps = throughput(up_port, errors, "direct"), throughput(plain, errors, "proxy")
+        events_mbps = throughput(parsed, errors, "parsed")
     finally:
         for r in records:
             LlmProxy.revert(r)
         up.kill()
         up.wait()
 
+    for line in errors.lines[:20]:
+        print(f"ERROR {line}")
+    if len(errors) > 20:
+        print(f"ERROR ... and {len(errors) - 20} more")
     print(f"{'':34}{'p50':>10}{'p99':>10}")
     print(f"{'direct completion RTT (us)':34}{pct(dt, 50) * 1e6:10.1f}{pct(dt, 99) * 1e6:10.1f}")
     print(f"{'through llm.proxy, no faults (us)':34}{pct(pt, 50) * 1e6:10.1f}{pct(pt, 99) * 1e6:10.1f}")
-    print(f"{'added (us)':34}{added50:10.1f}{added99:10.1f}   ({N} requests each)")
+    print(f"{'added (us)':34}{added50:10.1f}{added99:10.1f}   ({N} requests each; complete: direct {len(dt)}, "
+          f"llm.proxy {len(pt)}, L4 {len(lt)})")
     print(f"{'through network.proxy (L4) (us)':34}{pct(lt, 50) * 1e6:10.1f}{pct(lt, 99) * 1e6:10.1f}   "
           f"added p50 {l4_added50:.1f}")
     print(f"token_delay {GAP_MS:g}ms: inter-token gap p50 {itl50:.3f} ms, p10 {pct(gaps, 10):.3f}, "
           f"p90 {pct(gaps, 90):.3f}, p99 {pct(gaps, 99):.3f} ({len(gaps)} gaps)")
-    print(f"abort 503 share 0.2: {statuses.count(503)} of {M} = {share:.4f}; "
+    print(f"abort 503 share 0.2: {statuses.count(503)} of {len(statuses)} answered (of {M} sent) = {share:.4f}; "
           f"Retry-After sent with each")
     print(f"SSE stream of {EVENTS} events: direct {direct_mbps:.1f} MB/s, proxy {proxy_mbps:.1f} MB/s, "
           f"proxy parsing every event {events_mbps:.1f} MB/s")
@@ -246,11 +351,12 @@ def main() -> None:
           f"itl_p50_ms={itl50:.3f} "
           f"itl_error_ms={abs(itl50 - GAP_MS):.3f} abort_share={share:.4f} abort_share_error={abs(share - 0.2):.4f} "
           f"direct_mbps={direct_mbps:.1f} proxy_mbps={proxy_mbps:.1f} throughput_ratio={proxy_mbps / direct_mbps:.3f} "
-          f"events_mbps={events_mbps:.1f} events_ratio={events_mbps / direct_mbps:.3f}")
+          f"events_mbps={events_mbps:.1f} events_ratio={events_mbps / direct_mbps:.3f} errors={len(errors)}")
+    return 1 if len(errors) else 0
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--upstream":
         upstream_main(int(sys.argv[2]))
     else:
-        main()
+        sys.exit(main())
