@@ -10,8 +10,11 @@ open ledgers, loop devices, mounts, the target's signal state) within 3 s.
 
     .venv/bin/python bench/torture.py --runs 50 [--seed 1]
 
-Prints a line per run, `N/N clean`, the seed and diff of any failure. Last line:
-`RESULT clean=N runs=N cgroup_kills=K sigkills=K max_clean_s=S`.
+Just before each kill the run's ledger is read: a run killed while at least one fault was applied and not yet
+reverted is one that tested cleanup; one killed before any apply (or after everything was reverted) is clean
+whatever the cleanup does. Prints a line per run (with what the ledger held at the kill), `N/N clean`, the seed
+and diff of any failure. Last line:
+`RESULT clean=N runs=N cgroup_kills=K sigkills=K max_clean_s=S killed_with_faults_applied=K`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from chaoskit.engine.ledger import Ledger  # noqa: E402
 from tests.helpers.hoststate import diff, snapshot  # noqa: E402
 from tests.helpers.jobcgroup import enter_job, kill_job, make_job_cgroups, remove_job_cgroups  # noqa: E402
 from tests.helpers.netpair import Pair  # noqa: E402
@@ -72,16 +76,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def ledger_files(state: Path) -> set[Path]:
+    return set((state / "ledgers").glob("*.jsonl"))
+
+
+def ledger_now(state: Path, before: set[Path], pid: int) -> dict[str, int] | None:
+    """The run's ledger (new since it started, owned by `pid`) as it is now: faults applied and not reverted,
+    faults only intended (an apply under way), faults reverted. None: it has no open ledger (not opened yet, or
+    closed and deleted after a complete rollback): nothing of it in effect."""
+    for path in ledger_files(state) - before:
+        st = Ledger(path).read()
+        if st.closed or st.owner is None or st.owner.pid != pid:
+            continue
+        out = {"in_effect": 0, "intended": 0, "reverted": 0}
+        for e in st.entries.values():
+            out["reverted" if e.reverted else "in_effect" if e.applied else "intended"] += 1
+        return out
+    return None
+
+
 def one_run(i: int, rng: random.Random, exp: Path, state: Path, sleeper: int, namespaces: list[str]) -> dict:
     kind, at = rng.choice(KINDS), rng.uniform(0.0, 5.0)
     before = snapshot([sleeper], state, namespaces)
     job = make_job_cgroups() if kind == "cgroup" else []
     env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state)}
+    ledgers_before = ledger_files(state)
     run = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(exp), "--plain", "--out",
                             str(state / f"run-{i}")], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, preexec_fn=(lambda: enter_job(job)) if job else None)
     time.sleep(at)
     finished_first = run.poll() is not None
+    at_kill = ledger_now(state, ledgers_before, run.pid)  # read just before the kill: what it finds in effect
     if kind == "cgroup":
         kill_job(job)
     elif not finished_first:
@@ -93,7 +118,8 @@ def one_run(i: int, rng: random.Random, exp: Path, state: Path, sleeper: int, na
     while (d := diff(before, snapshot([sleeper], state, namespaces))) and time.monotonic() - t0 < CLEAN_WITHIN_S:
         time.sleep(0.1)
     return {"kind": kind, "at": at, "exit": run.returncode, "finished_first": finished_first, "diff": d,
-            "clean_s": time.monotonic() - t0}
+            "clean_s": time.monotonic() - t0, "at_kill": at_kill,
+            "with_faults": not finished_first and at_kill is not None and at_kill["in_effect"] > 0}
 
 
 def main() -> int:
@@ -103,7 +129,7 @@ def main() -> int:
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("torture needs root (namespaces, qdiscs, nftables, cgroups)")
-        print("RESULT clean=0 runs=0 cgroup_kills=0 sigkills=0 max_clean_s=nan")
+        print("RESULT clean=0 runs=0 cgroup_kills=0 sigkills=0 max_clean_s=nan killed_with_faults_applied=0")
         return 4
     rng = random.Random(args.seed)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up the namespaces and the target on SIGTERM
@@ -119,8 +145,11 @@ def main() -> int:
             for i in range(args.runs):
                 r = one_run(i, rng, exp, state, sleeper.pid, [pair.srv, pair.cli])
                 results.append(r)
+                k = r["at_kill"]
+                held = ("no open ledger" if k is None else
+                        f"ledger: {k['in_effect']} in effect, {k['intended']} being applied, {k['reverted']} reverted")
                 print(f"run {i + 1:3d}: {r['kind']:7s} at {r['at']:.2f}s exit {r['exit']}"
-                      f"{' (finished before the kill)' if r['finished_first'] else ''}: "
+                      f"{' (finished before the kill)' if r['finished_first'] else f' ({held} at the kill)'}: "
                       + ("clean" if not r["diff"] else "LEFT BEHIND"), flush=True)
                 for line in r["diff"]:
                     print(f"    {line}")
@@ -134,10 +163,13 @@ def main() -> int:
     for r in failed:
         print(f"  failure: seed {args.seed}, {r['kind']} at {r['at']:.3f}s: {len(r['diff'])} differences")
     kinds = {k: sum(1 for r in results if r["kind"] == k) for k in KINDS}
+    with_faults = sum(1 for r in results if r["with_faults"])
     print(f"kills by kind: {kinds}; runs that finished before their kill: "
-          f"{sum(1 for r in results if r['finished_first'])}")
+          f"{sum(1 for r in results if r['finished_first'])}; killed with faults in effect: {with_faults} "
+          f"(clean: {sum(1 for r in results if r['with_faults'] and not r['diff'])})")
     print(f"RESULT clean={clean} runs={len(results)} cgroup_kills={kinds['cgroup']} sigkills={kinds['sigkill']} "
-          f"max_clean_s={max((r['clean_s'] for r in results), default=0):.2f}")
+          f"max_clean_s={max((r['clean_s'] for r in results), default=0):.2f} "
+          f"killed_with_faults_applied={with_faults}")
     return 0 if clean == len(results) else 1
 
 
