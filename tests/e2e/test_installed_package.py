@@ -6,7 +6,8 @@ data — must come from the installed package, not from the checkout.
 The venv gets chaoskit from the wheel only (`--no-deps`); its dependencies come from the project's .venv
 through a plain path entry in a .pth file. A plain entry does not run .venv's own .pth files, so the editable
 chaoskit installed there stays invisible; test_chaoskit_is_the_installed_wheel checks that.
-(`chaoskit ref install` and `chaoskit init` get their tests here once they exist: see `user`.)"""
+`chaoskit ref install triton` installs the engine the scenario runs on; `chaoskit init` writes a first
+experiment for an OpenAI-compatible stand-in and, with nothing listening, a template."""
 
 from __future__ import annotations
 
@@ -190,3 +191,29 @@ def test_a_bundled_scenario_runs_by_name(user, tmp_path):
     assert summary["verdict"] == "held" and summary["rollback_complete"]
     ledgers = Path(user.python("from chaoskit.paths import state_dir; print(state_dir() / 'ledgers')"))
     assert sorted(ledgers.glob(f"{summary['run_id']}*")) == []
+
+
+@pytest.mark.parametrize("serving", [True, False], ids=["openai-standin", "closed-port"])
+def test_init_writes_an_experiment_that_validates_and_dry_runs(user, tmp_path, serving):
+    from tests.conftest import free_port
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "tests.helpers.openai_standin", str(port), "wheel-model"],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True) if serving else None
+    try:
+        if server is not None:
+            assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        d = tmp_path / "mine"
+        d.mkdir()
+        p = user.run("init", "--url", f"http://127.0.0.1:{port}", cwd=d)
+        assert p.returncode == 0, p.stdout + p.stderr
+        text = (d / "first-experiment.yaml").read_text()
+        assert ("wheel-model" in text) is serving
+        assert ("could not detect" in p.stdout + p.stderr) is not serving
+        assert user.run("validate", "first-experiment.yaml", cwd=d).returncode == 0
+        dry = user.run("run", "--dry-run", "first-experiment.yaml", cwd=d)
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
