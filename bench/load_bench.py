@@ -30,7 +30,8 @@ backlog of ~100 requests drains after each stall, which can add up to ~1%); `co_
 omitting one.
 
 RESULT keys: rate_vs_wrk (chaoskit max rate / wrk req/s), rate_vs_vllm_bench (when vLLM is present),
-co_p99_error, co_uncorrected_p99_error (fractions), wrk_spread, chaoskit_max_rps, wrk_rps.
+co_p99_error, co_uncorrected_p99_error (fractions), wrk_spread, chaoskit_max_rps, wrk_rps, sender (the chaoskit
+sender measured: native unless it cannot be built here).
 Needs root or the packages `nginx-light` and `wrk` (installed with apt when missing).
 """
 
@@ -52,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chaoskit.load import native
 from chaoskit.load.runner import run_load
 from chaoskit.load.spec import LoadSpec
 
@@ -312,6 +314,8 @@ def main() -> None:
         nginx = start_nginx(tmp, port)
         try:
             base = f"http://127.0.0.1:{port}"
+            sender = native.choose(LoadSpec(url=base, api="openai", model="m", rate=1, duration=1))
+            print(f"chaoskit load: measuring the {sender} sender (sender auto for {base})")
             wrk = wrk_anchor(tmp, base + "/v1/completions")
             print(wrk.line())
             ref = low_rate_p99(base)
@@ -330,7 +334,7 @@ def main() -> None:
     vs_vllm = f" rate_vs_vllm_bench={best / vb.median:.3f}" if vb else ""
     print(f"RESULT rate_vs_wrk={best / wrk.median:.3f}{vs_vllm} co_p99_error={co:.4f} "
           f"co_uncorrected_p99_error={co_unc:.4f} wrk_spread={wrk.spread:.3f} chaoskit_max_rps={best:.0f} "
-          f"wrk_rps={wrk.median:.0f}")
+          f"wrk_rps={wrk.median:.0f} sender={sender}")
 
 
 if __name__ == "__main__":

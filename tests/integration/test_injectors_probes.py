@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,11 +50,12 @@ def test_memory_pressure_refuses_unsafe_sizes():
 
 
 def test_process_signal_by_name_and_guards(sleeper):
-    spec = ProcessSignalSpec(type="process.signal", name="^sleep$", select="all")
+    # by name among this test's own children only: never another job's `sleep` on a shared host
+    spec = ProcessSignalSpec(type="process.signal", name="^sleep$", child_of=os.getpid(), select="all")
     inj = ProcessSignal(spec)
     record = inj.apply(inj.prepare())
     try:
-        assert sleeper.pid in [t["pid"] for t in record["targets"]]
+        assert [t["pid"] for t in record["targets"]] == [sleeper.pid]
         assert proc_state(sleeper.pid) == "T" and ProcessSignal.observe(record)
     finally:
         ProcessSignal.revert(record)

@@ -90,3 +90,15 @@ def test_ratios_divide_by_the_schedule_not_by_rate_times_duration():
     assert s["completed_ratio"] == 0.9 and s["sent_on_time_ratio"] == 1.0 and s["completed_rps"] == 13.5
     assert rec.summary(20, 2.0, scheduled=0)["completed_ratio"] == 1.0  # nothing was due: nothing missed
     assert rec.summary(20, 2.0, scheduled=20)["completed_ratio"] == 1.0  # answers to the window before: capped
+
+
+def test_auto_picks_the_native_sender_for_http_where_a_compiler_exists():
+    """`sender: auto` must not fall back to python silently where the native sender can be built: a sender.c
+    that no longer compiles fails here instead of every benchmark measuring the python sender."""
+    from chaoskit.load import native
+    from chaoskit.load.spec import LoadSpec
+    from tests.conftest import native_sender_or_skip
+
+    native_sender_or_skip()
+    assert native.choose(LoadSpec(url="http://127.0.0.1:9", api="openai", model="m", rate=1, duration=1)) == "native"
+    assert native.choose(LoadSpec(url="https://127.0.0.1:9", api="openai", model="m", rate=1, duration=1)) == "python"
