@@ -53,5 +53,9 @@ def test_memory_pressure_holds(tmp_path, state_dir, http_server):
     out, err = run.communicate(timeout=60)
     assert run.returncode == 0, out + err
     s = json.loads((tmp_path / "o" / "summary.json").read_text())
-    assert s["faults"][0]["type"] == "host.memory_pressure" and s["faults"][0]["reverted_at"]
+    fault = s["faults"][0]
+    assert fault["type"] == "host.memory_pressure" and fault["reverted_at"]
+    # the memory was really held while the fault was in effect (the holder's own count, observed before revert)
+    observed = fault["observed_before_revert"]
+    assert observed["in_effect"] and observed["held"] >= 64 * 1024 * 1024, observed
     assert "chaoskit-holder" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

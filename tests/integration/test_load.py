@@ -84,6 +84,9 @@ def test_several_workers_merge_their_histograms(server, load_sender):
     summary = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{port}/", rate=300, duration=2,
                                             arrival="poisson", workers=2, sender=load_sender)))
     assert summary["workers"] == 2 and summary["ok"] == summary["sent"] > 450
+    # every answer of both workers is in the merged histograms, once (not one worker's, not twice)
+    hists = summary["recorder"].hists
+    assert hists["e2e"].get_total_count() == hists["service"].get_total_count() == summary["ok"]
     assert summary["p50_ms"] < 50
 
 

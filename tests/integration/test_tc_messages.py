@@ -164,19 +164,48 @@ def test_bandwidth_revert_restores_a_rate64_tbf_byte_exactly(pair):
     assert pair.qdiscs(pair.srv) == before and tc.find(rec["ns"], rec["ifindex"], tc.TC_H_ROOT) == rec["previous"]
 
 
+def payload(msg) -> bytes:
+    """The message's bytes after the netlink header (whose length and sequence number vary per send)."""
+    msg.encode()
+    return bytes(msg.data[16:msg["header"]["length"]])
+
+
+@pytest.fixture
+def sent(monkeypatch) -> list[tuple[int, int, bytes]]:
+    """(type, flags, payload) of every tcmsg chaoskit sends through tc.request, answered or refused."""
+    out: list[tuple[int, int, bytes]] = []
+    original = tc.request
+
+    def recording(ipr, msg, msg_type, flags):
+        try:
+            return original(ipr, msg, msg_type, flags)
+        finally:
+            out.append((msg_type, flags, bytes(msg.data[16:msg["header"]["length"]])))
+
+    monkeypatch.setattr(tc, "request", recording)
+    return out
+
+
+def expected(msg, msg_type: int, flags: int) -> tuple[int, int, bytes]:
+    msg["header"]["type"], msg["header"]["flags"] = msg_type, flags
+    return msg_type, flags, payload(msg)
+
+
 @ROOT
-def test_netem_messages_reach_the_kernel(pair):
+def test_netem_messages_reach_the_kernel(pair, sent):
     """What network.netem sends and what a netem restore sends are well-formed for the kernel: on a kernel without
     sch_netem it refuses only the kind (ENOENT), not the message (EINVAL); with netem, the qdisc is there."""
     ns, index = pair.path(pair.srv), _index(pair, pair.srv)
     msg = netem_message(NETEM, index, tc.TC_H_ROOT, ROOT_HANDLE)
     snap = {**as_dumped(netem_message(NETEM, index, tc.TC_H_ROOT, 0x10000)), "ifindex": index}
     if NETEM_MISSING is not None:
-        with pytest.raises(OSError) as sent:
+        with pytest.raises(OSError) as refused:
             with_iproute(ns, lambda ipr: tc.request(ipr, msg, RTM_NEWQDISC, NEW))
         with pytest.raises(OSError) as restored:
             tc.restore(ns, index, snap)
-        assert sent.value.errno == restored.value.errno == errno.ENOENT
+        assert refused.value.errno == restored.value.errno == errno.ENOENT
+        # what the restore sent, byte for byte: the message restore_message builds from the snapshot
+        assert sent[-1][2] == payload(tc.restore_message(index, snap)) and sent[-1][0] == RTM_NEWQDISC
         return
     with_iproute(ns, lambda ipr: tc.request(ipr, msg, RTM_NEWQDISC, NEW))
     assert tc.find(ns, index, tc.TC_H_ROOT)["kind"] == "netem"
@@ -185,7 +214,7 @@ def test_netem_messages_reach_the_kernel(pair):
 
 
 @ROOT
-def test_netem_injector_sends_its_message(pair):
+def test_netem_injector_sends_its_message(pair, sent):
     ns, index = pair.path(pair.srv), _index(pair, pair.srv)
     inj = Netem(Netem.Spec(type="network.netem", target={"netns": pair.srv}, delay="15ms"))
     try:
@@ -193,5 +222,7 @@ def test_netem_injector_sends_its_message(pair):
     except Exception as e:  # no sch_netem here: the kernel's ENOENT is the expected answer to a well-formed send
         if getattr(e, "errno", None) != errno.ENOENT:
             raise
-    else:  # a kernel with sch_netem took it
+    # the bytes sent are netem_message's for this spec, with or without sch_netem in this kernel
+    assert sent == [expected(netem_message(inj.spec, index, tc.TC_H_ROOT, ROOT_HANDLE), RTM_NEWQDISC, NEW)]
+    if NETEM_MISSING is None:  # a kernel with sch_netem took it
         assert tc.find(ns, index, tc.TC_H_ROOT)["kind"] == "netem"
