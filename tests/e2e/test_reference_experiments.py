@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from chaoskit.paths import experiment_path
 from chaoskit.reference.deploy import Deployment, RefOptions
 from tests.conftest import chaoskit, proc_state, requires_triton
 
@@ -42,13 +44,19 @@ def run(ref, tmp_path, state_dir, experiment: str) -> tuple[int, dict, str]:
     return p.returncode, summary, out + err
 
 
-@pytest.mark.parametrize("name", ["bandwidth", "drop", "partition", "proxy-latency"])
-def test_network_experiment_runs_and_leaves_the_namespace_as_it_was(ref, tmp_path, state_dir, name):
+EXPECTED = {"bandwidth": 0, "drop": 0, "partition": 1, "proxy-latency": 0}  # as each file's header states
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_network_experiment_verdict_and_the_namespace_as_it_was(ref, tmp_path, state_dir, name):
     _, facts = ref
+    header = experiment_path(Path(f"network/{name}")).read_text()
+    assert f"# Expected: {'held (exit 0)' if EXPECTED[name] == 0 else 'deviated (exit 1)'}." in header
     before = ns_state(facts["netns"])
     code, summary, out = run(ref, tmp_path, state_dir, f"network/{name}")
-    assert code in (0, 1), out  # held, or deviated (a partitioned replica is seen before it is ejected)
-    assert summary["rollback_complete"] and summary["faults"] and summary["faults"][0]["applied_at"]
+    assert code == EXPECTED[name], out
+    fault = summary["faults"][0]
+    assert summary["rollback_complete"] and fault["applied_at"] and fault["observed_before_revert"]["in_effect"]
     assert ns_state(facts["netns"]) == before
 
 
