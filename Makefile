@@ -12,7 +12,7 @@ vllm: setup
 	.venv/bin/chaoskit ref install vllm
 
 test: setup vllm
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 test-vllm: setup vllm
 	$(PY) -m pytest -q tests/vllm $(PYTEST_ARGS)
