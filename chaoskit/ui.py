@@ -51,6 +51,8 @@ class PlainView:
         elif kind in ("fault_reverted", "revert_failed"):
             line = f"fault #{ev['id']} {ev['type']} " + ("reverted" if kind == "fault_reverted"
                                                          else f"REVERT FAILED: {ev['error']}")
+        elif kind == "target_exited":
+            line = _exit_line(ev)
         elif kind == "plan":
             line = "plan: " + " | ".join(f"{p['step']}: {'; '.join(p['changes'])}" for p in ev["steps"])
         elif kind == "end":
@@ -76,6 +78,7 @@ class LiveView:
         self.tripped: dict[str, str] = {}  # probe -> why its safeguard tripped
         self.faults: dict[int, dict[str, Any]] = {}
         self.notes: list[str] = []
+        self.exited: list[str] = []  # target processes that exited during their fault
         self._lock = threading.Lock()  # events arrive from the loop and from revert threads; Rich renders in its own
         self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False,
                          get_renderable=self._render)
@@ -116,6 +119,8 @@ class LiveView:
             self.faults[ev["id"]] = ev
         elif kind in ("fault_reverted",):
             self.faults.pop(ev["id"], None)
+        elif kind == "target_exited":
+            self.exited.append(_exit_line(ev))
         if kind == "safeguard":
             self.tripped[ev.get("probe", "")] = ev.get("reason", "")
         if kind in ("safeguard", "interrupt", "revert_failed", "error", "recovered", "operator"):
@@ -179,7 +184,15 @@ class LiveView:
             left = f"{max(0.0, f['applied_at'] + f['duration_s'] - now):.1f}s" if f.get("duration_s") else "until rollback"
             faults.add_row(str(f["id"]), f["type"], f["step"], left)
         parts.append(faults)
+        parts += [Text(e, style="bold yellow") for e in self.exited[-5:]]
         return Group(*parts, *(Text(n, style="bold red") for n in self.notes[-5:]))
+
+
+def _exit_line(ev: dict[str, Any]) -> str:
+    """A target_exited event: `fault #1 process.signal (stop-stub): PID 29566 triton_python_backend_stub exited
+    during the fault`."""
+    step = f" ({ev['step']})" if ev.get("step") else ""
+    return f"fault #{ev.get('id')} {ev.get('type', '')}{step}: {ev.get('text', '')}"
 
 
 def _num(value: Any) -> float | None:

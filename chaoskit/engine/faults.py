@@ -11,6 +11,8 @@ from chaoskit.engine import watchdog
 from chaoskit.engine.journal import Journal
 from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout
 from chaoskit.engine.rollback import revert_entry, rollback
+from chaoskit.engine.target_exits import EVENT as TARGET_EXITED
+from chaoskit.engine.target_exits import ExitWatch, TargetExit
 from chaoskit.executors import Placement, get_executor, route_of
 from chaoskit.injectors import Injector
 from chaoskit.spec.models import Step
@@ -20,6 +22,7 @@ from chaoskit.targets.process import ProcessRef, is_alive
 APPLY_GRACE_S = 10.0  # how long rollback waits for an apply that outlived its timeout or a cancel
 LATE_APPLY_S = 30.0  # after the rollback, how long to wait for such an apply to land so it can be reverted
 WATCHDOG_CHECK_S = 0.5
+TARGET_CHECK_S = 0.5  # how often the target processes of the faults in effect are checked for exits
 OBSERVE_TIMEOUT_S = 10.0
 
 
@@ -35,6 +38,7 @@ class Faults:
         self._routes: dict[int, tuple[str, Placement]] = {}  # entry id -> (executor name, placement)
         self._inflight: dict[asyncio.Future, int] = {}  # applies still running in their thread -> entry id
         self._watchdog: ProcessRef | None = None
+        self._exits = ExitWatch()  # the target processes of the faults in effect
 
     # -- the watchdog ---------------------------------------------------------------------------------
     async def start_watchdog(self) -> str | None:
@@ -62,6 +66,30 @@ class Faults:
                 continue
             self.journal.emit("watchdog", pid=self._watchdog.pid, ledger=str(self.ledger.path), respawned=True,
                               escaped_to=info["escaped_to"], problems=info["problems"])
+
+    # -- their targets ----------------------------------------------------------------------------------
+    async def supervise_targets(self) -> None:
+        """During the method: a target process of a fault in effect that exits (killed, crashed, OOM-killed) is
+        journaled when it is seen gone, once; end() and rollback() check once more before reverting."""
+        while True:
+            await asyncio.sleep(TARGET_CHECK_S)
+            self._note_exits(self._exits.check())
+
+    def _watch_targets(self, entry_id: int, step: Step, inj: Injector, executor: str, final: dict[str, Any]) -> None:
+        """Watch what the fault acts on here (a fault run on another node has no processes here to watch)."""
+        if executor != "local":
+            return
+        try:
+            refs = inj.watched_processes(final)
+        except Exception as e:  # a report, not the fault: never fails the run
+            self.journal.emit("error", where=f"watch targets of {step.label()}", error=f"{type(e).__name__}: {e}")
+            return
+        self._exits.watch(entry_id, step.label(), inj.type, refs)
+
+    def _note_exits(self, exits: list[TargetExit]) -> None:
+        for e in exits:
+            self.faults[e.fault_id].setdefault("exited", []).append(e.to_event())
+            self.journal.emit(TARGET_EXITED, **e.to_event())
 
     # -- one fault --------------------------------------------------------------------------------------
     async def apply(self, step: Step, inj: Injector, group: str | None = None) -> int:
@@ -102,11 +130,13 @@ class Faults:
         self._records[entry_id] = final
         where = {"executor": executor_name, "placement": placement} if placement is not None else {}
         self.journal.emit("fault_applied", **fault, **where)  # the chosen pods, nodes ... are in the journal
+        self._watch_targets(entry_id, step, inj, executor_name, final)
         await self.observe(entry_id, "applied")
         return entry_id
 
     async def end(self, entry_id: int, label: str) -> None:
         """The end of a fault's duration: observe, then revert it (FaultFailed if that fails)."""
+        self._note_exits(self._exits.stop(entry_id))
         await self.observe(entry_id, "before_revert")
         entry = self._entry(entry_id, self._records[entry_id])
         error = await asyncio.to_thread(self._revert_one, entry)
@@ -155,6 +185,8 @@ class Faults:
         if self._inflight:  # an apply still running in its thread: let it land, then revert it too
             await asyncio.wait(list(self._inflight), timeout=APPLY_GRACE_S)
         live = [entry_id for entry_id in self._records if self.faults[entry_id]["reverted_at"] is None]
+        for entry_id in live:
+            self._note_exits(self._exits.stop(entry_id))
         await asyncio.gather(*(self.observe(entry_id, "before_revert") for entry_id in live))  # read-only: at once
         t0 = time.perf_counter()
         late = dict(self._inflight)  # still running after the grace: reverted from the intent now, and again below

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaoskit.engine.charts import Line, Mark, Moment, Panel, Series, Window
+from chaoskit.engine.target_exits import EVENT as TARGET_EXITED
+from chaoskit.engine.target_exits import TargetExit
 
 JUDGED = ("before", "during", "after")  # samples of other phases (grace, between, safeguard) are drawn, not judged
 PHASE_LABEL = {"hypothesis_before": "before", "method": "method", "rollback": "rollback",
@@ -37,6 +39,7 @@ class Fault:
     apply_ms: float | None = None
     observed: dict[str, Any] = field(default_factory=dict)  # when (applied, before_revert) -> observe() details
     revert_error: str | None = None
+    exits: list[TargetExit] = field(default_factory=list)  # target processes that exited while it was in effect
 
 
 @dataclass
@@ -115,6 +118,8 @@ def run_view(events: list[dict[str, Any]]) -> RunView:
             faults[ev["id"]].observed[ev.get("when", "?")] = ev.get("details")
         elif kind == "fault_reverted" and ev.get("id") in faults:
             faults[ev["id"]].reverted_at = t
+        elif kind == TARGET_EXITED and ev.get("id") in faults:
+            _note_exit(v, faults[ev["id"]], TargetExit.from_event(ev), t)
         elif kind == "recovered":
             v.recovered_at, v.recovery_s = t, ev.get("seconds")
         elif kind == "end":
@@ -132,6 +137,12 @@ def run_view(events: list[dict[str, Any]]) -> RunView:
     if not v.experiment and v.document:
         v.experiment = str((v.document.get("metadata") or {}).get("name", ""))
     return v
+
+
+def _note_exit(v: RunView, fault: Fault, exit_: TargetExit, t: float) -> None:
+    """A target that exited during its fault: on the fault, and among the run's events."""
+    fault.exits.append(exit_)
+    v.notes.append((t, TARGET_EXITED, f"fault #{fault.id} {fault.step} ({fault.type}): {exit_.text()}"))
 
 
 # -- what the charts show -------------------------------------------------------------------------------------
@@ -294,6 +305,8 @@ def moments(view: RunView) -> list[Moment]:
     for t, kind, _ in view.notes:
         if kind in ("safeguard", "interrupt"):
             out.append(Moment(t, "safeguard tripped" if kind == "safeguard" else "interrupted", kind))
+    for f in view.faults:
+        out += [Moment(e.seen_at, f"PID {e.pid} exited", TARGET_EXITED) for e in f.exits]
     return out
 
 

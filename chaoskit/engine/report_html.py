@@ -13,6 +13,7 @@ import yaml
 
 from chaoskit.engine.charts import Layout, timeline_svg
 from chaoskit.engine.report_data import (
+    Fault,
     RunView,
     fault_windows,
     moments,
@@ -143,6 +144,7 @@ def _faults(view: RunView) -> str:
             f"<td>{escape(f.type)}</td><td>{_t(view, f.applied_at)}</td><td>{_t(view, f.reverted_at)}"
             + (f"<br><b>revert failed: {escape(f.revert_error)}</b>" if f.revert_error else "")
             + f"</td><td>{f'{held:.2f}s' if held is not None else '—'}</td><td>{escape(str(f.apply_ms)) if f.apply_ms else '—'}</td>"
+            f"<td class='exits'>{_exits(view, f)}</td>"
             f"<td class='obs'>{_json(f.observed.get('applied'))}</td>"
             f"<td class='obs'>{_json(f.observed.get('before_revert'))}</td>"
             f"<td>{'<br>'.join(escape(c) for c in plan.get('changes', []))}</td></tr>")
@@ -150,11 +152,17 @@ def _faults(view: RunView) -> str:
     for p in view.plan:
         if p.get("step") not in applied:
             rows.append(f"<tr><td>—</td><td>{escape(p.get('step', ''))}</td><td>{escape(p.get('type', ''))}</td>"
-                        "<td colspan='6'>not applied</td>"
+                        "<td colspan='7'>not applied</td>"
                         f"<td>{'<br>'.join(escape(c) for c in p.get('changes', []))}</td></tr>")
     return ("<h2>Faults</h2><table class='faults'><tr><th>#</th><th>step</th><th>type</th><th>applied</th>"
-            "<th>reverted</th><th>in effect</th><th>apply ms</th><th>observe() after apply</th>"
+            "<th>reverted</th><th>in effect</th><th>apply ms</th><th>targets that exited</th>"
+            "<th>observe() after apply</th>"
             "<th>observe() before revert</th><th>plan</th></tr>" + "".join(rows) + "</table>")
+
+
+def _exits(view: RunView, f: Fault) -> str:
+    """The fault's target processes that exited while it was in effect, each with when it was seen gone."""
+    return "<br>".join(f"<b>{escape(e.text())}</b>, seen {_t(view, e.seen_at)}" for e in f.exits) or "—"
 
 
 def _states(view: RunView) -> str:

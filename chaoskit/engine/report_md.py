@@ -54,6 +54,9 @@ def render(view: RunView, report_path: str | None = None) -> str:
                                                 else "")
             lines.append(f"| #{f.id} {_cell(f.step)} | `{f.type}` | {_rel(view, f.applied_at)} | {rev} |")
         lines.append("")
+        exits = [f"- fault #{f.id} {_cell(f.step)}: {_cell(e.text())}, seen {_rel(view, e.seen_at)}"
+                 for f in view.faults for e in f.exits]
+        lines += [*exits, ""] if exits else []
     if report_path:
         lines += [report_line(report_path), ""]
     return "\n".join(lines)

@@ -194,6 +194,8 @@ class Runner:
         samplers = self._start_samplers(abort)
         if self.faults is not None and self.opts.use_watchdog:
             samplers.append(asyncio.create_task(self.faults.supervise_watchdog()))
+        if self.faults is not None:
+            samplers.append(asyncio.create_task(self.faults.supervise_targets()))
         try:
             await self._cancellable(self._steps(self.exp.method, abort))
         except FaultFailed as e:

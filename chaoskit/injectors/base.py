@@ -11,6 +11,7 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     from chaoskit.targets.cgroups import Hierarchy
     from chaoskit.targets.local import LocalTarget
+    from chaoskit.targets.process import ProcessRef
 
 T = TypeVar("T")
 
@@ -112,3 +113,18 @@ class Injector(ABC):
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
         """What the fault is doing right now, for the journal (journaled after apply and before revert)."""
         return {"in_effect": cls.observe(record)}
+
+    def watched_processes(self, record: dict[str, Any]) -> list[ProcessRef]:
+        """The processes this fault acted on, alive when it did (from the record `apply` returned), whose exit
+        while it is in effect the run reports: by default those of its resolved local target, for a cgroup
+        fault the processes it moved (the record's `procs`); none for a whole cgroup, a network namespace or a
+        GPU."""
+        from chaoskit.targets.local import CgroupTarget, ProcessTarget
+        from chaoskit.targets.process import ProcessRef
+
+        t = self.ctx.target
+        if isinstance(t, ProcessTarget):
+            return list(t.processes)
+        if isinstance(t, CgroupTarget):
+            return [ProcessRef.from_json(p) for p in record.get("procs", t.procs)]
+        return []

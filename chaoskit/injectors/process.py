@@ -334,6 +334,12 @@ class ProcessSignal(Injector):
                     pass
         _wait_state(record.get("targets", []), lambda st: st not in ("T", "t"))
 
+    def watched_processes(self, record: dict[str, Any]) -> list[ProcessRef]:
+        """The processes stopped (those signalled); none for a terminating signal, whose exit is the fault."""
+        if record.get("signal") != "SIGSTOP":
+            return []
+        return [ProcessRef.from_json(t) for t in record.get("targets", [])]
+
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
         if record.get("signal") == "SIGSTOP":

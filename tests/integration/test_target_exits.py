@@ -1,0 +1,90 @@
+"""A fault's target that exits while the fault is in effect is reported (journal, plain view, report, summary),
+once, without changing the verdict: a real `chaoskit run` SIGSTOPs the two `sleep` children of a parent this test
+started (child_of + name, like a Triton replica's python stubs) and the test kills one of them mid-fault; the
+parent does not reap it, so it stays a zombie, as a stub Triton killed does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from chaoskit.engine.journal import read_journal
+from tests.conftest import chaoskit, proc_state, wait_for
+
+EXPERIMENT = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {name: stop-two-sleeps}
+steadyState:
+  probes:
+    - {name: probe, type: command, argv: ["true"], phases: [before, after]}
+  after: {within: 5s, every: 100ms}
+method:
+  - name: stop-sleeps
+    inject: {type: process.signal, child_of: "{var.parent}", name: "^sleep$"}
+    duration: 3s
+"""
+# a parent that starts two sleeps and never waits for them (a killed one stays a zombie until the parent dies)
+PARENT = "import subprocess, time; [subprocess.Popen(['sleep', '600']) for _ in range(2)]; time.sleep(600)"
+
+
+@pytest.fixture
+def parent() -> Iterator[tuple[subprocess.Popen, list[int]]]:
+    """This test's own parent process and its two sleep children; all of them killed at the end."""
+    proc = subprocess.Popen([sys.executable, "-c", PARENT])
+    kids: list[int] = []
+    try:
+        wait_for(lambda: len(psutil.Process(proc.pid).children()) == 2, timeout=10)
+        kids = sorted(c.pid for c in psutil.Process(proc.pid).children())
+        yield proc, kids
+    finally:
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.kill()
+        proc.wait()
+
+
+def test_a_target_killed_during_the_fault_is_reported_once(tmp_path: Path, state_dir: Path, parent) -> None:
+    proc, (victim, survivor) = parent
+    (tmp_path / "exp.yaml").write_text(EXPERIMENT)
+    out_dir = tmp_path / "out"
+    run = chaoskit("run", str(tmp_path / "exp.yaml"), "--var", f"parent={proc.pid}", "--out", str(out_dir),
+                   "--ci", state=state_dir)
+    try:
+        wait_for(lambda: proc_state(victim) == "T" and proc_state(survivor) == "T", timeout=30)
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)  # this test's own sleep
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode == 0, out + err  # information, not a status change: the run held
+    assert proc_state(victim) == "Z" and proc_state(survivor) == "S"  # the survivor was resumed
+    events = read_journal(out_dir / "journal.jsonl")
+    exits = [e for e in events if e["event"] == "target_exited"]
+    assert [(e["id"], e["pid"], e["comm"], e["zombie"]) for e in exits] == [(1, victim, "sleep", True)], exits
+    text = f"PID {victim} sleep exited during the fault"
+    assert exits[0]["text"].startswith(text) and exits[0]["step"] == "stop-sleeps"
+    reverted = next(e["t"] for e in events if e["event"] == "fault_reverted")
+    # seen while the fault was in effect (the run checks every 0.5 s), not only at its end
+    assert killed_at <= exits[0]["t"] < killed_at + 1.5 and exits[0]["t"] < reverted - 1.0, (killed_at, exits)
+    assert f"fault #1 process.signal (stop-sleeps): {text}" in out  # the plain view (--ci)
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["verdict"] == "held" and summary["deviations"] == []
+    assert [e["pid"] for e in summary["faults"][0]["exited"]] == [victim]
+    html = (out_dir / "report.html").read_text()
+    assert html.count(text) == 2  # the fault's row and the events table
+    assert f"- fault #1 stop-sleeps: {text}" in (out_dir / "summary.md").read_text()

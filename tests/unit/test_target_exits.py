@@ -1,0 +1,60 @@
+"""ExitWatch reports each watched process that exits once; process.signal watches only what it stopped; the live
+view shows the news."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+
+from rich.console import Console
+
+from chaoskit.engine.target_exits import ExitWatch, TargetExit
+from chaoskit.injectors.process import ProcessSignal, ProcessSignalSpec
+from chaoskit.targets.process import proc_ref
+from chaoskit.ui import LiveView, PlainView
+
+
+def test_an_exit_is_reported_once_and_only_for_the_process_that_exited() -> None:
+    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+    try:
+        refs = [proc_ref(p.pid) for p in procs]
+        watch = ExitWatch()
+        watch.watch(7, "stop", "process.signal", [r for r in refs if r is not None])
+        assert watch.check() == []
+        procs[0].kill()
+        procs[0].wait()  # reaped: gone, not a zombie
+        exits = watch.check()
+        assert [(e.fault_id, e.pid, e.comm, e.zombie) for e in exits] == [(7, procs[0].pid, "sleep", False)]
+        assert exits[0].text() == f"PID {procs[0].pid} sleep exited during the fault"
+        assert watch.check() == [] and watch.stop(7) == []  # once
+        assert TargetExit.from_event({**exits[0].to_event(), "t": 1.0}) == exits[0]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_process_signal_watches_what_it_stopped_not_what_it_killed() -> None:
+    target = {"pid": 123, "start_time": 45, "comm": "x"}
+    stop = ProcessSignal(ProcessSignalSpec(type="process.signal", pid=123))
+    assert [r.pid for r in stop.watched_processes({"signal": "SIGSTOP", "targets": [target]})] == [123]
+    kill = ProcessSignal(ProcessSignalSpec(type="process.signal", pid=123, signal="SIGTERM"))
+    assert kill.watched_processes({"signal": "SIGTERM", "targets": [target]}) == []
+
+
+EVENT = {"t": 1.0, "event": "target_exited", "id": 1, "step": "stop-stub", "type": "process.signal", "pid": 29566,
+         "comm": "triton_python_backend_stub", "start_time": 9, "zombie": True, "seen_at": 1.0,
+         "text": "PID 29566 triton_python_backend_stub exited during the fault (a zombie: its parent has not "
+                 "reaped it)"}
+
+
+def test_the_views_show_the_exit() -> None:
+    line = "fault #1 process.signal (stop-stub): PID 29566 triton_python_backend_stub exited during the fault"
+    plain = Console(file=io.StringIO(), width=300)
+    PlainView(plain)(EVENT)
+    assert line in plain.file.getvalue()
+    live_console = Console(file=io.StringIO(), width=300, record=True)
+    live = LiveView(live_console, "x")
+    live(EVENT)
+    live_console.print(live._render())
+    assert line in live_console.export_text()
