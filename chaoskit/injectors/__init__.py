@@ -12,6 +12,7 @@ def _all() -> tuple[type[Injector], ...]:
     from chaoskit.injectors.cpu import CpuStress, CpuThrottle
     from chaoskit.injectors.disk import DiskThrottle
     from chaoskit.injectors.diskfill import DiskFill
+    from chaoskit.injectors.exec import Exec
     from chaoskit.injectors.firewall import Drop, Partition
     from chaoskit.injectors.flood import Flood
     from chaoskit.injectors.gpu import GpuMemoryPressure
@@ -28,7 +29,7 @@ def _all() -> tuple[type[Injector], ...]:
     return (
         ProcessSignal, MemoryPressure, DiskThrottle, DiskFill, Netem, Bandwidth, Drop, Partition, Proxy,
         GpuMemoryPressure, XidEvent, MigReconfigure, CpuThrottle, CpuStress, Flood, MemoryLimit, LlmProxy, PodDelete,
-        PodKill, DeploymentScale,
+        PodKill, DeploymentScale, Exec,
     )
 
 
