@@ -115,7 +115,8 @@ def up(
         return
     out.print(f"[green]up[/] in {facts['startup_s']}s — gateway {facts['url']}")
     for r in facts["replicas"]:
-        out.print(f"  {r['name']}: {r['url']} pid {r['pid']}" + (f" netns {r['netns']}" if r["netns"] else ""),
+        out.print(f"  {r['name']}: {r['url']} pid {r['pid']}" + (f" netns {r['netns']}" if r["netns"] else "")
+                  + (f" model processes {', '.join(map(str, r['model_pids']))}" if r.get("model_pids") else ""),
                   highlight=False)
     out.print("facts for experiments ({target.*}): " + ", ".join(k for k in facts if k not in ("replicas", "settings")), highlight=False)
 
@@ -132,24 +133,26 @@ def down(dir: Path | None = DIR_OPT) -> None:
 @ref_app.command()
 def status(as_json: bool = typer.Option(False, "--json", help="facts and processes as JSON"),
            dir: Path | None = DIR_OPT) -> None:
-    """Each process, its URL, whether it is alive and ready."""
+    """Each process, its URL, whether it is alive and ready (a replica: each model answers a real 1-token request;
+    `check` says what failed)."""
     from chaoskit.reference.deploy import Deployment
 
     st = Deployment(dir).status()
+    ok = bool(st["processes"]) and all(p["alive"] and p["ready"] for p in st["processes"])
     if as_json:
         print(json.dumps(st, indent=2))
-        return
+        raise typer.Exit(0 if ok else 1)
     if not st["processes"]:
         out.print(f"no reference deployment recorded in {st['dir']}")
         raise typer.Exit(1)
     table = Table(title=f"reference deployment ({st['dir']})")
-    for col in ("name", "pid", "alive", "ready", "url", "log"):
+    for col in ("name", "pid", "alive", "ready", "check", "url", "log"):
         table.add_column(col)
     for p in st["processes"]:
         table.add_row(p["name"], str(p["pid"]), "yes" if p["alive"] else "[red]no[/]",
-                      "yes" if p["ready"] else "[red]no[/]", p["url"], p["log"])
+                      "yes" if p["ready"] else "[red]no[/]", escape(p.get("check", "")), p["url"], p["log"])
     out.print(table)
-    if not all(p["alive"] and p["ready"] for p in st["processes"]):
+    if not ok:
         raise typer.Exit(1)
 
 

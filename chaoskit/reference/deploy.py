@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from chaoskit.reference import triton
 from chaoskit.targets.process import ProcessRef, group_members, is_alive, proc_ref, proc_state
 
 READY_TIMEOUT_S = 180.0
+CHECK_TIMEOUT_S = 5.0  # `ref status`: how long one replica's generate request may take
 GENERATE_PROBE = {"text_input": "ready?", "max_tokens": 1}
 
 
@@ -61,19 +64,75 @@ def _port_free(host: str, port: int) -> bool:
             return False
 
 
-def http_status(url: str, body: dict | None = None, timeout: float = 5.0) -> int:
-    """HTTP status of a GET (or a JSON POST when `body` is given); 0 when nothing answered."""
+@dataclass(frozen=True)
+class Answer:
+    """What one request got: the HTTP status (0: nothing answered) and, unless 2xx, why (the server's error
+    message, or why nothing answered)."""
+
+    status: int
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def describe(self) -> str:
+        if self.status == 0:
+            return f"no answer ({self.message})"
+        return f"HTTP {self.status}" + (f": {self.message}" if self.message else "")
+
+
+def http_answer(url: str, body: dict | None = None, timeout: float = 5.0) -> Answer:
+    """A GET (or a JSON POST when `body` is given), read to the end."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if data else "GET",
                                  headers={"Content-Type": "application/json"} if data else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             r.read()
-            return r.status
+            return Answer(r.status)
     except urllib.error.HTTPError as e:
-        return e.code
-    except (urllib.error.URLError, OSError):
-        return 0
+        return Answer(e.code, error_message(e.read()))
+    except urllib.error.URLError as e:
+        return Answer(0, str(e.reason))
+    except (OSError, http.client.HTTPException) as e:  # timed out, reset, a torn answer
+        return Answer(0, str(e) or type(e).__name__)
+
+
+def error_message(body: bytes) -> str:
+    """The error a server put in its answer: Triton's {"error": "..."}, OpenAI's {"error": {"message": ...}},
+    else the start of the body."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace").strip()[:200]
+    err = doc.get("error", doc) if isinstance(doc, dict) else doc
+    if isinstance(err, dict):
+        err = err.get("message", err)
+    return str(err)[:200]
+
+
+def http_status(url: str, body: dict | None = None, timeout: float = 5.0) -> int:
+    """HTTP status of a GET (or a JSON POST when `body` is given); 0 when nothing answered."""
+    return http_answer(url, body, timeout).status
+
+
+def replica_checks(engine: str) -> list[tuple[str, dict[str, Any]]]:
+    """What `ref status` asks each replica: a real 1-token request to each model (path, JSON body)."""
+    if engine == "triton":
+        from chaoskit.targets.facts import TRITON_MODELS
+
+        return [(f"/v2/models/{m}/generate", GENERATE_PROBE) for m in TRITON_MODELS]
+    return [("/v1/completions", vllm_completion_probe())]
+
+
+def check_replica(url: str, engine: str) -> tuple[bool, str]:
+    """(ready, what the checks found): ready when every model answered its 1-token request with a 2xx."""
+    for path, body in replica_checks(engine):
+        answer = http_answer(url + path, body, timeout=CHECK_TIMEOUT_S)
+        if not answer.ok:
+            return False, f"POST {path}: {answer.describe()}"
+    return True, "1-token " + ("generate" if engine == "triton" else "completion") + " answered"
 
 
 class Deployment:
@@ -207,7 +266,9 @@ class Deployment:
         for r in replicas:
             self.wait_ready(r["name"], lambda r=r: http_status(f"{r['url']}/v2/models/tiny_lm/ready") == 200
                        and http_status(f"{r['url']}/v2/models/tiny_lm_stream/ready") == 200, r["pid"])
-            say(f"{r['name']} ready at {r['url']} (pid {r['pid']}{', netns ' + r['netns'] if r['netns'] else ''})")
+            r["model_pids"] = triton.model_pids(r["pid"])  # the python backend stubs, started by now
+            say(f"{r['name']} ready at {r['url']} (pid {r['pid']}, model processes "
+                f"{', '.join(map(str, r['model_pids']))}{', netns ' + r['netns'] if r['netns'] else ''})")
         return replicas
 
     def _start_vllm(self, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -286,20 +347,33 @@ class Deployment:
         return stopped
 
     def status(self) -> dict[str, Any]:
+        """Each recorded process: alive, and ready: a replica answers a real 1-token request to each model
+        (`check` says what failed: a replica whose model process is dead answers e.g. HTTP 400 `Stub process
+        'tiny_lm_0_0' is not healthy.`), the gateway its /gateway/status."""
         facts = self.facts() or {}
-        rows = []
         urls = {r["name"]: r["url"] for r in facts.get("replicas", [])}
         urls["gateway"] = facts.get("url", "")
-        for p in self.processes():
-            alive = is_alive(ProcessRef.from_json(p))
-            url = urls.get(p["name"], "")
-            path = "/v2/health/ready" if facts.get("engine", "triton") == "triton" else "/health"
-            ready = alive and bool(url) and http_status(
-                url + ("/gateway/status" if p["name"] == "gateway" else path), timeout=2) == 200
-            rows.append({"name": p["name"], "pid": p["pid"], "alive": alive, "ready": ready, "url": url,
-                         "log": p["log"]})
+        engine = facts.get("engine", "triton")
+        procs = self.processes()
+        with ThreadPoolExecutor(max(1, len(procs))) as pool:  # a sick replica's check takes seconds
+            rows = list(pool.map(lambda p: self._process_status(p, urls.get(p["name"], ""), engine), procs))
         return {"dir": str(self.root), "facts": facts, "processes": rows,
                 "netns": self._load("netns.json") or []}
+
+    @staticmethod
+    def _process_status(p: dict[str, Any], url: str, engine: str) -> dict[str, Any]:
+        alive = is_alive(ProcessRef.from_json(p))
+        if not alive:
+            ready, check = False, "process not running"
+        elif not url:
+            ready, check = False, "no URL in the facts"
+        elif p["name"] == "gateway":
+            answer = http_answer(url + "/gateway/status", timeout=2)
+            ready, check = answer.ok, "GET /gateway/status: " + ("answered" if answer.ok else answer.describe())
+        else:
+            ready, check = check_replica(url, engine)
+        return {"name": p["name"], "pid": p["pid"], "alive": alive, "ready": ready, "check": check, "url": url,
+                "log": p["log"]}
 
     def tail(self, name: str, lines: int = 50) -> str:
         log = self.logs / f"{name}.log"

@@ -13,16 +13,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from chaoskit.errors import PreflightError
+import psutil
+
+from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.paths import engines_dir, package_parent
 from chaoskit.reference.pipinstall import pip_missing, run_pip
 from chaoskit.reference.tinylm import WEIGHTS_FILE, init_weights, save_weights
+from chaoskit.targets.facts import TRITON_MODELS
 
 MODEL_REPOSITORY = Path(__file__).resolve().parent / "model_repository"
 TRITON_PIN = "nvidia-pytriton==0.7.0"
 INSTALL_HINT = f"run `chaoskit ref install triton` (the tritonserver of the {TRITON_PIN} wheel, ~55 MB)"
 BINARY = Path("pytriton") / "tritonserver" / "bin" / "tritonserver"
 STAMP = ".chaoskit-installed"  # written last: a directory without it is an interrupted install
+STUB = "triton_python_backend_stub"
+EXIT_TIMEOUT_S = 3
 
 
 def home() -> Path:
@@ -132,10 +137,13 @@ def set_parameters(text: str, params: dict[str, str]) -> str:
 
 
 def argv(repo: Path, backends: Path, host: str, http: int, grpc: int, metrics: int) -> list[str]:
+    """tritonserver's command line; on SIGTERM it waits at most EXIT_TIMEOUT_S for its models to unload (a
+    model whose stub died never does: Triton's default 30 s outlasted `ref down`'s 15 s grace)."""
     return [str(binary()), "--model-repository", str(repo), "--backend-directory", str(backends),
             "--http-address", host, "--http-port", str(http), "--grpc-address", host, "--grpc-port", str(grpc),
             "--metrics-address", host, "--metrics-port", str(metrics), "--allow-gpu-metrics", "false",
-            "--model-control-mode", "explicit", "--load-model", "*", "--log-verbose", "0"]
+            "--model-control-mode", "explicit", "--load-model", "*", "--log-verbose", "0",
+            "--exit-timeout-secs", str(EXIT_TIMEOUT_S)]
 
 
 def env() -> dict[str, str]:
@@ -155,3 +163,24 @@ def site_dirs() -> list[str]:
     """This interpreter's site-packages dirs, in its order (a venv's, one a .pth file adds, the system's when the
     venv has system site packages): where the stub finds numpy and chaoskit's other dependencies."""
     return [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+
+
+def model_pids(server_pid: int) -> list[int]:
+    """The python backend stubs a ready tritonserver runs for the bundled models (its children named STUB, each
+    running <repository>/<model>/1/model.py), one per model in TRITON_MODELS' order; ChaoskitError otherwise."""
+    by_model: dict[str, int] = {}
+    try:
+        children = psutil.Process(server_pid).children()
+    except psutil.Error:
+        children = []
+    for child in children:
+        try:
+            if child.name() == STUB and len(argv := child.cmdline()) > 1:
+                by_model[Path(argv[1]).parent.parent.name] = child.pid
+        except psutil.Error:
+            continue
+    missing = [m for m in TRITON_MODELS if m not in by_model]
+    if missing:
+        raise ChaoskitError(f"tritonserver (pid {server_pid}) runs no {STUB} for {', '.join(missing)} "
+                            f"(found {by_model or 'none'})")
+    return [by_model[m] for m in TRITON_MODELS]

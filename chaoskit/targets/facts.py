@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import os
 import re
@@ -18,6 +19,9 @@ REFERENCE_FACTS = ("engine", "url", "gateway_port", "health_mode", "replicas", "
                    "python", "model", "startup_s", "settings")
 REPLICA_FACTS = ("name", "pid", "host", "port", "url", "metrics_url", "netns")
 VLLM_REPLICA_FACTS = ("engine_pid",)
+TRITON_REPLICA_FACTS = ("model_pids",)
+# The bundled model repository's models: a Triton replica's model_pids are their python backend stubs, in this order.
+TRITON_MODELS = ("tiny_lm", "tiny_lm_stream")
 _INDEX = re.compile(r"\[\d+\]")
 
 
@@ -33,7 +37,8 @@ def reference_facts(engine: str) -> dict[str, Any]:
 
 
 def addressable(prefix: str, facts: dict[str, Any]) -> dict[str, Any]:
-    """Facts by name, and list facts item by item: {target.replica_pids[1]}, {target.replicas[1].pid}."""
+    """Facts by name, and list facts item by item, at any depth: {target.replica_pids[1]}, {target.replicas[1].pid},
+    {target.replicas[1].model_pids} (the whole list) and {target.replicas[1].model_pids[0]}."""
     out: dict[str, Any] = {}
     for key, value in facts.items():
         out[f"{prefix}.{key}"] = value
@@ -43,7 +48,7 @@ def addressable(prefix: str, facts: dict[str, Any]) -> dict[str, Any]:
             for i, item in enumerate(value):
                 out[f"{prefix}.{key}[{i}]"] = item
                 if isinstance(item, dict):
-                    out.update({f"{prefix}.{key}[{i}].{k}": v for k, v in item.items()})
+                    out.update(addressable(f"{prefix}.{key}[{i}]", item))
     return out
 
 
@@ -62,15 +67,29 @@ class Pending:
     def unknown(self, key: str) -> str:
         """Why `key` is not one of these facts: an index past the replicas, or a name they do not have."""
         if self.counted and _first(key) in self.names:
-            return (f"unknown substitution {{{key}}}: index out of range, the deployment has {self.replicas} "
-                    f"replica{'s' if self.replicas != 1 else ''} (indices 0..{(self.replicas or 1) - 1})")
+            return f"unknown substitution {{{key}}}: index out of range, {self._out_of_range(key)}"
         hint = difflib.get_close_matches(key if self.counted else _first(key), sorted(self.names), n=1)
         return f"unknown substitution {{{key}}}" + (f" (did you mean {{{hint[0]}}}?)" if hint else "") + \
             f"; a reference deployment provides {self.listing()}"
 
+    def _out_of_range(self, key: str) -> str:
+        """Which list of `key` (whose names all exist at index 0) it indexes past the end, and its length."""
+        for m in _INDEX.finditer(key):
+            head, index = key[:m.start()], int(m.group(0)[1:-1])
+            size = next(i for i in itertools.count() if f"{head}[{i}]" not in self.names)
+            if index < size:
+                continue
+            if head in ("target.replicas", "target.replica_pids"):
+                return (f"the deployment has {size} replica{'s' if size != 1 else ''} "
+                        f"(indices 0..{max(size, 1) - 1})")
+            return (f"{head.removeprefix('target.')} has {size} item{'s' if size != 1 else ''} "
+                    f"(indices 0..{max(size, 1) - 1})")
+        return "an index is past the end of its list"
+
     def listing(self) -> str:
         top = sorted(n.removeprefix("target.") for n in self.names if "[" not in n and ".settings." not in n)
-        per = sorted({n.split("].", 1)[1] for n in self.names if n.startswith("target.replicas[0].")})
+        per = sorted({n.split("].", 1)[1] for n in self.names
+                      if n.startswith("target.replicas[0].") and "[" not in n.split("].", 1)[1]})
         return f"{{target.NAME}}: {', '.join(top)}; and per replica {{target.replicas[N].NAME}}: {', '.join(per)}"
 
 
@@ -83,14 +102,22 @@ def reference_shape(engine: str, replicas: int = 1, netns: bool = False,
                     neighbour: dict[str, Any] | None = None) -> dict[str, Any]:
     """The facts `chaoskit ref up` (deploy.py) publishes for this engine and replica count, values unknown:
     the same keys, so a placeholder can be checked before the deployment exists."""
-    replica = REPLICA_FACTS + (VLLM_REPLICA_FACTS if engine == "vllm" else ())
     shape: dict[str, Any] = dict.fromkeys(REFERENCE_FACTS + (("netns",) if netns else ()))
-    shape["replicas"] = [dict.fromkeys(replica) for _ in range(replicas)]
+    shape["replicas"] = [_replica_shape(engine) for _ in range(replicas)]
     shape["replica_pids"] = [None] * replicas
     shape["settings"] = dict.fromkeys(("engine", "replicas", "netns", "model_params"))
     if neighbour is not None:
         shape["neighbour"] = reference_shape(**neighbour)
     return shape
+
+
+def _replica_shape(engine: str) -> dict[str, Any]:
+    """One replica's facts for this engine, values unknown (a Triton replica's model_pids: one per model)."""
+    if engine == "vllm":
+        return dict.fromkeys(REPLICA_FACTS + VLLM_REPLICA_FACTS)
+    replica: dict[str, Any] = dict.fromkeys(REPLICA_FACTS + TRITON_REPLICA_FACTS)
+    replica["model_pids"] = [None] * len(TRITON_MODELS)
+    return replica
 
 
 def pending_shape(shape: dict[str, Any], counted: bool = True) -> Pending:

@@ -155,6 +155,54 @@ def test_published_facts_are_the_names_validation_checks(ref):
     assert set(addressable("target", ref)) == set(addressable("target", reference_shape("triton", 2)))
 
 
+def test_facts_name_each_replicas_model_processes(ref):
+    """{target.replicas[N].model_pids}: the python backend stubs of that replica's tritonserver, one per model in
+    TRITON_MODELS' order."""
+    import psutil
+
+    from chaoskit.targets.facts import TRITON_MODELS
+
+    for r in ref["replicas"]:
+        assert len(r["model_pids"]) == len(TRITON_MODELS) == 2
+        for pid, model in zip(r["model_pids"], TRITON_MODELS, strict=True):
+            stub = psutil.Process(pid)
+            assert stub.ppid() == r["pid"] and stub.name() == "triton_python_backend_stub"
+            assert Path(stub.cmdline()[1]).parent.parent.name == model
+
+
+def test_status_says_a_replica_whose_model_process_died_is_not_ready(tmp_path):
+    """The blind spot of a liveness-only status: a replica whose stub is dead still runs and answers
+    /v2/health/ready 200, but every generate fails; `ref status` asks each model for a token and says so."""
+    d, facts = start(tmp_path, 18400)
+    env = {**os.environ, "CHAOSKIT_REF_DIR": str(tmp_path)}
+
+    def status(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "chaoskit", "ref", "status", *args], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+
+    try:
+        healthy = status("--json")
+        assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+        assert all(p["ready"] for p in json.loads(healthy.stdout)["processes"])
+        r0 = facts["replicas"][0]
+        os.kill(r0["model_pids"][0], signal.SIGKILL)  # tiny_lm's stub of this test's own replica 0
+        wait_for(lambda: generate(r0["url"], "x", 1)[0] == 400, timeout=10)
+        assert http(f"{r0['url']}/v2/health/ready")[0] == 200  # what a liveness check sees
+        sick = status("--json")
+        rows = {p["name"]: p for p in json.loads(sick.stdout)["processes"]}
+        assert sick.returncode == 1 and rows["triton-0"]["alive"] and not rows["triton-0"]["ready"]
+        message = "POST /v2/models/tiny_lm/generate: HTTP 400: Stub process 'tiny_lm_0_0' is not healthy."
+        assert rows["triton-0"]["check"] == message, rows["triton-0"]
+        assert rows["triton-1"]["ready"] and rows["gateway"]["ready"]
+        table = status()
+        print(f"\n{table.stdout}")
+        assert table.returncode == 1 and "Stub process 'tiny_lm_0_0' is not healthy." in table.stdout
+    finally:
+        pids = [p["pid"] for p in d.processes()]
+        d.down(say=lambda _m: None)
+        assert_all_gone(d, pids, [18400 + k for k in range(7)])
+
+
 def _process_experiments() -> list[Path]:
     """Bundled Triton experiments whose faults select processes (by PID, parent or name)."""
     from chaoskit.spec.loader import load_experiment
