@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.reference.deploy import Deployment, RefOptions
-from chaoskit.targets.process import cmdline, group_members
+from chaoskit.targets.process import cmdline, group_members, proc_state
 from tests.conftest import ROOT, requires_triton, wait_for
 
 pytestmark = requires_triton
@@ -170,11 +170,36 @@ def test_facts_name_each_replicas_model_processes(ref):
             assert Path(stub.cmdline()[1]).parent.parent.name == model
 
 
-def test_status_says_a_replica_whose_model_process_died_is_not_ready(tmp_path):
-    """The blind spot of a liveness-only status: a replica whose stub is dead still runs and answers
-    /v2/health/ready 200, but every generate fails; `ref status` asks each model for a token and says so."""
-    d, facts = start(tmp_path, 18400)
-    env = {**os.environ, "CHAOSKIT_REF_DIR": str(tmp_path)}
+STOP_STUB = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {name: stop-stub}
+target: {reference: triton}
+steadyState:
+  probes:
+    - name: replica-0-generates
+      type: http
+      method: POST
+      url: "{target.replicas[0].url}/v2/models/tiny_lm/generate"
+      body: {text_input: "hello", max_tokens: 1}
+      timeout: 3s
+      expect: {status: 200}
+      phases: [before, after]
+  after: {within: 2s, every: 500ms}
+method:
+  - name: stop-stub
+    inject: {type: process.signal, pid: "{target.replicas[0].model_pids[0]}"}
+    duration: 4s
+"""
+
+
+def test_a_stub_that_dies_during_its_fault_is_reported_and_ref_status_says_not_ready(tmp_path, state_dir):
+    """The issue's story on this test's own deployment: a run SIGSTOPs replica 0's tiny_lm stub (by its fact) and
+    the stub dies during the fault (the test kills it, as Triton did there): the run reports the exit, and
+    `ref status`, which asks each model for a token, says replica 0 is not ready while its tritonserver still
+    runs and answers /v2/health/ready 200 (the blind spot of a liveness-only status)."""
+    d, facts = start(tmp_path / "ref", 18400)
+    env = {**os.environ, "CHAOSKIT_REF_DIR": str(tmp_path / "ref")}
 
     def status(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "chaoskit", "ref", "status", *args], env=env, cwd=ROOT,
@@ -184,9 +209,23 @@ def test_status_says_a_replica_whose_model_process_died_is_not_ready(tmp_path):
         healthy = status("--json")
         assert healthy.returncode == 0, healthy.stdout + healthy.stderr
         assert all(p["ready"] for p in json.loads(healthy.stdout)["processes"])
-        r0 = facts["replicas"][0]
-        os.kill(r0["model_pids"][0], signal.SIGKILL)  # tiny_lm's stub of this test's own replica 0
-        wait_for(lambda: generate(r0["url"], "x", 1)[0] == 400, timeout=10)
+        r0, stub = facts["replicas"][0], facts["replicas"][0]["model_pids"][0]
+        (tmp_path / "stop-stub.yaml").write_text(STOP_STUB)
+        run = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(tmp_path / "stop-stub.yaml"), "--ci",
+                                "--out", str(tmp_path / "out")], env={**env, "CHAOSKIT_STATE_DIR": str(state_dir)},
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: proc_state(stub) == "T", timeout=60)
+            os.kill(stub, signal.SIGKILL)  # tiny_lm's stub of this test's own replica 0
+            out, err = run.communicate(timeout=60)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+        assert run.returncode == 1 and "did not hold again" in out, out + err  # the after phase: 400s
+        text = f"PID {stub} triton_python_backend_stub exited during the fault (a zombie"
+        assert f"fault #1 process.signal (stop-stub): {text}" in out
+        assert text in (tmp_path / "out" / "report.html").read_text()
         assert http(f"{r0['url']}/v2/health/ready")[0] == 200  # what a liveness check sees
         sick = status("--json")
         rows = {p["name"]: p for p in json.loads(sick.stdout)["processes"]}
@@ -195,7 +234,7 @@ def test_status_says_a_replica_whose_model_process_died_is_not_ready(tmp_path):
         assert rows["triton-0"]["check"] == message, rows["triton-0"]
         assert rows["triton-1"]["ready"] and rows["gateway"]["ready"]
         table = status()
-        print(f"\n{table.stdout}")
+        print(f"\n{out}\n{table.stdout}")
         assert table.returncode == 1 and "Stub process 'tiny_lm_0_0' is not healthy." in table.stdout
     finally:
         pids = [p["pid"] for p in d.processes()]
