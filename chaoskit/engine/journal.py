@@ -23,7 +23,7 @@ class Journal:
         self._lock = threading.Lock()
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(path, "a", encoding="utf-8")
+            self._fh = open(path, "w", encoding="utf-8")  # a run's own: an earlier run's --out is not mixed in
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         obj = self.record(event, **fields)

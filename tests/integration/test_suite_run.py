@@ -187,3 +187,16 @@ def test_ci_examples_are_valid_yaml_and_run_the_documented_commands():
     assert [c for c in gl_runs if c in commands] == commands
     assert gl["after_script"][0].startswith(commands[-1])  # runs also when the script failed or was cancelled
     assert gl["artifacts"]["when"] == "always" and gl["artifacts"]["reports"]["junit"] == "chaoskit-runs/ci/junit.xml"
+
+
+def test_a_second_run_into_the_same_out_dir_reports_only_itself(tmp_path, state_dir):
+    """--out reused: the journal, summary and report are the second run's alone (not the first run's samples)."""
+    failing = _write(tmp_path, "c.yaml", NOT_BEFORE)
+    held = _write(tmp_path, "a.yaml", HELD)
+    for args, code in (([str(failing)], 1), ([str(held), "--var", "dur=300ms"], 0)):
+        p = chaoskit("run", *args, "--out", str(tmp_path / "o"), state=state_dir)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == code, out + err
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert s["verdict"] == "held" and {x["probe"] for x in s["samples"]} == {"ok"}
+    assert all(x["verdict"] == "ok" for x in s["samples"])
