@@ -20,8 +20,10 @@ def offsets(arrival: str, rate: float, duration: float, seed: int = 0, burstines
 
 
 def schedule(spec: LoadSpec, duration: float) -> Iterator[float]:
-    """The intended send offsets of a load spec's schedule, up to `duration` (inf: open-ended)."""
-    return iter_offsets(spec.arrival, spec.rate, duration, spec.seed, spec.burstiness, spec.ramp_to, spec.trace)
+    """The intended send offsets of a load spec's schedule, up to `duration` (inf: open-ended; a ramp still takes
+    spec.duration, then holds ramp_to)."""
+    return iter_offsets(spec.arrival, spec.rate, duration, spec.seed, spec.burstiness, spec.ramp_to, spec.trace,
+                        ramp_s=spec.duration)
 
 
 class ScheduleClock:
@@ -43,10 +45,12 @@ class ScheduleClock:
 
 
 def iter_offsets(arrival: str, rate: float, duration: float, seed: int = 0, burstiness: float = 1.0,
-                 ramp_to: float | None = None, trace: str | None = None) -> Iterator[float]:
+                 ramp_to: float | None = None, trace: str | None = None,
+                 ramp_s: float | None = None) -> Iterator[float]:
     """constant: every 1/rate; poisson: exponential gaps; gamma: gaps with squared CV = burstiness
-    (1 = Poisson, > 1 burstier); ramp: rate grows linearly to ramp_to; replay: offsets from a file.
-    Lazy, so an open-ended (continuous) run costs no memory."""
+    (1 = Poisson, > 1 burstier); ramp: rate grows linearly to ramp_to over ramp_s (default: duration), then
+    holds; replay: offsets from a file. Lazy, so an open-ended (continuous) run costs no memory."""
+    ramp_s = duration if ramp_s is None else ramp_s
     rng = random.Random(seed)
     if arrival == "replay":
         yield from _replay(trace, duration)
@@ -63,7 +67,7 @@ def iter_offsets(arrival: str, rate: float, duration: float, seed: int = 0, burs
             t += rng.gammavariate(shape, 1.0 / (rate * shape))
         elif arrival == "ramp":
             end = ramp_to if ramp_to is not None else rate
-            now = rate + (end - rate) * min(1.0, t / duration)
+            now = rate + (end - rate) * min(1.0, t / ramp_s)
             t += 1.0 / max(now, 1e-9)
         else:
             raise ChaoskitError(f"unknown arrival {arrival!r}: constant, poisson, gamma, ramp or replay")
