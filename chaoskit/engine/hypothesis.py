@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -81,16 +82,18 @@ def _judge(tol: Tolerance, value: Any, phase: str, probe: str, key: str,
     return tol.check(value, base)
 
 
-async def take_sample(probe: Probe, phase: str, baselines: Baselines | None = None) -> Sample:
+async def take_sample(probe: Probe, phase: str, baselines: Baselines | None = None,
+                      measure: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> Sample:
     """Never raises (except cancellation): exceptions and timeouts become `error` samples. A before sample is
-    recorded into `baselines`; later samples judge baseline tolerances against it."""
+    recorded into `baselines`; later samples judge baseline tolerances against it. `measure` (default
+    probe.measure) is what takes the values, e.g. a continuous probe's final sample of a span."""
     spec = probe.spec
     t, t0 = time.time(), time.perf_counter()
     try:
         # asyncio.timeout, not wait_for: 3.11's wait_for returns an answer that lands in the same tick as a
         # cancel and drops the cancel, so a stopped sampler went on sampling and the run never ended
         async with asyncio.timeout(spec.timeout):
-            values = await probe.measure()
+            values = await (measure or probe.measure)()
     except TimeoutError:
         error = f"timed out after {spec.timeout:g}s"
     except asyncio.CancelledError:

@@ -85,7 +85,8 @@ def junit_suite(data: dict[str, Any]) -> ET.Element:
     spans = phase_seconds(data["states"])
     for (phase, probe), samples in cases.items():
         tc = case(f"{phase}: {probe}", f"chaoskit.{data['experiment']}.{phase}", spans.get(phase, 0.0))
-        bad = [s for s in samples if s["verdict"] != "ok"]
+        # interim: an `over: phase` probe's samples before the one that judges the whole span; not judged alone
+        bad = [s for s in samples if s["verdict"] != "ok"] if phase != "interim" else []
         if bad:
             failures += 1
             first = bad[0]

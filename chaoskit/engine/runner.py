@@ -24,6 +24,7 @@ from chaoskit.engine.states import Event, FailureKind, RunStatus, State
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import Injector
 from chaoskit.probes import Probe, probe_class
+from chaoskit.probes.continuous import Continuous
 from chaoskit.spec.models import Experiment, Safeguard, Step
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,10 @@ class Runner:
         self._applied_at = 0.0  # monotonic time of the latest apply (steadyState.during.grace counts from it)
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
         self._blocks = 0  # parallel blocks started (each names the group of its faults in the ledger)
+        self._unapplied = 0  # inject steps of the method neither applied nor skipped yet
+        self._spans: dict[str, Continuous] = {}  # continuous probes judged in the current span of faults in effect
+        self._finished: set[str] = set()  # continuous probes whose last phase has ended (their load stopped)
+        self._deviated: set[str] = set()  # probes that deviated during the method (the first one is the news)
 
     # -- events -------------------------------------------------------------------------------------
     def _on_state(self, old: State, new: State, reason: str) -> None:
@@ -191,13 +196,14 @@ class Runner:
         abort: list[str] = []
         self._in_effect = asyncio.Event()
         self._sampling = True
+        self._unapplied = len(inject_steps(self.exp.method))
         samplers = self._start_samplers(abort)
         if self.faults is not None and self.opts.use_watchdog:
             samplers.append(asyncio.create_task(self.faults.supervise_watchdog()))
         if self.faults is not None:
             samplers.append(asyncio.create_task(self.faults.supervise_targets()))
         try:
-            await self._cancellable(self._steps(self.exp.method, abort))
+            await self._cancellable(self._steps_then_end(abort))
         except FaultFailed as e:
             self.status.fail(FailureKind.APPLY, str(e))
         finally:
@@ -205,7 +211,23 @@ class Runner:
             for t in samplers:
                 t.cancel()
             await asyncio.gather(*samplers, return_exceptions=True)
+            await self._stop_during_only()
         return abort[0] if abort else None
+
+    async def _steps_then_end(self, abort: list[str]) -> None:
+        await self._steps(self.exp.method, abort)
+        if self._spans and not abort:  # faults without a duration are still in effect: the span ends here
+            await self._final_samples(await self._cut_span(stop_last=False))
+
+    async def _stop_during_only(self) -> None:
+        """Continuous probes not sampled after the method stop their load (one through a proxy that exists only
+        during the method would go on sending to a closed port)."""
+        for probe in self.probes.values():
+            if isinstance(probe, Continuous) and probe.is_continuous and "after" not in probe.spec.phases:
+                try:
+                    await probe.close()
+                except Exception as e:
+                    log.warning("closing probe %s: %s", probe.spec.name, e)
 
     async def _steps(self, steps: list[Step], abort: list[str]) -> None:
         for step in steps:
@@ -215,6 +237,7 @@ class Runner:
                     abort.append(f"aborted by the operator before step {step.label()}")
                     return
                 if choice == "skip":
+                    self._unapplied -= len(inject_steps([step]))
                     continue
             await self._step(step)
 
@@ -257,21 +280,27 @@ class Runner:
         if not guards:  # "during" means while a fault is in effect; safeguards watch the applies too
             await self._in_effect.wait()
         start = time.monotonic()
-        deviated = False
-        while self._sampling:
+        continuous = probe if isinstance(probe, Continuous) and probe.is_continuous else None
+        while self._sampling and probe.spec.name not in self._finished:
             in_effect = judged and self._active > 0
             judging = in_effect and time.monotonic() - self._applied_at >= grace
-            # between: no fault in effect; grace: one is, but the system may still be adapting to it
-            phase = "during" if judging else ("grace" if in_effect else ("between" if judged else "safeguard"))
+            if judging and continuous is not None and probe.spec.name not in self._spans:
+                self._spans[probe.spec.name] = continuous  # what this sample and later ones report is the span's
+                continuous.begin_phase()
+            interim = judging and continuous is not None and continuous.over_phase
+            # between: no fault in effect; grace: one is, but the system may still be adapting to it;
+            # interim: judged once over the span, at its end (over: phase), not sample by sample
+            phase = "interim" if interim else ("during" if judging else ("grace" if in_effect else
+                                                                         ("between" if judged else "safeguard")))
             sample = await take_guarded(probe, phase, guards, self.baselines)
+            if probe.spec.name in self._finished and (isinstance(sample, str) or sample.verdict == "error"):
+                return  # its load stopped at the end of its last phase while this sample waited for a window
             if isinstance(sample, str):  # a latency safeguard tripped while the probe was still out
                 self._trip(probe, sample, abort)
                 return
             self._record(sample)
-            if judging and sample.verdict != "ok" and not deviated:
-                deviated = True  # the first deviation of each probe is the news; the journal has every sample
-                self.status.deviate(f"{probe.spec.name} deviated during the method: "
-                                    + (sample.error or "; ".join(d for d in sample.details)))
+            if judging and not interim and sample.verdict != "ok":
+                self._deviate(sample)
             for g in guards:
                 reason = tripped(g, sample)
                 if reason:
@@ -280,6 +309,43 @@ class Runner:
             # next slot on the fixed grid; slots missed by a slow sample are skipped, not bunched
             elapsed = time.monotonic() - start
             await asyncio.sleep((int(elapsed / every) + 1) * every - elapsed)
+
+    def _deviate(self, sample: Sample) -> None:
+        if sample.probe not in self._deviated:  # the first deviation of each probe is the news; the journal has all
+            self._deviated.add(sample.probe)
+            self.status.deviate(f"{sample.probe} deviated during the method: "
+                                + (sample.error or "; ".join(d for d in sample.details)))
+
+    async def _cut_span(self, stop_last: bool) -> list[tuple[str, Continuous, str | None]]:
+        """A span with faults in effect ends, before its revert: cut each continuous probe judged in it there
+        (each answers within ms), so the final samples end here. With stop_last (the method's last fault has
+        ended), a probe that is not sampled after the method also stops sending. (name, probe, why the cut
+        failed or None) of each."""
+        spans = sorted(self._spans.items())
+        self._spans.clear()
+        stops = [stop_last and "after" not in self.probes[name].spec.phases for name, _ in spans]
+        self._finished.update(name for (name, _), stop in zip(spans, stops, strict=True) if stop)
+        cuts = await asyncio.gather(*(c.cut(stop) for (_, c), stop in zip(spans, stops, strict=True)),
+                                    return_exceptions=True)
+        out: list[tuple[str, Continuous, str | None]] = []
+        for (name, c), cut in zip(spans, cuts, strict=True):
+            if isinstance(cut, asyncio.CancelledError):
+                raise cut
+            out.append((name, c, f"the final sample could not be cut: {type(cut).__name__}: {cut}"
+                        if isinstance(cut, BaseException) else None))
+        return out
+
+    async def _final_samples(self, cut: list[tuple[str, Continuous, str | None]]) -> None:
+        """Each cut probe's final sample of the span (the last partial window; over: phase, the whole span)."""
+        async def one(name: str, c: Continuous, error: str | None) -> Sample:
+            if error is not None:
+                return Sample(name, "during", time.time(), "error", error=error)
+            return await take_sample(self.probes[name], "during", self.baselines, measure=c.end_phase)
+
+        for sample in await asyncio.gather(*(one(*each) for each in cut)):
+            self._record(sample)
+            if sample.verdict != "ok":
+                self._deviate(sample)
 
     def _trip(self, probe: Probe, reason: str, abort: list[str]) -> None:
         if not abort:
@@ -307,6 +373,7 @@ class Runner:
 
     async def _inject(self, step: Step, group: str | None) -> None:
         assert self.faults is not None
+        self._unapplied -= 1
         entry_id = await self.faults.apply(step, self.injectors[id(step)], group)
         self._active += 1
         self._applied_at = time.monotonic()
@@ -316,7 +383,9 @@ class Runner:
             return  # stays until the rollback phase
         await asyncio.sleep(step.duration)
         self._active -= 1  # from here on, samples see the revert, not the fault
+        cut = await self._cut_span(stop_last=self._unapplied == 0) if self._active == 0 and self._spans else []
         await self.faults.end(entry_id, step.label())
+        await self._final_samples(cut)
 
     # -- rollback and after ---------------------------------------------------------------------------
     async def _rollback(self) -> None:

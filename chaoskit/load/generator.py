@@ -52,9 +52,11 @@ def _good(spec: LoadSpec, e2e: float, ttft: float | None, itls: list[float], tok
 
 
 async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec: Recorder,
-              progress: Callable[[Recorder, int], None] | None = None, group_by: str | None = None) -> None:
+              progress: Callable[[Recorder, int], None] | None = None, group_by: str | None = None,
+              stopped: Callable[[], bool] | None = None) -> None:
     """Send at start_epoch + offset for each offset; record into `rec` (and, with group_by, also into the
-    recorder of the group named by that response header)."""
+    recorder of the group named by that response header). Once `stopped()` holds nothing more is sent; what is
+    in flight still completes (or times out) before this returns."""
     t0 = time.monotonic() + (start_epoch - time.time())  # monotonic, not loop.time(): uvloop's is in ms
     cap = asyncio.Semaphore(spec.concurrency_cap) if spec.concurrency_cap else None
     conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=False)
@@ -113,6 +115,8 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
         before it, then by yielding to the loop (a wake-up can come late; a yield cannot). Runs from the
         alarm, from the loop, and after each completion (a busy loop reaches a due send there first)."""
         nonlocal due, pumping, spin_pending
+        if stopped is not None and stopped():
+            due = None  # the rest of the schedule is dropped
         if pumping or due is None:
             return
         pumping = True
@@ -173,6 +177,8 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
                 alarm.at(t0 + due[1] - alarm.lead)
             while due is not None:  # the alarm and the completions do the sending; this only reports
                 await asyncio.sleep(0.05)
+                if stopped is not None and stopped():
+                    due = None
                 if progress is not None and time.monotonic() >= next_report:
                     progress(rec, in_flight)
                     next_report = time.monotonic() + PROGRESS_S

@@ -188,10 +188,12 @@ class Sender:
         for j in range(len(ERRORS)):
             s.errors[j] = 0
 
-    def run(self, offsets: Iterable[float], t0: float, tick: Callable[[], None]) -> None:
+    def run(self, offsets: Iterable[float], t0: float, tick: Callable[[], None],
+            stopped: Callable[[], bool] | None = None) -> None:
         """Send each offset (seconds after monotonic t0), calling `tick` between slices, then wait for what is
         in flight (each request ends by its timeout at the latest). The schedule is handed over a little at a
-        time, AHEAD_S ahead of the clock, so no refill pauses the sending for long."""
+        time, AHEAD_S ahead of the clock, so no refill pauses the sending for long. Once `stopped()` holds
+        (checked after each tick) the unsent rest is dropped."""
         buf = (ctypes.c_double * CHUNK)()
         it: Iterator[float] = iter(offsets)
         pos = cnt = 0
@@ -211,6 +213,9 @@ class Sender:
                 return
             pos += self.lib.ck_run(self.h, t0, ctypes.addressof(buf) + 8 * pos, cnt - pos, time.monotonic() + SLICE_S)
             tick()
+            if stopped is not None and stopped():
+                pos = cnt = 0
+                more = False
 
     def close(self) -> None:
         if self.h:

@@ -1,5 +1,5 @@
 """Run a load spec across worker processes and merge their histograms: one bounded run (`run_load`) or an
-open-ended one reporting per window (`ContinuousLoad`, for probes that sample during a whole experiment)."""
+open-ended one reporting per window, cut on demand (`ContinuousLoad`, for probes that sample a whole experiment)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from chaoskit.errors import ChaoskitError
@@ -44,10 +45,22 @@ class _Workers:
             assert p.stdin is not None
             p.stdin.write(json.dumps({"spec": self.spec.model_dump(mode="json"), "start_epoch": self.start,
                                       "worker": k, "workers": n, "window_s": self.window_s,
-                                      "open_ended": self.open_ended, "group_by": self.group_by}).encode())
+                                      "open_ended": self.open_ended, "group_by": self.group_by}).encode() + b"\n")
             await p.stdin.drain()
-            p.stdin.close()
+            if not self.open_ended:  # an open-ended one takes commands (worker.py) on stdin
+                p.stdin.close()
             self.procs.append(p)
+
+    async def command(self, cmd: dict[str, Any]) -> None:
+        """Send one command to every worker of an open-ended run."""
+        line = json.dumps(cmd).encode() + b"\n"
+        try:
+            for p in self.procs:
+                assert p.stdin is not None
+                p.stdin.write(line)
+            await asyncio.gather(*(p.stdin.drain() for p in self.procs if p.stdin is not None))
+        except (BrokenPipeError, ConnectionResetError):
+            raise ChaoskitError(f"a load worker has exited; cannot send {cmd}") from None
 
     async def lines(self, k: int):
         proc = self.procs[k]
@@ -62,6 +75,8 @@ class _Workers:
 
     async def stop(self) -> None:
         for p in self.procs:
+            if p.stdin is not None and not p.stdin.is_closing():
+                p.stdin.close()
             if p.returncode is None:
                 p.kill()
                 await p.wait()
@@ -106,48 +121,144 @@ async def run_load(spec: LoadSpec, on_progress: Callable[[dict[str, Any]], None]
     return summary
 
 
+@dataclass
+class Part:
+    """What an open-ended load's workers reported for one stretch of it: their merged recorder, how long the
+    stretch was and how many sends the schedule held in it."""
+
+    rec: Recorder
+    elapsed_s: float
+    scheduled: int
+
+    def merge(self, other: Part) -> None:
+        self.rec.merge(other.rec.to_json())
+        self.elapsed_s += other.elapsed_s
+        self.scheduled += other.scheduled
+
+    def summary(self, rate: float) -> dict[str, Any]:
+        out = self.rec.summary(rate, self.elapsed_s, self.scheduled)
+        out["window_s"] = self.elapsed_s
+        return out
+
+
 class ContinuousLoad:
-    """Load that runs until closed; `window()` returns the summary of everything completed since the last call
-    (waiting for at least one whole window)."""
+    """Load that runs until stopped or closed, reported in parts that together hold every completed request once.
+    `window()`: what completed since the previous part, waiting for at least one whole window (half of one after
+    a cut); `cut()`: what completed up to now, the partial window included; `stop()`: send nothing more, then
+    `drain()`: what is left once the requests in flight have completed or timed out."""
 
     def __init__(self, spec: LoadSpec, window_s: float, group_by: str | None = None):
         self.spec, self.window_s = spec, window_s
         self._w = _Workers(spec, window_s=window_s, open_ended=True, group_by=group_by)
-        self._parts: dict[int, list[dict[str, Any]]] = {}
-        self._ready: asyncio.Queue[tuple[int, Recorder]] = asyncio.Queue()
+        self._parts: dict[int, list[dict[str, Any]]] = {}  # window -> the workers' reports not taken yet
+        self._delivered = [0] * spec.workers  # each worker's latest window
+        self._cuts: dict[int, list[dict[str, Any]]] = {}  # cut -> the workers' reports
+        self._acks = 0  # workers that have stopped sending
+        self._finals: list[dict[str, Any]] = []  # the workers' last reports (after stop)
+        self._ended = 0
+        self._failed: BaseException | None = None
+        self._waiters: list[asyncio.Future[None]] = []
         self._tasks: list[asyncio.Task] = []
         self._clock = ScheduleClock(schedule(spec, math.inf))
+        self._taken_at = 0.0  # seconds after the start up to which the parts have been taken
+        self._n_cuts = 0
+        self._stop_at: float | None = None
 
     async def start(self) -> None:
         await self._w.spawn()
         self._tasks = [asyncio.create_task(self._drive(k)) for k in range(self.spec.workers)]
 
     async def _drive(self, k: int) -> None:
-        async for kind, data in self._w.lines(k):
-            if kind == b"W":
-                parts = self._parts.setdefault(data["window"], [])
-                parts.append(data)
-                if len(parts) == self.spec.workers:
-                    rec = Recorder()
-                    for part in self._parts.pop(data["window"]):
-                        rec.merge(part)
-                    self._ready.put_nowait((data["window"], rec))
+        try:
+            async for kind, data in self._w.lines(k):
+                if kind == b"W":
+                    self._parts.setdefault(data["window"], []).append(data)
+                    self._delivered[k] = data["window"]
+                elif kind == b"C":
+                    self._cuts.setdefault(data["cut"], []).append(data)
+                elif kind == b"S":
+                    self._acks += 1
+                elif kind == b"R":
+                    self._finals.append(data)
+                self._changed()
+        except Exception as e:
+            self._failed = self._failed or e
+        finally:
+            self._ended += 1
+            self._changed()
 
-    async def window(self, timeout: float) -> dict[str, Any]:
-        for t in self._tasks:
-            if t.done() and t.exception():
-                raise t.exception()  # type: ignore[misc]
+    def _changed(self) -> None:
+        for f in self._waiters:
+            if not f.done():
+                f.set_result(None)
+        self._waiters.clear()
+
+    async def _until(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
         async with asyncio.timeout(timeout):
-            last, rec = await self._ready.get()
-        windows = 1
-        while not self._ready.empty():
-            last, more = self._ready.get_nowait()
-            rec.merge(more.to_json())
-            windows += 1
-        scheduled = self._clock.due_before(last * self.window_s)  # window k ends k windows after the start
-        summary = rec.summary(self.spec.rate, windows * self.window_s, scheduled)
-        summary["window_s"] = windows * self.window_s
-        return summary
+            while not ready():
+                if self._failed is not None:
+                    raise self._failed
+                if self._ended == self.spec.workers:
+                    raise ChaoskitError(f"the load ended before {what}: its schedule has no more sends "
+                                        f"(arrival: replay plays its trace once)")
+                f = asyncio.get_running_loop().create_future()
+                self._waiters.append(f)
+                await f
+
+    def _take(self, up_to: float, *more: list[dict[str, Any]]) -> Part:
+        """Merge and remove the reports of windows <= up_to, plus the reports in `more` (its span: `_ends`)."""
+        rec = Recorder()
+        for k in [k for k in self._parts if k <= up_to]:
+            for data in self._parts.pop(k):
+                rec.merge(data)
+        for reports in more:
+            for data in reports:
+                rec.merge(data)
+        return Part(rec, 0.0, 0)
+
+    def _ends(self, part: Part, until: float) -> Part:
+        """The part spans from where the previous one ended to `until` (seconds after the start)."""
+        until = max(until, self._taken_at)
+        part.scheduled = self._clock.due_before(until)
+        part.elapsed_s = until - self._taken_at
+        self._taken_at = until
+        return part
+
+    async def window(self, timeout: float) -> Part:
+        half = self.window_s / 2
+        await self._until(lambda: self._stop_at is not None
+                          or min(self._delivered) * self.window_s - self._taken_at >= half - 1e-9,
+                          timeout, "the next window")
+        if self._stop_at is not None:
+            raise ChaoskitError("the load was stopped (the probe's last phase has ended)")
+        last = min(self._delivered)  # window k ends k windows after the start
+        return self._ends(self._take(last), last * self.window_s)
+
+    async def cut(self, timeout: float) -> Part:
+        """Everything completed up to now that no window() has taken (each worker reports its partial window)."""
+        self._n_cuts += 1
+        n, at = self._n_cuts, time.time() - self._w.start
+        await self._w.command({"cut": n})
+        await self._until(lambda: len(self._cuts.get(n, ())) == self.spec.workers, timeout, "the cut")
+        return self._ends(self._take(math.inf, self._cuts.pop(n)), at)
+
+    async def stop(self, timeout: float, settle_s: float = 0.0) -> None:
+        """Send nothing more (returns once every worker has stopped, then up to settle_s later once the requests
+        in flight have completed too); a window() waiting now gives up."""
+        self._stop_at = time.time() - self._w.start
+        self._changed()
+        await self._w.command({"stop": True})
+        await self._until(lambda: self._acks == self.spec.workers, timeout, "it stopped")
+        try:
+            await self._until(lambda: len(self._finals) == self.spec.workers, settle_s, "its requests completed")
+        except TimeoutError:
+            pass  # drain() waits for the rest
+
+    async def drain(self, timeout: float) -> Part:
+        """After stop(): what is left once every request in flight completed (each within its timeout)."""
+        assert self._stop_at is not None
+        await self._until(lambda: len(self._finals) == self.spec.workers, timeout, "its requests completed")
+        return self._ends(self._take(math.inf, self._finals), self._stop_at)
 
     async def close(self) -> None:
         for t in self._tasks:

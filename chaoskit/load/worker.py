@@ -1,15 +1,20 @@
 """A sender process: `python -m chaoskit.load.worker` reads {"spec", "start_epoch", "worker", "workers",
-"window_s", "open_ended", "group_by"} as JSON on stdin; sends every `workers`-th arrival of the schedule starting at
-`worker` (with the native sender or the asyncio one, as spec.sender says); prints progress `P {...}`,
-per-window recorders `W {...}` (when window_s is set) and finally `R {recorder}` on stdout."""
+"window_s", "open_ended", "group_by"} as one JSON line on stdin; sends every `workers`-th arrival of the schedule
+starting at `worker` (with the native sender or the asyncio one, as spec.sender says); prints progress `P {...}`,
+per-window recorders `W {...}` (when window_s is set) and finally `R {recorder}` on stdout. An open-ended one
+then reads commands, one JSON line each: {"cut": N} prints `C {"cut": N, recorder}` (what completed since the last
+W or C) and starts a new part; {"stop": true} sends nothing more, prints `S {}`, and ends as a bounded run does
+(the requests in flight complete or time out, then `R`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import islice
 
 from chaoskit.aio import run_fast
@@ -30,8 +35,26 @@ def _window(k: int, rec: Recorder) -> None:
     print("W " + json.dumps({"window": k, **rec.to_json()}), flush=True)
 
 
+def _cut(n: int, rec: Recorder) -> None:
+    print("C " + json.dumps({"cut": n, **rec.to_json()}), flush=True)
+
+
+def _read_commands(on: Callable[[dict], None]) -> None:
+    """The parent's commands (JSON lines on stdin after the job), read in a thread and handed to `on`; EOF
+    (the parent closed stdin or went away) ends the thread."""
+    def read() -> None:
+        while line := sys.stdin.readline():
+            if line.strip():
+                try:
+                    on(json.loads(line))
+                except RuntimeError:  # the event loop has closed: the sending is over
+                    return
+
+    threading.Thread(target=read, daemon=True).start()
+
+
 def main() -> int:
-    job = json.loads(sys.stdin.read())
+    job = json.loads(sys.stdin.readline())
     spec = LoadSpec.model_validate(job["spec"])
     rec = Recorder()
     k, n = job["worker"], job["workers"]
@@ -42,29 +65,43 @@ def main() -> int:
         try:
             if group_by is not None:
                 raise ChaoskitError("group_by needs the python sender: the native one does not read headers")
-            _native(spec, mine, job["start_epoch"], job.get("window_s"), rec)
+            _native(spec, mine, job["start_epoch"], job.get("window_s"), rec, bool(job.get("open_ended")))
         except ChaoskitError as e:
             print(e, file=sys.stderr)  # the parent reports it: no traceback for what the user can fix
             return 2
     else:
-        run_fast(_asyncio(spec, mine, job["start_epoch"], job.get("window_s"), rec, group_by))
+        run_fast(_asyncio(spec, mine, job["start_epoch"], job.get("window_s"), rec, group_by,
+                          bool(job.get("open_ended"))))
     print("R " + json.dumps(rec.to_json()), flush=True)
     return 0
 
 
 def _native(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, window: float | None,
-            rec: Recorder) -> None:
+            rec: Recorder, commands: bool = False) -> None:
     from chaoskit.load.native import Sender
 
     sender = Sender(spec, [request_bytes(*r) for r in requests(spec)], rec)
+    todo: queue.SimpleQueue[dict] = queue.SimpleQueue()
+    stopped = False
+    if commands:
+        _read_commands(todo.put)
     try:
         if not spec.concurrency_cap:
             sender.warm(warm_count(spec))
         t0 = time.monotonic() + (start_epoch - time.time())
         next_window, next_progress = 1, time.monotonic()
 
-        def tick() -> None:
-            nonlocal next_window, next_progress
+        def tick() -> None:  # between the C sender's slices (every 10 ms at most)
+            nonlocal next_window, next_progress, stopped
+            while not todo.empty():
+                cmd = todo.get_nowait()
+                if "cut" in cmd:
+                    sender.sync()
+                    _cut(cmd["cut"], rec)
+                    sender.reset()
+                elif cmd.get("stop"):
+                    stopped = True  # Sender.run drops the unsent schedule before its next slice
+                    print("S {}", flush=True)
             now = time.monotonic()
             if window and now >= t0 + next_window * window:
                 sender.sync()
@@ -76,16 +113,29 @@ def _native(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, window
                 _progress(rec, sender.stats.in_flight)
                 next_progress = now + PROGRESS_S
 
-        sender.run(offsets, t0, tick)
+        sender.run(offsets, t0, tick, lambda: stopped)
         sender.sync()
     finally:
         sender.close()
 
 
 async def _asyncio(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, window: float | None,
-                   rec: Recorder, group_by: str | None = None) -> None:
+                   rec: Recorder, group_by: str | None = None, commands: bool = False) -> None:
     reporter = asyncio.create_task(_windows(rec, start_epoch, window)) if window else None
-    await run(spec, offsets, start_epoch, rec, _progress, group_by)
+    stop = asyncio.Event()
+
+    def on(cmd: dict) -> None:  # on the loop, so no send and no window report runs in between
+        if "cut" in cmd:
+            _cut(cmd["cut"], rec)
+            rec.reset()
+        elif cmd.get("stop"):
+            stop.set()  # run() sends nothing once this is set
+            print("S {}", flush=True)
+
+    if commands:
+        loop = asyncio.get_running_loop()
+        _read_commands(lambda cmd: loop.call_soon_threadsafe(on, cmd))
+    await run(spec, offsets, start_epoch, rec, _progress, group_by, stop.is_set)
     if reporter:
         reporter.cancel()
 

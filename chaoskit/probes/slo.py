@@ -2,7 +2,8 @@
 
 Two modes: `window` (each sample runs a fresh load of `load.duration`) and `continuous` (load runs from the
 first sample to the end of the run; each sample reports what completed since the previous one, so a
-deviation shows within one interval). With `group_by: HEADER` the outcomes are also broken down by that
+deviation shows within one interval; where a fault's span ends a final sample takes the last partial window,
+and with `over: phase` that final sample alone judges the whole span). With `group_by: HEADER` the outcomes are also broken down by that
 response header's value (e.g. the replica a gateway picked): `p99_ms[triton-0]`, `error_rate[triton-0]` ...
 Each error kind (recorder.ERROR_KINDS) is measured as `errors.KIND` (count) and `error_share.KIND` (of the
 requests answered or failed), e.g. `expect: {error_share: {stream_truncated: "0.2..0.4"}}`.
@@ -17,10 +18,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from chaoskit.load.recorder import ERROR_KINDS, NO_GROUP, PYTHON_ONLY_KINDS
-from chaoskit.load.runner import ContinuousLoad, run_load
+from chaoskit.errors import ChaoskitError
+from chaoskit.load.recorder import ERROR_KINDS, NO_GROUP, PYTHON_ONLY_KINDS, Recorder
+from chaoskit.load.runner import ContinuousLoad, Part, run_load
 from chaoskit.load.spec import LoadSpec
 from chaoskit.probes.base import Probe, ProbeSpecBase
+from chaoskit.probes.continuous import Continuous
 from chaoskit.spec.types import Duration
 
 _PCT = ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
@@ -35,14 +38,26 @@ _REMOVED = {"achieved_ratio": "achieved_ratio was removed: it divided sends by r
                               "of their time / scheduled) to judge the load generator"}
 _GROUPED = re.compile(r"^([a-z0-9_]+)\[([^\[\]]+)\]$")
 _TOKEN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"  # an HTTP header name
+CUT_TIMEOUT_S = 2.0  # the workers report a cut within ~10 ms; a fault's revert waits for it at most this long
+SETTLE_S = 2.0  # a stopped load's requests in flight: the revert waits for them at most this long
 
 
 class SloProbeSpec(ProbeSpecBase):
     type: Literal["slo"]
     load: LoadSpec = Field(description="the load the SLO is stated under (url, api, rate, duration, ...)")
-    mode: Literal["window", "continuous"] = Field("window", description="continuous: load runs for the whole "
-                                                                        "experiment, samples report each interval")
+    mode: Literal["window", "continuous"] = Field(
+        "window", description="continuous: load runs for the whole experiment, samples report each interval. "
+        "load.duration then does not end the load: it runs from the probe's first sample to the end of the run "
+        "(with phases that leave out after: to the end of the last fault); duration must hold at least one send, "
+        "and arrival ramp reaches ramp_to after it (then holds)")
     window: Duration = Field(2.0, gt=0, description="continuous: reporting window")
+    over: Literal["window", "phase"] = Field(
+        "window", description="continuous, during phase: window judges each sample (what completed since the "
+        "previous one), and at the end of each fault a final sample judges the last partial window (with the "
+        "window before it when shorter than one window); phase judges once, at the end of each fault (cut "
+        "before its revert), over every request that completed from the first judged sample on, the last "
+        "partial window included: the samples in between are recorded as interim (live view, safeguards), "
+        "not judged. before/after samples judge one window either way")
     warmup: Duration = Field(0.0, ge=0, description="continuous: the load runs this long before the first "
                              "sample is measured (its windows are dropped: connection set-up, a sender starting "
                              "late, a cold cache), so a baseline is the steady state, not the start")
@@ -59,6 +74,12 @@ class SloProbeSpec(ProbeSpecBase):
         if self.timeout is None:
             span = self.window + self.warmup if self.mode == "continuous" else self.load.duration
             object.__setattr__(self, "timeout", span + self.load.timeout + 10.0)
+        if self.over == "phase" and self.mode != "continuous":
+            raise ValueError("over: phase needs mode: continuous (in window mode each sample runs a load of its "
+                             "own and is judged alone)")
+        if self.over == "phase" and "during" not in self.phases:
+            raise ValueError(f"over: phase judges the during phase, but phases ({', '.join(self.phases)}) leave "
+                             f"it out")
         if self.group_by is not None and self.load.sender == "native":
             raise ValueError(f"group_by: the native sender (load.sender: native) does not read response headers, "
                              f"so it cannot group by {self.group_by}; use load.sender: python or auto (auto "
@@ -102,7 +123,7 @@ class SloProbeSpec(ProbeSpecBase):
         return {m.group(2) for key in self.expect if (m := _GROUPED.match(key))}
 
 
-class SloProbe(Probe):
+class SloProbe(Probe, Continuous):
     type: ClassVar[str] = "slo"
     summary: ClassVar[str] = "open-loop load (CO-corrected) judged on p50..p99.9, errors, goodput, completed share"
     Spec = SloProbeSpec
@@ -111,24 +132,38 @@ class SloProbe(Probe):
     def __init__(self, spec: SloProbeSpec):
         super().__init__(spec)
         self._continuous: ContinuousLoad | None = None
+        self._warm = False  # the warm-up windows are behind it
+        self._stopped = False  # its load was stopped: its last phase has ended
+        self._draining = False  # stopped by a cut: end_phase waits for the requests in flight
+        self._phase: Part | None = None  # over: phase: what the current span's samples reported so far
+        self._last: Part | None = None  # the span's latest window (a short final one is judged with it)
+        self._tail: Part | None = None  # what the cut left
+        self._span: tuple[Part | None, Part | None] = (None, None)  # (_phase, _last) as the cut found them
 
     async def measure(self) -> dict[str, Any]:
-        group_by = self.spec.group_by
         if self.spec.mode == "window":
-            summary = await run_load(self.spec.load, group_by=group_by)
+            summary = await run_load(self.spec.load, group_by=self.spec.group_by)
             summary.pop("recorder", None)
-        else:
-            if self._continuous is None:
-                self._continuous = ContinuousLoad(self.spec.load, self.spec.window, group_by=group_by)
-                await self._continuous.start()
-                await self._warm_up()
-            summary = await self._continuous.window(timeout=self.spec.timeout or 60.0)
+            return self._values(summary)
+        if self._stopped:
+            raise ChaoskitError("its load was stopped at the end of the probe's last phase")
+        if self._continuous is None:
+            self._continuous = ContinuousLoad(self.spec.load, self.spec.window, group_by=self.spec.group_by)
+            await self._continuous.start()
+            await self._warm_up()
+        part = await self._continuous.window(timeout=self.spec.timeout or 60.0)
+        if self._phase is not None:
+            self._phase.merge(part)
+        self._last = part
+        return self._values(part.summary(self.spec.load.rate))
+
+    def _values(self, summary: dict[str, Any]) -> dict[str, Any]:
         done = summary["requests"]
         for kind in ERROR_KINDS:  # every kind, so "== 0" holds on a sample that had none
             n = summary["errors"].get(kind, 0)
             summary[f"errors.{kind}"] = n
             summary[f"error_share.{kind}"] = n / done if done else 0.0
-        if group_by is not None:
+        if self.spec.group_by is not None:
             for group in self.spec.expected_groups() | {NO_GROUP}:
                 summary.setdefault(f"requests[{group}]", 0)  # no answer carried this value: say so, as a number
         return summary
@@ -137,7 +172,60 @@ class SloProbe(Probe):
         assert self._continuous is not None
         dropped = 0.0
         while dropped < self.spec.warmup:
-            dropped += (await self._continuous.window(timeout=self.spec.timeout or 60.0))["window_s"]
+            dropped += (await self._continuous.window(timeout=self.spec.timeout or 60.0)).elapsed_s
+        self._warm = True
+
+    # -- the end of a span with a fault in effect (Continuous) ------------------------------------------
+    @property
+    def is_continuous(self) -> bool:
+        return self.spec.mode == "continuous"
+
+    @property
+    def over_phase(self) -> bool:
+        return self.spec.over == "phase"
+
+    def begin_phase(self) -> None:
+        self._phase = Part(Recorder(), 0.0, 0) if self.over_phase else None
+        self._last = self._tail = None
+
+    async def cut(self, stop: bool) -> None:
+        load = self._continuous
+        if load is None or not self._warm:  # nothing measured in the span yet
+            self._span, self._phase, self._last = (self._phase, None), None, None
+            self._tail = Part(Recorder(), 0.0, 0)
+            if stop:
+                self._stopped = True
+                await self.close()
+            return
+        if stop:
+            self._stopped = self._draining = True
+            self._span, self._phase, self._last = (self._phase, self._last), None, None
+            # no window() takes anything from here on; the requests in flight end before the revert if they can
+            await load.stop(CUT_TIMEOUT_S, settle_s=min(SETTLE_S, self.spec.load.timeout))
+        else:
+            self._tail = await load.cut(CUT_TIMEOUT_S)
+            # at once (no await since the cut took its part): a sample still waiting takes what came after it
+            self._span, self._phase, self._last = (self._phase, self._last), None, None
+
+    async def end_phase(self) -> dict[str, Any]:
+        if self._draining:
+            assert self._continuous is not None
+            self._draining = False
+            tail = await self._continuous.drain(self.spec.load.timeout + CUT_TIMEOUT_S)
+            await self.close()
+        else:
+            tail, self._tail = self._tail or Part(Recorder(), 0.0, 0), None
+        (whole, last), self._span = self._span, (None, None)
+        carried = 0
+        if whole is None and last is not None and tail.elapsed_s < self.spec.window:
+            whole, carried = Part(Recorder(), 0.0, 0), last.rec.ok + sum(last.rec.errors.values())
+            whole.merge(last)  # a short final window is judged with the one before it, not alone
+        if whole is not None:
+            whole.merge(tail)
+            tail = whole
+        values = self._values(tail.summary(self.spec.load.rate))
+        values["carried_requests"] = carried  # judged again here: they were in the previous sample too
+        return values
 
     def missing(self, key: str, values: dict[str, Any]) -> str:
         m = _GROUPED.match(key)

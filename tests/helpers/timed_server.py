@@ -2,6 +2,8 @@
 
 stall PORT S T      every request that arrives while (now - start) mod T < S waits until that window ends
 sse PORT TTFT ITL N an OpenAI streaming completion: first token after TTFT ms, then one every ITL ms, N tokens
+errors PORT EVERY   every EVERY-th request is answered 500, the others 200 at once; GET /_stats (not counted)
+                    answers {"requests": N, "errors": E} so far
 """
 
 from __future__ import annotations
@@ -55,10 +57,29 @@ def sse_app(ttft_ms: float, itl_ms: float, n: int) -> web.Application:
     return app
 
 
+def errors_app(every: int) -> web.Application:
+    seen = {"requests": 0, "errors": 0}
+
+    async def handle(_: web.Request) -> web.Response:
+        seen["requests"] += 1
+        if seen["requests"] % every == 0:
+            seen["errors"] += 1
+            return web.Response(status=500, text="planned error")
+        return web.Response(text="ok")
+
+    async def stats(_: web.Request) -> web.Response:
+        return web.json_response(seen)
+
+    app = web.Application()
+    app.router.add_get("/_stats", stats)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
 def main(argv: list[str]) -> None:
     mode, port = argv[0], int(argv[1])
     app = stall_app(float(argv[2]), float(argv[3])) if mode == "stall" else \
-        sse_app(float(argv[2]), float(argv[3]), int(argv[4]))
+        errors_app(int(argv[2])) if mode == "errors" else sse_app(float(argv[2]), float(argv[3]), int(argv[4]))
 
     async def serve() -> None:
         runner = web.AppRunner(app, access_log=None)
