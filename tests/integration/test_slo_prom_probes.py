@@ -81,7 +81,9 @@ def test_a_server_that_stops_answering_deviates_though_every_send_left_on_time(q
         os.kill(proc.pid, signal.SIGCONT)
     v = sample.values
     assert v["ok"] == 0 and v["completed_ratio"] == 0.0 and v["completed_rps"] == 0.0, v
-    assert v["sent"] == v["scheduled"] > 0 and v["sent_on_time_ratio"] > 0.9, v  # the sends were punctual
+    # the sends were punctual: a sender blocked by the stopped server would be ~0; a loaded 2-core box measured
+    # 0.82..0.88 (a few of ~20 sends over 1 ms late), so the bound tells blocked from noisy, not noisy from idle
+    assert v["sent"] == v["scheduled"] > 0 and v["sent_on_time_ratio"] > 0.6, v
     assert sample.verdict == "fail" and sample.details == ["completed_ratio: 0 > 0.9 is false"], sample.details
 
 
