@@ -336,8 +336,10 @@ def test_vllm_openai_streams_under_each_fault(vllm_ref, proxies):
     second = b.token_positions()[1]
     stalled_at, after = b.times[second], b.times[second + 1]  # the 2nd token, then the pause
     # the pause is >= 500 ms at the proxy; here it is measured at the client, whose own reads (and the proxy's wake-up
-    # on a box where vLLM's worker polls a core) can move either end by some ms
-    assert 0.48 <= after - stalled_at < 0.8, after - stalled_at
+    # on a box where vLLM's worker polls a core) can move either end by some ms, and the token after it is vLLM's
+    # next one (0.94 s once in a full CI run on 2 busy cores): the upper bound tells a 500 ms stall from one that
+    # lasts until the client gives up (30 s), not from a slow next token
+    assert 0.48 <= after - stalled_at < 2.0, after - stalled_at
     assert b.complete and b.events[-1] == done
     c = v("bad", completion(8))
     bad = c.tokens()[1]  # the token event after the first: its JSON lost the closing brace
