@@ -115,21 +115,14 @@ def _processes(pid: int | None, process_name: str | None) -> list[str]:
 
 def free_port(avoid: int | None = None) -> int:
     """A port free on 127.0.0.1 now, from PROXY_PORTS if one is (else any the kernel gives)."""
+    from chaoskit.reference.deploy import _port_free  # lazily: every command imports this module
+
     for port in PROXY_PORTS:
-        if port != avoid and _bindable(port):
+        if port != avoid and _port_free("127.0.0.1", port):
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _write(target: Path, text: str) -> None:
