@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from chaoskit.engine.journal import Journal  # noqa: E402
 from chaoskit.engine.runner import Runner, RunOptions  # noqa: E402
-from chaoskit.spec.loader import load_experiment  # noqa: E402
+from chaoskit.experiment.loader import load_experiment  # noqa: E402
 from tests.helpers.hoststate import diff, snapshot  # noqa: E402
 
 EXPERIMENT = """\

@@ -151,7 +151,7 @@ def run(
         if suite and journal is not None:
             raise ChaoskitError("--journal names one experiment's journal; a suite writes one per experiment "
                                 "under --out")
-        from chaoskit.spec.loader import parse_cli_vars
+        from chaoskit.experiment.loader import parse_cli_vars
 
         cli_vars = parse_cli_vars(var)
     except ChaoskitError as e:
@@ -171,8 +171,8 @@ def run(
 def run_one(file: Path, args: RunArgs, rec: Outcome) -> int:
     """One experiment, start to end: the exit code (typer.Exit for input errors, after saying why)."""
     from chaoskit.engine.runner import new_run_id
-    from chaoskit.spec.loader import load_experiment
-    from chaoskit.spec.models import Reference
+    from chaoskit.experiment.loader import load_experiment
+    from chaoskit.experiment.models import Reference
 
     try:
         loaded = load_experiment(file, args.cli_vars, strict=not args.dry_run)
@@ -208,8 +208,8 @@ def _deploy(deployed: ExitStack, own: Any, loaded: Any, file: Path, args: RunArg
             rec: Outcome) -> Any:
     """Bring up (or reuse) the deployment the experiment declares, inside `deployed`; the experiment loaded
     again with its facts. A dry run starts nothing."""
+    from chaoskit.experiment.loader import load_experiment
     from chaoskit.reference.scenario import deployment_for, describe, running_facts
-    from chaoskit.spec.loader import load_experiment
 
     if args.dry_run:
         facts = running_facts(own)
@@ -361,8 +361,8 @@ def append_step_summary(markdown: str) -> str:
 def validate(files: list[Path] = typer.Argument(..., help="experiment YAML files (or bundled experiments' names)")
              ) -> None:
     """Check experiment files; errors name file:line:column and the field. Exit 2 if any is invalid."""
+    from chaoskit.experiment.loader import load_experiment
     from chaoskit.paths import experiment_path
-    from chaoskit.spec.loader import load_experiment
 
     bad = 0
     for f in map(experiment_path, files):
@@ -474,7 +474,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="machine-readable 
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of the experiment file (placeholders and probe includes allowed, as the loader does)."""
-    from chaoskit.spec.schema import experiment_schema
+    from chaoskit.experiment.schema import experiment_schema
 
     print(json.dumps(experiment_schema(), indent=2))
 
@@ -482,10 +482,10 @@ def schema() -> None:
 @app.command("list")
 def list_() -> None:
     """Injectors, probes and bundled experiments, one line each."""
+    from chaoskit.experiment.loader import load_experiment
     from chaoskit.injectors import INJECTORS
     from chaoskit.paths import library
     from chaoskit.probes import PROBES
-    from chaoskit.spec.loader import load_experiment
 
     for title, rows in (("injectors", [(c.type, c.summary) for c in INJECTORS]),
                         ("probes", [(c.type, c.summary) for c in PROBES])):

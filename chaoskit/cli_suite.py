@@ -42,7 +42,7 @@ def expand(paths: list[Path]) -> list[Path]:
 
 def vars_for(file: Path, cli_vars: dict[str, str]) -> dict[str, str]:
     """The --var values this file declares or uses (a suite passes each file only its own)."""
-    from chaoskit.spec.loader import load_experiment
+    from chaoskit.experiment.loader import load_experiment
 
     known = {}
     for name, value in cli_vars.items():

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from chaoskit.engine.journal import Journal
-from chaoskit.spec.models import Step
+from chaoskit.experiment.models import Step
 
 CHOICES = {"": "continue", "c": "continue", "continue": "continue", "s": "skip", "skip": "skip",
            "a": "abort", "abort": "abort"}

@@ -14,8 +14,8 @@ from chaoskit.engine.rollback import revert_entry, rollback
 from chaoskit.engine.target_exits import EVENT as TARGET_EXITED
 from chaoskit.engine.target_exits import ExitWatch, TargetExit
 from chaoskit.executors import Placement, get_executor, route_of
+from chaoskit.experiment.models import Step
 from chaoskit.injectors import Injector
-from chaoskit.spec.models import Step
 from chaoskit.targets.layer import place
 from chaoskit.targets.process import ProcessRef, is_alive
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from chaoskit.errors import PreflightError
 from chaoskit.executors import get_executor
+from chaoskit.experiment.models import Step
 from chaoskit.injectors import Injector, injector_class
 from chaoskit.injectors.base import FaultContext
-from chaoskit.spec.models import Step
 from chaoskit.targets.layer import place
 from chaoskit.targets.local import CgroupTarget
 

@@ -23,7 +23,7 @@ from chaoskit.errors import (
     EXIT_SIGINT,
     EXIT_SIGTERM,
 )
-from chaoskit.spec.models import Experiment
+from chaoskit.experiment.models import Experiment
 
 
 def summary(result: RunResult, exp: Experiment, events: list[dict[str, Any]]) -> dict[str, Any]:

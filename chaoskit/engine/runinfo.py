@@ -12,7 +12,7 @@ from typing import Any
 
 from chaoskit import __version__
 from chaoskit.engine.tolerance import Rule, Tolerance, parse_rule
-from chaoskit.spec.loader import Loaded
+from chaoskit.experiment.loader import Loaded
 
 # doctor checks left out of a run's host facts: they compile or create kernel objects (seconds, and they would
 # disturb the experiment); `chaoskit doctor` runs them

@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from chaoskit.engine.faults import FaultFailed, Faults
-from chaoskit.engine.hypothesis import Baselines, Sample, take_sample
 from chaoskit.engine.journal import Journal
 from chaoskit.engine.ledger import Ledger
 from chaoskit.engine.plan import inject_steps, plan_faults
 from chaoskit.engine.safeguards import take_guarded, tripped
 from chaoskit.engine.states import Event, FailureKind, RunStatus, State
+from chaoskit.engine.steady_state import Baselines, Sample, take_sample
 from chaoskit.errors import PreflightError
+from chaoskit.experiment.models import Experiment, Safeguard, Step
 from chaoskit.injectors import Injector
 from chaoskit.probes import Probe, probe_class
 from chaoskit.probes.continuous import Continuous
-from chaoskit.spec.models import Experiment, Safeguard, Step
 
 log = logging.getLogger(__name__)
 

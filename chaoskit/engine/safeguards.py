@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from chaoskit.engine.hypothesis import Baselines, Sample, take_sample
+from chaoskit.engine.steady_state import Baselines, Sample, take_sample
+from chaoskit.experiment.models import Safeguard
 from chaoskit.probes import Probe
-from chaoskit.spec.models import Safeguard
 
 LATENCY_METRICS = ("latency_ms", "duration_ms")  # what a probe answer's own lateness already decides
 

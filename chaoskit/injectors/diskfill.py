@@ -10,9 +10,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from chaoskit.errors import PreflightError
+from chaoskit.experiment.types import Percent, StrictModel
+from chaoskit.experiment.units import format_size
 from chaoskit.injectors.base import Injector
-from chaoskit.spec.types import Percent, StrictModel
-from chaoskit.spec.units import format_size
 from chaoskit.targets.blockdev import resolve_path, root_disk
 
 

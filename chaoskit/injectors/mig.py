@@ -7,11 +7,11 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from chaoskit.errors import PreflightError
+from chaoskit.experiment.types import StrictModel
+from chaoskit.experiment.units import format_size
 from chaoskit.gpu import mig, nvml
 from chaoskit.gpu.mig import MigBackend, MigError, MigPlanError, format_layout, layout_of, normalize_target
 from chaoskit.injectors.base import Injector
-from chaoskit.spec.types import StrictModel
-from chaoskit.spec.units import format_size
 from chaoskit.targets.local import GpuTarget
 
 PREFIX = "gpu.mig: "

@@ -16,9 +16,9 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 from pyroute2.netlink.rtnl.tcmsg import sched_netem, tcmsg
 
 from chaoskit.errors import PreflightError
+from chaoskit.experiment.types import Duration, Percent, Port, StrictModel
+from chaoskit.experiment.units import format_size, parse_rate, parse_size
 from chaoskit.injectors.base import Injector
-from chaoskit.spec.types import Duration, Percent, Port, StrictModel
-from chaoskit.spec.units import format_size, parse_rate, parse_size
 from chaoskit.targets import tc
 from chaoskit.targets.local import NetnsTarget
 from chaoskit.targets.netns import NetTargetSpec, resolve, same_namespace, with_iproute

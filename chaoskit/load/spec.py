@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from chaoskit.spec.types import Duration, StrictModel
+from chaoskit.experiment.types import Duration, StrictModel
 
 
 class LoadSpec(StrictModel):

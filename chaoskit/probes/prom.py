@@ -11,8 +11,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import Field, model_validator
 
+from chaoskit.experiment.types import Duration
 from chaoskit.probes.base import Probe, ProbeSpecBase
-from chaoskit.spec.types import Duration
 
 
 class PromProbeSpec(ProbeSpecBase):

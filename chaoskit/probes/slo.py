@@ -19,12 +19,12 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from chaoskit.errors import ChaoskitError
+from chaoskit.experiment.types import Duration
 from chaoskit.load.recorder import ERROR_KINDS, NO_GROUP, PYTHON_ONLY_KINDS, Recorder
 from chaoskit.load.runner import ContinuousLoad, Part, run_load
 from chaoskit.load.spec import LoadSpec
 from chaoskit.probes.base import Probe, ProbeSpecBase
 from chaoskit.probes.continuous import Continuous
-from chaoskit.spec.types import Duration
 
 _PCT = ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
 _PCTS = (*_PCT, *(f"{m}_{p}" for m in ("service", "ttft", "itl", "tpot") for p in _PCT))

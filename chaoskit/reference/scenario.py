@@ -15,8 +15,8 @@ from chaoskit.engine import watchdog
 from chaoskit.engine.ledger import Ledger
 from chaoskit.engine.rollback import rollback
 from chaoskit.errors import ChaoskitError, PreflightError
+from chaoskit.experiment.models import Reference
 from chaoskit.reference.deploy import Deployment, RefOptions, _port_free, ref_dir
-from chaoskit.spec.models import Reference
 
 FIRST_PORT, PORT_STRIDE = 18000, 40
 

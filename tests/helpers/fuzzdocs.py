@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from chaoskit.errors import SpecError
-from chaoskit.spec.loader import load_experiment
+from chaoskit.experiment.loader import load_experiment
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SEEDS = sorted((ROOT / "chaoskit" / "library" / "experiments").rglob("*.yaml"))

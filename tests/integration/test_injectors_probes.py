@@ -93,7 +93,7 @@ def server():
 
 
 def test_http_probe_headers_and_json(server):
-    from chaoskit.engine.hypothesis import take_sample
+    from chaoskit.engine.steady_state import take_sample
 
     async def sample(expect):
         probe = HttpProbe(HttpProbeSpec(name="p", type="http", url=server + "/ready", expect=expect))
@@ -112,7 +112,7 @@ def test_http_probe_headers_and_json(server):
 
 
 def test_http_probe_connection_refused_is_an_error_result():
-    from chaoskit.engine.hypothesis import take_sample
+    from chaoskit.engine.steady_state import take_sample
 
     probe = HttpProbe(HttpProbeSpec(name="p", type="http", url="http://127.0.0.1:9/", timeout="1s"))
     s = asyncio.run(take_sample(probe, "during"))

@@ -18,9 +18,9 @@ import pytest
 from pydantic import ValidationError
 
 from chaoskit.errors import PreflightError
+from chaoskit.experiment.schema import experiment_schema
 from chaoskit.injectors import INJECTORS
 from chaoskit.injectors.memlimit import MemoryLimit, MemoryLimitSpec
-from chaoskit.spec.schema import experiment_schema
 from chaoskit.targets.cgroups import IoHierarchy, MemHierarchy, find_mem_hierarchy
 from chaoskit.targets.process import ProcessRef, find_by_token, is_alive
 from tests.conftest import ROOT, wait_for

@@ -60,7 +60,7 @@ def test_an_apply_that_lands_after_the_rollback_is_reverted(tmp_path, sleeper, s
     from chaoskit.engine import faults as faults_mod
     from chaoskit.engine import runner as runner_mod
     from chaoskit.engine.journal import Journal, read_journal
-    from chaoskit.spec.loader import load_experiment
+    from chaoskit.experiment.loader import load_experiment
 
     real_apply = ProcessSignal.apply
 

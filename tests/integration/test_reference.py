@@ -245,7 +245,7 @@ def test_a_stub_that_dies_during_its_fault_is_reported_and_ref_status_says_not_r
 
 def _process_experiments() -> list[Path]:
     """Bundled Triton experiments whose faults select processes (by PID, parent or name)."""
-    from chaoskit.spec.loader import load_experiment
+    from chaoskit.experiment.loader import load_experiment
 
     found = []
     for f in sorted((ROOT / "chaoskit" / "library" / "experiments").rglob("*.yaml")):
@@ -273,9 +273,9 @@ def test_a_dry_run_plans_the_targets_its_run_plans(ref, tmp_path):
     """Every bundled experiment that targets processes, against a running deployment it would reuse: the dry
     run's plan (the CLI's output) is the plan the run makes from the facts it gets."""
     from chaoskit.engine.plan import UNRESOLVED, plan_faults
+    from chaoskit.experiment.loader import load_experiment
+    from chaoskit.experiment.models import Reference
     from chaoskit.reference.scenario import running_facts
-    from chaoskit.spec.loader import load_experiment
-    from chaoskit.spec.models import Reference
 
     env = {**os.environ, "CHAOSKIT_REF_DIR": str(Path(ref["model_repository"]).parent),
            "CHAOSKIT_STATE_DIR": str(tmp_path / "state")}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
-from chaoskit.engine.hypothesis import take_sample
+from chaoskit.engine.steady_state import take_sample
 from chaoskit.load.schedule import offsets
 from chaoskit.probes.prom import PromProbe, PromProbeSpec
 from chaoskit.probes.slo import SloProbe, SloProbeSpec

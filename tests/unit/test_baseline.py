@@ -10,8 +10,9 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import ValidationError
 
-from chaoskit.engine.hypothesis import Baselines, take_sample
+from chaoskit.engine.steady_state import Baselines, take_sample
 from chaoskit.errors import ChaoskitError, SpecError
+from chaoskit.experiment.loader import load_experiment
 from chaoskit.load import native
 from chaoskit.load.clients import Outcome
 from chaoskit.load.fastclient import _Conn
@@ -19,7 +20,6 @@ from chaoskit.load.recorder import MAX_GROUPS, Recorder
 from chaoskit.load.spec import LoadSpec
 from chaoskit.probes.base import Probe
 from chaoskit.probes.slo import SloProbeSpec
-from chaoskit.spec.loader import load_experiment
 
 
 class Scripted(Probe):

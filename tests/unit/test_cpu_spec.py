@@ -11,10 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 from chaoskit.errors import PreflightError
+from chaoskit.experiment.loader import load_experiment
+from chaoskit.experiment.schema import experiment_schema
 from chaoskit.injectors.cpu import CpuStressSpec, CpuThrottleSpec
 from chaoskit.injectors.process import ProcessSignalSpec
-from chaoskit.spec.loader import load_experiment
-from chaoskit.spec.schema import experiment_schema
 from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chaoskit.spec.loader import load_experiment
+from chaoskit.experiment.loader import load_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

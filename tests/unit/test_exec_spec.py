@@ -13,10 +13,10 @@ import pytest
 from pydantic import ValidationError
 
 from chaoskit.errors import ChaoskitError, PreflightError
+from chaoskit.experiment.loader import load_experiment
+from chaoskit.experiment.schema import experiment_schema
 from chaoskit.injectors import INJECTORS, injector_class
 from chaoskit.injectors.exec import TOKEN_VAR, CommandFailed, Exec, ExecSpec, run_command
-from chaoskit.spec.loader import load_experiment
-from chaoskit.spec.schema import experiment_schema
 
 
 def spec(**kw) -> ExecSpec:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from chaoskit.experiment.loader import load_experiment
 from chaoskit.init_detect import Detected, openai_models, triton_models
 from chaoskit.init_template import Plan, render
-from chaoskit.spec.loader import load_experiment
 
 ODD_MODEL = 'acme/llama: "v2" #1 {x} \\ ünï'
 KINDS = [Detected("openai", ODD_MODEL, "/v1/models", evidence="e"),

@@ -12,6 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from chaoskit.errors import ChaoskitError
+from chaoskit.experiment.loader import load_experiment
+from chaoskit.experiment.schema import experiment_schema
 from chaoskit.injectors.llm_proxy import GENERATE_PATHS, LlmProxy, LlmProxySpec
 from chaoskit.injectors.llm_proxy_faults import FaultTable, Request
 from chaoskit.injectors.llm_proxy_sse import Chunked, corrupt_event
@@ -20,8 +22,6 @@ from chaoskit.load.clients import MalformedEvent, error_body, scan_stream, statu
 from chaoskit.load.recorder import ERROR_KINDS, PYTHON_ONLY_KINDS
 from chaoskit.load.spec import LoadSpec
 from chaoskit.probes.slo import SloProbeSpec
-from chaoskit.spec.loader import load_experiment
-from chaoskit.spec.schema import experiment_schema
 from tests.conftest import chaoskit
 
 

@@ -7,9 +7,9 @@ import pytest
 from pydantic import ValidationError
 
 from chaoskit.errors import PreflightError
+from chaoskit.experiment.schema import experiment_schema
 from chaoskit.injectors import memory
 from chaoskit.injectors.memory import MemoryPressure, MemoryPressureSpec
-from chaoskit.spec.schema import experiment_schema
 
 GiB, MiB = 1 << 30, 1 << 20
 

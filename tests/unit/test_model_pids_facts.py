@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.errors import SpecError
-from chaoskit.spec.loader import load_experiment
+from chaoskit.experiment.loader import load_experiment
 from chaoskit.targets.facts import addressable, reference_shape
 
 FACTS = {"url": "http://127.0.0.1:8000", "replica_pid": 10, "replica_pids": [10, 20],

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from chaoskit.engine.hypothesis import take_sample
+from chaoskit.engine.steady_state import take_sample
 
 
 class GatedProbe:
@@ -74,7 +74,7 @@ safeguards:
 def test_the_method_ends_even_when_a_probe_swallows_the_cancel(tmp_path):
     from chaoskit.engine.journal import Journal, read_journal
     from chaoskit.engine.runner import Runner
-    from chaoskit.spec.loader import load_experiment
+    from chaoskit.experiment.loader import load_experiment
 
     f = tmp_path / "e.yaml"
     f.write_text(EXPERIMENT)

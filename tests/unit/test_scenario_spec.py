@@ -9,9 +9,9 @@ import pytest
 
 from chaoskit.engine.plan import UNRESOLVED, plan_faults
 from chaoskit.errors import SpecError
+from chaoskit.experiment.loader import load_experiment
+from chaoskit.experiment.models import Reference
 from chaoskit.reference.scenario import options
-from chaoskit.spec.loader import load_experiment
-from chaoskit.spec.models import Reference
 
 HEAD = """apiVersion: chaoskit/v1
 kind: Experiment

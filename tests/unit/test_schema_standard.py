@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from chaoskit.spec.schema import DRAFT, experiment_schema
+from chaoskit.experiment.schema import DRAFT, experiment_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 AJV = ROOT / ".chaoskit" / "npm" / "node_modules"  # scripts/setup.sh installs ajv@8 here where npm exists

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from chaoskit.errors import SpecError
-from chaoskit.spec.loader import load_experiment, parse_cli_vars
-from chaoskit.spec.yamlsafe import load_yaml
+from chaoskit.experiment.loader import load_experiment, parse_cli_vars
+from chaoskit.experiment.yamlsafe import load_yaml
 
 GOOD = """\
 apiVersion: chaoskit/v1

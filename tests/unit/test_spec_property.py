@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chaoskit.errors import SpecError
-from chaoskit.spec.loader import load_experiment
+from chaoskit.experiment.loader import load_experiment
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
                     st.text(max_size=20), st.sampled_from(["15ms", "-1s", "150%", "{pid}", "{target.url}",

@@ -8,8 +8,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from chaoskit.experiment.models import Experiment
 from chaoskit.probes import PROBES
-from chaoskit.spec.models import Experiment
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 _BOUNDS = {"gt": "exclusiveMinimum", "ge": "minimum", "lt": "exclusiveMaximum", "le": "maximum"}

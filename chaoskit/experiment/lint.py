@@ -7,13 +7,13 @@ from fnmatch import fnmatch
 from typing import Any
 from urllib.parse import urlsplit
 
+from chaoskit.experiment.models import Experiment, Step
+from chaoskit.experiment.yamlsafe import Located, Path_
 from chaoskit.injectors.llm_proxy import DelayFault, LlmProxySpec, StallFault
 from chaoskit.injectors.proxy import LatencyToxic, ProxySpec, SlowCloseToxic
 from chaoskit.injectors.proxy_server import split_addr
 from chaoskit.probes.http import HttpProbeSpec
 from chaoskit.probes.slo import SloProbeSpec
-from chaoskit.spec.models import Experiment, Step
-from chaoskit.spec.yamlsafe import Located, Path_
 
 
 def hold_warnings(exp: Experiment, loc: Located) -> list[str]:

@@ -6,9 +6,9 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, model_validator
 
+from chaoskit.experiment.types import Duration, Port, RuleSpec, StrictModel
 from chaoskit.injectors import INJECTORS
 from chaoskit.probes import PROBES
-from chaoskit.spec.types import Duration, Port, RuleSpec, StrictModel
 
 InjectSpec = Annotated[Union[tuple(cls.Spec for cls in INJECTORS)], Field(discriminator="type")]  # type: ignore # noqa: UP007
 ProbeSpec = Annotated[Union[tuple(cls.Spec for cls in PROBES)], Field(discriminator="type")]  # type: ignore # noqa: UP007

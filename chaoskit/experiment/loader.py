@@ -14,9 +14,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from chaoskit.errors import SpecError
-from chaoskit.spec.lint import hold_warnings
-from chaoskit.spec.models import Experiment, Reference
-from chaoskit.spec.yamlsafe import Located, Path_, load_yaml, read_text
+from chaoskit.experiment.lint import hold_warnings
+from chaoskit.experiment.models import Experiment, Reference
+from chaoskit.experiment.yamlsafe import Located, Path_, load_yaml, read_text
 from chaoskit.targets.facts import Pending, pending_shape, reference_running, reference_shape, target_facts
 
 _PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_][\w\-]*(?:\[\d+\])?(?:\.[A-Za-z_][\w\-]*(?:\[\d+\])?)*)\}(?!\})")

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
 from chaoskit.engine.tolerance import Rule, Tolerance, parse_rule, parse_tolerance
-from chaoskit.spec.units import parse_duration, parse_percent
+from chaoskit.experiment.units import parse_duration, parse_percent
 
 
 class StrictModel(BaseModel):
