@@ -25,6 +25,7 @@ demo: setup
 
 lint: setup
 	$(PY) -m ruff check chaoskit tests bench
+	.venv/bin/lint-imports
 
 bench: setup
 	$(PY) bench/rollback_bench.py

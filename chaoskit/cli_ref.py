@@ -89,8 +89,8 @@ def up(
     dir: Path | None = DIR_OPT,
 ) -> None:
     """Start the deployment, wait until it really serves, print URLs and facts."""
-    from chaoskit.experiment.units import parse_duration
     from chaoskit.reference.deploy import Deployment, RefOptions
+    from chaoskit.units import parse_duration
 
     try:
         if engine not in ("triton", "vllm"):

@@ -148,8 +148,8 @@ def _watchdog() -> Check:
 
 
 def _memory() -> Check:
-    from chaoskit.experiment.units import format_size
     from chaoskit.injectors.memory import meminfo
+    from chaoskit.units import format_size
 
     m = meminfo()
     return Check("host.memory_pressure", True,
@@ -393,8 +393,8 @@ def _cuda() -> Check:
 
 def _nvml() -> Check:
     from chaoskit.errors import PreflightError
-    from chaoskit.experiment.units import format_size
     from chaoskit.gpu import nvml
+    from chaoskit.units import format_size
 
     area = "GPU (NVML: nvml probe, gpu.mig)"
     try:

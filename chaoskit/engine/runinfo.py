@@ -11,8 +11,8 @@ import sys
 from typing import Any
 
 from chaoskit import __version__
-from chaoskit.engine.tolerance import Rule, Tolerance, parse_rule
 from chaoskit.experiment.loader import Loaded
+from chaoskit.model.tolerance import Rule, Tolerance, parse_rule
 
 # doctor checks left out of a run's host facts: they compile or create kernel objects (seconds, and they would
 # disturb the experiment); `chaoskit doctor` runs them

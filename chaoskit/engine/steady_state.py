@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chaoskit.engine.tolerance import Tolerance
+from chaoskit.model.tolerance import Tolerance
 from chaoskit.probes.base import Probe
 
 

@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, model_validator
 
-from chaoskit.experiment.types import Duration, Port, RuleSpec, StrictModel
 from chaoskit.injectors import INJECTORS
+from chaoskit.model.types import Duration, Port, RuleSpec, StrictModel
 from chaoskit.probes import PROBES
 
 InjectSpec = Annotated[Union[tuple(cls.Spec for cls in INJECTORS)], Field(discriminator="type")]  # type: ignore # noqa: UP007

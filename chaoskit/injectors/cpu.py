@@ -14,11 +14,11 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import Duration, StrictModel
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import FaultContext, Injector
 from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
 from chaoskit.injectors.process import CgroupTargets, check_cgroup_target, check_targets
+from chaoskit.model.types import Duration, StrictModel
 from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy
 from chaoskit.targets.local import CgroupTarget
 from chaoskit.targets.process import ProcessRef, find_by_token, is_alive, parent_pid

@@ -10,15 +10,15 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import StrictModel
-from chaoskit.experiment.units import format_size, parse_size
 from chaoskit.injectors.base import Injector
 from chaoskit.injectors.process import check_cgroup_path, check_cgroup_target
+from chaoskit.model.types import StrictModel
 from chaoskit.targets.blockdev import BlockTarget, resolve_path, root_disk
 from chaoskit.targets.cgroups import LIMIT_KEYS, IoHierarchy, find_io_hierarchy
 from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import CgroupTarget
 from chaoskit.targets.process import ProcessRef, find_by_name, is_alive, proc_ref
+from chaoskit.units import format_size, parse_size
 
 
 class DiskThrottleSpec(StrictModel):

@@ -10,10 +10,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import Percent, StrictModel
-from chaoskit.experiment.units import format_size
 from chaoskit.injectors.base import Injector
+from chaoskit.model.types import Percent, StrictModel
 from chaoskit.targets.blockdev import resolve_path, root_disk
+from chaoskit.units import format_size
 
 
 def usage(path: Path) -> tuple[int, int]:

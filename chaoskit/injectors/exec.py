@@ -19,8 +19,8 @@ from typing import IO, Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, field_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import Duration, StrictModel
 from chaoskit.injectors.base import Injector
+from chaoskit.model.types import Duration, StrictModel
 
 TOKEN_VAR = "CHAOSKIT_EXEC_TOKEN"  # in the apply command's environment: how revert finds what is left of it
 DEFAULT_TIMEOUT_S = 20.0  # under a step's default 30 s apply limit, so the command's own error is the one shown

@@ -10,8 +10,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import Percent, Port, StrictModel
 from chaoskit.injectors.base import Injector
+from chaoskit.model.types import Percent, Port, StrictModel
 from chaoskit.targets import nftables
 from chaoskit.targets.local import NetnsTarget
 from chaoskit.targets.netns import NetTargetSpec, resolve_namespace, same_namespace

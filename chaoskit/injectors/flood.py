@@ -10,9 +10,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from chaoskit.experiment.types import StrictModel
 from chaoskit.injectors import helper_proc
 from chaoskit.load.spec import LoadSpec
+from chaoskit.model.types import StrictModel
 
 DEFAULT_TIMEOUT_S = 30.0
 

@@ -14,15 +14,15 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import Duration, Percent, StrictModel
-from chaoskit.experiment.units import format_size, is_percent, parse_size
 from chaoskit.gpu import nvml
 from chaoskit.gpu.cuda import visible_devices_env
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import FaultContext
+from chaoskit.model.types import Duration, Percent, StrictModel
 from chaoskit.paths import state_dir
 from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import GpuTarget
+from chaoskit.units import format_size, is_percent, parse_size
 
 PROBE_TIMEOUT_S = 60.0
 CORRECTIONS_IN_REPORT = 2000

@@ -14,8 +14,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import Duration, StrictModel
 from chaoskit.injectors.base import FaultContext, Injector
+from chaoskit.model.types import Duration, StrictModel
 from chaoskit.targets.kube import (
     ClusterRef,
     KubeCluster,

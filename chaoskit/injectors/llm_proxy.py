@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from chaoskit.experiment.types import Duration, StrictModel
 from chaoskit.injectors.proxy import ProxyHelper, check_host_port
 from chaoskit.injectors.proxy_server import split_addr
+from chaoskit.model.types import Duration, StrictModel
 
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v2/models/*/generate", "/v2/models/*/generate_stream",
                   "/v2/models/*/infer", "/v2/models/*/versions/*/infer")

@@ -20,7 +20,6 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.units import format_size, parse_size
 from chaoskit.injectors import helper_proc, memory_holder
 from chaoskit.injectors.base import FaultContext, Injector
 from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
@@ -28,6 +27,7 @@ from chaoskit.injectors.process import CgroupTargets, check_cgroup_target, check
 from chaoskit.targets.cgroups import MemHierarchy, find_mem_hierarchy
 from chaoskit.targets.local import CgroupTarget
 from chaoskit.targets.process import ProcessRef, is_alive
+from chaoskit.units import format_size, parse_size
 
 RMDIR_WAIT_S = 10.0  # a memory cgroup whose task was just OOM-killed stays busy for a moment
 HOLDER_OOM_SCORE_ADJ = -1000  # never the OOM killer's pick (OOM_SCORE_ADJ_MIN)

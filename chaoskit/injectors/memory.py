@@ -12,10 +12,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import Percent, StrictModel
-from chaoskit.experiment.units import format_size, is_percent, parse_size
 from chaoskit.injectors import helper_proc, memory_holder
+from chaoskit.model.types import Percent, StrictModel
 from chaoskit.paths import state_dir
+from chaoskit.units import format_size, is_percent, parse_size
 
 SAFE_SHARE_OF_AVAILABLE = 0.8
 FLOOR_SHARE, FLOOR_MIN = 0.05, 256 << 20  # a hold never pushes MemAvailable below max(5% of MemTotal, 256 MiB)

@@ -7,12 +7,12 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import StrictModel
-from chaoskit.experiment.units import format_size
 from chaoskit.gpu import mig, nvml
 from chaoskit.gpu.mig import MigBackend, MigError, MigPlanError, format_layout, layout_of, normalize_target
 from chaoskit.injectors.base import Injector
+from chaoskit.model.types import StrictModel
 from chaoskit.targets.local import GpuTarget
+from chaoskit.units import format_size
 
 PREFIX = "gpu.mig: "
 REVERT_LINE = ("revert: restore the checkpoint (MIG mode, GPU and compute instances at their exact placements), "

@@ -16,12 +16,12 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 from pyroute2.netlink.rtnl.tcmsg import sched_netem, tcmsg
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import Duration, Percent, Port, StrictModel
-from chaoskit.experiment.units import format_size, parse_rate, parse_size
 from chaoskit.injectors.base import Injector
+from chaoskit.model.types import Duration, Percent, Port, StrictModel
 from chaoskit.targets import tc
 from chaoskit.targets.local import NetnsTarget
 from chaoskit.targets.netns import NetTargetSpec, resolve, same_namespace, with_iproute
+from chaoskit.units import format_size, parse_rate, parse_size
 
 ROOT_HANDLE = 0x00CE0000  # "ce:" - chaoskit's root qdisc (or htb when a filter is given)
 LEAF_HANDLE = 0x00CF0000  # "cf:" - the netem/tbf leaf under the htb class that matched traffic goes to

@@ -16,8 +16,8 @@ import psutil
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import StrictModel
 from chaoskit.injectors.base import Injector
+from chaoskit.model.types import StrictModel
 from chaoskit.targets.cgroups import Hierarchy
 from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import ProcessTarget

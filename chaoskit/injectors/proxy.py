@@ -12,10 +12,10 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import Duration, Percent, StrictModel
-from chaoskit.experiment.units import parse_rate
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.proxy_server import split_addr
+from chaoskit.model.types import Duration, Percent, StrictModel
+from chaoskit.units import parse_rate
 
 
 class _Toxic(StrictModel):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from chaoskit.experiment.types import StrictModel
 from chaoskit.injectors.base import Injector
+from chaoskit.model.types import StrictModel
 
 
 class ReferenceDeploymentSpec(StrictModel):

@@ -12,8 +12,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import Duration, StrictModel
 from chaoskit.injectors.base import FaultContext, Injector
+from chaoskit.model.types import Duration, StrictModel
 from chaoskit.probes.kernel_log import KmsgTail
 from chaoskit.targets.local import GpuTarget
 

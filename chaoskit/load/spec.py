@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from chaoskit.experiment.types import Duration, StrictModel
+from chaoskit.model.types import Duration, StrictModel
 
 
 class LoadSpec(StrictModel):

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from chaoskit.experiment.types import Duration, StrictModel, ToleranceSpec
+from chaoskit.model.types import Duration, StrictModel, ToleranceSpec
 
 
 class ProbeSpecBase(StrictModel):

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import StrictModel
+from chaoskit.model.types import StrictModel
 from chaoskit.probes.base import Probe, ProbeSpecBase
 from chaoskit.targets.kube import KubePods, api_client, resolve_cluster
 

@@ -11,7 +11,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import Field, model_validator
 
-from chaoskit.experiment.types import Duration
+from chaoskit.model.types import Duration
 from chaoskit.probes.base import Probe, ProbeSpecBase
 
 

@@ -19,10 +19,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from chaoskit.errors import ChaoskitError
-from chaoskit.experiment.types import Duration
 from chaoskit.load.recorder import ERROR_KINDS, NO_GROUP, PYTHON_ONLY_KINDS, Recorder
 from chaoskit.load.runner import ContinuousLoad, Part, run_load
 from chaoskit.load.spec import LoadSpec
+from chaoskit.model.types import Duration
 from chaoskit.probes.base import Probe, ProbeSpecBase
 from chaoskit.probes.continuous import Continuous
 

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the python backend stub
 
-from chaoskit.experiment.units import parse_size
 from chaoskit.reference.tinylm import WEIGHTS_FILE, KVCacheOOM, Seq, TinyLM, load_weights
+from chaoskit.units import parse_size
 
 DEFAULT_MAX_TOKENS, MAX_TOKENS = 16, 512
 

@@ -18,7 +18,7 @@ from typing import Any, Literal, Self
 from pydantic import Field, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import StrictModel
+from chaoskit.model.types import StrictModel
 
 Mode = Literal["one", "all", "fixed", "percent"]
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from pydantic import Field, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.experiment.types import StrictModel
+from chaoskit.model.types import StrictModel
 from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import NetnsTarget
 

@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from chaoskit.engine.tolerance import parse_rule, parse_tolerance
+from chaoskit.model.tolerance import parse_rule, parse_tolerance
 
 
 @pytest.mark.parametrize("spec,value,ok", [

@@ -1,6 +1,6 @@
 import pytest
 
-from chaoskit.experiment.units import format_size, parse_duration, parse_percent, parse_size
+from chaoskit.units import format_size, parse_duration, parse_percent, parse_size
 
 
 @pytest.mark.parametrize("text,seconds", [("15ms", 0.015), ("2s", 2.0), ("5m", 300.0), ("1h", 3600.0),

@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
-from chaoskit.engine.tolerance import Rule, Tolerance, parse_rule, parse_tolerance
-from chaoskit.experiment.units import parse_duration, parse_percent
+from chaoskit.model.tolerance import Rule, Tolerance, parse_rule, parse_tolerance
+from chaoskit.units import parse_duration, parse_percent
 
 
 class StrictModel(BaseModel):

@@ -1,0 +1,1 @@
+"""The run: plan, states, journal, ledger, rollback, watchdog and the steady-state hypothesis."""
