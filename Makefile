@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup vllm test test-unit test-vllm demo lint bench clean
+.PHONY: setup vllm test test-unit test-vllm demo lint docs bench clean
 
 setup:
 	@./scripts/setup.sh
@@ -26,6 +26,12 @@ demo: setup
 lint: setup
 	$(PY) -m ruff check chaoskit tests bench
 	.venv/bin/lint-imports
+
+# The documentation site: the reference pages (docs/reference/) regenerated from the code, then the whole site
+# built with no warning allowed, into build/site (open build/site/index.html, or `.venv/bin/mkdocs serve`).
+docs: setup
+	$(PY) scripts/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir build/site
 
 bench: setup
 	$(PY) bench/rollback_bench.py
