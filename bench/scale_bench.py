@@ -21,7 +21,11 @@ random phase the Triton replica is SIGSTOPped. Detection = end of the first fail
 `duration_ms`) - `fault_applied.applied_at`. Goal: <= every + the probe's timeout (`DETECT_TIMEOUT`, 200 ms),
 for every onset: one with no failing sample while the replica was stopped is a miss, and a miss fails it.
 
-RESULT keys: rollback_{N}_ms, apply_{N}_ms (medians), rollback_100_vs_linear / apply_100_vs_linear (measured / the
+Part 0 (`SCALE_HELPER_TRIALS`, default 15): process start -> `ready` of the proxy helpers (proxy_server,
+llm_proxy_server) run as the injectors run them; anchor, same run: a bare `python -c "print('ready')"`.
+Goal: a proxy helper ready within 150 ms.
+
+RESULT keys: start_{python,proxy_server,llm_proxy_server}_ms and start_{helper}_vs_python (medians), rollback_{N}_ms, apply_{N}_ms (medians), rollback_100_vs_linear / apply_100_vs_linear (measured / the
 sum of each fault's cost alone, the anchor), rollback_phase_100_ms, rollback_ms_per_fault_100, revert_{kind}_alone_ms
 (the rollback of that one fault alone: one revert, median), samples, journal_bytes_per_sample, journal_mib_30min
 (extrapolated), rss_growth_mib, rss_growth_mib_30min (extrapolated), detect_{250ms,500ms,1s}_ms and _max_ms
@@ -58,7 +62,9 @@ RSS_EVERY = float(os.environ.get("SCALE_RSS_EVERY", "2"))
 DETECT_EVERY = [float(x) for x in os.environ.get("DETECT_EVERY", "0.25,0.5,1").split(",")]
 DETECT_ONSETS = int(os.environ.get("DETECT_ONSETS", "3"))
 DETECT_TIMEOUT = float(os.environ.get("DETECT_TIMEOUT", "0.2"))
-PARTS = os.environ.get("SCALE_PARTS", "scale,soak,detect").split(",")
+PARTS = os.environ.get("SCALE_PARTS", "helpers,scale,soak,detect").split(",")
+HELPER_TRIALS = int(os.environ.get("SCALE_HELPER_TRIALS", "15"))
+HELPERS = {"chaoskit.injectors.proxy_server": "[]", "chaoskit.injectors.llm_proxy_server": '{"faults": []}'}
 KEEP = os.environ.get("SCALE_KEEP", "") == "1"  # keep the run directories (journals) and print where
 SAMPLES_30MIN = 18000
 KINDS = ("process.signal", "network.partition", "network.proxy")
@@ -226,6 +232,50 @@ def part_scale(tmp: Path, env: dict[str, str]) -> ScaleRuns:
             for n in FAULT_COUNTS:
                 runs.by_n[n].append(scale_trial(tmp, fleet, list(range(n)), f"scale{n}-{i}", env))
     return runs
+
+
+# -- part 0: how fast a helper process is ready ---------------------------------------------------------
+def ready_ms(argv: list[str], env: dict[str, str]) -> float:
+    """Popen -> its first stdout line (`ready`), in ms; the process is then killed."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        took = (time.perf_counter() - t0) * 1000
+        if line.strip() != "ready":
+            raise RuntimeError(f"{argv}: said {line!r}, not ready")
+        return took
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def part_helpers(env: dict[str, str]) -> dict[str, list[float]]:
+    """Start each proxy helper HELPER_TRIALS times (token, a free port, an upstream, no toxics, 60 s); the anchor,
+    same run: `python -c "print('ready')"` (an interpreter's own start)."""
+    out: dict[str, list[float]] = {"python": [], **{m: [] for m in HELPERS}}
+    until = f"{time.time() + 60:.0f}"
+    for i in range(HELPER_TRIALS):  # interleaved, so a noisy moment hits each alike
+        out["python"].append(ready_ms([sys.executable, "-c", "print('ready')"], env))
+        for module, config in HELPERS.items():
+            port = free_ports(1)[0]
+            out[module].append(ready_ms([sys.executable, "-m", module, f"ckbench-{os.getpid()}-{i}",
+                                         f"127.0.0.1:{port}", "127.0.0.1:9", config, until], env))
+    return out
+
+
+def report_helpers(starts: dict[str, list[float]]) -> dict[str, str]:
+    med = statistics.median
+    print(f"\n== part 0: process start -> `ready` ({HELPER_TRIALS} trials; median (min..max) ms)")
+    keys: dict[str, str] = {}
+    anchor = med(starts["python"])
+    for name, vals in starts.items():
+        short = name.rsplit(".", 1)[-1]
+        print(f"{short:>22} {spread(vals):>24}  x{med(vals) / anchor:.2f} of python's own start")
+        keys[f"start_{short}_ms"] = f"{med(vals):.1f}"
+        if name != "python":
+            keys[f"start_{short}_vs_python"] = f"{med(vals) / anchor:.2f}"
+    return keys
 
 
 # -- part 2: long 100 ms probing, journal size and RSS ---------------------------------------------------
@@ -477,6 +527,8 @@ def main() -> None:
     env = {**os.environ, "CHAOSKIT_STATE_DIR": str(tmp / "state")}
     keys: dict[str, str] = {}
     try:
+        if "helpers" in PARTS:
+            keys |= report_helpers(part_helpers(env))
         if "scale" in PARTS:
             keys |= report_scale(part_scale(tmp, env))
         if "soak" in PARTS:
