@@ -19,9 +19,9 @@ import sys
 import threading
 from typing import Any
 
+from chaoskit.executors.layer import localize_on_node
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors import injector_class
-from chaoskit.targets.layer import localize_on_node
 
 VERBS = ("apply", "revert", "observe")
 

@@ -17,33 +17,17 @@ from typing import Any, ClassVar
 
 from chaoskit.executors.base import Placement, Record
 from chaoskit.executors.revert_store import RUN_LABEL, RevertStore, configmap_name, dns_label, stored_faults
-from chaoskit.injectors import Injector
+from chaoskit.injectors import Injector, injector_class
+from chaoskit.injectors.base import NodeHelper
 from chaoskit.targets.kube import ClusterRef, api_client
 
 REQUEST_ENV = "CHAOSKIT_REQUEST"
 ROLE_LABEL = "chaoskit.io/role"
 POLL_S = 0.2
 
-# fault type -> the capabilities its helper needs (everything else is dropped). Entering a pod's network
-# namespace is setns(2): SYS_ADMIN; reading another user's /proc/PID/ns: SYS_PTRACE; tc/nftables: NET_ADMIN;
-# a limit on the container's own cgroup: none (root writes root's files in the host's cgroup tree, mounted
-# from the host); signals to other users: KILL; the GPUs a container was given are read from its init's
-# environment and /dev: SYS_PTRACE.
-_NET = ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE")
-_CGROUP: tuple[str, ...] = ()
-CAPABILITIES: dict[str, tuple[str, ...]] = {
-    "network.netem": _NET, "network.bandwidth": _NET, "network.drop": _NET, "network.partition": _NET,
-    "process.cpu_throttle": _CGROUP, "process.memory_limit": _CGROUP,
-    "disk.throttle": ("SYS_PTRACE",),  # its path is read through /proc/PID/root of the container's init
-    "process.signal": ("KILL", "SYS_PTRACE"),
-    "gpu.memory_pressure": ("SYS_PTRACE",),
-}
-HOST_PATHS: dict[str, tuple[str, ...]] = {t: ("/sys/fs/cgroup",) for t in ("process.cpu_throttle",
-                                                                         "process.memory_limit", "disk.throttle")}
 # a GPU fault's helper gets from the NVIDIA container toolkit every GPU of the node and the driver's libraries
 # (the fault picks the target container's GPU itself), and room for a CUDA context
 GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
-GPU_TYPES = frozenset({"gpu.memory_pressure"})
 LIMITS = {"cpu": "500m", "memory": "256Mi"}
 GPU_LIMITS = {"cpu": "1", "memory": "2Gi"}
 STATE_DIR = "/var/lib/chaoskit"  # state_dir() of root: an emptyDir, as the root filesystem is read-only
@@ -85,13 +69,17 @@ class HelperPlacement:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
+def grants(type_name: str) -> NodeHelper:
+    """What the helper pod of a fault type is granted: its class's node_helper (everything else is dropped)."""
+    return injector_class(type_name).node_helper
+
+
 def helper_pod(verb: str, type_name: str, request: dict[str, Any], hp: HelperPlacement) -> Any:
     """The V1Pod that runs `python -m chaoskit.agent VERB` for one fault on hp.node."""
     from kubernetes import client
 
-    caps = list(CAPABILITIES.get(type_name, ()))
-    paths = HOST_PATHS.get(type_name, ())
-    gpu = type_name in GPU_TYPES
+    needs = grants(type_name)
+    caps, paths, gpu = list(needs.capabilities), needs.host_paths, needs.gpu
     mounts = [client.V1VolumeMount(name="state", mount_path=STATE_DIR),
               *(client.V1VolumeMount(name=f"host-{i}", mount_path=p) for i, p in enumerate(paths))]
     volumes = [client.V1Volume(name="state", empty_dir=client.V1EmptyDirVolumeSource(size_limit="64Mi")),
@@ -132,9 +120,10 @@ class K8sHelperExecutor:
 
     def plan(self, injector: Injector) -> list[str]:
         hp = HelperPlacement.from_json(injector.ctx.placement or {})
-        caps = ", ".join(CAPABILITIES.get(injector.type, ())) or "none"
-        host = "".join(f", the host's {p} mounted" for p in HOST_PATHS.get(injector.type, ()))
-        if injector.type in GPU_TYPES:
+        needs = injector.node_helper
+        caps = ", ".join(needs.capabilities) or "none"
+        host = "".join(f", the host's {p} mounted" for p in needs.host_paths)
+        if needs.gpu:
             host += ", every GPU of the node" + (f" (runtime class {hp.runtime_class})" if hp.runtime_class else "")
         spec = injector.spec.model_dump(mode="json", by_alias=True, exclude_defaults=True,
                                         exclude={"type", "target", "kubernetes"})

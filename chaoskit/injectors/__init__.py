@@ -1,54 +1,46 @@
-"""Registry of injectors (fault families), keyed by their `type` string."""
+"""Registry of injectors (fault families): the entry points of group `chaoskit.injectors`, keyed by `type`.
+
+Nothing is imported here until asked for, so a helper process run from this package (`python -m
+chaoskit.injectors.proxy_server`) starts without the fault families (pydantic, aiohttp)."""
 
 from __future__ import annotations
 
 from functools import cache
+from typing import TYPE_CHECKING
 
-from chaoskit.injectors.base import Injector
+if TYPE_CHECKING:
+    from chaoskit.injectors.base import Injector
+    from chaoskit.probes.registry import Registry
+
+GROUP = "chaoskit.injectors"
 
 
 @cache
+def registry() -> Registry[Injector]:
+    from chaoskit.injectors.base import Injector
+    from chaoskit.probes.registry import Registry
+
+    return Registry(GROUP, Injector)
+
+
 def _all() -> tuple[type[Injector], ...]:
-    from chaoskit.injectors.cpu import CpuStress, CpuThrottle
-    from chaoskit.injectors.disk import DiskThrottle
-    from chaoskit.injectors.diskfill import DiskFill
-    from chaoskit.injectors.exec import Exec
-    from chaoskit.injectors.firewall import Drop, Partition
-    from chaoskit.injectors.flood import Flood
-    from chaoskit.injectors.gpu import GpuMemoryPressure
-    from chaoskit.injectors.kube import DeploymentScale, PodDelete, PodKill
-    from chaoskit.injectors.llm_proxy import LlmProxy
-    from chaoskit.injectors.memlimit import MemoryLimit
-    from chaoskit.injectors.memory import MemoryPressure
-    from chaoskit.injectors.mig import MigReconfigure
-    from chaoskit.injectors.network import Bandwidth, Netem
-    from chaoskit.injectors.process import ProcessSignal
-    from chaoskit.injectors.proxy import Proxy
-    from chaoskit.injectors.xid import XidEvent
-
-    return (
-        ProcessSignal, MemoryPressure, DiskThrottle, DiskFill, Netem, Bandwidth, Drop, Partition, Proxy,
-        GpuMemoryPressure, XidEvent, MigReconfigure, CpuThrottle, CpuStress, Flood, MemoryLimit, LlmProxy, PodDelete,
-        PodKill, DeploymentScale, Exec,
-    )
-
-
-def __getattr__(name: str) -> object:
-    """INJECTORS is imported on first use, so a helper process run from this package (`python -m
-    chaoskit.injectors.proxy_server`) does not import every fault family first (1.3 s, aiohttp, pydantic)."""
-    if name == "INJECTORS":
-        return _all()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """The fault families an experiment may name (internal ledger-only types left out)."""
+    return tuple(cls for cls in registry().all() if not cls.internal)
 
 
 def injector_class(type_name: str) -> type[Injector]:
-    """The class behind a ledger entry's type: an experiment's injectors, or an internal one."""
-    from chaoskit.injectors.reference import ReferenceDeployment, ReferenceGateway
-
-    for cls in (*_all(), ReferenceDeployment, ReferenceGateway):
-        if cls.type == type_name:
-            return cls
-    raise KeyError(type_name)
+    """The class behind a ledger entry's type: an experiment's injectors, or an internal one (KeyError if none)."""
+    return registry().get(type_name)
 
 
-__all__ = ["INJECTORS", "Injector", "injector_class"]  # noqa: F822 (INJECTORS comes from __getattr__)
+def __getattr__(name: str) -> object:
+    if name == "INJECTORS":
+        return _all()
+    if name == "Injector":
+        from chaoskit.injectors.base import Injector
+
+        return Injector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["GROUP", "INJECTORS", "Injector", "injector_class"]  # noqa: F822 (INJECTORS, Injector: __getattr__)

@@ -15,24 +15,46 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+LOCAL = "local"  # the executor names a fault may declare (chaoskit.executors runs them)
+K8S_HELPER = "k8s-helper"
+
+
+@dataclass(frozen=True)
+class NodeHelper:
+    """What a fault's helper pod on a Kubernetes node is granted (everything else is dropped): Linux capabilities,
+    host paths mounted at the same place, every GPU of the node through the NVIDIA container toolkit."""
+
+    capabilities: tuple[str, ...] = ()
+    host_paths: tuple[str, ...] = ()
+    gpu: bool = False
+
+
+# A fault in a pod's network namespace: entering it is setns(2) (SYS_ADMIN), reading another user's /proc/PID/ns
+# is SYS_PTRACE, tc and nftables are NET_ADMIN.
+NETNS_HELPER = NodeHelper(capabilities=("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"))
+# A limit on the container's own cgroup: no capability (root writes root's files in the host's cgroup tree,
+# mounted from the host).
+CGROUP_HELPER = NodeHelper(host_paths=("/sys/fs/cgroup",))
+NODE_EXECUTORS = frozenset({LOCAL, K8S_HELPER})
+
 
 @dataclass
 class FaultContext:
     """What the run tells one fault: its step, how long it may live, the run, and where it runs: the executor
-    and its plain-JSON placement, or the typed local target (set by the target layer, targets.layer.place, at
+    and its plain-JSON placement, or the typed local target (set by the target layer, executors.layer.place, at
     preflight and again when the step starts)."""
 
     step: str = ""
     lifetime_s: float = 3600.0  # duration + timeout + grace: helper processes also expire by themselves
     run_id: str = ""
-    executor: str = "local"
+    executor: str = LOCAL
     placement: dict[str, Any] | None = None
     target: LocalTarget | None = None
 
 
 class Injector(ABC):
     """One fault family. `revert` and `observe` are classmethods: they work from the record alone,
-    in a fresh process (the watchdog, `chaoskit rollback`)."""
+    in a fresh process (the watchdog, `chaoskit rollback`). What it can do is declared on the class."""
 
     type: ClassVar[str]
     summary: ClassVar[str]
@@ -41,6 +63,23 @@ class Injector(ABC):
     # own helper process, a signal): the faults of one `parallel` block are then reverted at once. False for
     # faults that stack on one object (cgroup moves, qdiscs), which must be undone newest first.
     independent_revert: ClassVar[bool] = False
+    # where its verbs can run: LOCAL (this host), K8S_HELPER (a helper pod on the node of a `kubernetes:` target)
+    executors: ClassVar[frozenset[str]] = frozenset({LOCAL})
+    # for K8S_HELPER: the dotted path of its spec's `kubernetes:` pod target (a targets.kube.KubeNodeSelector,
+    # e.g. "kubernetes" or "target.kubernetes"), and what its helper pod is granted
+    target_field: ClassVar[str | None] = None
+    node_helper: ClassVar[NodeHelper] = NodeHelper()
+    # the module of the helper process it starts (`python -m MODULE`); None: it starts none. A helper imports
+    # only what it runs (tests/unit/test_helper_imports.py holds it to that)
+    helper: ClassVar[str | None] = None
+    # True for a ledger-only type no experiment names (the reference deployment a run brought up): found by
+    # injector_class, left out of INJECTORS and the experiment schema
+    internal: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if K8S_HELPER in cls.executors and not cls.target_field:
+            raise TypeError(f"{cls.__name__}: runs in a k8s helper pod but declares no target_field")
 
     def __init__(self, spec: BaseModel, ctx: FaultContext | None = None):
         self.spec = spec

@@ -15,7 +15,7 @@ from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_va
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
-from chaoskit.injectors.base import FaultContext, Injector
+from chaoskit.injectors.base import CGROUP_HELPER, NODE_EXECUTORS, FaultContext, Injector, NodeHelper
 from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
 from chaoskit.injectors.process import CgroupTargets, check_cgroup_target, check_targets
 from chaoskit.model.types import Duration, StrictModel
@@ -85,6 +85,9 @@ def _limit_text(hier: CpuHierarchy, quota: int | None, period: int) -> str:
 
 
 class CpuThrottle(Injector):
+    executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
+    target_field: ClassVar[str | None] = "kubernetes"
+    node_helper: ClassVar[NodeHelper] = CGROUP_HELPER
     type: ClassVar[str] = "process.cpu_throttle"
     summary: ClassVar[str] = ("cap the CPU time of processes or of a cgroup (cpu.max / cpu.cfs_quota_us; revert: moved "
                               "back, or the cgroup's previous limit restored)")

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import Injector
+from chaoskit.injectors.base import CGROUP_HELPER, NODE_EXECUTORS, Injector, NodeHelper
 from chaoskit.injectors.process import check_cgroup_path, check_cgroup_target
 from chaoskit.model.types import StrictModel
 from chaoskit.targets.blockdev import BlockTarget, resolve_path, root_disk
@@ -67,6 +67,10 @@ class DiskThrottleSpec(StrictModel):
 
 
 class DiskThrottle(Injector):
+    executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
+    target_field: ClassVar[str | None] = "kubernetes"
+    node_helper: ClassVar[NodeHelper] = NodeHelper(  # its path is read through /proc/PID/root of the container's init
+        capabilities=("SYS_PTRACE",), host_paths=CGROUP_HELPER.host_paths)
     type: ClassVar[str] = "disk.throttle"
     summary: ClassVar[str] = "throttle read/write bytes and IOPS on the disk behind a path (cgroup io.max / blkio)"
     Spec = DiskThrottleSpec

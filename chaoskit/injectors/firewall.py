@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import Injector
+from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper
 from chaoskit.model.types import Percent, Port, StrictModel
 from chaoskit.targets import nftables
 from chaoskit.targets.local import NetnsTarget
@@ -126,6 +126,9 @@ class PartitionSpec(_FirewallSpec):
 
 class _Firewall(Injector):
     independent_revert: ClassVar[bool] = True
+    executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
+    target_field: ClassVar[str | None] = "target.kubernetes"
+    node_helper: ClassVar[NodeHelper] = NETNS_HELPER
     spec: DropSpec | PartitionSpec
 
     def resolve_target(self) -> NetnsTarget:

@@ -17,7 +17,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.gpu import nvml
 from chaoskit.gpu.cuda import visible_devices_env
 from chaoskit.injectors import helper_proc
-from chaoskit.injectors.base import FaultContext
+from chaoskit.injectors.base import NODE_EXECUTORS, FaultContext, NodeHelper
 from chaoskit.model.types import Duration, Percent, StrictModel
 from chaoskit.paths import state_dir
 from chaoskit.targets.kube import KubeNodeSelector
@@ -114,6 +114,11 @@ def probe_device(device: int | str) -> dict[str, Any]:
 
 
 class GpuMemoryPressure(helper_proc.HelperFault):
+    executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
+    target_field: ClassVar[str | None] = "kubernetes"
+    node_helper: ClassVar[NodeHelper] = NodeHelper(  # the container's GPUs: read from its init's environment and /dev
+        capabilities=("SYS_PTRACE",), gpu=True)
+    helper: ClassVar[str | None] = "chaoskit.injectors.gpu_holder"
     type: ClassVar[str] = "gpu.memory_pressure"
     summary: ClassVar[str] = ("take GPU memory with real CUDA allocations: bytes/percent/leave_free, held "
                               "steady, ramped or fragmented (revert: the holder frees and exits)")

@@ -10,11 +10,23 @@ import math
 import re
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from chaoskit.injectors.llm_proxy_faults import Plan
-    from chaoskit.injectors.llm_proxy_server import Exchange
+    from chaoskit.injectors.llm_proxy_faults import Plan, Request
+
+
+class Exchange(Protocol):
+    """What an EventStream uses of the server's exchange (llm_proxy_server.Exchange): its downstream connection,
+    request and response framing."""
+
+    down: Any  # llm_proxy_server.Downstream
+    req: Request
+    framing: str
+    left: int
+    sent_any: bool
+
+    def finish(self, close: bool = False) -> None: ...
 
 TOKEN = re.compile(rb'"(?:text|content|text_output)"\s*:\s*"[^"]')  # a non-empty token text, as chaoskit load counts
 _LENGTH_LINE = re.compile(rb"\r\n(?:content-length|transfer-encoding)[ \t]*:[^\r\n]*", re.IGNORECASE)

@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_va
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc, memory_holder
-from chaoskit.injectors.base import FaultContext, Injector
+from chaoskit.injectors.base import CGROUP_HELPER, NODE_EXECUTORS, FaultContext, Injector, NodeHelper
 from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
 from chaoskit.injectors.process import CgroupTargets, check_cgroup_target, check_targets, descendants
 from chaoskit.targets.cgroups import MemHierarchy, find_mem_hierarchy
@@ -83,6 +83,9 @@ class MemoryLimitSpec(CgroupTargets):
 
 
 class MemoryLimit(Injector):
+    executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
+    target_field: ClassVar[str | None] = "kubernetes"
+    node_helper: ClassVar[NodeHelper] = CGROUP_HELPER
     type: ClassVar[str] = "process.memory_limit"
     summary: ClassVar[str] = ("limit the memory of processes in a cgroup, or of an existing cgroup, optionally with "
                               "an OOM-proof holder taking part of it (memory.max / memory.limit_in_bytes; revert: "

@@ -16,7 +16,7 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 from pyroute2.netlink.rtnl.tcmsg import sched_netem, tcmsg
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import Injector
+from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper
 from chaoskit.model.types import Duration, Percent, Port, StrictModel
 from chaoskit.targets import tc
 from chaoskit.targets.local import NetnsTarget
@@ -225,6 +225,10 @@ def netem_message(spec: NetemSpec, ifindex: int, parent: int, handle: int) -> Ne
 
 class _TcFault(Injector):
     """Shared plan/apply/revert: record the previous qdisc, install ours at the root, restore exactly."""
+
+    executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
+    target_field: ClassVar[str | None] = "target.kubernetes"
+    node_helper: ClassVar[NodeHelper] = NETNS_HELPER
 
     spec: NetemSpec | BandwidthSpec
 

@@ -16,7 +16,7 @@ import psutil
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import Injector
+from chaoskit.injectors.base import NODE_EXECUTORS, Injector, NodeHelper
 from chaoskit.model.types import StrictModel
 from chaoskit.targets.cgroups import Hierarchy
 from chaoskit.targets.kube import KubeNodeSelector
@@ -267,6 +267,9 @@ def _wait_state(targets: list[dict[str, Any]], done: Any, timeout: float = 1.0) 
 
 class ProcessSignal(Injector):
     independent_revert: ClassVar[bool] = True
+    executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
+    target_field: ClassVar[str | None] = "kubernetes"
+    node_helper: ClassVar[NodeHelper] = NodeHelper(capabilities=("KILL", "SYS_PTRACE"))  # signals to other users
     type: ClassVar[str] = "process.signal"
     summary: ClassVar[str] = "SIGSTOP processes (revert: SIGCONT) or kill them, by PID or name"
     Spec = ProcessSignalSpec

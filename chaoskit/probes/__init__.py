@@ -1,26 +1,29 @@
-"""Registry of probes (steady-state measurements), keyed by their `type` string."""
+"""Registry of probes (steady-state measurements): the entry points of group `chaoskit.probes`, keyed by `type`."""
 
 from __future__ import annotations
 
-from chaoskit.probes.base import Probe
-from chaoskit.probes.command import CommandProbe
-from chaoskit.probes.ebpf import EbpfProbe
-from chaoskit.probes.http import HttpProbe
-from chaoskit.probes.kernel_log import KernelLogProbe
-from chaoskit.probes.kube import KubePodsProbe
-from chaoskit.probes.nvml import NvmlProbe
-from chaoskit.probes.prom import PromProbe
-from chaoskit.probes.slo import SloProbe
+from functools import cache
 
-PROBES: tuple[type[Probe], ...] = (HttpProbe, CommandProbe, SloProbe, PromProbe, EbpfProbe, NvmlProbe, KernelLogProbe,
-                                   KubePodsProbe)
+from chaoskit.probes.base import Probe
+from chaoskit.probes.registry import Registry
+
+GROUP = "chaoskit.probes"
+
+
+@cache
+def registry() -> Registry[Probe]:
+    return Registry(GROUP, Probe)
 
 
 def probe_class(type_name: str) -> type[Probe]:
-    for cls in PROBES:
-        if cls.type == type_name:
-            return cls
-    raise KeyError(type_name)
+    """The probe class of a type (KeyError if none is registered)."""
+    return registry().get(type_name)
 
 
-__all__ = ["PROBES", "Probe", "probe_class"]
+def __getattr__(name: str) -> object:
+    if name == "PROBES":
+        return registry().all()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["GROUP", "PROBES", "Probe", "probe_class"]  # noqa: F822 (PROBES comes from __getattr__)

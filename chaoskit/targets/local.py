@@ -1,5 +1,5 @@
 """Typed records of what a fault's target resolved to on this host (processes, a network namespace, cgroup
-members, a GPU), as the ledger keeps them: targets.layer.place resolves them when the plan is made and again
+members, a GPU), as the ledger keeps them: executors.layer.place resolves them when the plan is made and again
 when the step starts; the injector's plan, prepare and apply read them instead of looking again."""
 
 from __future__ import annotations

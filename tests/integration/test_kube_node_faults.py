@@ -17,6 +17,7 @@ from kubernetes import client
 
 from chaoskit.errors import PreflightError
 from chaoskit.executors.k8s_helper import K8sHelperExecutor, replay_cluster
+from chaoskit.executors.layer import place
 from chaoskit.injectors.base import FaultContext
 from chaoskit.injectors.cpu import CpuThrottle
 from chaoskit.injectors.disk import DiskThrottle
@@ -26,7 +27,6 @@ from chaoskit.targets.blockdev import resolve_path
 from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy, find_io_hierarchy, find_mem_hierarchy
 from chaoskit.targets.container import ContainerNotFound, bare_id, container_cgroup, container_pids
 from chaoskit.targets.kube import api_client, resolve_cluster
-from chaoskit.targets.layer import place
 from tests.conftest import chaoskit, ledgers, proc_state, wait_for, write
 from tests.helpers import standin_container
 from tests.helpers.fake_kube import FakeKubeApi, run_pod_here

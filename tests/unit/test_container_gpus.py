@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from chaoskit.errors import PreflightError
+from chaoskit.executors.layer import localize_on_node
 from chaoskit.gpu import nvml
 from chaoskit.injectors.gpu import GpuMemoryPressure
 from chaoskit.targets.container import ContainerNotFound, container_gpus
-from chaoskit.targets.layer import localize_on_node
 from tests.helpers.nvml_double import SimulatedNvml
 
 CID = "ab" * 32

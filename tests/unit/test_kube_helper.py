@@ -108,7 +108,7 @@ def test_an_entry_without_placement_fails_clearly():
 
 
 def test_localize_puts_the_containers_processes_or_cgroup_in_place_of_the_kubernetes_target():
-    from chaoskit.targets.layer import localize
+    from chaoskit.executors.layer import localize
 
     kube = {"namespace": "prod", "selector": {"app": "web"}}
     net = {"type": "network.drop", "percent": "5%", "target": {"kubernetes": kube, "interface": "eth0"}}

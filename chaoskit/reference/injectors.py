@@ -1,5 +1,6 @@
-"""reference.deployment: the reference deployment a scenario brought up, as a ledger entry (revert = take it
-down), so a killed run leaves no replica behind. Internal: no experiment names this type."""
+"""reference.deployment / reference.gateway: what a scenario did to the reference deployment, as ledger entries
+(revert = take it down / switch the gateway back), so a killed run leaves nothing behind. Internal: no experiment
+names these types; they register like any fault family (pyproject entry points, group chaoskit.injectors)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class ReferenceDeploymentSpec(StrictModel):
 
 class ReferenceDeployment(Injector):
     type: ClassVar[str] = "reference.deployment"
+    internal: ClassVar[bool] = True
     summary: ClassVar[str] = "the reference deployment an experiment declared (started and stopped by the run)"
     Spec = ReferenceDeploymentSpec
 
@@ -49,6 +51,7 @@ class ReferenceGateway(Injector):
     """A reused deployment's gateway switched to a run's health settings; revert switches it back."""
 
     type: ClassVar[str] = "reference.gateway"
+    internal: ClassVar[bool] = True
     summary: ClassVar[str] = "a reused reference gateway's health settings, switched for one run"
     Spec = ReferenceGatewaySpec
 
