@@ -68,10 +68,10 @@ def _term_as_interrupt(signum: int, _frame: object) -> None:
 def _host_preflight(loaded: Any) -> None:
     """Before starting a deployment: the faults that do not need its facts must be possible on this host
     (a GPU-only scenario on a CPU host is refused at once, not after the replicas are up)."""
-    from chaoskit.engine.plan import plan_faults
+    from chaoskit.engine.plan import deferred_paths, plan_faults
     from chaoskit.errors import PreflightError
 
-    _, _, problems = plan_faults(loaded.experiment.method, frozenset(loaded.deferred_steps()))
+    _, _, problems = plan_faults(loaded.experiment.method, deferred_paths(loaded.deferred))
     if problems:
         raise PreflightError("\n".join(problems) + "\n(the reference deployment was not started)")
 
@@ -113,10 +113,11 @@ class Outcome:
     file: Path
     code: int = errors.EXIT_INVALID
     experiment: str = ""
-    data: dict[str, Any] | None = None  # the summary, when the run got that far
+    view: Any = None  # the run's RunView, when the run got that far
     report: Path | None = None
     markdown: str = ""
     message: str = ""
+    verdict: str = ""  # why it came to no view: invalid, preflight failed, interrupted (or the dry run's verdict)
 
 
 @app.command()
@@ -200,7 +201,10 @@ def run_one(file: Path, args: RunArgs, rec: Outcome) -> int:
 
 
 def _fail_rec(rec: Outcome, e: ChaoskitError) -> None:
+    from chaoskit.errors import PreflightError
+
     rec.code, rec.message = e.exit_code, str(e)
+    rec.verdict = "preflight failed" if isinstance(e, PreflightError) else "invalid"
     _fail(e)
 
 
@@ -231,6 +235,7 @@ def _deploy(deployed: ExitStack, own: Any, loaded: Any, file: Path, args: RunArg
         deployed.close()
         err.print("[red]interrupted[/] while the reference deployment was starting (stopped again)")
         rec.code, rec.message = errors.EXIT_SIGINT, "interrupted while the reference deployment was starting"
+        rec.verdict = "interrupted"
         raise typer.Exit(errors.EXIT_SIGINT) from None
     except ChaoskitError as e:
         deployed.close()
@@ -238,22 +243,22 @@ def _deploy(deployed: ExitStack, own: Any, loaded: Any, file: Path, args: RunArg
         raise  # unreachable: _fail raises
 
 
-def _make_view(exp: Any, use_live: bool) -> Any:
+def _make_view(record: Any, use_live: bool) -> Any:
+    """The live view (what each probe's tolerances judge, the safeguards: from the experiment's record) or the
+    plain one."""
     from chaoskit.ui import LiveView, PlainView
 
     if not use_live:
         return PlainView(out)
-    probes = [*exp.steady_state.probes, *(g.probe for g in exp.safeguards if not isinstance(g.probe, str))]
-    guards = [{"probe": g.probe if isinstance(g.probe, str) else g.probe.name,
-               "rules": [str(r) for r in g.rules()], "metrics": [r.metric for r in g.rules()]}
-              for g in exp.safeguards]
-    return LiveView(out, exp.metadata.name, {p.name: list(p.flat_expect()) for p in probes}, guards)
+    return LiveView(out, record.name, {probe: list(keys) for probe, keys in record.expect.items()},
+                    record.safeguards)
 
 
 def _execute(loaded: Any, args: RunArgs, journal_path: Path, run_id: str) -> tuple[Any, Any]:
     """Journal, view, runner: run the experiment; (its result, the experiment). A dry run plans the steps whose
     target needs facts not known yet as "at run time", never with a stand-in that could select more."""
     from chaoskit.engine.journal import Journal
+    from chaoskit.engine.plan import deferred_paths
     from chaoskit.engine.runinfo import experiment_record, host_facts
     from chaoskit.engine.runner import Runner, RunOptions
 
@@ -263,12 +268,13 @@ def _execute(loaded: Any, args: RunArgs, journal_path: Path, run_id: str) -> tup
     for warning in loaded.warnings:
         err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
     use_live = (out.is_terminal and not args.ci) if args.live is None else args.live
-    view = _make_view(exp, use_live)
+    record = experiment_record(loaded)
+    view = _make_view(record, use_live)
     jr = Journal(None if args.dry_run else journal_path, [view])
     if not args.dry_run:  # what the report needs besides the events: the experiment as run, the host
-        jr.record("experiment", **experiment_record(loaded))
-        jr.record("host", **host_facts())
-    unresolved = frozenset(loaded.deferred_steps()) if args.dry_run else frozenset()
+        jr.record(record)
+        jr.record(host_facts())
+    unresolved = deferred_paths(loaded.deferred) if args.dry_run else frozenset()
     stepper = None
     if args.step:
         from chaoskit.stepper import Stepper
@@ -296,10 +302,14 @@ def _execute(loaded: Any, args: RunArgs, journal_path: Path, run_id: str) -> tup
 def _print_plan(exp: Any, result: Any, rec: Outcome) -> int:
     out.print(f"[bold]plan for {exp.metadata.name}[/] (dry run: nothing applied)")
     for p in result.plan:
-        dur = f" for {p['duration_s']:g}s" if p["duration_s"] else " until the end of the method"
-        out.print(f"  • {p['step']} ({p['type']}{dur})")
-        for change in p["changes"]:
+        dur = f" for {p.duration_s:g}s" if p.duration_s else " until the end of the method"
+        out.print(f"  • {p.step} ({p.type}{dur})")
+        for change in p.changes:
             out.print(f"      {change}", highlight=False, markup=False)
+    from chaoskit.engine.states import FailureKind
+
+    preflight_failed = result.status.failure is FailureKind.PREFLIGHT
+    rec.verdict = "preflight failed" if preflight_failed else result.status.verdict
     if rec.code != 0:
         err.print(f"[red]preflight failed:[/] {escape(result.status.reason)}", highlight=False)
         rec.message = result.status.reason
@@ -310,33 +320,34 @@ def _report(exp: Any, result: Any, args: RunArgs, run_dir: Path, journal_path: P
     """summary.json, report.html (from the journal alone: `chaoskit report` remakes it), JUnit, Markdown; the
     verdict lines."""
     from chaoskit.engine.journal import read_journal
-    from chaoskit.engine.reports import render_report, summary, write_html, write_junit, write_summary
+    from chaoskit.report import markdown
+    from chaoskit.report.outputs import summary, write_html, write_junit, write_summary
+    from chaoskit.report.view import run_view
 
     code = rec.code
     junit = args.junit or (run_dir / "junit.xml" if args.ci else None)
-    events = read_journal(journal_path)
-    data = rec.data = summary(result, exp, events)
-    write_summary(journal_path.with_name("summary.json"), data)
+    view = rec.view = run_view(read_journal(journal_path))
+    write_summary(journal_path.with_name("summary.json"), summary(view))
     report_path = rec.report = args.report or run_dir / "report.html"
-    write_html(report_path, events)
+    write_html(report_path, view)
     if junit:
-        write_junit(junit, data)
+        write_junit(junit, view)
     md_path = journal_path.with_name("summary.md")
-    rec.markdown = render_report(events, "md", os.path.relpath(report_path, md_path.parent))
+    rec.markdown = markdown.render(view, os.path.relpath(report_path, md_path.parent))
     if args.ci:
         md_path.write_text(rec.markdown, encoding="utf-8")
     style = {0: "green", 1: "yellow"}.get(code, "red")
-    out.print(f"[bold {style}]{result.status.verdict}[/] (exit {code}) {exp.metadata.name}"
-              + (f" — {escape(result.status.reason)}" if result.status.reason else ""), highlight=False)
-    for d in result.status.deviations:
+    out.print(f"[bold {style}]{view.verdict}[/] (exit {code}) {exp.metadata.name}"
+              + (f" — {escape(view.reason)}" if view.reason else ""), highlight=False)
+    for d in view.deviations:
         out.print(f"  deviation: {d}", highlight=False, markup=False)
-    if result.recovery_s is not None:
-        out.print(f"  recovered {result.recovery_s:.2f}s after rollback")
+    if view.recovery_s is not None:
+        out.print(f"  recovered {view.recovery_s:.2f}s after rollback")
     out.print(f"  journal {journal_path}  report {report_path}" + (f"  junit {junit}" if junit else ""))
     if args.ci:
         out.print(f"  summary {md_path}" + (append_step_summary(rec.markdown) if args.step_summary else ""),
                   highlight=False, soft_wrap=True)
-    if result.status.rollback_incomplete:
+    if not view.rollback_complete:
         err.print(f"[bold red]ROLLBACK INCOMPLETE[/]: faults may still be applied. Ledger: {result.ledger_path}\n"
                   "  fix the cause, then run: chaoskit rollback --ledger " + str(result.ledger_path))
     return code

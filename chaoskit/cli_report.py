@@ -30,9 +30,10 @@ def report(
                             "or a pull-request comment)"),
 ) -> None:
     """Rebuild a run's report from its journal alone (the same report the run wrote), or a Markdown summary."""
-    from chaoskit.engine import report_html, report_md  # not engine.reports: it loads every injector (seconds)
     from chaoskit.engine.journal import read_journal
-    from chaoskit.engine.report_data import run_view
+    from chaoskit.model.events import RunStarted
+    from chaoskit.report import html, markdown
+    from chaoskit.report.view import run_view
 
     if fmt not in ("html", "md"):
         fail(ChaoskitError(f"--format {fmt}: expected html or md"))
@@ -42,15 +43,15 @@ def report(
         events = read_journal(journal)
     except (OSError, UnicodeDecodeError) as e:
         fail(ChaoskitError(f"{journal}: cannot read: {e}"))
-    if not any(ev.get("event") == "run" for ev in events):
+    if not any(isinstance(ev, RunStarted) for ev in events):
         fail(ChaoskitError(f"{journal}: not a chaoskit journal (no 'run' event)"))
     html_path = journal.with_name("report.html")
     view = run_view(events)
     to_stdout = output is not None and str(output) == "-"
     target = journal.with_name("report.html" if fmt == "html" else "summary.md") if output is None or to_stdout \
         else output
-    text = (report_html.render(view) if fmt == "html"  # the summary names the report relative to itself
-            else report_md.render(view, os.path.relpath(html_path, target.parent) if html_path.exists() else None))
+    text = (html.render(view) if fmt == "html"  # the summary names the report relative to itself
+            else markdown.render(view, os.path.relpath(html_path, target.parent) if html_path.exists() else None))
     if to_stdout:
         sys.stdout.write(text)
         return

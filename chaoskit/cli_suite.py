@@ -22,8 +22,6 @@ from chaoskit import errors
 from chaoskit.errors import ChaoskitError, SpecError
 
 SUFFIXES = (".yaml", ".yml")
-VERDICT_OF_CODE = {errors.EXIT_INVALID: "invalid", errors.EXIT_PREFLIGHT: "preflight failed",
-                   errors.EXIT_SIGINT: "interrupted", errors.EXIT_SIGTERM: "interrupted"}
 
 
 def expand(paths: list[Path]) -> list[Path]:
@@ -57,13 +55,13 @@ def vars_for(file: Path, cli_vars: dict[str, str]) -> dict[str, str]:
 
 def _from_suite(o: Any, suite_dir: Path) -> str:
     """An experiment's Markdown with its report's path relative to the suite's summary (not its own run dir)."""
-    from chaoskit.engine import report_md
+    from chaoskit.report import markdown
 
     if o.report is None:
         return o.markdown
     own = os.path.relpath(o.report, o.report.parent)
-    return o.markdown.replace(report_md.report_line(own),
-                              report_md.report_line(os.path.relpath(o.report, suite_dir)))
+    return o.markdown.replace(markdown.report_line(own),
+                              markdown.report_line(os.path.relpath(o.report, suite_dir)))
 
 
 def run_suite(files: list[Path], args: Any, stop_on_failure: bool, run_one: Callable[..., int],
@@ -99,7 +97,7 @@ def run_suite(files: list[Path], args: Any, stop_on_failure: bool, run_one: Call
                 rec.code = e.exit_code
             except KeyboardInterrupt:
                 rec.code = errors.EXIT_SIGTERM if got_term else errors.EXIT_SIGINT
-                rec.message = rec.message or "interrupted"
+                rec.message, rec.verdict = rec.message or "interrupted", "interrupted"
             outcomes.append(rec)
             if rec.code in (errors.EXIT_SIGINT, errors.EXIT_SIGTERM):
                 stopped = "interrupted"
@@ -113,19 +111,20 @@ def run_suite(files: list[Path], args: Any, stop_on_failure: bool, run_one: Call
     return _finish(paths, outcomes, stopped, suite_dir, args, out)
 
 
-def _row(rec: Any) -> dict[str, Any]:
-    d = rec.data or {}
-    return {"experiment": rec.experiment or rec.file.stem, "file": str(rec.file),
-            "verdict": d.get("verdict") or VERDICT_OF_CODE.get(rec.code, f"exit {rec.code}"), "exit_code": rec.code,
-            "duration_s": d.get("duration_s", 0.0), "deviations": d.get("deviations") or [],
-            "reason": d.get("reason") or (rec.message.splitlines() or [""])[0],
-            "report": str(rec.report) if rec.report else None}
+def _row(rec: Any) -> Any:
+    from chaoskit.report.view import SuiteRow
+
+    report = str(rec.report) if rec.report else None
+    if rec.view is not None:
+        return SuiteRow.of_run(rec.view, str(rec.file), rec.code, report)
+    return SuiteRow(rec.experiment or rec.file.stem, str(rec.file), rec.verdict or f"exit {rec.code}", rec.code,
+                    reason=(rec.message.splitlines() or [""])[0], report=report)
 
 
 def _finish(paths: list[Path], outcomes: list[Any], stopped: str, suite_dir: Path, args: Any, out: Console) -> int:
     from chaoskit.cli import append_step_summary
-    from chaoskit.engine import report_md
-    from chaoskit.engine.reports import (
+    from chaoskit.report import markdown
+    from chaoskit.report.outputs import (
         EXIT_ORDER,
         junit_not_run,
         junit_suite,
@@ -133,19 +132,19 @@ def _finish(paths: list[Path], outcomes: list[Any], stopped: str, suite_dir: Pat
         write_index,
         write_junit_suites,
     )
+    from chaoskit.report.view import SuiteRow
 
     code = worst_exit([o.code for o in outcomes])
     rows = [_row(o) for o in outcomes]
-    skipped = [{"experiment": p.stem, "file": str(p), "verdict": "not run", "exit_code": "-",
-                "reason": stopped} for p in paths[len(outcomes):]]
+    skipped = [SuiteRow(p.stem, str(p), "not run", None, reason=stopped) for p in paths[len(outcomes):]]
     table = Table(title=f"suite: {len(outcomes)} of {len(paths)} experiments run", title_justify="left")
     for col in ("#", "experiment", "verdict", "exit", "duration", "why"):
         table.add_column(col)
     for i, r in enumerate(rows + skipped, 1):
-        style = {0: "green", 1: "yellow", "-": "dim"}.get(r["exit_code"], "red")
-        why = "; ".join(r.get("deviations") or []) or r.get("reason", "")
-        table.add_row(str(i), r["experiment"], f"[{style}]{escape(r['verdict'])}[/]", str(r["exit_code"]),
-                      f"{r.get('duration_s', 0):.1f}s" if r["exit_code"] != "-" else "", escape(why[:200]))
+        style = {0: "green", 1: "yellow", None: "dim"}.get(r.exit_code, "red")
+        table.add_row(str(i), r.experiment, f"[{style}]{escape(r.verdict)}[/]",
+                      "-" if r.exit_code is None else str(r.exit_code),
+                      f"{r.duration_s:.1f}s" if r.exit_code is not None else "", escape(r.why()[:200]))
     out.print(table)
     order = " > ".join(str(c) for c in EXIT_ORDER)
     out.print(f"suite exit {code} (the worst of the experiments' codes; order {order})"
@@ -157,17 +156,17 @@ def _finish(paths: list[Path], outcomes: list[Any], stopped: str, suite_dir: Pat
     write_index(index, title, rows + skipped)
     junit = args.junit or (suite_dir / "junit.xml" if args.ci else None)
     if junit:
-        suites = [junit_suite(o.data) if o.data else junit_not_run(o.experiment or o.file.stem, str(o.file),
+        suites = [junit_suite(o.view) if o.view is not None else junit_not_run(o.experiment or o.file.stem, str(o.file),
                                                                   o.message or "did not run", o.code)
                   for o in outcomes]
         suites += [junit_not_run(p.stem, str(p), stopped or "not run") for p in paths[len(outcomes):]]
         write_junit_suites(junit, suites)
     md_path = suite_dir / "summary.md"
-    markdown = report_md.render_suite(title, rows + skipped, code, os.path.relpath(index, suite_dir))
-    markdown += "".join("\n" + _from_suite(o, suite_dir) for o in outcomes if o.markdown)
+    text = markdown.render_suite(title, rows + skipped, code, os.path.relpath(index, suite_dir))
+    text += "".join("\n" + _from_suite(o, suite_dir) for o in outcomes if o.markdown)
     md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text(markdown, encoding="utf-8")
-    added = append_step_summary(markdown) if args.ci else ""
+    md_path.write_text(text, encoding="utf-8")
+    added = append_step_summary(text) if args.ci else ""
     out.print(f"  index {index}" + (f"  junit {junit}" if junit else "") + f"  summary {md_path}{added}",
               highlight=False, soft_wrap=True)
     return code

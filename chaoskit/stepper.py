@@ -16,6 +16,7 @@ from rich.console import Console
 
 from chaoskit.engine.journal import Journal
 from chaoskit.experiment.models import Step
+from chaoskit.model.events import OperatorChose, PlanStep
 
 CHOICES = {"": "continue", "c": "continue", "continue": "continue", "s": "skip", "skip": "skip",
            "a": "abort", "abort": "abort"}
@@ -30,25 +31,25 @@ class Stepper:
         self.fd = sys.stdin.fileno() if fd is None else fd
         self.asked = 0
 
-    async def __call__(self, step: Step, plans: list[dict[str, Any]]) -> str:
+    async def __call__(self, step: Step, plans: list[PlanStep]) -> str:
         self.asked += 1
         paused = getattr(self.view, "paused", None)  # the live view stops redrawing while the operator reads
         pause: AbstractContextManager[Any] = paused() if paused is not None else nullcontext()
         with pause:
             self._show(step, plans)
             choice = await self._ask()
-        self.journal.emit("operator", step=step.label(), choice=choice)
+        self.journal.emit(OperatorChose(step=step.label(), choice=choice))
         return choice
 
-    def _show(self, step: Step, plans: list[dict[str, Any]]) -> None:
+    def _show(self, step: Step, plans: list[PlanStep]) -> None:
         say = self.console.print
         dur = f" for {step.duration:g}s" if step.duration else (" until the end of the method" if step.inject
                                                                else "")
         kind = step.inject.type if step.inject is not None else f"{len(plans)} faults at once"
         say(f"\nnext step {self.asked}: {step.label()} ({kind}{dur}) will change:", markup=False, highlight=False)
         for p in plans:
-            lead = f"  {p['step']}: " if len(plans) > 1 else "  "
-            for change in p.get("changes") or ["(no plan)"]:
+            lead = f"  {p.step}: " if len(plans) > 1 else "  "
+            for change in p.changes or ["(no plan)"]:
                 say(f"{lead}{change}", markup=False, highlight=False, soft_wrap=True)
                 lead = " " * len(lead)
 

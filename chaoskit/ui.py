@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,17 +14,31 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from chaoskit.engine.charts import sparkline
+from chaoskit.model.enums import Phase
+from chaoskit.model.events import (
+    HIDDEN,
+    Event,
+    FaultApplied,
+    FaultReverted,
+    Planned,
+    RevertFailed,
+    RunEnded,
+    SafeguardRecord,
+    Sample,
+    StateChanged,
+    TargetExited,
+)
+from chaoskit.model.faults import AppliedFault
+from chaoskit.report.charts import sparkline
+from chaoskit.report.view import RunView
 
 HISTORY = 30  # samples per probe the live view keeps
 VERDICT_STYLE = {"ok": "green", "fail": "red", "error": "magenta"}
+LIVE_NOTES = ("safeguard", "interrupt", "revert_failed", "error", "operator")
 
 
-def _values(sample: dict[str, Any]) -> str:
-    if sample.get("error"):
-        return sample["error"]
-    return "; ".join(sample.get("details") or []) or ", ".join(
-        f"{k}={v}" for k, v in list(sample.get("values", {}).items())[:4])
+def _values(sample: Sample) -> str:
+    return sample.why() or ", ".join(f"{k}={v}" for k, v in list(sample.values.items())[:4])
 
 
 class PlainView:
@@ -34,51 +47,46 @@ class PlainView:
     def __init__(self, console: Console):
         self.console = console
 
-    def __call__(self, ev: dict[str, Any]) -> None:
-        kind = ev["event"]
+    def __call__(self, ev: Event) -> None:
         # a sample's `t` is when it started; the line is printed (and stamped) when its verdict is known, so the
         # log never goes back in time; the journal keeps the start
-        t = ev["t"] + ev.get("duration_ms", 0) / 1000 if kind == "sample" else ev["t"]
+        t = ev.t + ev.duration_ms / 1000 if isinstance(ev, Sample) else ev.t
         ts = time.strftime("%H:%M:%S", time.localtime(t))
-        if kind == "state":
-            line = f"state {ev['state']}" + (f": {ev['reason']}" if ev.get("reason") else "")
-        elif kind == "sample":
-            line = (f"probe {ev['probe']} [{ev['phase']}] {ev['verdict']} after {ev.get('duration_ms', 0):.0f} ms: "
-                    f"{_values(ev)}")
-        elif kind == "fault_applied":
-            dur = f" for {ev['duration_s']:g}s" if ev.get("duration_s") else " until rollback"
-            line = f"fault #{ev['id']} {ev['type']} applied{dur} ({ev['apply_ms']:.1f} ms)"
-        elif kind in ("fault_reverted", "revert_failed"):
-            line = f"fault #{ev['id']} {ev['type']} " + ("reverted" if kind == "fault_reverted"
-                                                         else f"REVERT FAILED: {ev['error']}")
-        elif kind == "target_exited":
-            line = _exit_line(ev)
-        elif kind == "plan":
-            line = "plan: " + " | ".join(f"{p['step']}: {'; '.join(p['changes'])}" for p in ev["steps"])
-        elif kind == "end":
-            line = f"verdict {ev['verdict']} (exit {ev['exit_code']})"
-        else:
-            line = kind + " " + " ".join(f"{k}={v}" for k, v in ev.items() if k not in ("t", "event", "traceback"))
-        self.console.print(f"{ts} {line}", markup=False, highlight=False, soft_wrap=True)
+        self.console.print(f"{ts} {_line(ev)}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _line(ev: Event) -> str:
+    if isinstance(ev, StateChanged):
+        return f"state {ev.state}" + (f": {ev.reason}" if ev.reason else "")
+    if isinstance(ev, Sample):
+        return f"probe {ev.probe} [{ev.phase}] {ev.verdict} after {ev.duration_ms:.0f} ms: {_values(ev)}"
+    if isinstance(ev, FaultApplied):
+        dur = f" for {ev.duration_s:g}s" if ev.duration_s else " until rollback"
+        return f"fault #{ev.id} {ev.type} applied{dur} ({ev.apply_ms or 0:.1f} ms)"
+    if isinstance(ev, FaultReverted):
+        return f"fault #{ev.id} {ev.type} reverted"
+    if isinstance(ev, RevertFailed):
+        return f"fault #{ev.id} {ev.type} REVERT FAILED: {ev.error}"
+    if isinstance(ev, TargetExited):
+        return _exit_line(ev)
+    if isinstance(ev, Planned):
+        return "plan: " + " | ".join(f"{p.step}: {'; '.join(p.changes)}" for p in ev.steps)
+    if isinstance(ev, RunEnded):
+        return f"verdict {ev.verdict} (exit {ev.exit_code})"
+    return ev.event + " " + " ".join(f"{k}={v}" for k, v in ev.fields().items() if k not in HIDDEN)
 
 
 class LiveView:
-    """Phase; each probe's recent history (a sparkline of the value its tolerances judge, failed samples per
-    phase, the last value); safeguards and whether one tripped; active faults with time left."""
+    """A rendering of the run's RunView as events arrive: phase; each probe's recent history (a sparkline of the
+    value its tolerances judge, failed samples per phase, the last value); safeguards and whether one tripped;
+    active faults with time left."""
 
     def __init__(self, console: Console, name: str, watch: dict[str, list[str]] | None = None,
-                 safeguards: list[dict[str, Any]] | None = None):
+                 safeguards: list[SafeguardRecord] | None = None):
         self.console, self.name = console, name
         self.watch = watch or {}  # probe -> the keys its tolerances judge (the sparkline follows the first number)
-        self.safeguards = safeguards or []  # {"probe", "rules": [text], "metrics": [key]}
-        self.state = "pending"
-        self.samples: dict[str, dict[str, Any]] = {}
-        self.history: dict[str, deque[dict[str, Any]]] = {}
-        self.counts: dict[str, dict[str, list[int]]] = {}  # probe -> phase -> [samples, failed]
-        self.tripped: dict[str, str] = {}  # probe -> why its safeguard tripped
-        self.faults: dict[int, dict[str, Any]] = {}
-        self.notes: list[str] = []
-        self.exited: list[str] = []  # target processes that exited during their fault
+        self.safeguards = safeguards or []
+        self.view = RunView(keep=HISTORY)
         self._lock = threading.Lock()  # events arrive from the loop and from revert threads; Rich renders in its own
         self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False,
                          get_renderable=self._render)
@@ -100,40 +108,28 @@ class LiveView:
             self.live.vertical_overflow = "ellipsis"  # stop() let the last frame overflow; live frames do not
             self.live.start()
 
-    def __call__(self, ev: dict[str, Any]) -> None:
+    def __call__(self, ev: Event) -> None:
         with self._lock:
-            self._update(ev)
+            self.view.add(ev)
 
-    def _update(self, ev: dict[str, Any]) -> None:
-        kind = ev["event"]
-        if kind == "state":
-            self.state = ev["state"]
-        elif kind == "sample":
-            probe = ev["probe"]
-            self.samples[probe] = ev
-            self.history.setdefault(probe, deque(maxlen=HISTORY)).append(ev)
-            n_bad = self.counts.setdefault(probe, {}).setdefault(ev["phase"], [0, 0])
-            n_bad[0] += 1
-            n_bad[1] += ev["verdict"] != "ok"
-        elif kind == "fault_applied":
-            self.faults[ev["id"]] = ev
-        elif kind in ("fault_reverted",):
-            self.faults.pop(ev["id"], None)
-        elif kind == "target_exited":
-            self.exited.append(_exit_line(ev))
-        if kind == "safeguard":
-            self.tripped[ev.get("probe", "")] = ev.get("reason", "")
-        if kind in ("safeguard", "interrupt", "revert_failed", "error", "recovered", "operator"):
-            self.notes.append(f"{kind}: " + ", ".join(f"{k}={v}" for k, v in ev.items()
-                                                      if k not in ("t", "event", "traceback")))
+    def history(self, probe: str) -> list[Sample]:
+        return [s for s in self.view.samples if s.probe == probe]
+
+    def notes(self) -> list[str]:
+        """What the run said that needs attention (and its recovery), oldest first."""
+        notes = [(t, f"{kind}: {text}") for t, kind, text in self.view.notes if kind in LIVE_NOTES]
+        if self.view.recovered_at is not None:
+            notes.append((self.view.recovered_at, f"recovered: seconds={self.view.recovery_s}"))
+        return [text for _, text in sorted(notes, key=lambda n: n[0])]
+
+    def exited(self) -> list[str]:
+        return [_exit_line(e) for e in sorted((e for f in self.view.faults for e in f.exits), key=lambda e: e.seen_at)]
 
     def _key(self, probe: str) -> str | None:
         """The value the sparkline follows: the first judged key that is a number, else the first number."""
-        recent = list(self.history.get(probe, ()))
-        for s in reversed(recent):
-            values = s.get("values") or {}
-            for k in [*self.watch.get(probe, []), *values]:
-                if _num(values.get(k)) is not None:
+        for s in reversed(self.history(probe)):
+            for k in [*self.watch.get(probe, []), *s.values]:
+                if _num(s.values.get(k)) is not None:
                     return k
         return None
 
@@ -142,57 +138,69 @@ class LiveView:
             return self._render_locked()
 
     def _render_locked(self) -> Group:
-        head = Text.assemble(("chaoskit ", "bold"), (self.name, "bold cyan"), "  phase: ", (self.state, "yellow"))
-        probes = Table(title="probes", expand=True, title_justify="left")
-        for col in ("probe", "phase", "verdict", "history", "failed / samples", "last value"):
-            probes.add_column(col)
-        for name, s in self.samples.items():
-            key = self._key(name)
-            trend = Text("")
-            if key is not None:
-                values = [_num((h.get("values") or {}).get(key)) for h in self.history[name]]
-                last = next((v for v in reversed(values) if v is not None), None)
-                trend = Text.assemble((key + " ", "dim"), sparkline(values, HISTORY),
-                                      f" {last:g}" if last is not None else "")
-            counts = Text()
-            for phase, (n, bad) in self.counts.get(name, {}).items():
-                style = "red" if bad and phase in ("before", "during", "after") else ("yellow" if bad else "green")
-                counts.append(f"{phase} {bad}/{n} ", style=style)
-            probes.add_row(name, s["phase"], Text(s["verdict"], style=VERDICT_STYLE.get(s["verdict"], "")), trend,
-                           counts, _values(s)[:100])
-        parts: list[Any] = [head, probes]
+        v = self.view
+        head = Text.assemble(("chaoskit ", "bold"), (self.name, "bold cyan"), "  phase: ", (v.state, "yellow"))
+        parts: list[Any] = [head, self._probes()]
         if self.safeguards:
-            guards = Table(title="safeguards", expand=True, title_justify="left")
-            for col in ("probe", "abort when", "state", "last"):
-                guards.add_column(col)
-            for g in self.safeguards:
-                last = self.samples.get(g["probe"])
-                if g["probe"] in self.tripped:
-                    state = Text(f"TRIPPED: {self.tripped[g['probe']]}", style="bold red")
-                else:
-                    state = Text("watching", style="green") if last else Text("waiting for a sample", style="dim")
-                shown = ", ".join(f"{m}={(last.get('values') or {}).get(m)}" for m in g.get("metrics", [])
-                                  if last and m in (last.get("values") or {})) if last else ""
-                guards.add_row(g["probe"], " or ".join(g["rules"]), state,
-                               shown or ((last.get("error") or "") if last else ""))
-            parts.append(guards)
+            parts.append(self._guards())
         faults = Table(title="active faults", expand=True, title_justify="left")
         for col in ("#", "type", "step", "time left"):
             faults.add_column(col)
-        now = time.time()
-        for f in self.faults.values():
-            left = f"{max(0.0, f['applied_at'] + f['duration_s'] - now):.1f}s" if f.get("duration_s") else "until rollback"
-            faults.add_row(str(f["id"]), f["type"], f["step"], left)
+        for f in v.active_faults():
+            faults.add_row(str(f.id), f.type, f.step, _left(f))
         parts.append(faults)
-        parts += [Text(e, style="bold yellow") for e in self.exited[-5:]]
-        return Group(*parts, *(Text(n, style="bold red") for n in self.notes[-5:]))
+        parts += [Text(e, style="bold yellow") for e in self.exited()[-5:]]
+        return Group(*parts, *(Text(n, style="bold red") for n in self.notes()[-5:]))
+
+    def _probes(self) -> Table:
+        probes = Table(title="probes", expand=True, title_justify="left")
+        for col in ("probe", "phase", "verdict", "history", "failed / samples", "last value"):
+            probes.add_column(col)
+        for name, phases in self.view.counts.items():
+            history = self.history(name)
+            s, key, trend = history[-1], self._key(name), Text("")
+            if key is not None:
+                values = [_num(h.values.get(key)) for h in history]
+                last = next((x for x in reversed(values) if x is not None), None)
+                trend = Text.assemble((key + " ", "dim"), sparkline(values, HISTORY),
+                                      f" {last:g}" if last is not None else "")
+            counts = Text()
+            for phase, (n, bad) in phases.items():
+                style = "red" if bad and Phase(phase).judged else ("yellow" if bad else "green")
+                counts.append(f"{phase} {bad}/{n} ", style=style)
+            probes.add_row(name, s.phase, Text(s.verdict, style=VERDICT_STYLE.get(s.verdict, "")), trend,
+                           counts, _values(s)[:100])
+        return probes
+
+    def _guards(self) -> Table:
+        guards = Table(title="safeguards", expand=True, title_justify="left")
+        for col in ("probe", "abort when", "state", "last"):
+            guards.add_column(col)
+        for g in self.safeguards:
+            history = self.history(g.probe)
+            last = history[-1] if history else None
+            if g.probe in self.view.tripped:
+                state = Text(f"TRIPPED: {self.view.tripped[g.probe]}", style="bold red")
+            else:
+                state = Text("watching", style="green") if last else Text("waiting for a sample", style="dim")
+            shown = ", ".join(f"{r.metric}={last.values[r.metric]}" for r in g.rules
+                              if r.metric in last.values) if last else ""
+            guards.add_row(g.probe, " or ".join(r.text for r in g.rules), state,
+                           shown or ((last.error or "") if last else ""))
+        return guards
 
 
-def _exit_line(ev: dict[str, Any]) -> str:
+def _left(f: AppliedFault) -> str:
+    if not f.duration_s or f.applied_at is None:
+        return "until rollback"
+    return f"{max(0.0, f.applied_at + f.duration_s - time.time()):.1f}s"
+
+
+def _exit_line(ev: TargetExited) -> str:
     """A target_exited event: `fault #1 process.signal (stop-stub): PID 29566 triton_python_backend_stub exited
     during the fault`."""
-    step = f" ({ev['step']})" if ev.get("step") else ""
-    return f"fault #{ev.get('id')} {ev.get('type', '')}{step}: {ev.get('text', '')}"
+    step = f" ({ev.step})" if ev.step else ""
+    return f"fault #{ev.id} {ev.type}{step}: {ev.text}"
 
 
 def _num(value: Any) -> float | None:

@@ -11,11 +11,23 @@ from chaoskit.engine import watchdog
 from chaoskit.engine.journal import Journal
 from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout
 from chaoskit.engine.rollback import revert_entry, rollback
-from chaoskit.engine.target_exits import EVENT as TARGET_EXITED
-from chaoskit.engine.target_exits import ExitWatch, TargetExit
+from chaoskit.engine.target_exits import ExitWatch
 from chaoskit.executors import Placement, get_executor, route_of
 from chaoskit.experiment.models import Step
 from chaoskit.injectors import Injector
+from chaoskit.model.events import (
+    ErrorNoted,
+    FaultObserved,
+    FaultReverted,
+    LateApplyReverted,
+    LateApplyWait,
+    RevertFailed,
+    RolledBack,
+    TargetExited,
+    WatchdogDied,
+    WatchdogStarted,
+)
+from chaoskit.model.faults import AppliedFault
 from chaoskit.targets.layer import place
 from chaoskit.targets.process import ProcessRef, is_alive
 
@@ -33,7 +45,7 @@ class FaultFailed(Exception):
 class Faults:
     def __init__(self, journal: Journal, ledger: Ledger):
         self.journal, self.ledger = journal, ledger
-        self.faults: dict[int, dict[str, Any]] = {}  # entry id -> what the summary reports
+        self.faults: dict[int, AppliedFault] = {}  # entry id -> what the summary reports
         self._records: dict[int, dict[str, Any]] = {}  # final revert records of applied faults
         self._routes: dict[int, tuple[str, Placement]] = {}  # entry id -> (executor name, placement)
         self._inflight: dict[asyncio.Future, int] = {}  # applies still running in their thread -> entry id
@@ -48,8 +60,8 @@ class Faults:
         except watchdog.WatchdogError as e:
             return f"no watchdog, so nothing was applied: {e}"
         self._watchdog = ref
-        self.journal.emit("watchdog", pid=ref.pid, ledger=str(self.ledger.path), escaped_to=info["escaped_to"],
-                          problems=info["problems"])
+        self.journal.emit(WatchdogStarted(pid=ref.pid, ledger=str(self.ledger.path), escaped_to=info["escaped_to"],
+                                          problems=info["problems"]))
         return None
 
     async def supervise_watchdog(self) -> None:
@@ -58,14 +70,14 @@ class Faults:
             await asyncio.sleep(WATCHDOG_CHECK_S)
             if is_alive(self._watchdog):
                 continue
-            self.journal.emit("watchdog_died", pid=self._watchdog.pid)
+            self.journal.emit(WatchdogDied(pid=self._watchdog.pid))
             try:
                 self._watchdog, info = await asyncio.to_thread(watchdog.spawn, self.ledger)
             except watchdog.WatchdogError as e:
-                self.journal.emit("error", where="watchdog", error=str(e))
+                self.journal.emit(ErrorNoted(where="watchdog", error=str(e)))
                 continue
-            self.journal.emit("watchdog", pid=self._watchdog.pid, ledger=str(self.ledger.path), respawned=True,
-                              escaped_to=info["escaped_to"], problems=info["problems"])
+            self.journal.emit(WatchdogStarted(pid=self._watchdog.pid, ledger=str(self.ledger.path), respawned=True,
+                                              escaped_to=info["escaped_to"], problems=info["problems"]))
 
     # -- their targets ----------------------------------------------------------------------------------
     async def supervise_targets(self) -> None:
@@ -82,14 +94,14 @@ class Faults:
         try:
             refs = inj.watched_processes(final)
         except Exception as e:  # a report, not the fault: never fails the run
-            self.journal.emit("error", where=f"watch targets of {step.label()}", error=f"{type(e).__name__}: {e}")
+            self.journal.emit(ErrorNoted(where=f"watch targets of {step.label()}", error=f"{type(e).__name__}: {e}"))
             return
         self._exits.watch(entry_id, step.label(), inj.type, refs)
 
-    def _note_exits(self, exits: list[TargetExit]) -> None:
+    def _note_exits(self, exits: list[TargetExited]) -> None:
         for e in exits:
-            self.faults[e.fault_id].setdefault("exited", []).append(e.to_event())
-            self.journal.emit(TARGET_EXITED, **e.to_event())
+            self.faults[e.id].exits.append(e)
+            self.journal.emit(e)
 
     # -- one fault --------------------------------------------------------------------------------------
     async def apply(self, step: Step, inj: Injector, group: str | None = None) -> int:
@@ -107,8 +119,7 @@ class Faults:
                                           executor=executor_name, placement=placement, group=group)
         except Exception as e:
             raise FaultFailed(f"{step.label()}: could not prepare: {type(e).__name__}: {e}") from None
-        fault = {"id": entry_id, "step": step.label(), "type": inj.type, "duration_s": step.duration,
-                 "applied_at": None, "reverted_at": None, "apply_ms": None}
+        fault = AppliedFault(entry_id, step.label(), inj.type, step.duration)
         self.faults[entry_id] = fault
         self._routes[entry_id] = (executor_name, placement)
         future = asyncio.ensure_future(asyncio.to_thread(executor.apply, inj, record, placement))
@@ -122,14 +133,13 @@ class Faults:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            self.journal.emit("error", where=f"apply {step.label()}", error=f"{type(e).__name__}: {e}")
+            self.journal.emit(ErrorNoted(where=f"apply {step.label()}", error=f"{type(e).__name__}: {e}"))
             raise FaultFailed(f"{step.label()}: apply failed: {type(e).__name__}: {e}") from None
         self.ledger.applied(entry_id, final, expires_at=time.time() + step.lifetime())
-        fault["applied_at"] = time.time()
-        fault["apply_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        fault.applied_at = time.time()
+        fault.apply_ms = round((time.perf_counter() - t0) * 1000, 3)
         self._records[entry_id] = final
-        where = {"executor": executor_name, "placement": placement} if placement is not None else {}
-        self.journal.emit("fault_applied", **fault, **where)  # the chosen pods, nodes ... are in the journal
+        self.journal.emit(fault.applied_event(executor_name, placement))  # the chosen pods, nodes ... too
         self._watch_targets(entry_id, step, inj, executor_name, final)
         await self.observe(entry_id, "applied")
         return entry_id
@@ -149,16 +159,16 @@ class Faults:
         try:
             async with asyncio.timeout(OBSERVE_TIMEOUT_S):  # the thread may go on; the run does not wait for it
                 name, placement = self._routes[entry_id]
-                details = await asyncio.to_thread(get_executor(name).observe_details, fault["type"], record,
+                details = await asyncio.to_thread(get_executor(name).observe_details, fault.type, record,
                                                   placement)
         except Exception as e:
             details = {"error": f"{type(e).__name__}: {e}"}
-        fault[f"observed_{when}"] = details
-        self.journal.emit("fault_observed", id=entry_id, type=fault["type"], when=when, details=details)
+        fault.observed[when] = details
+        self.journal.emit(FaultObserved(id=entry_id, type=fault.type, when=when, details=details))
 
     def _entry(self, entry_id: int, record: dict[str, Any]) -> Entry:
         name, placement = self._routes[entry_id]
-        return Entry(entry_id, self.faults[entry_id]["type"], record, applied=True, executor=name,
+        return Entry(entry_id, self.faults[entry_id].type, record, applied=True, executor=name,
                      placement=placement)
 
     def _revert_one(self, entry: Entry) -> str | None:
@@ -175,16 +185,18 @@ class Faults:
     def _note_revert(self, entry: Entry, error: str | None) -> None:
         fault = self.faults.get(entry.id)
         if fault is not None and error is None:
-            fault["reverted_at"] = time.time()
-        self.journal.emit("fault_reverted" if error is None else "revert_failed", id=entry.id, type=entry.type,
-                          error=error)
+            fault.reverted_at = time.time()
+        elif fault is not None:
+            fault.revert_error = error
+        self.journal.emit(FaultReverted(id=entry.id, type=entry.type) if error is None
+                          else RevertFailed(id=entry.id, type=entry.type, error=error))
 
     # -- all of them ------------------------------------------------------------------------------------
     async def rollback(self) -> list[str]:
         """Revert everything the ledger holds, newest first; the failures (empty: the ledger is discarded)."""
         if self._inflight:  # an apply still running in its thread: let it land, then revert it too
             await asyncio.wait(list(self._inflight), timeout=APPLY_GRACE_S)
-        live = [entry_id for entry_id in self._records if self.faults[entry_id]["reverted_at"] is None]
+        live = [entry_id for entry_id in self._records if self.faults[entry_id].reverted_at is None]
         for entry_id in live:
             self._note_exits(self._exits.stop(entry_id))
         await asyncio.gather(*(self.observe(entry_id, "before_revert") for entry_id in live))  # read-only: at once
@@ -192,8 +204,8 @@ class Faults:
         late = dict(self._inflight)  # still running after the grace: reverted from the intent now, and again below
         result = await asyncio.to_thread(rollback, self.ledger, False, self._note_revert)
         failed = [f"#{e.id} {e.type}: {err}" for e, err in result.failed] + await self._revert_late(late)
-        self.journal.emit("rollback", reverted=len(result.reverted), failed=len(failed),
-                          ms=round((time.perf_counter() - t0) * 1000, 3), ledger=str(self.ledger.path))
+        self.journal.emit(RolledBack(reverted=len(result.reverted), failed=len(failed),
+                                     ms=round((time.perf_counter() - t0) * 1000, 3), ledger=str(self.ledger.path)))
         if not failed:
             self.ledger.close()
             self.ledger.remove_lockfile()
@@ -205,16 +217,16 @@ class Faults:
         revert what it did (from its final record); one that never finishes is a rollback failure (loud)."""
         if not late:
             return []
-        self.journal.emit("late_apply_wait", ids=sorted(late.values()), seconds=LATE_APPLY_S)
+        self.journal.emit(LateApplyWait(ids=sorted(late.values()), seconds=LATE_APPLY_S))
         done, pending = await asyncio.wait(list(late), timeout=LATE_APPLY_S)
-        failed = [f"#{late[f]} {self.faults[late[f]]['type']}: apply still running {APPLY_GRACE_S + LATE_APPLY_S:g}s "
+        failed = [f"#{late[f]} {self.faults[late[f]].type}: apply still running {APPLY_GRACE_S + LATE_APPLY_S:g}s "
                   "after its timeout; it may still land" for f in pending]
         for f in done:
             entry_id = late[f]
             record = f.result() if not f.cancelled() and f.exception() is None else None
             entry = self._entry(entry_id, record or self.ledger.read().entries[entry_id].record)
             error = await asyncio.to_thread(revert_entry, self.ledger, entry)
-            self.journal.emit("late_apply_reverted", id=entry_id, type=entry.type, error=error)
+            self.journal.emit(LateApplyReverted(id=entry_id, type=entry.type, error=error))
             if error:
                 failed.append(f"#{entry_id} {entry.type}: late apply: {error}")
         return failed

@@ -1,16 +1,17 @@
-"""The run journal: JSON lines appended (and flushed) as events happen, so even SIGKILL leaves a trace."""
+"""The run journal: typed events (model.events) appended as JSON lines and flushed as they happen, so even
+SIGKILL leaves a trace; read back typed, journals of earlier versions included."""
 
 from __future__ import annotations
 
 import json
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-Listener = Callable[[dict[str, Any]], None]
+from chaoskit.model.events import Event, from_json
+
+Listener = Callable[[Event], None]
 
 
 class Journal:
@@ -25,25 +26,25 @@ class Journal:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(path, "w", encoding="utf-8")  # a run's own: an earlier run's --out is not mixed in
 
-    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        obj = self.record(event, **fields)
+    def emit(self, event: Event) -> Event:
+        self.record(event)
         for listener in self.listeners:
             try:
-                listener(obj)
+                listener(event)
             except Exception:  # a display bug must not break a run
                 pass
-        return obj
+        return event
 
-    def record(self, event: str, **fields: Any) -> dict[str, Any]:
+    def record(self, event: Event) -> Event:
         """Journal an event without telling the listeners (facts for the report, not news for the display).
         Events are not kept in memory: a long run with frequent probes must not grow with its journal."""
-        obj = {"t": round(time.time(), 6), "event": event, **fields}
         if self._fh is not None:
+            line = json.dumps(event.to_json(), default=str, separators=(",", ":"))
             with self._lock:  # the run's loop and its revert threads both write
-                self._fh.write(json.dumps(obj, default=str, separators=(",", ":")) + "\n")
+                self._fh.write(line + "\n")
                 self._fh.flush()
                 os.fsync(self._fh.fileno())
-        return obj
+        return event
 
     def close(self) -> None:
         if self._fh is not None:
@@ -51,7 +52,7 @@ class Journal:
             self._fh = None
 
 
-def read_journal(path: Path) -> list[dict[str, Any]]:
+def read_journal(path: Path) -> list[Event]:
     """The events of a journal file; a torn last line (a SIGKILL mid-write) and blank lines are skipped."""
     events = []
     with open(path, encoding="utf-8") as fh:
@@ -63,5 +64,5 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
             if isinstance(obj, dict) and "event" in obj:
-                events.append(obj)
+                events.append(from_json(obj))
     return events

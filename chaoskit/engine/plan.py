@@ -1,7 +1,9 @@
-"""The injectors of an experiment's method, each checked (preflight) and planned, before anything is applied."""
+"""The injectors of an experiment's method, each checked (preflight) and planned, before anything is applied.
+A step is known by its path in the experiment (`method[2].parallel[1]`), the same in every run of the file."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from chaoskit.errors import PreflightError
@@ -9,58 +11,84 @@ from chaoskit.executors import get_executor
 from chaoskit.experiment.models import Step
 from chaoskit.injectors import Injector, injector_class
 from chaoskit.injectors.base import FaultContext
+from chaoskit.model.events import PlanStep
 from chaoskit.targets.layer import place
 from chaoskit.targets.local import CgroupTarget
 
 
-def inject_steps(steps: list[Step]) -> list[Step]:
-    out: list[Step] = []
-    for s in steps:
+def step_path(parent: str, index: int) -> str:
+    return f"{parent}[{index}]"
+
+
+def inject_steps(steps: list[Step], parent: str = "method") -> list[tuple[str, Step]]:
+    """(path, step) of each fault of `steps` (whose own path is `parent`), parallel blocks flattened in order."""
+    out: list[tuple[str, Step]] = []
+    for i, s in enumerate(steps):
         if s.inject is not None:
-            out.append(s)
+            out.append((step_path(parent, i), s))
         elif s.parallel:
-            out.extend(inject_steps(s.parallel))
+            out.extend(inject_steps(s.parallel, f"{step_path(parent, i)}.parallel"))
     return out
+
+
+def deferred_paths(fields: Iterable[tuple[Any, ...]]) -> frozenset[str]:
+    """The paths of the steps that hold the given field paths (the loader's ('method', 2, 'parallel', 1, 'inject',
+    'pid') ...): a dry run plans those steps as resolved at run time."""
+    out = set()
+    for field in fields:
+        if field[:1] != ("method",):
+            continue
+        path, rest = "method", list(field[1:])
+        while rest and isinstance(rest[0], int):
+            path = step_path(path, rest.pop(0))
+            if rest[:1] != ["parallel"]:
+                out.add(path)
+                break
+            path += "." + rest.pop(0)
+    return frozenset(out)
 
 
 UNRESOLVED = "(target resolved at run time: it needs facts of a reference deployment that is not running yet)"
 
 
-def plan_faults(method: list[Step], unresolved: frozenset[int] = frozenset(), run_id: str = "") -> tuple[
-        dict[int, Injector], list[dict[str, Any]], list[str]]:
-    """(injector per id(step), the plan, preflight problems). Each fault is placed (targets.layer) and
+def plan_faults(method: list[Step], unresolved: frozenset[str] = frozenset(), run_id: str = "") -> tuple[
+        dict[str, Injector], list[PlanStep], list[str]]:
+    """(injector per step path, the plan, preflight problems). Each fault is placed (targets.layer) and
     checked by its executor. The plan is made even where preflight failed: --dry-run prints it beside the
     reason. Steps in `unresolved` (a dry run's {target.*} not known yet) are listed but neither checked nor
     planned."""
-    injectors: dict[int, Injector] = {}
-    plan, problems = [], []
-    for step in inject_steps(method):
-        entry: dict[str, Any] = {"step": step.label(), "duration_s": step.duration}
-        if id(step) in unresolved:
+    injectors: dict[str, Injector] = {}
+    plan: list[PlanStep] = []
+    problems: list[str] = []
+    for path, step in inject_steps(method):
+        passed_over: list[str] = []
+        if path in unresolved:
             inj = _injector(step, step.inject, run_id)
-            entry["changes"] = [UNRESOLVED]
+            changes = [UNRESOLVED]
         else:
             inj, problem, passed_over = _choose(step, run_id)
             if problem:
                 problems.append(problem)
-            entry["changes"] = _lines(inj)
+            changes = _lines(inj)
             if passed_over:
-                entry["variant"] = inj.type
-                entry["passed_over"] = passed_over
-                entry["changes"].insert(0, f"variant {inj.type}: " + "; ".join(passed_over))
-        injectors[id(step)] = inj
-        plan.append({**entry, "type": inj.type})
+                changes.insert(0, f"variant {inj.type}: " + "; ".join(passed_over))
+        injectors[path] = inj
+        plan.append(PlanStep(step=step.label(), duration_s=step.duration, changes=changes,
+                             variant=inj.type if passed_over else None, passed_over=passed_over, type=inj.type,
+                             path=path))
     return injectors, plan, problems + _shared_cgroups(method, injectors)
 
 
-def _shared_cgroups(method: list[Step], injectors: dict[int, Injector]) -> list[str]:
+def _shared_cgroups(method: list[Step], injectors: dict[str, Injector]) -> list[str]:
     """Two faults of one `parallel` block that set the limits of the same existing cgroup: each restores the
     limit it found, so whichever ends last would put back the other's. Refused before anything is applied."""
     problems = []
-    for block in (s for s in method if s.parallel):
+    for i, block in enumerate(method):
+        if not block.parallel:
+            continue
         seen: dict[str, str] = {}
-        for step in inject_steps(block.parallel or []):
-            target = injectors[id(step)].ctx.target
+        for path, step in inject_steps(block.parallel, f"{step_path('method', i)}.parallel"):
+            target = injectors[path].ctx.target
             if isinstance(target, CgroupTarget) and target.cgroup is not None:
                 if target.cgroup in seen:
                     problems.append(f"{step.label()}: {seen[target.cgroup]} in the same parallel block already "

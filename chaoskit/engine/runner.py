@@ -17,13 +17,29 @@ from typing import Any
 from chaoskit.engine.faults import FaultFailed, Faults
 from chaoskit.engine.journal import Journal
 from chaoskit.engine.ledger import Ledger
-from chaoskit.engine.plan import inject_steps, plan_faults
+from chaoskit.engine.plan import inject_steps, plan_faults, step_path
 from chaoskit.engine.safeguards import take_guarded, tripped
 from chaoskit.engine.states import Event, FailureKind, RunStatus, State
-from chaoskit.engine.steady_state import Baselines, Sample, take_sample
+from chaoskit.engine.steady_state import Baselines, take_sample
 from chaoskit.errors import PreflightError
 from chaoskit.experiment.models import Experiment, Safeguard, Step
 from chaoskit.injectors import Injector
+from chaoskit.model.enums import Phase, Verdict
+from chaoskit.model.events import (
+    JOURNAL_VERSION,
+    ErrorNoted,
+    Interrupted,
+    Paused,
+    Planned,
+    PlanStep,
+    Recovered,
+    RunEnded,
+    RunStarted,
+    SafeguardTripped,
+    Sample,
+    StateChanged,
+)
+from chaoskit.model.faults import AppliedFault
 from chaoskit.probes import Probe, probe_class
 from chaoskit.probes.continuous import Continuous
 
@@ -35,16 +51,16 @@ class RunOptions:
     dry_run: bool = False
     ledger_dir: Path | None = None
     use_watchdog: bool = True
-    unresolved_steps: frozenset[int] = frozenset()  # dry run: id() of steps whose target is not known yet
-    before_step: Callable[[Step, list[dict[str, Any]]], Awaitable[str]] | None = None  # --step: continue|skip|abort
+    unresolved_steps: frozenset[str] = frozenset()  # dry run: paths of the steps whose target is not known yet
+    before_step: Callable[[Step, list[PlanStep]], Awaitable[str]] | None = None  # --step: continue|skip|abort
 
 
 @dataclass
 class RunResult:
     run_id: str
     status: RunStatus
-    faults: list[dict[str, Any]] = field(default_factory=list)
-    plan: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[AppliedFault] = field(default_factory=list)
+    plan: list[PlanStep] = field(default_factory=list)
     recovery_s: float | None = None
     ledger_path: str | None = None
     started: float = 0.0
@@ -70,7 +86,7 @@ class Runner:
         self.probes: dict[str, Probe] = {}
         self.baselines = Baselines()  # the before phase's values: what `baseline` in a tolerance means
         self.safeguard_probes: list[tuple[Safeguard, Probe]] = []
-        self.injectors: dict[int, Injector] = {}  # id(step) -> injector
+        self.injectors: dict[str, Injector] = {}  # step path -> injector
         self.faults: Faults | None = None  # once the ledger exists
         self._method_task: asyncio.Task | None = None
         self._in_effect: asyncio.Event | None = None  # set once the method's first fault is applied
@@ -85,10 +101,11 @@ class Runner:
 
     # -- events -------------------------------------------------------------------------------------
     def _on_state(self, old: State, new: State, reason: str) -> None:
-        self.journal.emit("state", state=new.value, previous=old.value, reason=reason)
+        self.journal.emit(StateChanged(t=self.status.history[-1][1], state=new.value, previous=old.value,
+                                       reason=reason))
 
     def _record(self, sample: Sample) -> None:
-        self.journal.emit("sample", **sample.to_json())  # kept only there: summary.json reads it back
+        self.journal.emit(sample)  # kept only there: summary.json reads it back
 
     # -- signals --------------------------------------------------------------------------------------
     def interrupt(self, signum: int) -> None:
@@ -96,7 +113,7 @@ class Runner:
         first = self.status.signal is None
         self.status.interrupt(signum)
         if first:
-            self.journal.emit("interrupt", signal=signal.Signals(signum).name)
+            self.journal.emit(Interrupted(signal=signal.Signals(signum).name))
         if self._method_task is not None and not self._method_task.done():
             self._method_task.cancel()
 
@@ -104,12 +121,13 @@ class Runner:
     async def execute(self) -> RunResult:
         r = self.result
         r.started = time.time()
-        self.journal.emit("run", run_id=r.run_id, experiment=self.exp.metadata.name, dry_run=self.opts.dry_run)
+        self.journal.emit(RunStarted(t=r.started, run_id=r.run_id, experiment=self.exp.metadata.name,
+                                     dry_run=self.opts.dry_run, journal=JOURNAL_VERSION))
         try:
             await self._execute()
         except Exception as e:  # an engine bug: still roll back, then fail loudly
-            self.journal.emit("error", where="engine", error=f"{type(e).__name__}: {e}",
-                              traceback=traceback.format_exc())
+            self.journal.emit(ErrorNoted(where="engine", error=f"{type(e).__name__}: {e}",
+                                         traceback=traceback.format_exc()))
             if self.status.on(Event.ENGINE_ERROR, f"internal error: {type(e).__name__}: {e}") is State.ROLLBACK:
                 await self._rollback()
                 self.status.on(Event.ROLLBACK_DONE)
@@ -121,9 +139,9 @@ class Runner:
                     pass
         r.ended = time.time()
         r.faults = list(self.faults.faults.values()) if self.faults else []
-        self.journal.emit("end", verdict=self.status.verdict, exit_code=self.status.exit_code(),
-                          reason=self.status.reason, deviations=self.status.deviations,
-                          recovery_s=r.recovery_s)
+        self.journal.emit(RunEnded(t=r.ended, verdict=self.status.verdict, exit_code=self.status.exit_code(),
+                                   reason=self.status.reason, deviations=self.status.deviations,
+                                   recovery_s=r.recovery_s))
         return r
 
     def _stopped(self) -> bool:
@@ -142,7 +160,7 @@ class Runner:
             return
         if st.on(Event.PREFLIGHT_OK) is not State.HYPOTHESIS_BEFORE:
             return
-        held = bool(await self._cancellable(self._check_once("before")))
+        held = bool(await self._cancellable(self._check_once(Phase.BEFORE)))
         if not held and not self._stopped():
             st.deviate("steady state did not hold before the method; nothing was injected")
         if held and not self._stopped():
@@ -175,18 +193,17 @@ class Runner:
                                                  self.result.run_id)
         problems += more
         self.result.plan = plan
-        self._plans = dict(zip([id(s) for s in inject_steps(self.exp.method)], plan, strict=True))
-        self.journal.emit("plan", steps=plan)
+        self.journal.emit(Planned(steps=plan))
         if problems:
             raise PreflightError("\n".join(problems))
 
-    async def _check_once(self, phase: str) -> bool:
+    async def _check_once(self, phase: Phase) -> bool:
         probes = [p for p in self.probes.values() if phase in p.spec.phases]
         samples = await asyncio.gather(*(take_sample(p, phase, self.baselines) for p in probes))
         held = True
         for s in samples:
             self._record(s)
-            if s.verdict != "ok":
+            if s.verdict is not Verdict.OK:
                 held = False
         return held
 
@@ -215,7 +232,7 @@ class Runner:
         return abort[0] if abort else None
 
     async def _steps_then_end(self, abort: list[str]) -> None:
-        await self._steps(self.exp.method, abort)
+        await self._steps(self.exp.method, "method", abort)
         if self._spans and not abort:  # faults without a duration are still in effect: the span ends here
             await self._final_samples(await self._cut_span(stop_last=False))
 
@@ -229,17 +246,19 @@ class Runner:
                 except Exception as e:
                     log.warning("closing probe %s: %s", probe.spec.name, e)
 
-    async def _steps(self, steps: list[Step], abort: list[str]) -> None:
-        for step in steps:
+    async def _steps(self, steps: list[Step], parent: str, abort: list[str]) -> None:
+        for i, step in enumerate(steps):
+            path = step_path(parent, i)
             if self.opts.before_step is not None and step.pause is None:  # --step: the operator decides
-                choice = await self.opts.before_step(step, [self._plans[id(s)] for s in inject_steps([step])])
+                plans = [p for p in self.result.plan if p.path == path or p.path.startswith(path + ".")]
+                choice = await self.opts.before_step(step, plans)
                 if choice == "abort":  # like a safeguard: stop here, everything applied is rolled back
                     abort.append(f"aborted by the operator before step {step.label()}")
                     return
                 if choice == "skip":
-                    self._unapplied -= len(inject_steps([step]))
+                    self._unapplied -= len(plans)
                     continue
-            await self._step(step)
+            await self._step(step, path)
 
     async def _cancellable(self, coro: Any) -> Any:
         """Run `coro` as the task that interrupts and safeguards cancel; a cancel returns None."""
@@ -290,16 +309,16 @@ class Runner:
             interim = judging and continuous is not None and continuous.over_phase
             # between: no fault in effect; grace: one is, but the system may still be adapting to it;
             # interim: judged once over the span, at its end (over: phase), not sample by sample
-            phase = "interim" if interim else ("during" if judging else ("grace" if in_effect else
-                                                                         ("between" if judged else "safeguard")))
+            phase = Phase.INTERIM if interim else (Phase.DURING if judging else (
+                Phase.GRACE if in_effect else (Phase.BETWEEN if judged else Phase.SAFEGUARD)))
             sample = await take_guarded(probe, phase, guards, self.baselines)
-            if probe.spec.name in self._finished and (isinstance(sample, str) or sample.verdict == "error"):
+            if probe.spec.name in self._finished and (isinstance(sample, str) or sample.verdict is Verdict.ERROR):
                 return  # its load stopped at the end of its last phase while this sample waited for a window
             if isinstance(sample, str):  # a latency safeguard tripped while the probe was still out
                 self._trip(probe, sample, abort)
                 return
             self._record(sample)
-            if judging and not interim and sample.verdict != "ok":
+            if judging and not interim and sample.verdict is not Verdict.OK:
                 self._deviate(sample)
             for g in guards:
                 reason = tripped(g, sample)
@@ -314,7 +333,7 @@ class Runner:
         if sample.probe not in self._deviated:  # the first deviation of each probe is the news; the journal has all
             self._deviated.add(sample.probe)
             self.status.deviate(f"{sample.probe} deviated during the method: "
-                                + (sample.error or "; ".join(d for d in sample.details)))
+                                + sample.why())
 
     async def _cut_span(self, stop_last: bool) -> list[tuple[str, Continuous, str | None]]:
         """A span with faults in effect ends, before its revert: cut each continuous probe judged in it there
@@ -339,29 +358,30 @@ class Runner:
         """Each cut probe's final sample of the span (the last partial window; over: phase, the whole span)."""
         async def one(name: str, c: Continuous, error: str | None) -> Sample:
             if error is not None:
-                return Sample(name, "during", time.time(), "error", error=error)
-            return await take_sample(self.probes[name], "during", self.baselines, measure=c.end_phase)
+                return Sample(probe=name, phase=Phase.DURING, verdict=Verdict.ERROR, t=time.time(), error=error)
+            return await take_sample(self.probes[name], Phase.DURING, self.baselines, measure=c.end_phase)
 
         for sample in await asyncio.gather(*(one(*each) for each in cut)):
             self._record(sample)
-            if sample.verdict != "ok":
+            if sample.verdict is not Verdict.OK:
                 self._deviate(sample)
 
     def _trip(self, probe: Probe, reason: str, abort: list[str]) -> None:
         if not abort:
             abort.append(reason)
-            self.journal.emit("safeguard", probe=probe.spec.name, reason=reason)
+            self.journal.emit(SafeguardTripped(probe=probe.spec.name, reason=reason))
             if self._method_task is not None:
                 self._method_task.cancel()
 
-    async def _step(self, step: Step, group: str | None = None) -> None:
+    async def _step(self, step: Step, path: str, group: str | None = None) -> None:
         if step.pause is not None:
-            self.journal.emit("pause", seconds=step.pause)
+            self.journal.emit(Paused(seconds=step.pause))
             await asyncio.sleep(step.pause)
         elif step.parallel:
             self._blocks += 1
             block = f"parallel-{self._blocks}"  # its faults were applied at once: their reverts may run at once
-            tasks = [asyncio.create_task(self._step(s, block)) for s in step.parallel]
+            tasks = [asyncio.create_task(self._step(s, step_path(f"{path}.parallel", i), block))
+                     for i, s in enumerate(step.parallel)]
             try:
                 await asyncio.gather(*tasks)
             finally:
@@ -369,12 +389,12 @@ class Runner:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
         else:
-            await self._inject(step, group)
+            await self._inject(step, path, group)
 
-    async def _inject(self, step: Step, group: str | None) -> None:
+    async def _inject(self, step: Step, path: str, group: str | None) -> None:
         assert self.faults is not None
         self._unapplied -= 1
-        entry_id = await self.faults.apply(step, self.injectors[id(step)], group)
+        entry_id = await self.faults.apply(step, self.injectors[path], group)
         self._active += 1
         self._applied_at = time.monotonic()
         if self._in_effect is not None:
@@ -400,9 +420,9 @@ class Runner:
         after = self.exp.steady_state.after
         start = time.monotonic()
         while True:
-            if await self._check_once("after"):
+            if await self._check_once(Phase.AFTER):
                 self.result.recovery_s = round(time.monotonic() - start, 3)
-                self.journal.emit("recovered", seconds=self.result.recovery_s)
+                self.journal.emit(Recovered(seconds=self.result.recovery_s))
                 break
             if self._stopped():
                 break

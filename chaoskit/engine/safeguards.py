@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from chaoskit.engine.steady_state import Baselines, Sample, take_sample
+from chaoskit.engine.steady_state import Baselines, take_sample
 from chaoskit.experiment.models import Safeguard
+from chaoskit.model.enums import Phase, Verdict
+from chaoskit.model.events import Sample
 from chaoskit.probes import Probe
 
 LATENCY_METRICS = ("latency_ms", "duration_ms")  # what a probe answer's own lateness already decides
@@ -21,7 +23,7 @@ def latency_bound(guards: list[Safeguard]) -> tuple[float, str] | None:
 
 
 def tripped(guard: Safeguard, sample: Sample) -> str | None:
-    if sample.verdict == "error":
+    if sample.verdict is Verdict.ERROR:
         return f"{sample.probe}: probe error ({sample.error})" if guard.on_error == "abort" else None
     for rule in guard.rules():
         ok, why = rule.matches(sample.values)
@@ -30,7 +32,7 @@ def tripped(guard: Safeguard, sample: Sample) -> str | None:
     return None
 
 
-async def take_guarded(probe: Probe, phase: str, guards: list[Safeguard],
+async def take_guarded(probe: Probe, phase: Phase, guards: list[Safeguard],
                        baselines: Baselines | None = None) -> Sample | str:
     """A sample, or the trip reason of a safeguard latency rule (`latency_ms > 300`) whose threshold passed
     without an answer: the rule is decided then, not when the probe's timeout ends."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from chaoskit import errors
+from chaoskit.model.enums import RunVerdict
 
 
 class State(str, Enum):
@@ -151,14 +152,14 @@ class RunStatus:
         return self.state in TERMINAL
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> RunVerdict:
         if self.rollback_incomplete:
-            return "rollback_incomplete"
+            return RunVerdict.ROLLBACK_INCOMPLETE
         if self.state is State.DONE and self.dry_run:
-            return "planned"
+            return RunVerdict.PLANNED
         if self.state is State.DONE:
-            return "deviated" if self.deviated else "held"
-        return self.state.value
+            return RunVerdict.DEVIATED if self.deviated else RunVerdict.HELD
+        return RunVerdict(self.state.value) if self.terminal else RunVerdict.UNFINISHED
 
     def exit_code(self) -> int:
         if self.rollback_incomplete:

@@ -7,26 +7,12 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from chaoskit.model.enums import Phase, Verdict
+from chaoskit.model.events import Sample
 from chaoskit.model.tolerance import Tolerance
 from chaoskit.probes.base import Probe
-
-
-@dataclass
-class Sample:
-    probe: str
-    phase: str
-    t: float
-    verdict: str  # ok | fail | error
-    values: dict[str, Any] = field(default_factory=dict)
-    details: list[str] = field(default_factory=list)
-    error: str | None = None
-    duration_ms: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Baselines:
@@ -66,11 +52,11 @@ def _number(v: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
-def _judge(tol: Tolerance, value: Any, phase: str, probe: str, key: str,
+def _judge(tol: Tolerance, value: Any, phase: Phase, probe: str, key: str,
            baselines: Baselines | None) -> tuple[bool, str]:
     if not tol.relative:
         return tol.check(value)
-    if phase == "before":  # the baseline itself: comparing it with itself says nothing
+    if phase == Phase.BEFORE:  # the baseline itself: comparing it with itself says nothing
         num = _number(value)
         if num is None:
             return False, f"{value!r} is not a number: no baseline for '{tol}'"
@@ -82,7 +68,7 @@ def _judge(tol: Tolerance, value: Any, phase: str, probe: str, key: str,
     return tol.check(value, base)
 
 
-async def take_sample(probe: Probe, phase: str, baselines: Baselines | None = None,
+async def take_sample(probe: Probe, phase: Phase, baselines: Baselines | None = None,
                       measure: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> Sample:
     """Never raises (except cancellation): exceptions and timeouts become `error` samples. A before sample is
     recorded into `baselines`; later samples judge baseline tolerances against it. `measure` (default
@@ -102,10 +88,10 @@ async def take_sample(probe: Probe, phase: str, baselines: Baselines | None = No
         error = f"{type(e).__name__}: {e}".strip()
     else:
         error = None
-    if phase == "before" and baselines is not None:
+    if phase == Phase.BEFORE and baselines is not None:
         baselines.record(spec.name, None if error else values, error)
     if error is not None:
-        return Sample(spec.name, phase, t, "error", error=error, duration_ms=_ms(t0))
+        return Sample(t=t, probe=spec.name, phase=phase, verdict=Verdict.ERROR, error=error, duration_ms=_ms(t0))
     judged: list[tuple[bool, str]] = []
     for key, tol in spec.flat_expect().items():
         if key not in values:
@@ -116,7 +102,8 @@ async def take_sample(probe: Probe, phase: str, baselines: Baselines | None = No
     ok = all(passed for passed, _ in judged)
     details = [text for passed, text in judged if not passed] + [text for passed, text in judged if passed]
     kept = {k: (v[:200] if isinstance(v, str) else v) for k, v in values.items()}  # failing clauses first
-    return Sample(spec.name, phase, t, "ok" if ok else "fail", kept, details, duration_ms=_ms(t0))
+    return Sample(t=t, probe=spec.name, phase=phase, verdict=Verdict.OK if ok else Verdict.FAIL, values=kept,
+                  details=details, duration_ms=_ms(t0))
 
 
 def _ms(t0: float) -> float:

@@ -164,6 +164,28 @@ class Tolerance:
             return f"{self.op} {self.value:g}" if isinstance(self.value, float) else f"{self.op} {self.value}"
         return f"== {self.value!r}"
 
+    def to_json(self) -> dict[str, Any]:
+        """As the journal's `experiment` event holds it (from_json reads it back)."""
+        out: dict[str, Any] = {"kind": self.kind, "op": self.op, "text": str(self)}
+        if self.kind == "range":
+            out.update(low=self.low, high=self.high)
+        elif self.kind == "baseline":
+            out.update(expr=self.value.text, scale=self.value.scale, offset=self.value.offset)
+        elif self.kind in ("cmp", "eq") and isinstance(self.value, (int, float)) and not isinstance(self.value, bool):
+            out.update(value=float(self.value))
+        else:
+            out.update(value=str(self.value))
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Tolerance:
+        kind, op = str(data.get("kind", "eq")), str(data.get("op", "=="))
+        if kind == "range":
+            return cls("range", low=float(data["low"]), high=float(data["high"]))
+        if kind == "baseline":
+            return cls("baseline", op=op, value=parse_baseline(str(data["expr"])))
+        return cls(kind, op=op, value=data.get("value"))
+
     def check(self, actual: Any, baseline: float | None = None) -> tuple[bool, str]:
         """(ok, explanation). A baseline tolerance needs `baseline`: the value this key had in the before phase."""
         if self.kind == "regex":
@@ -250,6 +272,12 @@ class Rule:
 
     def __str__(self) -> str:
         return f"{self.metric} {self.tolerance}"
+
+    def to_json(self) -> dict[str, Any]:
+        """As the journal's `experiment` event holds a safeguard's rule."""
+        tol = self.tolerance
+        value = float(tol.value) if tol.kind == "cmp" and isinstance(tol.value, float) else None
+        return {"metric": self.metric, "op": tol.op, "value": value, "text": str(self)}
 
     def matches(self, measurements: dict[str, Any]) -> tuple[bool, str]:
         if self.metric not in measurements:

@@ -13,6 +13,7 @@ import pytest
 
 from chaoskit.engine.journal import read_journal
 from chaoskit.engine.plan import UNRESOLVED
+from chaoskit.model.events import Planned
 from tests.conftest import chaoskit, write
 
 M3 = """\
@@ -129,5 +130,5 @@ def test_the_dry_run_plans_the_processes_the_run_signals(tmp_path, state_dir, pa
                  state=state_dir)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, out + err
-    planned = [e for e in read_journal(tmp_path / "j.jsonl") if e["event"] == "plan"]
-    assert [line for step in planned[0]["steps"] for line in step["changes"]] == dry
+    planned = [e for e in read_journal(tmp_path / "j.jsonl") if isinstance(e, Planned)]
+    assert [line for step in planned[0].steps for line in step.changes] == dry

@@ -75,7 +75,7 @@ def test_an_apply_that_lands_after_the_rollback_is_reverted(tmp_path, sleeper, s
     journal = Journal(tmp_path / "journal.jsonl")
     run = runner_mod.Runner(exp, journal, runner_mod.RunOptions(use_watchdog=False))
     result = asyncio.run(run.execute())
-    events = [e["event"] for e in read_journal(tmp_path / "journal.jsonl")]
+    events = [e.event for e in read_journal(tmp_path / "journal.jsonl")]
     assert "late_apply_wait" in events and "late_apply_reverted" in events
     assert proc_state(sleeper.pid) in ("S", "R")  # stopped late, resumed by the late revert
     assert not result.status.rollback_incomplete

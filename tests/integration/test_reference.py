@@ -252,7 +252,7 @@ def _process_experiments() -> list[Path]:
         exp = load_experiment(f, strict=False).experiment
         ref = exp.target.reference
         engine = ref if isinstance(ref, str) or ref is None else ref.engine
-        specs = [s.inject.model_dump() for s in _inject_steps(exp.method)]
+        specs = [s.inject.model_dump() for _, s in _inject_steps(exp.method)]
         if engine in ("triton", None) and any({"pid", "child_of", "name"} & set(d) for d in specs):
             found.append(f)
     return found
@@ -297,7 +297,7 @@ def test_a_dry_run_plans_the_targets_its_run_plans(ref, tmp_path):
         finally:
             del os.environ["CHAOSKIT_REF_DIR"]
         _, plan, _ = plan_faults(loaded.experiment.method)
-        run = [line for step in plan for line in step["changes"]]
+        run = [line for step in plan for line in step.changes]
         assert _same_names(dry) == _same_names(run), (f, p.stderr)
         assert UNRESOLVED not in dry, (f, dry)
         compared.append(f.stem)

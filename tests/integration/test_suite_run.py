@@ -13,7 +13,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from chaoskit.engine.reports import EXIT_ORDER, phase_seconds, worst_exit
+from chaoskit.report.outputs import EXIT_ORDER, phase_seconds, worst_exit
 from tests.conftest import ROOT, chaoskit, proc_state
 
 HELD = """\
@@ -117,7 +117,7 @@ def test_suite_runs_in_order_with_one_summary(tmp_path, state_dir):
     # paths relative to the summary (a CI job summary has no runner paths), the suite's own index too
     assert "Report: `01-a-held/report.html`" in md and "Reports: `index.html`" in md and "`/" not in md
     # a phase's testcase lasts the phase (the state history), not the sum of its samples' durations
-    spans = phase_seconds(held["states"])
+    spans = phase_seconds([(s["state"], s["t"]) for s in held["states"]])
     times = {tc.get("name"): float(tc.get("time")) for tc in suites[0].iter("testcase")}
     assert spans["before"] > 0 and spans["after"] > 0
     assert times["before: ok"] == round(spans["before"], 3) and times["after: ok"] == round(spans["after"], 3)

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from chaoskit.engine.journal import read_journal
+from chaoskit.model.events import FaultReverted, TargetExited
 from tests.conftest import chaoskit, proc_state, wait_for
 
 EXPERIMENT = """\
@@ -74,13 +75,13 @@ def test_a_target_killed_during_the_fault_is_reported_once(tmp_path: Path, state
     assert run.returncode == 0, out + err  # information, not a status change: the run held
     assert proc_state(victim) == "Z" and proc_state(survivor) == "S"  # the survivor was resumed
     events = read_journal(out_dir / "journal.jsonl")
-    exits = [e for e in events if e["event"] == "target_exited"]
-    assert [(e["id"], e["pid"], e["comm"], e["zombie"]) for e in exits] == [(1, victim, "sleep", True)], exits
+    exits = [e for e in events if isinstance(e, TargetExited)]
+    assert [(e.id, e.pid, e.comm, e.zombie) for e in exits] == [(1, victim, "sleep", True)], exits
     text = f"PID {victim} sleep exited during the fault"
-    assert exits[0]["text"].startswith(text) and exits[0]["step"] == "stop-sleeps"
-    reverted = next(e["t"] for e in events if e["event"] == "fault_reverted")
+    assert exits[0].text.startswith(text) and exits[0].step == "stop-sleeps"
+    reverted = next(e.t for e in events if isinstance(e, FaultReverted))
     # seen while the fault was in effect (the run checks every 0.5 s), not only at its end
-    assert killed_at <= exits[0]["t"] < killed_at + 1.5 and exits[0]["t"] < reverted - 1.0, (killed_at, exits)
+    assert killed_at <= exits[0].t < killed_at + 1.5 and exits[0].t < reverted - 1.0, (killed_at, exits)
     assert f"fault #1 process.signal (stop-sleeps): {text}" in out  # the plain view (--ci)
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["verdict"] == "held" and summary["deviations"] == []

@@ -7,7 +7,9 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from chaoskit.engine.charts import (
+from chaoskit.model.events import from_json
+from chaoskit.model.tolerance import Tolerance, parse_tolerance
+from chaoskit.report.charts import (
     Layout,
     Line,
     Mark,
@@ -22,8 +24,8 @@ from chaoskit.engine.charts import (
     timeline_svg,
     value_domain,
 )
-from chaoskit.engine.report_data import family, holds, last_run, panels_for, run_view, thresholds
-from chaoskit.engine.reports import render_report
+from chaoskit.report.html import render
+from chaoskit.report.view import family, last_run, mark_state, panels_for, run_view, thresholds
 
 SVG = "{http://www.w3.org/2000/svg}"
 T0, T1 = 1000.0, 1030.0
@@ -136,12 +138,25 @@ def test_families_and_thresholds():
     assert family("ttft_p99_ms") == "ttft_percentiles (ms)"
     assert family("p99_ms[triton-0]") == family("p99_ms[triton-1]") == "p99_ms by group"
     assert family("error_rate") == "error_rate"
-    assert thresholds({"kind": "cmp", "op": "<", "value": 950.0}, None) == [(950.0, "< 950")]
-    base = {"kind": "baseline", "op": "<", "expr": "3x baseline", "scale": 3.0, "offset": 0.0}
+    assert thresholds(parse_tolerance("< 950"), None) == [(950.0, "< 950")]
+    base = Tolerance.from_json({"kind": "baseline", "op": "<", "expr": "3x baseline", "scale": 3.0, "offset": 0.0})
     assert thresholds(base, 120.5) == [(361.5, "< 3x baseline = 361.5")] and thresholds(base, None) == []
-    assert holds(base, 400, 120.5) is False and holds(base, 300, 120.5) is True
-    assert holds({"kind": "range", "low": 1, "high": 2}, 1.5, None) is True
-    assert holds({"kind": "regex", "op": "==", "value": "ok"}, 1.0, None) is None
+    assert thresholds(parse_tolerance("1..2"), None) == [(1.0, ">= 1"), (2.0, "<= 2")]
+    assert thresholds(parse_tolerance("~ ok"), None) == []
+
+
+def test_marks_are_judged_by_the_tolerance_not_by_the_sample_text():
+    def sample(verdict, **values):
+        return from_json({"t": 1.0, "event": "sample", "probe": "p", "phase": "during", "verdict": verdict,
+                          "values": values, "details": ["v: said to fail, but no word of it is read"]})
+
+    base = parse_tolerance("< 3x baseline")
+    assert mark_state(sample("fail", v=400), "v", base, 120.5) == "fail"
+    assert mark_state(sample("fail", v=300), "v", base, 120.5) == "ok"  # another key failed the sample
+    assert mark_state(sample("ok", v=1.5), "v", parse_tolerance("1..2"), None) == "ok"
+    assert mark_state(sample("fail", v="nope"), "v", parse_tolerance("~ ^ok$"), None) == "fail"
+    assert mark_state(sample("fail", v=3), "v", None, None) == "ok"  # no tolerance on it: nothing to fail
+    assert mark_state(sample("error"), "v", base, 120.5) == "error"
 
 
 def _journal():
@@ -172,8 +187,12 @@ def _journal():
              "deviations": ["sla deviated"], "recovery_s": 0.5}]
 
 
+def _events(lines):
+    return [from_json(line) for line in lines]
+
+
 def test_report_panels_from_journal_events():
-    view = run_view(_journal())
+    view = run_view(_events(_journal()))
     assert view.verdict == "deviated" and view.faults[0].reverted_at == T0 + 5.5
     main, extra = panels_for(view, "sla")
     titles = [p.title for p in main]
@@ -189,8 +208,9 @@ def test_report_panels_from_journal_events():
 
 
 def test_the_last_run_of_a_journal_written_twice():
-    events = _journal() + [dict(e, t=e["t"] + 100) for e in _journal()]
-    assert len(last_run(events)) == len(_journal()) and last_run(events)[0]["event"] == "experiment"
-    html_text = render_report(events)
-    assert html_text == render_report(last_run(events))
+    events = _events(_journal() + [dict(e, t=e["t"] + 100) for e in _journal()])
+    assert len(last_run(events)) == len(_journal()) and last_run(events)[0].event == "experiment"
+    html_text = render(run_view(events))
+    assert html_text == render(run_view(last_run(events)))
+    assert html_text != render(run_view(events[:len(_journal())]))  # the first run's times differ
     assert "fault-window" in html_text and "<script" not in html_text

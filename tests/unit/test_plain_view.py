@@ -7,6 +7,7 @@ import time
 
 from rich.console import Console
 
+from chaoskit.model.events import Sample
 from chaoskit.ui import PlainView
 
 
@@ -15,10 +16,8 @@ def test_a_slow_sample_printed_after_a_fast_one_is_not_stamped_earlier():
     view = PlainView(Console(file=buf, width=200))
     base = time.mktime((2026, 12, 3, 6, 17, 13, 0, 0, -1))
     # the slow probe started at :13.0 and answered after 1.5 s; the fast one started at :14.0, took 10 ms
-    view({"t": base + 1.0, "event": "sample", "probe": "fast", "phase": "during", "verdict": "ok",
-          "values": {"v": 1}, "details": [], "duration_ms": 10.0})
-    view({"t": base, "event": "sample", "probe": "slow", "phase": "during", "verdict": "ok",
-          "values": {"v": 2}, "details": [], "duration_ms": 1500.0})
+    view(Sample(t=base + 1.0, probe="fast", phase="during", verdict="ok", values={"v": 1}, duration_ms=10.0))
+    view(Sample(t=base, probe="slow", phase="during", verdict="ok", values={"v": 2}, duration_ms=1500.0))
     stamps = [line.split()[0] for line in buf.getvalue().splitlines()]
     assert stamps == ["06:17:14", "06:17:14"], buf.getvalue()
     assert "ok after 1500 ms" in buf.getvalue()

@@ -75,6 +75,7 @@ def test_the_method_ends_even_when_a_probe_swallows_the_cancel(tmp_path):
     from chaoskit.engine.journal import Journal, read_journal
     from chaoskit.engine.runner import Runner
     from chaoskit.experiment.loader import load_experiment
+    from chaoskit.model.events import Sample
 
     f = tmp_path / "e.yaml"
     f.write_text(EXPERIMENT)
@@ -89,4 +90,4 @@ def test_the_method_ends_even_when_a_probe_swallows_the_cancel(tmp_path):
     t.join(10)
     assert not t.is_alive(), "the method never ended: a sampler went on after its cancel"
     assert result == [None]
-    assert sum(e["event"] == "sample" for e in read_journal(tmp_path / "journal.jsonl")) >= 3
+    assert sum(isinstance(e, Sample) for e in read_journal(tmp_path / "journal.jsonl")) >= 3

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.engine.plan import UNRESOLVED, plan_faults
+from chaoskit.engine.plan import UNRESOLVED, deferred_paths, plan_faults
 from chaoskit.errors import SpecError
 from chaoskit.experiment.loader import load_experiment
 from chaoskit.experiment.models import Reference
@@ -58,10 +58,10 @@ def test_when_lays_the_fix_over_the_deployment(tmp_path, fix, health, params):
 
 def test_own_deployment_defers_its_facts_and_the_dry_run_plans_them_later(tmp_path):
     loaded = load_experiment(write(tmp_path, OWN), strict=True)  # strict, yet no deployment needed yet
-    first, second = loaded.experiment.method
-    assert loaded.deferred_steps() == {id(first)}
-    _, plan, problems = plan_faults(loaded.experiment.method, frozenset(loaded.deferred_steps()))
-    assert plan[0]["changes"] == [UNRESOLVED] and plan[1]["changes"] != [UNRESOLVED] and not problems
+    assert deferred_paths(loaded.deferred) == {"method[0]"}
+    _, plan, problems = plan_faults(loaded.experiment.method, deferred_paths(loaded.deferred))
+    assert [p.path for p in plan] == ["method[0]", "method[1]"]
+    assert plan[0].changes == [UNRESOLVED] and plan[1].changes != [UNRESOLVED] and not problems
 
 
 def test_deployed_facts_are_substituted_including_a_neighbours(tmp_path):
@@ -105,9 +105,9 @@ FALLBACK = "target: {url: http://127.0.0.1:1}\n" + PROBE + """method:
 def test_the_first_fallback_this_host_can_apply_runs_and_the_plan_says_why(tmp_path):
     exp = load_experiment(write(tmp_path, FALLBACK)).experiment
     injectors, plan, problems = plan_faults(exp.method)
-    assert not problems and injectors[id(exp.method[0])].spec.size == "1MiB"
-    assert plan[0]["variant"] == "host.memory_pressure" and len(plan[0]["passed_over"]) == 2
-    assert plan[0]["changes"][0].startswith("variant host.memory_pressure: host.memory_pressure cannot run here")
+    assert not problems and injectors["method[0]"].spec.size == "1MiB"
+    assert plan[0].variant == "host.memory_pressure" and len(plan[0].passed_over) == 2
+    assert plan[0].changes[0].startswith("variant host.memory_pressure: host.memory_pressure cannot run here")
 
 
 def test_when_no_variant_can_run_every_reason_is_a_preflight_problem(tmp_path):
@@ -121,3 +121,20 @@ def test_fallback_only_on_an_inject_step(tmp_path):
     load_experiment(write(tmp_path, body))  # an empty list is no fallback
     with pytest.raises(SpecError, match="only apply to an 'inject' step"):
         load_experiment(write(tmp_path, body.replace("fallback: []", "fallback: [{type: host.memory_pressure, size: 1MiB}]")))
+
+
+def test_step_paths_name_a_step_by_its_place_in_the_method(tmp_path):
+    from chaoskit.engine.plan import inject_steps
+
+    fields = {("method", 2, "parallel", 1, "inject", "pid"), ("method", 0, "inject", "url"),
+              ("steadyState", "probes", 0, "url"), ("method", 3, "parallel", 0, "parallel", 2, "inject", "x")}
+    assert deferred_paths(fields) == {"method[0]", "method[2].parallel[1]", "method[3].parallel[0].parallel[2]"}
+    body = "target: {url: http://127.0.0.1:1}\n" + PROBE + """method:
+  - pause: 1s
+  - {inject: {type: host.memory_pressure, size: 1MiB}, duration: 1s}
+  - parallel:
+      - pause: 1s
+      - {inject: {type: host.memory_pressure, size: 1MiB}, duration: 1s}
+"""
+    exp = load_experiment(write(tmp_path, body)).experiment
+    assert [path for path, _ in inject_steps(exp.method)] == ["method[1]", "method[2].parallel[1]"]

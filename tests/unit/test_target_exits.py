@@ -8,8 +8,9 @@ import subprocess
 
 from rich.console import Console
 
-from chaoskit.engine.target_exits import ExitWatch, TargetExit
+from chaoskit.engine.target_exits import ExitWatch
 from chaoskit.injectors.process import ProcessSignal, ProcessSignalSpec
+from chaoskit.model.events import FaultApplied, TargetExited, from_json
 from chaoskit.targets.process import proc_ref
 from chaoskit.ui import LiveView, PlainView
 
@@ -24,10 +25,10 @@ def test_an_exit_is_reported_once_and_only_for_the_process_that_exited() -> None
         procs[0].kill()
         procs[0].wait()  # reaped: gone, not a zombie
         exits = watch.check()
-        assert [(e.fault_id, e.pid, e.comm, e.zombie) for e in exits] == [(7, procs[0].pid, "sleep", False)]
-        assert exits[0].text() == f"PID {procs[0].pid} sleep exited during the fault"
+        assert [(e.id, e.pid, e.comm, e.zombie) for e in exits] == [(7, procs[0].pid, "sleep", False)]
+        assert exits[0].text == f"PID {procs[0].pid} sleep exited during the fault"
         assert watch.check() == [] and watch.stop(7) == []  # once
-        assert TargetExit.from_event({**exits[0].to_event(), "t": 1.0}) == exits[0]
+        assert from_json(exits[0].to_json()) == exits[0]
     finally:
         for p in procs:
             p.kill()
@@ -51,10 +52,13 @@ EVENT = {"t": 1.0, "event": "target_exited", "id": 1, "step": "stop-stub", "type
 def test_the_views_show_the_exit() -> None:
     line = "fault #1 process.signal (stop-stub): PID 29566 triton_python_backend_stub exited during the fault"
     plain = Console(file=io.StringIO(), width=300)
-    PlainView(plain)(EVENT)
+    event = from_json(EVENT)
+    assert isinstance(event, TargetExited) and event.to_json() == EVENT
+    PlainView(plain)(event)
     assert line in plain.file.getvalue()
     live_console = Console(file=io.StringIO(), width=300, record=True)
     live = LiveView(live_console, "x")
-    live(EVENT)
+    live(FaultApplied(t=0.5, id=1, step="stop-stub", type="process.signal", applied_at=0.5))
+    live(event)
     live_console.print(live._render())
     assert line in live_console.export_text()

@@ -11,10 +11,11 @@ from typing import Any
 
 import yaml
 
-from chaoskit.engine.charts import Layout, timeline_svg
-from chaoskit.engine.report_data import (
-    Fault,
+from chaoskit.model.faults import AppliedFault
+from chaoskit.report.charts import Layout, timeline_svg
+from chaoskit.report.view import (
     RunView,
+    SuiteRow,
     fault_windows,
     moments,
     panels_for,
@@ -138,7 +139,7 @@ def _faults(view: RunView) -> str:
     rows = []
     for f in view.faults:
         held = (f.reverted_at or view.ended) - f.applied_at if f.applied_at else None
-        plan = next((p for p in view.plan if p.get("step") == f.step), {})
+        plan = next((p for p in view.plan if p.step == f.step), None)
         rows.append(
             f"<tr class='{'fail' if f.revert_error else ''}'><td>#{f.id}</td><td>{escape(f.step)}</td>"
             f"<td>{escape(f.type)}</td><td>{_t(view, f.applied_at)}</td><td>{_t(view, f.reverted_at)}"
@@ -147,22 +148,22 @@ def _faults(view: RunView) -> str:
             f"<td class='exits'>{_exits(view, f)}</td>"
             f"<td class='obs'>{_json(f.observed.get('applied'))}</td>"
             f"<td class='obs'>{_json(f.observed.get('before_revert'))}</td>"
-            f"<td>{'<br>'.join(escape(c) for c in plan.get('changes', []))}</td></tr>")
+            f"<td>{'<br>'.join(escape(c) for c in (plan.changes if plan else []))}</td></tr>")
     applied = {f.step for f in view.faults}
     for p in view.plan:
-        if p.get("step") not in applied:
-            rows.append(f"<tr><td>—</td><td>{escape(p.get('step', ''))}</td><td>{escape(p.get('type', ''))}</td>"
+        if p.step not in applied:
+            rows.append(f"<tr><td>—</td><td>{escape(p.step)}</td><td>{escape(p.type)}</td>"
                         "<td colspan='7'>not applied</td>"
-                        f"<td>{'<br>'.join(escape(c) for c in p.get('changes', []))}</td></tr>")
+                        f"<td>{'<br>'.join(escape(c) for c in p.changes)}</td></tr>")
     return ("<h2>Faults</h2><table class='faults'><tr><th>#</th><th>step</th><th>type</th><th>applied</th>"
             "<th>reverted</th><th>in effect</th><th>apply ms</th><th>targets that exited</th>"
             "<th>observe() after apply</th>"
             "<th>observe() before revert</th><th>plan</th></tr>" + "".join(rows) + "</table>")
 
 
-def _exits(view: RunView, f: Fault) -> str:
+def _exits(view: RunView, f: AppliedFault) -> str:
     """The fault's target processes that exited while it was in effect, each with when it was seen gone."""
-    return "<br>".join(f"<b>{escape(e.text())}</b>, seen {_t(view, e.seen_at)}" for e in f.exits) or "—"
+    return "<br>".join(f"<b>{escape(e.text)}</b>, seen {_t(view, e.seen_at)}" for e in f.exits) or "—"
 
 
 def _states(view: RunView) -> str:
@@ -205,19 +206,19 @@ def _experiment(view: RunView) -> str:
             f"<code>{escape(variables)}</code></p><pre class='experiment'>{escape(text)}</pre>")
 
 
-def render_index(title: str, rows: list[dict[str, Any]], base: Path) -> str:
+def render_index(title: str, rows: list[SuiteRow], base: Path) -> str:
     """The suite's index: one row per experiment with its verdict and a link to its report."""
     out = []
     for r in rows:
-        colour = VERDICT_COLOUR.get(r["verdict"], "#c62828")
-        link = r.get("report")
+        colour = VERDICT_COLOUR.get(r.verdict, "#c62828")
+        link = r.report
         href = escape(Path(link).resolve().relative_to(base.resolve()).as_posix()
                       if link and Path(link).resolve().is_relative_to(base.resolve()) else (link or ""))
-        name = f"<a href='{href}'>{escape(r['experiment'])}</a>" if link else escape(r["experiment"])
-        out.append(f"<tr><td>{name}</td><td><code>{escape(r['file'])}</code></td><td><span class='v' "
-                   f"style='background:{colour}'>{escape(r['verdict'])}</span></td><td>{r['exit_code']}</td>"
-                   f"<td>{r.get('duration_s', 0):.1f}s</td><td>{escape('; '.join(r.get('deviations') or []) or r.get('reason', ''))}"
-                   "</td></tr>")
+        name = f"<a href='{href}'>{escape(r.experiment)}</a>" if link else escape(r.experiment)
+        out.append(f"<tr><td>{name}</td><td><code>{escape(r.file)}</code></td><td><span class='v' "
+                   f"style='background:{colour}'>{escape(r.verdict)}</span></td>"
+                   f"<td>{'-' if r.exit_code is None else r.exit_code}</td>"
+                   f"<td>{r.duration_s:.1f}s</td><td>{escape(r.why())}</td></tr>")
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
             f"<style>{CSS}</style></head><body><h1>{escape(title)}</h1><table class='suite'><tr><th>experiment</th>"
             "<th>file</th><th>verdict</th><th>exit</th><th>duration</th><th>why</th></tr>" + "".join(out)

@@ -3,9 +3,7 @@ the HTML report) or a suite (one row per experiment)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from chaoskit.engine.report_data import RunView, phase_table
+from chaoskit.report.view import RunView, SuiteRow, phase_table
 
 ICON = {"held": "✅", "deviated": "❌", "planned": "📝"}
 
@@ -54,7 +52,7 @@ def render(view: RunView, report_path: str | None = None) -> str:
                                                 else "")
             lines.append(f"| #{f.id} {_cell(f.step)} | `{f.type}` | {_rel(view, f.applied_at)} | {rev} |")
         lines.append("")
-        exits = [f"- fault #{f.id} {_cell(f.step)}: {_cell(e.text())}, seen {_rel(view, e.seen_at)}"
+        exits = [f"- fault #{f.id} {_cell(f.step)}: {_cell(e.text)}, seen {_rel(view, e.seen_at)}"
                  for f in view.faults for e in f.exits]
         lines += [*exits, ""] if exits else []
     if report_path:
@@ -68,14 +66,13 @@ def report_line(path: str) -> str:
     return f"Report: `{path}`"
 
 
-def render_suite(title: str, rows: list[dict[str, Any]], code: int, index: str | None = None) -> str:
+def render_suite(title: str, rows: list[SuiteRow], code: int, index: str | None = None) -> str:
     worst = "✅" if code == 0 else "❌"
     lines = [f"### {worst} {title}: exit {code}", "", "| experiment | verdict | exit | duration | why |",
              "|---|---|---|---|---|"]
     for r in rows:
-        why = "; ".join(r.get("deviations") or []) or r.get("reason", "")
-        lines.append(f"| {_cell(r['experiment'])} | {ICON.get(r['verdict'], '⛔')} {r['verdict']} | {r['exit_code']} "
-                     f"| {r.get('duration_s', 0):.1f}s | {_cell(why)[:300]} |")
+        lines.append(f"| {_cell(r.experiment)} | {ICON.get(r.verdict, '⛔')} {r.verdict} "
+                     f"| {'-' if r.exit_code is None else r.exit_code} | {r.duration_s:.1f}s | {_cell(r.why())[:300]} |")
     lines.append("")
     if index:
         lines += [f"Reports: `{index}`", ""]
