@@ -6,8 +6,10 @@ and a reference page render (their H1 in the DOM), no console error, and no requ
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -57,6 +59,18 @@ def test_every_page_is_in_the_nav_and_built(site):
         assert (site / page.replace(".md", ".html")).is_file(), page
     text = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
     assert "../shared" not in text and "../shared" not in (ROOT / "README.md").read_text()
+
+
+def test_contributing_md_is_in_the_site(site):
+    """docs/contributing.md includes the repository's CONTRIBUTING.md (a snippet) once it exists."""
+    built = (site / "contributing.html").read_text()
+    assert "make docs" in built
+    src = ROOT / "CONTRIBUTING.md"
+    if src.is_file():
+        heading = next((line.lstrip("#").strip() for line in src.read_text().splitlines() if line.startswith("#")), "")
+        heading = re.sub(r"[`*_]", "", heading)
+        text = html.unescape(re.sub(r"<[^>]+>", "", built))
+        assert heading and heading in text, f"CONTRIBUTING.md's heading {heading!r} is not in the built page"
 
 
 def test_the_site_fetches_nothing_from_the_internet(site):

@@ -73,3 +73,22 @@ def test_the_readme_is_a_quickstart_and_nothing_links_outside():
     for page in PAGES:  # relative links point at files that exist
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.relative_to(ROOT)}: broken link {target}"
+
+
+def test_each_generated_reference_page_has_a_checked_example():
+    """docs/reference/ (scripts/gen_reference.py) gives every injector and probe one example; each is among the
+    blocks validated above, so an example the generator wrote that no longer loads fails here too."""
+    from chaoskit.injectors import INJECTORS
+    from chaoskit.probes import PROBES
+
+    checked = {where.rsplit(":", 1)[0] for where, _ in BLOCKS}
+    for kind, classes in (("injectors", INJECTORS), ("probes", PROBES)):
+        for cls in classes:
+            assert f"docs/reference/{kind}/{cls.type}.md" in checked, f"{kind}/{cls.type}: no example (make docs)"
+
+
+def test_the_readme_points_into_the_site():
+    readme = (ROOT / "README.md").read_text()
+    assert "make docs" in readme
+    for page in ("docs/getting-started.md", "docs/reference/index.md", "docs/sits2026/story.md"):
+        assert f"]({page})" in readme, page
