@@ -223,7 +223,7 @@ def model_table(schema: dict[str, Any], types: Types, page_defs: set[str], skip:
     for name, prop in props.items():
         if name in skip:
             continue
-        default = "required" if name in required else (code(prop["default"]) if "default" in prop else "")
+        default = "required" if name in required else (code(prop["default"]) if "default" in prop else "optional")
         desc = prop.get("description", "")
         if not desc and "$ref" in prop:
             desc = ""
