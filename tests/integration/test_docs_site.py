@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import importlib.util
 import json
 import os
 import re
@@ -71,6 +72,21 @@ def test_contributing_md_is_in_the_site(site):
         heading = re.sub(r"[`*_]", "", heading)
         text = html.unescape(re.sub(r"<[^>]+>", "", built))
         assert heading and heading in text, f"CONTRIBUTING.md's heading {heading!r} is not in the built page"
+
+
+def test_contributing_links_are_made_safe():
+    """The hook that shows CONTRIBUTING.md: a link into docs/ becomes a site link, a link to another repository
+    file becomes its path, web links and code blocks stay, headings go one level down."""
+    spec = importlib.util.spec_from_file_location("contributing_hook", ROOT / "docs" / "hooks" / "contributing.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    text = ("# Contributing\n\nRead [the CLI](docs/details/cli.md#exit-codes), [tests](tests/unit/x.py), "
+            "[`Makefile`](Makefile), [web](https://example.org/a) and ![pic](docs/img/report.png).\n"
+            "```sh\n# a comment, not a heading: [x](tests/y.py)\n```\n## Tests\n")
+    assert hook._rewrite(text, ROOT / "docs") == (
+        "## Contributing\n\nRead [the CLI](details/cli.md#exit-codes), tests (`tests/unit/x.py`), `Makefile`, "
+        "[web](https://example.org/a) and ![pic](img/report.png).\n"
+        "```sh\n# a comment, not a heading: [x](tests/y.py)\n```\n### Tests\n")
 
 
 def test_the_site_fetches_nothing_from_the_internet(site):
