@@ -92,3 +92,11 @@ def test_the_readme_points_into_the_site():
     assert "make docs" in readme
     for page in ("docs/getting-started.md", "docs/reference/index.md", "docs/sits2026/story.md"):
         assert f"]({page})" in readme, page
+
+
+def test_every_sits2026_scenario_is_in_the_scenario_library_page():
+    from chaoskit.paths import library
+
+    page = (ROOT / "docs" / "sits2026" / "scenarios.md").read_text()
+    names = sorted(f.stem for f in (library("experiments") / "sits2026").glob("*.yaml"))
+    assert names and [n for n in names if f"`{n}`" not in page] == []
