@@ -359,7 +359,7 @@ def probe_page(cls: Any, types: Types) -> str:
     if nested := nested_tables(schema, types, page_defs):
         parts += ["\n## Nested fields\n\n", nested]
     parts.append("\nSee also: [all probes](../index.md#probes), [what the probes measure and how]"
-                 "(../../details/probes.md), [the experiment file](../../details/experiment-file.md).\n")
+                 "(../../probes.md), [the experiment file](../../details/experiment-file.md).\n")
     return "".join(parts)
 
 
@@ -469,7 +469,7 @@ def exit_codes_page() -> str:
             + "\n".join(f"{i}. {c} (`{names.get(c, '?')}`)" for i, c in enumerate(order, 1)) + "\n\n"
             "## Errors and their codes\n\nAn error chaoskit reports as one message (never a traceback) carries its "
             "exit code:\n\n| exception | exit code | when |\n|---|---|---|\n" + "\n".join(exc_rows) + "\n\n"
-            "In CI: [a CI gate](../how-to/ci-gate.md) fails the job on any code but 0.\n")
+            "In CI: [a CI gate](../ci.md) fails the job on any code but 0.\n")
 
 
 def run_states_page() -> str:
