@@ -22,6 +22,7 @@ tests/unit/test_docs_reference.py regenerates the pages and fails when the commi
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import inspect
 import json
@@ -320,7 +321,7 @@ def injector_page(cls: Any, types: Types) -> str:
               f"`type: {cls.type}` and:\n\n", fields, "\n## Example\n\n",
               "A method step with this fault, 30 s long (validated against the model by the generator, and as a "
               "whole experiment by tests/unit/test_docs_examples.py):\n\n",
-              yaml_block([{"name": "example", "inject": example, "duration": "30s"}])]
+              yaml_block([{"name": "example", "inject": example, "duration": "30s"}]), used_by(cls.type, "faults")]
     if nested := nested_tables(schema, types, page_defs):
         parts += ["\n## Nested fields\n\n", nested]
     parts.append("\nSee also: [all injectors](../index.md#injectors), [how faults are applied and reverted]"
@@ -355,7 +356,7 @@ def probe_page(cls: Any, types: Types) -> str:
             parts.append(f"\nAlso keys matching {code(p)}.\n")
     parts += ["\n## Example\n\n", "One entry of `steadyState.probes` (validated against the model by the "
               "generator, and as a whole experiment by tests/unit/test_docs_examples.py):\n\n",
-              yaml_block([example])]
+              yaml_block([example]), used_by(cls.type, "probes")]
     if nested := nested_tables(schema, types, page_defs):
         parts += ["\n## Nested fields\n\n", nested]
     parts.append("\nSee also: [all probes](../index.md#probes), [what the probes measure and how]"
@@ -502,8 +503,10 @@ def _event_comment(event: Any) -> str:
     return ""
 
 
-def experiments_page() -> str:
-    """The bundled experiments (chaoskit/library/experiments/), from the files themselves."""
+@functools.cache
+def bundled_experiments() -> list[dict[str, Any]]:
+    """The bundled experiments (chaoskit/library/experiments/), read from the files: name, description, the
+    fault types of the method, the probe types of the steady state, the reference deployment declared."""
     from chaoskit.paths import library
 
     base = library("experiments")
@@ -519,24 +522,43 @@ def experiments_page() -> str:
                 out += faults(step.get("parallel"))
         return out
 
-    sections: dict[str, list[str]] = {}
-    for f in sorted(base.rglob("*.y*ml")):
+    found = []
+    for f in sorted(base.rglob("*")):
         if f.suffix not in (".yaml", ".yml") or "data" in f.relative_to(base).parts:
             continue
         doc = yaml.safe_load(f.read_text())
         if not isinstance(doc, dict) or doc.get("kind") != "Experiment":
             continue
-        rel = f.relative_to(base).with_suffix("").as_posix()
-        meta = doc.get("metadata") or {}
         probes = [p.get("type") or f"include {p.get('include')}" for p in (doc.get("steadyState") or {}).get("probes", [])
                   if isinstance(p, dict)]
         target = doc.get("target") or {}
         ref = target.get("reference") if isinstance(target, dict) else None
-        deployment = (", ".join(f"{k}: {v}" for k, v in sorted(ref.items()) if k in ("engine", "replicas"))
-                      if isinstance(ref, dict) else (str(ref) if ref else ""))
-        sections.setdefault(rel.split("/")[0], []).append(
-            f"| `{rel}` | {cell(meta.get('description', ''))} | {', '.join(f'`{x}`' for x in dict.fromkeys(faults(doc.get('method'))))} "
-            f"| {', '.join(f'`{x}`' for x in dict.fromkeys(probes))} | {cell(deployment)} |")
+        found.append({
+            "name": f.relative_to(base).with_suffix("").as_posix(),
+            "description": (doc.get("metadata") or {}).get("description", ""),
+            "faults": list(dict.fromkeys(faults(doc.get("method")))),
+            "probes": list(dict.fromkeys(probes)),
+            "deployment": (", ".join(f"{k}: {v}" for k, v in sorted(ref.items()) if k in ("engine", "replicas"))
+                           if isinstance(ref, dict) else (str(ref) if ref else "")),
+        })
+    return found
+
+
+def used_by(type_name: str, key: str) -> str:
+    """A sentence naming the bundled experiments whose method (key "faults") or probes use this type."""
+    names = [e["name"] for e in bundled_experiments() if type_name in e[key]]
+    if not names:
+        return ""
+    return ("\nUsed by the bundled experiments " + ", ".join(f"`{n}`" for n in names)
+            + " ([all of them](../experiments.md)): `chaoskit run NAME --dry-run` shows the plan.\n")
+
+
+def experiments_page() -> str:
+    sections: dict[str, list[str]] = {}
+    for e in bundled_experiments():
+        sections.setdefault(e["name"].split("/")[0], []).append(
+            f"| `{e['name']}` | {cell(e['description'])} | {', '.join(f'`{x}`' for x in e['faults'])} "
+            f"| {', '.join(f'`{x}`' for x in e['probes'])} | {cell(e['deployment'])} |")
     parts = [HEADER, "# Bundled experiments\n\nEvery experiment the package carries "
              "(`chaoskit/library/experiments/`), from the files themselves. Run one by name from any directory: "
              "`chaoskit run NAME`; a directory name runs it as a suite (`chaoskit run sits2026`). Each file's "
