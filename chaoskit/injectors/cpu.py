@@ -209,6 +209,7 @@ class CpuStressSpec(StrictModel):
 
 class CpuStress(helper_proc.HelperFault):
     type: ClassVar[str] = "host.cpu_stress"
+    helper: ClassVar[str | None] = "chaoskit.injectors.cpu_stress_proc"
     summary: ClassVar[str] = "keep N worker processes busy on the host's CPUs (revert: they exit)"
     Spec = CpuStressSpec
     spec: CpuStressSpec
@@ -235,7 +236,7 @@ class CpuStress(helper_proc.HelperFault):
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         until = time.time() + self.ctx.lifetime_s
         # the helper's PR_SET_PDEATHSIG fires when the spawning *thread* ends (see gpu.py)
-        holder = helper_proc.spawn("chaoskit.injectors.cpu_stress_proc", record["token"],
+        holder = helper_proc.spawn(self.helper, record["token"],
                                    [str(record["workers"]), repr(record["load"]), str(record["nice"]),
                                     f"{until:.3f}", str(os.getpid())],
                                    f"CPU stress helper with {record['workers']} workers")

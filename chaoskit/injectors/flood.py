@@ -46,6 +46,7 @@ class FloodSpec(StrictModel):
 
 class Flood(helper_proc.HelperFault):
     type: ClassVar[str] = "load.flood"
+    helper: ClassVar[str | None] = "chaoskit.injectors.flood_proc"
     summary: ClassVar[str] = "send an open-loop request flood from a helper process (revert: it stops)"
     Spec = FloodSpec
     spec: FloodSpec
@@ -67,7 +68,7 @@ class Flood(helper_proc.HelperFault):
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         spec = self.load_spec(self.ctx.lifetime_s)
-        ref = helper_proc.spawn("chaoskit.injectors.flood_proc", record["token"],
+        ref = helper_proc.spawn(self.helper, record["token"],
                                 [spec.model_dump_json(), f"{time.time() + self.ctx.lifetime_s:.3f}"],
                                 f"load flood to {spec.url}")
         return {**record, "helper": ref.to_json(), "load": json.loads(spec.model_dump_json())}

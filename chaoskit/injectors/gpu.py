@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -98,12 +97,15 @@ class GpuMemoryPressureSpec(StrictModel):
         return {"kind": kind, "value": value, "hold": self.hold, "ramp_s": self.ramp}
 
 
+HOLDER = "chaoskit.injectors.gpu_holder"  # the helper process: holds the memory (or probes the device)
+
+
 def probe_device(device: int | str) -> dict[str, Any]:
     """The device's name, UUID, total and free bytes, read by a holder-to-be in a fresh process (same env)."""
-    env = {**os.environ, **visible_devices_env(device)}
     try:
-        out = subprocess.run([sys.executable, "-m", "chaoskit.injectors.gpu_holder", "probe"], env=env,
-                             capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        out = subprocess.run([*helper_proc.command(HOLDER), "probe"],
+                             env=helper_proc.env(visible_devices_env(device)), capture_output=True, text=True,
+                             timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise PreflightError(f"gpu.memory_pressure: device {device}: the CUDA driver did not answer within "
                              f"{PROBE_TIMEOUT_S:g}s") from None
@@ -118,7 +120,7 @@ class GpuMemoryPressure(helper_proc.HelperFault):
     target_field: ClassVar[str | None] = "kubernetes"
     node_helper: ClassVar[NodeHelper] = NodeHelper(  # the container's GPUs: read from its init's environment and /dev
         capabilities=("SYS_PTRACE",), gpu=True)
-    helper: ClassVar[str | None] = "chaoskit.injectors.gpu_holder"
+    helper: ClassVar[str | None] = HOLDER
     type: ClassVar[str] = "gpu.memory_pressure"
     summary: ClassVar[str] = ("take GPU memory with real CUDA allocations: bytes/percent/leave_free, held "
                               "steady, ramped or fragmented (revert: the holder frees and exits)")
@@ -213,10 +215,10 @@ class GpuMemoryPressure(helper_proc.HelperFault):
         config = {k: record[k] for k in ("target", "fragment", "status", "journal")}
         # the holder's PR_SET_PDEATHSIG fires when the spawning *thread* ends; the engine's apply threads live
         # until the run's event loop closes, which is after rollback
-        ref = helper_proc.spawn("chaoskit.injectors.gpu_holder", record["token"],
+        ref = helper_proc.spawn(self.helper, record["token"],
                                 [json.dumps(config), f"{until:.3f}", str(os.getpid())],
                                 f"GPU memory holder on device {record['device']}",
-                                env=visible_devices_env(record["device"]))
+                                extra_env=visible_devices_env(record["device"]))
         return {**record, "holder": ref.to_json()}
 
     @classmethod

@@ -2,33 +2,55 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import select
 import signal
+import site
 import subprocess
 import sys
 import time
 from typing import Any, ClassVar
 
 from chaoskit.injectors.base import Injector
-from chaoskit.targets.process import ProcessRef, cmdline, find_by_token, is_alive
+from chaoskit.targets.process import ProcessRef, cmdline, find_by_token, is_alive, proc_ref
 
 
-def spawn(module: str, token: str, args: list[str], what: str, env: dict[str, str] | None = None) -> ProcessRef:
-    """Run `python -m module token *args` in its own session (extra `env` on top of ours); wait for `ready`.
-    A `module` ending in .py is run as a file instead (`python -P FILE`: for a standard-library-only helper that
-    must start in milliseconds, without importing chaoskit's injectors)."""
-    runner = ["-P", module] if module.endswith(".py") else ["-m", module]
-    proc = subprocess.Popen([sys.executable, *runner, token, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True, text=True,
-                            env={**os.environ, **env} if env else None)
+def command(module: str) -> list[str]:
+    """How a helper module is run: as its file, without site (`python -S -P FILE`; env() gives it the import path
+    site would have made), so only what it imports itself is imported: not the packages above it, as `python -m`
+    would, nor the site hooks, and nothing beside the file shadows the standard library."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin:
+        raise RuntimeError(f"helper module {module} not found")
+    return [sys.executable, "-S", "-P", spec.origin]
+
+
+def env(extra: dict[str, str] | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment (`base`, default ours) for a helper run by command(), `extra` on top: PYTHONPATH names
+    where chaoskit and site-packages are."""
+    from chaoskit.paths import package_parent
+
+    base = os.environ if base is None else base
+    paths = [str(package_parent()), *site.getsitepackages(), base.get("PYTHONPATH", "")]
+    return {**base, "PYTHONPATH": os.pathsep.join(p for p in paths if p), **(extra or {})}
+
+
+def spawn(module: str | None, token: str, args: list[str], what: str, extra_env: dict[str, str] | None = None
+          ) -> ProcessRef:
+    """Run the helper `module` (an injector's `helper`) with `token *args` in its own session (`extra_env` on top
+    of env()); wait for it to print `ready`."""
+    if module is None:
+        raise TypeError(f"{what}: the fault declares no helper module")
+    proc = subprocess.Popen([*command(module), token, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True, text=True, env=env(extra_env))
     line = proc.stdout.readline() if proc.stdout else ""
     if line.strip() != "ready":
         proc.kill()
         _, err = proc.communicate()
         raise RuntimeError(f"{what} failed to start (exit {proc.returncode}): {err.strip()[-500:]}")
-    refs = [r for r in find_by_token(token) if r.pid == proc.pid]
-    return refs[0] if refs else ProcessRef(proc.pid, 0)
+    ref = proc_ref(proc.pid) if token in cmdline(proc.pid) else None  # its own /proc entry, not a scan of all
+    return ref if ref is not None else ProcessRef(proc.pid, 0)
 
 
 def marked(token: str | None, ref: dict[str, Any] | None) -> list[ProcessRef]:

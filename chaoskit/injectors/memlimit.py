@@ -3,15 +3,12 @@ v1 memory.limit_in_bytes), optionally with a holder process inside it that takes
 kernel's OOM killer never picks (oom_score_adj -1000): when the cgroup runs out, a target is OOM-killed.
 Revert: the holder stops, surviving targets go back to their previous cgroups, the cgroup is removed.
 
-Run as `python -m chaoskit.injectors.memlimit TOKEN CGROUP BYTES UNTIL PARENT_PID` it is that holder: it joins
-CGROUP, protects itself from the OOM killer and runs chaoskit.injectors.memory_holder."""
+The holder is chaoskit.injectors.memlimit_proc (it joins the cgroup, protects itself from the OOM killer and
+becomes chaoskit.injectors.memory_holder)."""
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors import helper_proc, memory_holder
+from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import CGROUP_HELPER, NODE_EXECUTORS, FaultContext, Injector, NodeHelper
 from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
 from chaoskit.injectors.process import CgroupTargets, check_cgroup_target, check_targets, descendants
@@ -30,8 +27,6 @@ from chaoskit.targets.process import ProcessRef, is_alive
 from chaoskit.units import format_size, parse_size
 
 RMDIR_WAIT_S = 10.0  # a memory cgroup whose task was just OOM-killed stays busy for a moment
-HOLDER_OOM_SCORE_ADJ = -1000  # never the OOM killer's pick (OOM_SCORE_ADJ_MIN)
-PR_SET_PDEATHSIG = 1
 
 
 def parse_bytes(value: object) -> int:
@@ -83,6 +78,7 @@ class MemoryLimitSpec(CgroupTargets):
 
 
 class MemoryLimit(Injector):
+    helper: ClassVar[str | None] = "chaoskit.injectors.memlimit_proc"
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"
     node_helper: ClassVar[NodeHelper] = CGROUP_HELPER
@@ -223,10 +219,9 @@ class MemoryLimit(Injector):
         if pressure:
             until = time.time() + self.ctx.lifetime_s
             # the holder's PR_SET_PDEATHSIG fires when the spawning *thread* ends (see gpu.py)
-            holder = helper_proc.spawn(__name__, record["token"], [str(cg), str(pressure), f"{until:.3f}",
-                                                                   str(os.getpid())],
-                                       f"memory holder for {format_size(pressure)} in {cg}",
-                                       env={"PYTHONWARNINGS": "ignore::RuntimeWarning"})  # runpy: imported first
+            holder = helper_proc.spawn(self.helper, record["token"], [str(cg), str(pressure), f"{until:.3f}",
+                                                                      str(os.getpid())],
+                                       f"memory holder for {format_size(pressure)} in {cg}")
             out["holder"] = holder.to_json()
             out["holder_oom_score_adj"] = _oom_score_adj(holder.pid)
         return out
@@ -283,26 +278,3 @@ def _oom_score_adj(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
     except (OSError, ValueError):
         return None
-
-
-# ---------------------------------------------------------------- the holder process
-
-def holder_main(argv: list[str]) -> int:
-    """Join the cgroup, ask for oom_score_adj -1000, then become memory_holder.py (run as a file, so the holder
-    does not carry chaoskit's imports: its own size decides who the OOM killer picks where -1000 is refused)."""
-    token, cgroup, nbytes, until, parent = argv[0], Path(argv[1]), argv[2], argv[3], int(argv[4])
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # kept across exec; KILL: TERM waits for the pages
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        return 0
-    (cgroup / "cgroup.procs").write_text(f"{os.getpid()}\n")
-    try:
-        Path("/proc/self/oom_score_adj").write_text(f"{HOLDER_OOM_SCORE_ADJ}\n")
-    except PermissionError:  # below oom_score_adj_min needs CAP_SYS_RESOURCE; apply records what it got
-        pass
-    os.execv(sys.executable, [sys.executable, memory_holder.__file__, token, nbytes, until])
-    return 1  # not reached
-
-
-if __name__ == "__main__":
-    sys.exit(holder_main(sys.argv[1:]))

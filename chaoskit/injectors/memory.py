@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors import helper_proc, memory_holder
+from chaoskit.injectors import helper_proc
 from chaoskit.model.types import Percent, StrictModel
 from chaoskit.paths import state_dir
 from chaoskit.units import format_size, is_percent, parse_size
@@ -108,6 +108,7 @@ def deadband_bytes(total: int) -> int:
 
 class MemoryPressure(helper_proc.HelperFault):
     type: ClassVar[str] = "host.memory_pressure"
+    helper: ClassVar[str | None] = "chaoskit.injectors.memory_holder"
     summary: ClassVar[str] = ("hold N bytes of host RAM, or hold MemAvailable at a goal, in a holder process "
                               "(revert: it exits)")
     Spec = MemoryPressureSpec
@@ -189,7 +190,7 @@ class MemoryPressure(helper_proc.HelperFault):
         what = (f"memory holder keeping MemAvailable at {format_size(record['goal_available'])}"
                 if "goal_available" in record else f"memory holder for {format_size(record['bytes'])}")
         args = [str(record["bytes"]), f"{until:.3f}", json.dumps(config)]
-        ref = helper_proc.spawn(memory_holder.__file__, record["token"], args, what)  # as a file: starts in ms
+        ref = helper_proc.spawn(self.helper, record["token"], args, what)
         return {**record, "holder": ref.to_json()}
 
     @classmethod

@@ -115,12 +115,11 @@ class ProxySpec(StrictModel):
 
 
 class ProxyHelper(helper_proc.HelperFault):
-    """A proxy run as a helper process (`server` module) listening on spec.listen and relaying to
+    """A proxy run as a helper process (its `helper` module) listening on spec.listen and relaying to
     spec.upstream; subclasses give its JSON configuration."""
     independent_revert: ClassVar[bool] = True
     ref_key: ClassVar[str | None] = "proxy"  # apply records the helper as record["proxy"]
 
-    server: ClassVar[str]
     what: ClassVar[str]
     token_prefix: ClassVar[str]
 
@@ -148,7 +147,7 @@ class ProxyHelper(helper_proc.HelperFault):
         helper_proc.stop_all([p for r in records for p in helper_proc.marked(r.get("token"), r.get(cls.ref_key or ""))])
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        ref = helper_proc.spawn(self.server, record["token"],
+        ref = helper_proc.spawn(self.helper, record["token"],
                                 [record["listen"], record["upstream"], json.dumps(self.config()),
                                  f"{time.time() + self.ctx.lifetime_s:.3f}"], f"{self.what} on {record['listen']}")
         return {**record, "proxy": ref.to_json()}
@@ -156,7 +155,7 @@ class ProxyHelper(helper_proc.HelperFault):
 
 class Proxy(ProxyHelper):
     type: ClassVar[str] = "network.proxy"
-    server: ClassVar[str] = "chaoskit.injectors.proxy_server"
+    helper: ClassVar[str | None] = "chaoskit.injectors.proxy_server"
     what: ClassVar[str] = "proxy"
     token_prefix: ClassVar[str] = "chaoskit-proxy-"
     summary: ClassVar[str] = "L4 proxy with toxics: latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data"

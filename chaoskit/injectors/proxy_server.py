@@ -1,8 +1,10 @@
 """The asyncio L4 proxy behind network.proxy: forwards TCP and applies Toxiproxy-style toxics per connection.
 
-Run as `python -m chaoskit.injectors.proxy_server TOKEN LISTEN UPSTREAM TOXICS_JSON UNTIL_EPOCH`; prints
-`ready` once listening. Toxics (each with `stream` upstream|downstream and `toxicity`, the chance a
-connection gets it): latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data.
+Run as `python -S -P chaoskit/injectors/proxy_server.py TOKEN LISTEN UPSTREAM TOXICS_JSON UNTIL_EPOCH` (helper_proc
+runs a helper as its file); prints `ready` once listening. Standard library only, and uvloop when installed: it is
+ready in about the time the interpreter and asyncio take to start. Toxics (each with `stream` upstream|downstream
+and `toxicity`, the chance a connection gets it): latency, bandwidth, slow_close, timeout, reset_peer, slicer,
+limit_data.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-
-from chaoskit.aio import run_fast
 
 CHUNK = 64 * 1024
 
@@ -211,6 +211,15 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
     sock = writer.get_extra_info("socket")
     if sock is not None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def run_fast(coro: Awaitable[Any]) -> Any:
+    """On uvloop when it is installed (chaoskit.aio's, without importing chaoskit: this file runs alone)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    return uvloop.run(coro)  # type: ignore[arg-type]
 
 
 def helper_main(argv: list[str], serve: Callable[[str, str, Any, float], Awaitable[None]]) -> int:

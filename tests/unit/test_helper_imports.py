@@ -1,0 +1,53 @@
+"""A helper process imports only what it runs: each fault's declared `helper` module, loaded the way helper_proc
+runs it (as its file, `python -S -P`), pulls in no fault family, no experiment model and no heavy library."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from chaoskit.injectors import INJECTORS
+from chaoskit.injectors.helper_proc import command, env
+
+HEAVY = ("pydantic", "aiohttp", "yaml", "rich", "typer", "kubernetes", "numpy", "psutil", "pyroute2")
+# standard library only: they need nothing of chaoskit (a memory holder's own size matters to the OOM killer)
+STANDALONE = {"chaoskit.injectors.proxy_server", "chaoskit.injectors.memory_holder",
+              "chaoskit.injectors.memlimit_proc", "chaoskit.injectors.cpu_stress_proc"}
+# load.flood's helper is chaoskit's load generator (pydantic LoadSpec, numpy histograms): it runs all of it
+RUNS_HEAVY = {"chaoskit.injectors.flood_proc"}
+HELPERS = sorted({cls.helper for cls in INJECTORS if cls.helper})
+
+LOAD = """
+import importlib.util, json, sys
+before = set(sys.modules)
+spec = importlib.util.spec_from_file_location("helper", sys.argv[1])
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def imported_by(module: str) -> set[str]:
+    *python, path = command(module)
+    out = subprocess.run([*python, "-c", LOAD, path], env=env(), capture_output=True, text=True, timeout=60,
+                         check=True)
+    return set(json.loads(out.stdout))
+
+
+def test_every_helper_is_declared_and_run_as_its_file():
+    assert set(HELPERS) >= STANDALONE | RUNS_HEAVY | {"chaoskit.injectors.llm_proxy_server",
+                                                       "chaoskit.injectors.gpu_holder"}
+    *python, path = command("chaoskit.injectors.proxy_server")
+    assert python == [sys.executable, "-S", "-P"] and path.endswith("chaoskit/injectors/proxy_server.py")
+
+
+@pytest.mark.parametrize("module", HELPERS)
+def test_a_helper_imports_only_what_it_runs(module):
+    mods = imported_by(module)
+    assert "chaoskit.injectors.base" not in mods and not any(m.startswith("chaoskit.experiment") for m in mods)
+    if module in STANDALONE:
+        assert not any(m == "chaoskit" or m.startswith("chaoskit.") for m in mods), sorted(mods)
+    if module not in RUNS_HEAVY:
+        assert not [m for m in mods if m.split(".")[0] in HEAVY]
