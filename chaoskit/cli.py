@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import faulthandler
 import json
-import os
-import signal
 import sys
-from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,82 +36,12 @@ def _add_subcommands() -> None:
 _add_subcommands()
 
 
-def _fail(e: ChaoskitError) -> None:
-    for line in str(e).splitlines():
-        err.print(f"[red]error:[/] {escape(line)}", markup=True, highlight=False, soft_wrap=True)
-    raise typer.Exit(e.exit_code)
-
-
-def _say(message: str) -> None:
-    err.print(message, highlight=False)
-
-
-_MAIN_PID = os.getpid()
-
-
-def _term_as_interrupt(signum: int, _frame: object) -> None:
-    """SIGTERM while the deployment starts: unwind like Ctrl-C, so what started is stopped. Only here: a child
-    forked by a library (pyroute2's netns helper) that inherits this handler just dies of the signal."""
-    if os.getpid() != _MAIN_PID:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
-    raise KeyboardInterrupt
-
-
-def _host_preflight(loaded: Any) -> None:
-    """Before starting a deployment: the faults that do not need its facts must be possible on this host
-    (a GPU-only scenario on a CPU host is refused at once, not after the replicas are up)."""
-    from chaoskit.engine.plan import deferred_paths, plan_faults
-    from chaoskit.errors import PreflightError
-
-    _, _, problems = plan_faults(loaded.experiment.method, deferred_paths(loaded.deferred))
-    if problems:
-        raise PreflightError("\n".join(problems) + "\n(the reference deployment was not started)")
-
-
 def _replay_orphans() -> None:
     """Before any command that starts work: finish ledgers left by runs that died together with their watchdog."""
-    from chaoskit.engine.rollback import replay_orphans
+    from chaoskit.app.orphans import replay_orphans
+    from chaoskit.cli_ref import say_orphans
 
-    for st, result in replay_orphans():
-        err.print(f"[yellow]note:[/] run {st.run_id} died together with its watchdog; replayed its ledger:",
-                  highlight=False)
-        for e in result.reverted:
-            err.print(f"  [green]reverted[/] #{e.id} {e.type} ({st.run_id})", highlight=False)
-        for e, why in result.failed:
-            err.print(f"  [bold red]FAILED[/] #{e.id} {e.type} ({st.run_id}): {escape(why)} - run `chaoskit rollback --all`",
-                      highlight=False)
-
-
-@dataclass
-class RunArgs:
-    """What `chaoskit run` was told, shared by every experiment of a suite."""
-
-    dry_run: bool = False
-    cli_vars: dict[str, str] = field(default_factory=dict)
-    journal: Path | None = None
-    junit: Path | None = None
-    report: Path | None = None
-    out_dir: Path | None = None
-    live: bool | None = None
-    step: bool = False
-    ci: bool = False
-    step_summary: bool = True  # --ci: append the Markdown summary to $GITHUB_STEP_SUMMARY (a suite does it once)
-
-
-@dataclass
-class Outcome:
-    """What one experiment of a run came to (the suite's table, JUnit file and index are made of these)."""
-
-    file: Path
-    code: int = errors.EXIT_INVALID
-    experiment: str = ""
-    view: Any = None  # the run's RunView, when the run got that far
-    report: Path | None = None
-    markdown: str = ""
-    message: str = ""
-    verdict: str = ""  # why it came to no view: invalid, preflight failed, interrupted (or the dry run's verdict)
+    say_orphans(replay_orphans())
 
 
 @app.command()
@@ -157,215 +81,124 @@ def run(
         cli_vars = parse_cli_vars(var)
     except ChaoskitError as e:
         _fail(e)
+    from chaoskit.app.run import RunArgs
+
+    live = (out.is_terminal and not ci) if live is None else live
     args = RunArgs(dry_run, cli_vars, journal, junit, report, out_dir, live, step, ci)
     if not suite:
-        raise typer.Exit(run_one(files[0], args, Outcome(files[0])))
+        rec = run_one(files[0], args)
+        if rec.error is not None:
+            _fail(rec.error)
+        raise typer.Exit(rec.code)
     from chaoskit.cli_suite import run_suite
 
     try:
-        code = run_suite(files, args, stop_on_failure, run_one, out)
+        code = run_suite(files, args, stop_on_failure, run_one)
     except ChaoskitError as e:
         _fail(e)
     raise typer.Exit(code)
 
 
-def run_one(file: Path, args: RunArgs, rec: Outcome) -> int:
-    """One experiment, start to end: the exit code (typer.Exit for input errors, after saying why)."""
-    from chaoskit.engine.runner import new_run_id
-    from chaoskit.experiment.loader import load_experiment
-    from chaoskit.experiment.models import Reference
+def run_one(file: Path, args: Any) -> Any:
+    """One experiment, start to end, shown as it runs and said when it ends: its Outcome."""
+    from chaoskit.app.run import run_one as run_experiment
 
-    try:
-        loaded = load_experiment(file, args.cli_vars, strict=not args.dry_run)
-    except ChaoskitError as e:
-        _fail_rec(rec, e)
-    if not args.dry_run:
-        _replay_orphans()
-    exp = loaded.experiment
-    rec.experiment = exp.metadata.name
-    own = exp.target.reference.effective(loaded.variables) if isinstance(exp.target.reference, Reference) else None
-    run_id = new_run_id(exp.metadata.name)
-    run_dir = args.out_dir or Path("chaoskit-runs") / run_id
-    journal_path = args.journal or run_dir / "journal.jsonl"
-    with ExitStack() as deployed:
-        if own is not None:
-            loaded = _deploy(deployed, own, loaded, file, args, run_id, rec)
-        result, exp = _execute(loaded, args, journal_path, run_id)
-        if own is not None and not args.dry_run:
-            for sig in (signal.SIGINT, signal.SIGTERM):  # the deployment is stopping: let it finish (≤ 15 s)
-                signal.signal(sig, signal.SIG_IGN)
-    rec.code = result.exit_code
-    if args.dry_run:
-        return _print_plan(exp, result, rec)
-    return _report(exp, result, args, run_dir, journal_path, rec)
-
-
-def _fail_rec(rec: Outcome, e: ChaoskitError) -> None:
-    from chaoskit.errors import PreflightError
-
-    rec.code, rec.message = e.exit_code, str(e)
-    rec.verdict = "preflight failed" if isinstance(e, PreflightError) else "invalid"
-    _fail(e)
-
-
-def _deploy(deployed: ExitStack, own: Any, loaded: Any, file: Path, args: RunArgs, run_id: str,
-            rec: Outcome) -> Any:
-    """Bring up (or reuse) the deployment the experiment declares, inside `deployed`; the experiment loaded
-    again with its facts. A dry run starts nothing."""
-    from chaoskit.experiment.loader import load_experiment
-    from chaoskit.reference.scenario import deployment_for, describe, running_facts
-
-    if args.dry_run:
-        facts = running_facts(own)
-        if facts is None:
-            err.print(f"[yellow]note:[/] would start the reference deployment: {describe(own)}", highlight=False)
-            return loaded
-        err.print(f"[yellow]note:[/] would reuse the running reference deployment at {facts['url']}: "
-                  f"{describe(own)}", highlight=False)
-        try:
-            return load_experiment(file, args.cli_vars, strict=False, deployed=facts)
-        except ChaoskitError as e:
-            _fail_rec(rec, e)
-    signal.signal(signal.SIGTERM, _term_as_interrupt)  # a stop while it starts: stop what started
-    try:
-        _host_preflight(loaded)
-        facts = deployed.enter_context(deployment_for(own, run_id, loaded.experiment.metadata.name, _say))
-        return load_experiment(file, args.cli_vars, deployed=facts)
-    except KeyboardInterrupt:
-        deployed.close()
+    rec = run_experiment(file, args, _Display(args))
+    if rec.error is not None:
+        _say_error(rec.error)
+    elif rec.verdict == "interrupted":
         err.print("[red]interrupted[/] while the reference deployment was starting (stopped again)")
-        rec.code, rec.message = errors.EXIT_SIGINT, "interrupted while the reference deployment was starting"
-        rec.verdict = "interrupted"
-        raise typer.Exit(errors.EXIT_SIGINT) from None
-    except ChaoskitError as e:
-        deployed.close()
-        _fail_rec(rec, e)
-        raise  # unreachable: _fail raises
+    elif args.dry_run:
+        _print_plan(rec)
+    else:
+        _print_outcome(rec)
+    return rec
 
 
-def _make_view(record: Any, use_live: bool) -> Any:
-    """The live view (what each probe's tolerances judge, the safeguards: from the experiment's record) or the
-    plain one."""
-    from chaoskit.ui import LiveView, PlainView
-
-    if not use_live:
-        return PlainView(out)
-    return LiveView(out, record.name, {probe: list(keys) for probe, keys in record.expect.items()},
-                    record.safeguards)
+def _say_error(e: ChaoskitError) -> None:
+    for line in str(e).splitlines():
+        err.print(f"[red]error:[/] {escape(line)}", markup=True, highlight=False, soft_wrap=True)
 
 
-def _execute(loaded: Any, args: RunArgs, journal_path: Path, run_id: str) -> tuple[Any, Any]:
-    """Journal, view, runner: run the experiment; (its result, the experiment). A dry run plans the steps whose
-    target needs facts not known yet as "at run time", never with a stand-in that could select more."""
-    from chaoskit.engine.journal import Journal
-    from chaoskit.engine.plan import deferred_paths
-    from chaoskit.engine.runinfo import experiment_record, host_facts
-    from chaoskit.engine.runner import Runner, RunOptions
+def _fail(e: ChaoskitError) -> None:
+    _say_error(e)
+    raise typer.Exit(e.exit_code)
 
-    exp = loaded.experiment
-    for note in loaded.notes:
-        err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
-    for warning in loaded.warnings:
-        err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
-    use_live = (out.is_terminal and not args.ci) if args.live is None else args.live
-    record = experiment_record(loaded)
-    view = _make_view(record, use_live)
-    jr = Journal(None if args.dry_run else journal_path, [view])
-    if not args.dry_run:  # what the report needs besides the events: the experiment as run, the host
-        jr.record(record)
-        jr.record(host_facts())
-    unresolved = deferred_paths(loaded.deferred) if args.dry_run else frozenset()
-    stepper = None
-    if args.step:
+
+class _Display:
+    """app.run's Display: the live view on a terminal (plain lines otherwise), notes on stderr, --step."""
+
+    def __init__(self, args: Any):
+        self.args = args
+
+    def say(self, text: str) -> None:
+        err.print(text, highlight=False)
+
+    def notes(self, loaded: Any) -> None:
+        for note in loaded.notes:
+            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+        for warning in loaded.warnings:
+            err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
+
+    def replayed(self, replays: list[Any]) -> None:
+        from chaoskit.cli_ref import say_orphans
+
+        say_orphans(replays)
+
+    def listener(self, record: Any) -> Any:
+        """The live view (what each probe's tolerances judge, the safeguards: from the experiment's record) or
+        the plain one."""
+        from chaoskit.ui import LiveView, PlainView
+
+        if not self.args.live:
+            return PlainView(out)
+        return LiveView(out, record.name, {probe: list(keys) for probe, keys in record.expect.items()},
+                        record.safeguards)
+
+    def stepper(self, journal: Any, view: Any) -> Any:
         from chaoskit.stepper import Stepper
 
-        stepper = Stepper(out, jr, view)
-    runner = Runner(exp, jr, RunOptions(dry_run=args.dry_run, unresolved_steps=unresolved, before_step=stepper),
-                    run_id=run_id)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
+        return Stepper(out, journal, view)
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, runner.interrupt, sig)
-        await runner.execute()
-
-    if use_live:
-        with view:
-            asyncio.run(main())
-    else:
-        asyncio.run(main())
-    jr.close()
-    return runner.result, exp
+    def running(self, view: Any, run: Any) -> None:
+        if self.args.live:
+            with view:
+                run()
+        else:
+            run()
 
 
-def _print_plan(exp: Any, result: Any, rec: Outcome) -> int:
-    out.print(f"[bold]plan for {exp.metadata.name}[/] (dry run: nothing applied)")
-    for p in result.plan:
+def _print_plan(rec: Any) -> None:
+    out.print(f"[bold]plan for {rec.experiment}[/] (dry run: nothing applied)")
+    for p in rec.result.plan:
         dur = f" for {p.duration_s:g}s" if p.duration_s else " until the end of the method"
         out.print(f"  • {p.step} ({p.type}{dur})")
         for change in p.changes:
             out.print(f"      {change}", highlight=False, markup=False)
-    from chaoskit.engine.states import FailureKind
-
-    preflight_failed = result.status.failure is FailureKind.PREFLIGHT
-    rec.verdict = "preflight failed" if preflight_failed else result.status.verdict
     if rec.code != 0:
-        err.print(f"[red]preflight failed:[/] {escape(result.status.reason)}", highlight=False)
-        rec.message = result.status.reason
-    return rec.code
+        err.print(f"[red]preflight failed:[/] {escape(rec.message)}", highlight=False)
 
 
-def _report(exp: Any, result: Any, args: RunArgs, run_dir: Path, journal_path: Path, rec: Outcome) -> int:
-    """summary.json, report.html (from the journal alone: `chaoskit report` remakes it), JUnit, Markdown; the
-    verdict lines."""
-    from chaoskit.engine.journal import read_journal
-    from chaoskit.report import markdown
-    from chaoskit.report.outputs import summary, write_html, write_junit, write_summary
-    from chaoskit.report.view import run_view
-
-    code = rec.code
-    junit = args.junit or (run_dir / "junit.xml" if args.ci else None)
-    view = rec.view = run_view(read_journal(journal_path))
-    write_summary(journal_path.with_name("summary.json"), summary(view))
-    report_path = rec.report = args.report or run_dir / "report.html"
-    write_html(report_path, view)
-    if junit:
-        write_junit(junit, view)
-    md_path = journal_path.with_name("summary.md")
-    rec.markdown = markdown.render(view, os.path.relpath(report_path, md_path.parent))
-    if args.ci:
-        md_path.write_text(rec.markdown, encoding="utf-8")
-    style = {0: "green", 1: "yellow"}.get(code, "red")
-    out.print(f"[bold {style}]{view.verdict}[/] (exit {code}) {exp.metadata.name}"
+def _print_outcome(rec: Any) -> None:
+    """The verdict lines: what it came to, why, where its files are."""
+    view, files = rec.view, rec.files
+    style = {0: "green", 1: "yellow"}.get(rec.code, "red")
+    out.print(f"[bold {style}]{view.verdict}[/] (exit {rec.code}) {rec.experiment}"
               + (f" — {escape(view.reason)}" if view.reason else ""), highlight=False)
     for d in view.deviations:
         out.print(f"  deviation: {d}", highlight=False, markup=False)
     if view.recovery_s is not None:
         out.print(f"  recovered {view.recovery_s:.2f}s after rollback")
-    out.print(f"  journal {journal_path}  report {report_path}" + (f"  junit {junit}" if junit else ""))
-    if args.ci:
-        out.print(f"  summary {md_path}" + (append_step_summary(rec.markdown) if args.step_summary else ""),
-                  highlight=False, soft_wrap=True)
+    out.print(f"  journal {files.journal}  report {files.report}" + (f"  junit {files.junit}" if files.junit else ""))
+    if files.summary_md is not None:
+        from chaoskit.cli_suite import step_summary_note
+
+        out.print(f"  summary {files.summary_md}" + step_summary_note(files.step_summary), highlight=False,
+                  soft_wrap=True)
     if not view.rollback_complete:
-        err.print(f"[bold red]ROLLBACK INCOMPLETE[/]: faults may still be applied. Ledger: {result.ledger_path}\n"
-                  "  fix the cause, then run: chaoskit rollback --ledger " + str(result.ledger_path))
-    return code
-
-
-def append_step_summary(markdown: str) -> str:
-    """--ci on GitHub Actions: the Markdown summary goes onto the job's page too (what the output line adds)."""
-    target = os.environ.get("GITHUB_STEP_SUMMARY")
-    if not target:
-        return ""
-    try:
-        with open(target, "a", encoding="utf-8") as fh:
-            fh.write(markdown + "\n")
-    except OSError as e:
-        err.print(f"[yellow]note:[/] could not append to $GITHUB_STEP_SUMMARY ({target}): {escape(str(e))}",
-                  highlight=False)
-        return ""
-    return " (+ $GITHUB_STEP_SUMMARY)"
+        ledger = rec.result.ledger_path
+        err.print(f"[bold red]ROLLBACK INCOMPLETE[/]: faults may still be applied. Ledger: {ledger}\n"
+                  "  fix the cause, then run: chaoskit rollback --ledger " + str(ledger))
 
 
 @app.command()

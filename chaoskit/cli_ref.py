@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -13,6 +14,9 @@ from rich.table import Table
 
 from chaoskit.errors import ChaoskitError
 from chaoskit.term import console
+
+if TYPE_CHECKING:
+    from chaoskit.app.orphans import OrphanReplay
 
 ref_app = typer.Typer(no_args_is_help=True, help="The bundled reference deployment: real Triton (or vLLM) "
                                                   "replicas behind a latency-stamping gateway.")
@@ -26,6 +30,18 @@ def _fail(e: ChaoskitError) -> None:
     for line in str(e).splitlines():
         err.print(f"[red]error:[/] {escape(line)}", markup=True, highlight=False, soft_wrap=True)
     raise typer.Exit(e.exit_code)
+
+
+def say_orphans(replays: list[OrphanReplay]) -> None:
+    """What replaying the ledgers of dead runs did (every command that starts work replays them first)."""
+    for r in replays:
+        err.print(f"[yellow]note:[/] run {r.run_id} died together with its watchdog; replayed its ledger:",
+                  highlight=False)
+        for entry_id, kind in r.reverted:
+            err.print(f"  [green]reverted[/] #{entry_id} {kind} ({r.run_id})", highlight=False)
+        for entry_id, kind, why in r.failed:
+            err.print(f"  [bold red]FAILED[/] #{entry_id} {kind} ({r.run_id}): {escape(why)} - run "
+                      "`chaoskit rollback --all`", highlight=False)
 
 
 def _params(items: list[str]) -> dict[str, str]:
@@ -103,9 +119,9 @@ def up(
             raise ChaoskitError(f"--latency-threshold: {e}") from None
         opts = RefOptions(engine=engine, replicas=replicas, port=port, netns=netns, health=health,
                           latency_threshold_ms=threshold_ms, model_params=_params(model_param))
-        from chaoskit.cli import _replay_orphans
+        from chaoskit.app.orphans import replay_orphans
 
-        _replay_orphans()
+        say_orphans(replay_orphans())
         facts = Deployment(dir).up(opts, say=lambda m: err.print(m, highlight=False))
     except ChaoskitError as e:
         _fail(e)

@@ -1,0 +1,208 @@
+"""One experiment, start to end: load it, bring up the deployment it declares, run it with the display the
+caller gives, write its outputs; what it came to is an Outcome (never an exception the caller must catch)."""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import os
+import signal
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from chaoskit import errors
+from chaoskit.app.orphans import OrphanReplay, replay_orphans
+from chaoskit.app.outputs import RunFiles, write_outputs
+from chaoskit.engine.journal import Journal, Listener
+from chaoskit.engine.runner import RunResult
+from chaoskit.errors import ChaoskitError, PreflightError
+from chaoskit.experiment.loader import Loaded
+from chaoskit.model.events import ExperimentRecorded
+from chaoskit.report.view import RunView
+
+NOT_RUN_INVALID, NOT_RUN_PREFLIGHT, NOT_RUN_INTERRUPTED = "invalid", "preflight failed", "interrupted"
+
+
+@dataclass
+class RunArgs:
+    """What `chaoskit run` was told, shared by every experiment of a suite."""
+
+    dry_run: bool = False
+    cli_vars: dict[str, str] = field(default_factory=dict)
+    journal: Path | None = None
+    junit: Path | None = None
+    report: Path | None = None
+    out_dir: Path | None = None
+    live: bool | None = None
+    step: bool = False
+    ci: bool = False
+    step_summary: bool = True  # --ci: append the Markdown summary to $GITHUB_STEP_SUMMARY (a suite does it once)
+
+
+@dataclass
+class Outcome:
+    """What one experiment of a run came to (a suite's table, JUnit file and index are made of these)."""
+
+    file: Path
+    code: int = errors.EXIT_INVALID
+    experiment: str = ""
+    verdict: str = ""  # the run's, or why it came to no run: invalid, preflight failed, interrupted
+    error: ChaoskitError | None = None  # what stopped it before it ran (the file, the host, the deployment)
+    message: str = ""
+    result: RunResult | None = None  # the engine's result, once it ran (a dry run too)
+    view: RunView | None = None  # the run as its journal tells it (not for a dry run)
+    files: RunFiles | None = None
+
+
+class Display(Protocol):
+    """What the caller shows while one experiment runs."""
+
+    def say(self, text: str) -> None: ...  # progress of the deployment
+
+    def notes(self, loaded: Loaded) -> None: ...  # the loader's notes and warnings
+
+    def replayed(self, replays: list[OrphanReplay]) -> None: ...
+
+    def listener(self, record: ExperimentRecorded) -> Listener: ...  # the live or plain view
+
+    def stepper(self, journal: Journal, view: Listener) -> Any: ...  # --step: RunOptions.before_step
+
+    def running(self, view: Listener, run: Callable[[], None]) -> None: ...  # runs `run` with the view shown
+
+
+def run_one(file: Path, args: RunArgs, display: Display) -> Outcome:
+    rec = Outcome(file)
+    try:
+        _run(file, args, display, rec)
+    except ChaoskitError as e:
+        rec.code, rec.error, rec.message = e.exit_code, e, str(e)
+        rec.verdict = NOT_RUN_PREFLIGHT if isinstance(e, PreflightError) else NOT_RUN_INVALID
+    except _Interrupted:
+        rec.code, rec.verdict = errors.EXIT_SIGINT, NOT_RUN_INTERRUPTED
+        rec.message = "interrupted while the reference deployment was starting"
+    return rec
+
+
+class _Interrupted(Exception):
+    """Ctrl-C (or SIGTERM) while the deployment started; what started was stopped again."""
+
+
+def _run(file: Path, args: RunArgs, display: Display, rec: Outcome) -> None:
+    from chaoskit.engine.runner import new_run_id
+    from chaoskit.experiment.loader import load_experiment
+    from chaoskit.experiment.models import Reference
+
+    loaded = load_experiment(file, args.cli_vars, strict=not args.dry_run)
+    if not args.dry_run:
+        display.replayed(replay_orphans())
+    exp = loaded.experiment
+    rec.experiment = exp.metadata.name
+    own = exp.target.reference.effective(loaded.variables) if isinstance(exp.target.reference, Reference) else None
+    run_id = new_run_id(exp.metadata.name)
+    run_dir = args.out_dir or Path("chaoskit-runs") / run_id
+    journal_path = args.journal or run_dir / "journal.jsonl"
+    with ExitStack() as deployed:
+        if own is not None:
+            loaded = _deploy(deployed, own, loaded, file, args, run_id, display)
+        rec.result = _execute(loaded, args, journal_path, run_id, display)
+        if own is not None and not args.dry_run:
+            for sig in (signal.SIGINT, signal.SIGTERM):  # the deployment is stopping: let it finish (≤ 15 s)
+                signal.signal(sig, signal.SIG_IGN)
+    rec.code = rec.result.exit_code
+    rec.verdict = _dry_verdict(rec.result) if args.dry_run else ""
+    if not args.dry_run:
+        rec.view, rec.files = write_outputs(journal_path, args, run_dir)
+        rec.verdict = rec.view.verdict
+    elif rec.code != 0:
+        rec.message = rec.result.status.reason
+
+
+def _dry_verdict(result: RunResult) -> str:
+    from chaoskit.engine.states import FailureKind
+
+    return NOT_RUN_PREFLIGHT if result.status.failure is FailureKind.PREFLIGHT else result.status.verdict
+
+
+_MAIN_PID = os.getpid()
+
+
+def _term_as_interrupt(signum: int, _frame: object) -> None:
+    """SIGTERM while the deployment starts: unwind like Ctrl-C, so what started is stopped. Only here: a child
+    forked by a library (pyroute2's netns helper) that inherits this handler just dies of the signal."""
+    if os.getpid() != _MAIN_PID:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise KeyboardInterrupt
+
+
+def _host_preflight(loaded: Loaded) -> None:
+    """Before starting a deployment: the faults that do not need its facts must be possible on this host
+    (a GPU-only scenario on a CPU host is refused at once, not after the replicas are up)."""
+    from chaoskit.engine.plan import deferred_paths, plan_faults
+
+    _, _, problems = plan_faults(loaded.experiment.method, deferred_paths(loaded.deferred))
+    if problems:
+        raise PreflightError("\n".join(problems) + "\n(the reference deployment was not started)")
+
+
+def _deploy(deployed: ExitStack, own: Any, loaded: Loaded, file: Path, args: RunArgs, run_id: str,
+            display: Display) -> Loaded:
+    """Bring up (or reuse) the deployment the experiment declares, inside `deployed`; the experiment loaded
+    again with its facts. A dry run starts nothing."""
+    from chaoskit.experiment.loader import load_experiment
+    from chaoskit.reference.scenario import deployment_for, describe, running_facts
+
+    if args.dry_run:
+        facts = running_facts(own)
+        if facts is None:
+            display.say(f"[yellow]note:[/] would start the reference deployment: {describe(own)}")
+            return loaded
+        display.say(f"[yellow]note:[/] would reuse the running reference deployment at {facts['url']}: "
+                    f"{describe(own)}")
+        return load_experiment(file, args.cli_vars, strict=False, deployed=facts)
+    signal.signal(signal.SIGTERM, _term_as_interrupt)  # a stop while it starts: stop what started
+    try:
+        _host_preflight(loaded)
+        facts = deployed.enter_context(deployment_for(own, run_id, loaded.experiment.metadata.name, display.say))
+        return load_experiment(file, args.cli_vars, deployed=facts)
+    except KeyboardInterrupt:
+        deployed.close()
+        raise _Interrupted from None
+    except ChaoskitError:
+        deployed.close()
+        raise
+
+
+def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, display: Display) -> RunResult:
+    """Journal, view, runner: run the experiment. A dry run plans the steps whose target needs facts not known
+    yet as "at run time", never with a stand-in that could select more."""
+    from chaoskit.engine.plan import deferred_paths
+    from chaoskit.engine.runinfo import experiment_record, host_facts
+    from chaoskit.engine.runner import Runner, RunOptions
+
+    display.notes(loaded)
+    record = experiment_record(loaded)
+    view = display.listener(record)
+    jr = Journal(None if args.dry_run else journal_path, [view])
+    if not args.dry_run:  # what the report needs besides the events: the experiment as run, the host
+        jr.record(record)
+        jr.record(host_facts())
+    unresolved = deferred_paths(loaded.deferred) if args.dry_run else frozenset()
+    stepper = display.stepper(jr, view) if args.step else None
+    runner = Runner(loaded.experiment, jr, RunOptions(dry_run=args.dry_run, unresolved_steps=unresolved,
+                                                      before_step=stepper), run_id=run_id)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, runner.interrupt, sig)
+        await runner.execute()
+
+    display.running(view, lambda: asyncio.run(main()))
+    jr.close()
+    return runner.result
