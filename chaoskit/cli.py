@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -14,6 +15,13 @@ from rich.table import Table
 from chaoskit import __version__, errors
 from chaoskit.errors import ChaoskitError
 from chaoskit.term import console
+
+if TYPE_CHECKING:  # typed records only: the modules load when a command needs them (start-up stays quick)
+    from chaoskit.app.orphans import OrphanReplay
+    from chaoskit.app.run import Outcome, RunArgs
+    from chaoskit.engine.journal import Journal, Listener
+    from chaoskit.experiment.loader import Loaded
+    from chaoskit.model.events import ExperimentRecorded
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Chaos engineering and fault injection for LLM inference services.")
@@ -99,7 +107,7 @@ def run(
     raise typer.Exit(code)
 
 
-def run_one(file: Path, args: Any) -> Any:
+def run_one(file: Path, args: RunArgs) -> Outcome:
     """One experiment, start to end, shown as it runs and said when it ends: its Outcome."""
     from chaoskit.app.run import run_one as run_experiment
 
@@ -128,24 +136,24 @@ def _fail(e: ChaoskitError) -> None:
 class _Display:
     """app.run's Display: the live view on a terminal (plain lines otherwise), notes on stderr, --step."""
 
-    def __init__(self, args: Any):
+    def __init__(self, args: RunArgs):
         self.args = args
 
     def say(self, text: str) -> None:
         err.print(text, highlight=False)
 
-    def notes(self, loaded: Any) -> None:
+    def notes(self, loaded: Loaded) -> None:
         for note in loaded.notes:
             err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
         for warning in loaded.warnings:
             err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
 
-    def replayed(self, replays: list[Any]) -> None:
+    def replayed(self, replays: list[OrphanReplay]) -> None:
         from chaoskit.cli_ref import say_orphans
 
         say_orphans(replays)
 
-    def listener(self, record: Any) -> Any:
+    def listener(self, record: ExperimentRecorded) -> Listener:
         """The live view (what each probe's tolerances judge, the safeguards: from the experiment's record) or
         the plain one."""
         from chaoskit.ui import LiveView, PlainView
@@ -155,12 +163,12 @@ class _Display:
         return LiveView(out, record.name, {probe: list(keys) for probe, keys in record.expect.items()},
                         record.safeguards)
 
-    def stepper(self, journal: Any, view: Any) -> Any:
+    def stepper(self, journal: Journal, view: Listener) -> Any:
         from chaoskit.stepper import Stepper
 
         return Stepper(out, journal, view)
 
-    def running(self, view: Any, run: Any) -> None:
+    def running(self, view: Any, run: Callable[[], None]) -> None:
         if self.args.live:
             with view:
                 run()
@@ -168,7 +176,7 @@ class _Display:
             run()
 
 
-def _print_plan(rec: Any) -> None:
+def _print_plan(rec: Outcome) -> None:
     out.print(f"[bold]plan for {rec.experiment}[/] (dry run: nothing applied)")
     for p in rec.result.plan:
         dur = f" for {p.duration_s:g}s" if p.duration_s else " until the end of the method"
@@ -179,7 +187,7 @@ def _print_plan(rec: Any) -> None:
         err.print(f"[red]preflight failed:[/] {escape(rec.message)}", highlight=False)
 
 
-def _print_outcome(rec: Any) -> None:
+def _print_outcome(rec: Outcome) -> None:
     """The verdict lines: what it came to, why, where its files are."""
     view, files = rec.view, rec.files
     style = {0: "green", 1: "yellow"}.get(rec.code, "red")

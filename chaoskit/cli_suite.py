@@ -5,18 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 from rich.table import Table
 
 from chaoskit.term import console
 
+if TYPE_CHECKING:
+    from chaoskit.app.outputs import StepSummary
+    from chaoskit.app.run import Outcome, RunArgs
+    from chaoskit.app.suite import SuiteOutcome
+
 out = console()
 err = console(stderr=True)
 
 
-def step_summary_note(step: Any) -> str:
+def step_summary_note(step: StepSummary) -> str:
     """What an output line adds for $GITHUB_STEP_SUMMARY (and a note on stderr when it could not be written)."""
     if step.error is not None:
         err.print(f"[yellow]note:[/] could not append to $GITHUB_STEP_SUMMARY ({step.target}): {escape(step.error)}",
@@ -24,11 +29,12 @@ def step_summary_note(step: Any) -> str:
     return " (+ $GITHUB_STEP_SUMMARY)" if step.appended else ""
 
 
-def run_suite(files: list[Path], args: Any, stop_on_failure: bool, run_one: Callable[[Path, Any], Any]) -> int:
+def run_suite(files: list[Path], args: RunArgs, stop_on_failure: bool,
+              run_one: Callable[[Path, RunArgs], Outcome]) -> int:
     """The suite's exit code; SpecError (app.suite) when a --var belongs to none of its experiments."""
     from chaoskit.app import suite
 
-    def each(i: int, n: int, file: Path, sub: Any) -> Any:
+    def each(i: int, n: int, file: Path, sub: RunArgs) -> Outcome:
         out.print(f"[bold]suite {i}/{n}:[/] {escape(str(file))}", highlight=False, soft_wrap=True)
         return run_one(file, sub)
 
@@ -41,7 +47,7 @@ def run_suite(files: list[Path], args: Any, stop_on_failure: bool, run_one: Call
     return result.code
 
 
-def _table(result: Any) -> None:
+def _table(result: SuiteOutcome) -> None:
     from chaoskit.report.outputs import EXIT_ORDER
 
     table = Table(title=f"suite: {len(result.outcomes)} of {len(result.paths)} experiments run", title_justify="left")

@@ -39,7 +39,6 @@ from chaoskit.model.events import (
     Sample,
     StateChanged,
 )
-from chaoskit.model.faults import AppliedFault
 from chaoskit.probes import Probe, probe_class
 from chaoskit.probes.continuous import Continuous
 
@@ -59,7 +58,6 @@ class RunOptions:
 class RunResult:
     run_id: str
     status: RunStatus
-    faults: list[AppliedFault] = field(default_factory=list)
     plan: list[PlanStep] = field(default_factory=list)
     recovery_s: float | None = None
     ledger_path: str | None = None
@@ -138,7 +136,6 @@ class Runner:
                 except Exception:
                     pass
         r.ended = time.time()
-        r.faults = list(self.faults.faults.values()) if self.faults else []
         self.journal.emit(RunEnded(t=r.ended, verdict=self.status.verdict, exit_code=self.status.exit_code(),
                                    reason=self.status.reason, deviations=self.status.deviations,
                                    recovery_s=r.recovery_s))

@@ -85,14 +85,29 @@ class ExperimentRecorded(Event):
         return {probe: {key: Tolerance.from_json(t) for key, t in keys.items()} for probe, keys in self.expect.items()}
 
 
+class DoctorCheck(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    area: str
+    ok: bool
+    detail: str = ""
+
+
 class HostFacts(Event):
-    """The host's facts (kernel, CPUs, memory, the quick doctor checks): open-ended, kept as written."""
+    """The host's facts: kernel, CPUs, memory, the quick doctor checks (a newer chaoskit's extra facts are kept)."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
+    OMIT_NONE = ("hostname", "kernel", "machine", "cpus", "memory_bytes", "python", "chaoskit", "euid")
     event: Literal["host"] = "host"
-
-    def fields(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+    hostname: str | None = None
+    kernel: str | None = None
+    machine: str | None = None
+    cpus: int | None = None
+    memory_bytes: int | None = None
+    python: str | None = None
+    chaoskit: str | None = None
+    euid: int | None = None
+    doctor: list[DoctorCheck] = Field(default_factory=list)
+    doctor_skipped: list[str] = Field(default_factory=list)
 
 
 class RunStarted(Event):

@@ -181,17 +181,15 @@ def _notes(view: RunView) -> str:
 
 def _host(view: RunView) -> str:
     h = view.host
-    if not h:
+    if h is None:
         return "<h2>Host</h2><p>The journal has no host facts (written by an older chaoskit).</p>"
-    mem = f"{h['memory_bytes'] / 2**30:.1f} GiB" if h.get("memory_bytes") else "?"
-    facts = [("host", h.get("hostname")), ("kernel", h.get("kernel")), ("machine", h.get("machine")),
-             ("CPUs", h.get("cpus")), ("memory", mem), ("Python", h.get("python")),
-             ("chaoskit", h.get("chaoskit")), ("effective uid", h.get("euid"))]
+    mem = f"{h.memory_bytes / 2**30:.1f} GiB" if h.memory_bytes else "?"
+    facts = [("host", h.hostname), ("kernel", h.kernel), ("machine", h.machine), ("CPUs", h.cpus), ("memory", mem),
+             ("Python", h.python), ("chaoskit", h.chaoskit), ("effective uid", h.euid)]
     rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in facts)
-    checks = "".join(f"<tr class='{'' if c['ok'] else 'fail'}'><td>{escape(c['area'])}</td>"
-                     f"<td>{'yes' if c['ok'] else 'no'}</td><td>{escape(c['detail'])}</td></tr>"
-                     for c in h.get("doctor", []))
-    skipped = ", ".join(h.get("doctor_skipped", []))
+    checks = "".join(f"<tr class='{'' if c.ok else 'fail'}'><td>{escape(c.area)}</td>"
+                     f"<td>{'yes' if c.ok else 'no'}</td><td>{escape(c.detail)}</td></tr>" for c in h.doctor)
+    skipped = ", ".join(h.doctor_skipped)
     return (f"<h2>Host</h2><table class='host'>{rows}</table><h3>doctor</h3><table class='doctor'><tr><th>capability"
             f"</th><th>ok</th><th>detail</th></tr>{checks}</table><p class='legend'>Not checked during a run (they "
             f"compile or create kernel objects): {escape(skipped)}; run <code>chaoskit doctor</code>.</p>")

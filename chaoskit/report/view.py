@@ -78,7 +78,7 @@ class RunView:
     samples: list[Sample] = field(default_factory=list)
     expects: dict[str, dict[str, Tolerance]] = field(default_factory=dict)  # probe -> key -> tolerance
     safeguards: list[SafeguardRecord] = field(default_factory=list)
-    host: dict[str, Any] = field(default_factory=dict)
+    host: HostFacts | None = None
     document: Any = None
     variables: dict[str, Any] = field(default_factory=dict)
     notes: list[tuple[float, str, str]] = field(default_factory=list)  # (t, event, text)
@@ -128,7 +128,7 @@ class RunView:
             self.file, self.document, self.variables = ev.file, ev.document, ev.vars
             self.expects, self.safeguards, self.description = ev.tolerances(), ev.safeguards, ev.description
         elif isinstance(ev, HostFacts):
-            self.host = ev.fields()
+            self.host = ev
         elif isinstance(ev, RunStarted):
             self.run_id, self.experiment, self.started = ev.run_id, ev.experiment, ev.t
             self.states = [("pending", ev.t)]
