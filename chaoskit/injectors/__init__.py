@@ -16,7 +16,7 @@ GROUP = "chaoskit.injectors"
 
 
 @cache
-def registry() -> Registry[Injector]:
+def _registry() -> Registry[Injector]:
     from chaoskit.injectors.base import Injector
     from chaoskit.probes.registry import Registry
 
@@ -25,12 +25,12 @@ def registry() -> Registry[Injector]:
 
 def _all() -> tuple[type[Injector], ...]:
     """The fault families an experiment may name (internal ledger-only types left out)."""
-    return tuple(cls for cls in registry().all() if not cls.internal)
+    return tuple(cls for cls in _registry().all() if not cls.internal)
 
 
 def injector_class(type_name: str) -> type[Injector]:
     """The class behind a ledger entry's type: an experiment's injectors, or an internal one (KeyError if none)."""
-    return registry().get(type_name)
+    return _registry().get(type_name)
 
 
 def __getattr__(name: str) -> object:

@@ -11,18 +11,18 @@ GROUP = "chaoskit.probes"
 
 
 @cache
-def registry() -> Registry[Probe]:
+def _registry() -> Registry[Probe]:
     return Registry(GROUP, Probe)
 
 
 def probe_class(type_name: str) -> type[Probe]:
     """The probe class of a type (KeyError if none is registered)."""
-    return registry().get(type_name)
+    return _registry().get(type_name)
 
 
 def __getattr__(name: str) -> object:
     if name == "PROBES":
-        return registry().all()
+        return _registry().all()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
