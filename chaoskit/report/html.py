@@ -13,16 +13,8 @@ import yaml
 
 from chaoskit.model.faults import AppliedFault
 from chaoskit.report.charts import Layout, timeline_svg
-from chaoskit.report.view import (
-    RunView,
-    SuiteRow,
-    fault_windows,
-    moments,
-    panels_for,
-    phase_table,
-    phase_windows,
-    verdict_marks,
-)
+from chaoskit.report.panels import fault_windows, moments, panels_for, phase_windows, verdict_marks
+from chaoskit.report.view import RunView, SuiteRow, phase_table
 
 VERDICT_COLOUR = {"held": "#1a7f37", "deviated": "#b35900", "planned": "#1f6feb"}
 CSS = """

@@ -1,12 +1,9 @@
-"""What a report shows, rebuilt from a run's journal events alone, so `chaoskit report JOURNAL` gives the report
-the run wrote: the outcome, the phases, each fault with its apply/revert times and what observe() saw, every
-sample, the tolerances and safeguard rules, the host facts and the experiment after substitution; and per probe
-the chart panels (which measurements, their tolerance lines, which samples deviated)."""
+"""A run as its journal events tell it (RunView), so `chaoskit report JOURNAL` gives the report the run wrote:
+the outcome, the phases, each fault with its apply/revert times and what observe() saw, every sample, the
+tolerances and safeguard rules, the host facts and the experiment after substitution; and a suite's rows."""
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,18 +36,10 @@ from chaoskit.model.events import (
 )
 from chaoskit.model.faults import AppliedFault
 from chaoskit.model.tolerance import Tolerance
-from chaoskit.report.charts import Line, Mark, Moment, Panel, Series, Window
 
-PHASE_LABEL = {"hypothesis_before": "before", "method": "method", "rollback": "rollback",
-               "hypothesis_after": "after", "preflight": "preflight"}
-HEADLINE = ("percentiles (ms)", "error_rate", "goodput_rps", "latency_ms", "value", "rate", "count",
-            "memory_used_share", "exit_code", "duration_ms")
-MAX_EXTRA_PANELS = 24
 TABLE_ORDER = (Phase.BEFORE, Phase.DURING, Phase.GRACE, Phase.BETWEEN, Phase.SAFEGUARD, Phase.AFTER, Phase.INTERIM)
 NOTE_EVENTS = (SafeguardTripped, Interrupted, ErrorNoted, WatchdogDied, RevertFailed, LateApplyReverted,
                OperatorChose)
-_PCT = re.compile(r"^(?P<prefix>(?:[a-z]+_)?)p(?:50|90|99|999)_(?P<unit>ms|us)$")
-_GROUP = re.compile(r"^(?P<key>[^\[\]]+)\[(?P<group>[^\[\]]+)\]$")
 
 
 @dataclass
@@ -207,149 +196,6 @@ def run_view(events: list[Event]) -> RunView:
     if not v.experiment and isinstance(v.document, dict):
         v.experiment = str((v.document.get("metadata") or {}).get("name", ""))
     return v
-
-
-# -- what the charts show -------------------------------------------------------------------------------------
-def number(value: Any) -> float | None:
-    """A finite number, or None (booleans and text are no numbers; numeric text such as a header value is)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, (int, float)) and math.isfinite(float(value)):
-        return float(value)
-    return None
-
-
-def family(key: str) -> str:
-    """Keys drawn in one panel: p50/p90/p99/p999 of one kind together, each group_by key across its groups."""
-    if m := _GROUP.match(key):
-        return f"{m.group('key')} by group"
-    if m := _PCT.match(key):
-        return f"{m.group('prefix')}percentiles ({m.group('unit')})"
-    return key
-
-
-def baseline_of(view: RunView, probe: str, key: str) -> float | None:
-    for s in view.samples:
-        if s.probe == probe and s.phase is Phase.BEFORE:
-            return number(s.values.get(key))
-    return None
-
-
-def thresholds(tol: Tolerance, baseline: float | None) -> list[tuple[float, str]]:
-    """The numbers a tolerance compares with, each with how it reads ('< 950', '<= 3x baseline = 361.5'): the
-    lines a chart draws."""
-    if tol.kind == "range":
-        return [(tol.low, f">= {tol.low:g}"), (tol.high, f"<= {tol.high:g}")]
-    if tol.kind == "baseline" and baseline is not None:
-        value = tol.value.scale * baseline + tol.value.offset
-        return [(value, f"{tol.op} {tol.value.text} = {value:g}")]
-    if tol.kind in ("cmp", "eq") and isinstance(tol.value, (int, float)) and not isinstance(tol.value, bool):
-        return [(float(tol.value), f"{tol.op} {float(tol.value):g}")]
-    return []
-
-
-def panels_for(view: RunView, probe: str) -> tuple[list[Panel], list[Panel]]:
-    """(the main panels: what the probe expects and the headline measurements; the other numeric ones)."""
-    samples = [s for s in view.samples if s.probe == probe]
-    expect = view.expects.get(probe, {})
-    keys: dict[str, None] = {}  # numbers only; text counts where a tolerance reads it as one (a header)
-    for s in samples:
-        for k, val in s.values.items():
-            if number(val) is not None and (k in expect or not isinstance(val, str)):
-                keys[k] = None
-    families: dict[str, list[str]] = {}
-    for k in keys:
-        families.setdefault(family(k), []).append(k)
-    main = [f for f in families if any(k in expect for k in families[f])]
-    main += [f for f in HEADLINE if f in families and f not in main]
-    extra = [f for f in families if f not in main][:MAX_EXTRA_PANELS]
-    guards = [rule for g in view.safeguards if g.probe == probe for rule in g.rules]
-    return ([_panel(view, probe, f, families[f], samples, expect, guards) for f in main],
-            [_panel(view, probe, f, families[f], samples, expect, guards) for f in extra])
-
-
-def mark_state(sample: Sample, key: str, tol: Tolerance | None, baseline: float | None) -> str:
-    """How a chart marks one measurement: error (the sample is one), fail (its tolerance does not hold), ok."""
-    if sample.verdict is Verdict.ERROR:
-        return "error"
-    if tol is None or key not in sample.values:
-        return "ok"
-    return "ok" if tol.check(sample.values[key], baseline)[0] else "fail"
-
-
-def _panel(view: RunView, probe: str, fam: str, keys: list[str], samples: list[Sample],
-           expect: dict[str, Tolerance], guards: list[Any]) -> Panel:
-    t0 = view.started
-    series, lines = [], []
-    for key in keys:
-        tol, base = expect.get(key), baseline_of(view, probe, key)
-        marks = []
-        for s in samples:
-            value = number(s.values.get(key))
-            state = mark_state(s, key, tol, base)
-            if value is None and state != "error":
-                continue  # the key was not measured in this sample (and it is no error sample)
-            marks.append(Mark(s.t, value, state, s.phase.judged, _title(s, t0, key, value)))
-        series.append(Series(probe, key, marks))
-        if tol is not None:
-            lines += [Line(v, f"{key} {text}" if len(keys) > 1 else text) for v, text in thresholds(tol, base)]
-    for rule in guards:
-        if rule.metric in keys and rule.value is not None:
-            lines.append(Line(rule.value, f"abort if {rule.text}", "safeguard"))
-    title = fam if len(keys) > 1 or fam != keys[0] else keys[0]
-    return Panel(title, series, lines)
-
-
-def _title(s: Sample, t0: float, key: str, value: float | None) -> str:
-    what = f"{key} = {value:g}" if value is not None else (s.error or "no value")
-    detail = next((d for d in s.details if d.startswith(f"{key}: ")), "")
-    return (f"+{s.t - t0:.2f}s [{s.phase}] {s.verdict}: {what}" + (f" ({detail})" if detail else "")
-            + f", took {s.duration_ms:.0f} ms")
-
-
-def verdict_marks(view: RunView, probe: str) -> list[Mark]:
-    return [Mark(s.t, None, s.verdict, s.phase.judged, f"+{s.t - view.started:.2f}s [{s.phase}] {s.verdict}: {s.why()}")
-            for s in view.samples if s.probe == probe]
-
-
-def fault_windows(view: RunView) -> list[Window]:
-    out = []
-    for f in view.faults:
-        if f.applied_at is None:
-            continue
-        end = f.reverted_at or view.ended
-        plan = next((p for p in view.plan if p.step == f.step), None)
-        title = (f"#{f.id} {f.step} ({f.type}) applied +{f.applied_at - view.started:.2f}s, "
-                 + (f"reverted +{f.reverted_at - view.started:.2f}s" if f.reverted_at else "not reverted")
-                 + "".join(f"\n{c}" for c in (plan.changes if plan else [])))
-        out.append(Window(f.applied_at, end, f"#{f.id} {f.step}", "fault", title, str(f.id)))
-    return out
-
-
-def phase_windows(view: RunView) -> list[Window]:
-    out = []
-    for (state, t), nxt in zip(view.states, [*view.states[1:], (None, view.ended)], strict=True):
-        if state in PHASE_LABEL and nxt[1] > t:
-            out.append(Window(t, nxt[1], PHASE_LABEL[state], state, f"{state} +{t - view.started:.2f}s "
-                              f"for {nxt[1] - t:.2f}s"))
-    return out
-
-
-def moments(view: RunView) -> list[Moment]:
-    out = []
-    if view.recovered_at is not None:
-        out.append(Moment(view.recovered_at, f"recovered {view.recovery_s or 0:g}s", "recovered"))
-    for t, kind, _ in view.notes:
-        if kind in ("safeguard", "interrupt"):
-            out.append(Moment(t, "safeguard tripped" if kind == "safeguard" else "interrupted", kind))
-    for f in view.faults:
-        out += [Moment(e.seen_at, f"PID {e.pid} exited", e.event) for e in f.exits]
-    return out
 
 
 def phase_table(view: RunView) -> tuple[list[str], dict[str, dict[str, tuple[int, int]]]]:

@@ -25,7 +25,8 @@ from chaoskit.report.charts import (
     value_domain,
 )
 from chaoskit.report.html import render
-from chaoskit.report.view import family, last_run, mark_state, panels_for, run_view, thresholds
+from chaoskit.report.panels import family, mark_state, panels_for, thresholds
+from chaoskit.report.view import last_run, run_view
 
 SVG = "{http://www.w3.org/2000/svg}"
 T0, T1 = 1000.0, 1030.0
