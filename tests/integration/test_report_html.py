@@ -118,6 +118,24 @@ def test_chaoskit_report_rebuilds_the_same_report(run, tmp_path):
     assert proc.returncode == 2 and "not a chaoskit journal" in err
 
 
+def test_summary_json_is_the_journal_rendered(run):
+    """summary.json is a rendering of the journal's RunView: remade from the journal, it is the same, times
+    included; the run event names the journal's version and the plan names each step by its path."""
+    from chaoskit.engine.journal import read_journal
+    from chaoskit.model.events import JOURNAL_VERSION, RunStarted
+    from chaoskit.report.outputs import summary
+    from chaoskit.report.view import run_view
+
+    d = run["dir"]
+    events = read_journal(d / "journal.jsonl")
+    data = json.loads((d / "summary.json").read_text())
+    assert json.loads(json.dumps(summary(run_view(events)), default=str)) == data
+    started = next(e for e in events if isinstance(e, RunStarted))
+    assert started.journal == JOURNAL_VERSION and data["started"] == started.t
+    assert [p["path"] for p in data["plan"]] == ["method[0]"]
+    assert data["verdict"] == "deviated" and data["faults"][0]["observed_before_revert"] is not None
+
+
 def test_report_is_self_contained(run):
     html = (run["dir"] / "report.html").read_text()
     assert "<script" not in html and "<link" not in html and "src=" not in html and "@import" not in html
