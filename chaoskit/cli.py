@@ -109,12 +109,13 @@ def run(
 
 def run_one(file: Path, args: RunArgs) -> Outcome:
     """One experiment, start to end, shown as it runs and said when it ends: its Outcome."""
+    from chaoskit.app.run import NotRun
     from chaoskit.app.run import run_one as run_experiment
 
     rec = run_experiment(file, args, _Display(args))
     if rec.error is not None:
         _say_error(rec.error)
-    elif rec.verdict == "interrupted":
+    elif rec.verdict is NotRun.INTERRUPTED:
         err.print("[red]interrupted[/] while the reference deployment was starting (stopped again)")
     elif args.dry_run:
         _print_plan(rec)

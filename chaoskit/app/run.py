@@ -7,11 +7,12 @@ import asyncio
 import faulthandler
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from chaoskit import errors
 from chaoskit.app.orphans import OrphanReplay, replay_orphans
@@ -20,10 +21,18 @@ from chaoskit.engine.journal import Journal, Listener
 from chaoskit.engine.runner import RunResult
 from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.experiment.loader import Loaded
-from chaoskit.model.events import ExperimentRecorded
+from chaoskit.experiment.models import Reference, Step
+from chaoskit.model.enums import RunVerdict
+from chaoskit.model.events import ExperimentRecorded, PlanStep
 from chaoskit.report.view import RunView
 
-NOT_RUN_INVALID, NOT_RUN_PREFLIGHT, NOT_RUN_INTERRUPTED = "invalid", "preflight failed", "interrupted"
+
+class NotRun(StrEnum):
+    """Why an experiment came to no run (its verdict where a run's would be)."""
+
+    INVALID = "invalid"
+    PREFLIGHT = "preflight failed"
+    INTERRUPTED = "interrupted"
 
 
 @dataclass
@@ -49,7 +58,7 @@ class Outcome:
     file: Path
     code: int = errors.EXIT_INVALID
     experiment: str = ""
-    verdict: str = ""  # the run's, or why it came to no run: invalid, preflight failed, interrupted
+    verdict: RunVerdict | NotRun | None = None  # the run's, or why it came to none
     error: ChaoskitError | None = None  # what stopped it before it ran (the file, the host, the deployment)
     message: str = ""
     result: RunResult | None = None  # the engine's result, once it ran (a dry run too)
@@ -68,7 +77,7 @@ class Display(Protocol):
 
     def listener(self, record: ExperimentRecorded) -> Listener: ...  # the live or plain view
 
-    def stepper(self, journal: Journal, view: Listener) -> Any: ...  # --step: RunOptions.before_step
+    def stepper(self, journal: Journal, view: Listener) -> Callable[[Step, list[PlanStep]], Awaitable[str]]: ...
 
     def running(self, view: Listener, run: Callable[[], None]) -> None: ...  # runs `run` with the view shown
 
@@ -79,9 +88,9 @@ def run_one(file: Path, args: RunArgs, display: Display) -> Outcome:
         _run(file, args, display, rec)
     except ChaoskitError as e:
         rec.code, rec.error, rec.message = e.exit_code, e, str(e)
-        rec.verdict = NOT_RUN_PREFLIGHT if isinstance(e, PreflightError) else NOT_RUN_INVALID
+        rec.verdict = NotRun.PREFLIGHT if isinstance(e, PreflightError) else NotRun.INVALID
     except _Interrupted:
-        rec.code, rec.verdict = errors.EXIT_SIGINT, NOT_RUN_INTERRUPTED
+        rec.code, rec.verdict = errors.EXIT_SIGINT, NotRun.INTERRUPTED
         rec.message = "interrupted while the reference deployment was starting"
     return rec
 
@@ -93,7 +102,6 @@ class _Interrupted(Exception):
 def _run(file: Path, args: RunArgs, display: Display, rec: Outcome) -> None:
     from chaoskit.engine.runner import new_run_id
     from chaoskit.experiment.loader import load_experiment
-    from chaoskit.experiment.models import Reference
 
     loaded = load_experiment(file, args.cli_vars, strict=not args.dry_run)
     if not args.dry_run:
@@ -112,7 +120,7 @@ def _run(file: Path, args: RunArgs, display: Display, rec: Outcome) -> None:
             for sig in (signal.SIGINT, signal.SIGTERM):  # the deployment is stopping: let it finish (≤ 15 s)
                 signal.signal(sig, signal.SIG_IGN)
     rec.code = rec.result.exit_code
-    rec.verdict = _dry_verdict(rec.result) if args.dry_run else ""
+    rec.verdict = _dry_verdict(rec.result) if args.dry_run else None
     if not args.dry_run:
         rec.view, rec.files = write_outputs(journal_path, args, run_dir)
         rec.verdict = rec.view.verdict
@@ -120,10 +128,10 @@ def _run(file: Path, args: RunArgs, display: Display, rec: Outcome) -> None:
         rec.message = rec.result.status.reason
 
 
-def _dry_verdict(result: RunResult) -> str:
+def _dry_verdict(result: RunResult) -> RunVerdict | NotRun:
     from chaoskit.engine.states import FailureKind
 
-    return NOT_RUN_PREFLIGHT if result.status.failure is FailureKind.PREFLIGHT else result.status.verdict
+    return NotRun.PREFLIGHT if result.status.failure is FailureKind.PREFLIGHT else result.status.verdict
 
 
 _MAIN_PID = os.getpid()
@@ -149,7 +157,7 @@ def _host_preflight(loaded: Loaded) -> None:
         raise PreflightError("\n".join(problems) + "\n(the reference deployment was not started)")
 
 
-def _deploy(deployed: ExitStack, own: Any, loaded: Loaded, file: Path, args: RunArgs, run_id: str,
+def _deploy(deployed: ExitStack, own: Reference, loaded: Loaded, file: Path, args: RunArgs, run_id: str,
             display: Display) -> Loaded:
     """Bring up (or reuse) the deployment the experiment declares, inside `deployed`; the experiment loaded
     again with its facts. A dry run starts nothing."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from chaoskit import errors
 from chaoskit.app.outputs import StepSummary, append_step_summary
-from chaoskit.app.run import NOT_RUN_INTERRUPTED, Outcome, RunArgs
+from chaoskit.app.run import NotRun, Outcome, RunArgs
 from chaoskit.errors import ChaoskitError, SpecError
 from chaoskit.report import markdown
 from chaoskit.report.outputs import junit_not_run, junit_suite, worst_exit, write_index, write_junit_suites
@@ -106,7 +106,7 @@ def _run_all(paths: list[Path], args: RunArgs, stop_on_failure: bool,
                 rec = run_one(i, len(paths), f, sub)
             except KeyboardInterrupt:
                 rec = Outcome(f, errors.EXIT_SIGTERM if got_term else errors.EXIT_SIGINT,
-                              verdict=NOT_RUN_INTERRUPTED, message="interrupted")
+                              verdict=NotRun.INTERRUPTED, message="interrupted")
             outcomes.append(rec)
             if rec.code in (errors.EXIT_SIGINT, errors.EXIT_SIGTERM):
                 return outcomes, "interrupted"
