@@ -191,7 +191,9 @@ def _print_plan(rec: Outcome) -> None:
 def _print_outcome(rec: Outcome) -> None:
     """The verdict lines: what it came to, why, where its files are."""
     view, files = rec.view, rec.files
-    style = {0: "green", 1: "yellow"}.get(rec.code, "red")
+    from chaoskit.cli_suite import VERDICT_STYLE
+
+    style = VERDICT_STYLE.get(view.verdict, "red")
     out.print(f"[bold {style}]{view.verdict}[/] (exit {rec.code}) {rec.experiment}"
               + (f" — {escape(view.reason)}" if view.reason else ""), highlight=False)
     for d in view.deviations:

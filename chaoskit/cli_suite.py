@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 out = console()
 err = console(stderr=True)
+VERDICT_STYLE = {"held": "green", "deviated": "yellow", "not run": "dim"}  # any other verdict: red
 
 
 def step_summary_note(step: StepSummary) -> str:
@@ -54,7 +55,7 @@ def _table(result: SuiteOutcome) -> None:
     for col in ("#", "experiment", "verdict", "exit", "duration", "why"):
         table.add_column(col)
     for i, r in enumerate(result.rows, 1):
-        style = {0: "green", 1: "yellow", None: "dim"}.get(r.exit_code, "red")
+        style = VERDICT_STYLE.get(r.verdict, "red")
         table.add_row(str(i), r.experiment, f"[{style}]{escape(r.verdict)}[/]",
                       "-" if r.exit_code is None else str(r.exit_code),
                       f"{r.duration_s:.1f}s" if r.exit_code is not None else "", escape(r.why()[:200]))
