@@ -22,7 +22,8 @@ random phase the Triton replica is SIGSTOPped. Detection = end of the first fail
 for every onset: one with no failing sample while the replica was stopped is a miss, and a miss fails it.
 
 Part 0 (`SCALE_HELPER_TRIALS`, default 15): process start -> `ready` of the proxy helpers (proxy_server,
-llm_proxy_server) run as the injectors run them (helper_proc.command; `python -m` before it existed); anchor, same run: a bare `python -c "print('ready')"`.
+llm_proxy_server) started as the injectors start them (proxy_proc through helper_proc; `python -m` before those
+existed); anchor, same run: a bare `python -c "print('ready')"`.
 Goal: a proxy helper ready within 150 ms.
 
 RESULT keys: start_{python,proxy_server,llm_proxy_server}_ms and start_{helper}_vs_python (medians), rollback_{N}_ms, apply_{N}_ms (medians), rollback_100_vs_linear / apply_100_vs_linear (measured / the
@@ -250,16 +251,17 @@ def ready_ms(argv: list[str], env: dict[str, str]) -> float:
         proc.wait()
 
 
-def helper_command(module: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """How the injectors run a helper (argv, env): helper_proc.command and env where they exist, else `python -m`
-    (older chaoskit)."""
-    try:
-        from chaoskit.injectors import helper_proc
-    except ImportError:
-        return [sys.executable, "-m", module], env
-    if not hasattr(helper_proc, "command"):
-        return [sys.executable, "-m", module], env
-    return helper_proc.command(module), helper_proc.env(base=env)
+def helper_argv(module: str, args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """How the injectors start a proxy helper (argv, env): proxy_proc (listens, says ready, then runs the server
+    `module`) through helper_proc where it exists, else `python -m module` (chaoskit before proxy_proc)."""
+    import importlib.util
+
+    if importlib.util.find_spec("chaoskit.injectors.proxy_proc") is None:
+        return [sys.executable, "-m", module, *args], env
+    from chaoskit.injectors import helper_proc
+
+    token, *rest = args
+    return [*helper_proc.command("chaoskit.injectors.proxy_proc"), token, module, *rest], helper_proc.env(base=env)
 
 
 def part_helpers(env: dict[str, str]) -> dict[str, list[float]]:
@@ -271,9 +273,9 @@ def part_helpers(env: dict[str, str]) -> dict[str, list[float]]:
         out["python"].append(ready_ms([sys.executable, "-c", "print('ready')"], env))
         for module, config in HELPERS.items():
             port = free_ports(1)[0]
-            argv, helper_env = helper_command(module, env)
-            out[module].append(ready_ms([*argv, f"ckbench-{os.getpid()}-{i}", f"127.0.0.1:{port}", "127.0.0.1:9",
-                                         config, until], helper_env))
+            argv, helper_env = helper_argv(module, [f"ckbench-{os.getpid()}-{i}", f"127.0.0.1:{port}",
+                                                    "127.0.0.1:9", config, until], env)
+            out[module].append(ready_ms(argv, helper_env))
     return out
 
 

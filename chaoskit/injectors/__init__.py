@@ -1,7 +1,7 @@
 """Registry of injectors (fault families): the entry points of group `chaoskit.injectors`, keyed by `type`.
 
-Nothing is imported here until asked for, so a helper process run from this package (`python -m
-chaoskit.injectors.proxy_server`) starts without the fault families (pydantic, aiohttp)."""
+Nothing is imported here until asked for, so a helper process that imports a module of this package (llm.proxy's
+server) starts without the fault families (pydantic, aiohttp)."""
 
 from __future__ import annotations
 

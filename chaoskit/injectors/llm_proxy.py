@@ -225,7 +225,7 @@ def _describe(f: Any) -> str:
 
 class LlmProxy(ProxyHelper):
     type: ClassVar[str] = "llm.proxy"
-    helper: ClassVar[str | None] = "chaoskit.injectors.llm_proxy_server"
+    server: ClassVar[str] = "chaoskit.injectors.llm_proxy_server"
     what: ClassVar[str] = "LLM proxy"
     token_prefix: ClassVar[str] = "chaoskit-llm-proxy-"
     summary: ClassVar[str] = ("LLM-aware HTTP proxy: abort (503/429 + Retry-After), delay, token_delay, stall, "

@@ -5,8 +5,8 @@ A response no token-level fault touches is relayed byte for byte (only its frami
 it ends); an SSE response that one does is taken apart into events and re-framed (one chunk per event), each
 event leaving at its own time on a timerfd (asyncio's timers round to 1 ms): chaoskit.injectors.llm_proxy_sse.
 
-Run as `python -m chaoskit.injectors.llm_proxy_server TOKEN LISTEN UPSTREAM CONFIG_JSON UNTIL_EPOCH`; prints
-`ready` once listening. `GET /chaoskit/metrics` (Prometheus text) and `/chaoskit/stats` (JSON) are its own."""
+Started by chaoskit.injectors.proxy_proc (`proxy_proc.py TOKEN chaoskit.injectors.llm_proxy_server LISTEN UPSTREAM
+CONFIG_JSON UNTIL_EPOCH`), which listens, says `ready` and calls helper_main with the socket. `GET /chaoskit/metrics` (Prometheus text) and `/chaoskit/stats` (JSON) are its own."""
 
 from __future__ import annotations
 
@@ -15,14 +15,13 @@ import heapq
 import json
 import re
 import socket
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from chaoskit.injectors.llm_proxy_faults import FaultTable, Local, Plan, Request
 from chaoskit.injectors.llm_proxy_sse import Chunked, EventStream
-from chaoskit.injectors.proxy_server import helper_main, serve_until, split_addr
+from chaoskit.injectors.proxy_server import serve_helper, serve_until, split_addr
 from chaoskit.load.timer import Alarm
 
 MAX_HEAD, MAX_BODY = 64 * 1024, 64 << 20
@@ -396,13 +395,13 @@ def _nodelay(t: asyncio.BaseTransport) -> None:
             pass
 
 
-async def serve(listen: str, upstream: str, config: dict[str, Any], until: float) -> None:
+async def serve(sock: socket.socket, upstream: str, config: dict[str, Any], until: float) -> None:
     loop = asyncio.get_running_loop()
     px = Proxy(upstream, FaultTable(config["faults"], config.get("seed", 0)), loop)
-    host, port = split_addr(listen)
-    server = await loop.create_server(lambda: Downstream(px), host, port, reuse_address=True, backlog=1024)
+    server = await loop.create_server(lambda: Downstream(px), sock=sock, backlog=1024)
     await serve_until(server, until)
 
 
-if __name__ == "__main__":
-    sys.exit(helper_main(sys.argv[1:], serve))
+def helper_main(sock: socket.socket, argv: list[str]) -> int:
+    """Called by proxy_proc with its listening socket."""
+    return serve_helper(sock, argv, serve)

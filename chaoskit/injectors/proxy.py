@@ -120,6 +120,8 @@ class ProxyHelper(helper_proc.HelperFault):
     independent_revert: ClassVar[bool] = True
     ref_key: ClassVar[str | None] = "proxy"  # apply records the helper as record["proxy"]
 
+    helper: ClassVar[str | None] = "chaoskit.injectors.proxy_proc"  # listens, says ready, then runs `server`
+    server: ClassVar[str]  # the server module proxy_proc runs
     what: ClassVar[str]
     token_prefix: ClassVar[str]
 
@@ -148,14 +150,14 @@ class ProxyHelper(helper_proc.HelperFault):
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         ref = helper_proc.spawn(self.helper, record["token"],
-                                [record["listen"], record["upstream"], json.dumps(self.config()),
+                                [self.server, record["listen"], record["upstream"], json.dumps(self.config()),
                                  f"{time.time() + self.ctx.lifetime_s:.3f}"], f"{self.what} on {record['listen']}")
         return {**record, "proxy": ref.to_json()}
 
 
 class Proxy(ProxyHelper):
     type: ClassVar[str] = "network.proxy"
-    helper: ClassVar[str | None] = "chaoskit.injectors.proxy_server"
+    server: ClassVar[str] = "chaoskit.injectors.proxy_server"
     what: ClassVar[str] = "proxy"
     token_prefix: ClassVar[str] = "chaoskit-proxy-"
     summary: ClassVar[str] = "L4 proxy with toxics: latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data"

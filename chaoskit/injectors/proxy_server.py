@@ -1,10 +1,9 @@
 """The asyncio L4 proxy behind network.proxy: forwards TCP and applies Toxiproxy-style toxics per connection.
 
-Run as `python -S -P chaoskit/injectors/proxy_server.py TOKEN LISTEN UPSTREAM TOXICS_JSON UNTIL_EPOCH` (helper_proc
-runs a helper as its file); prints `ready` once listening. Standard library only, and uvloop when installed: it is
-ready in about the time the interpreter and asyncio take to start. Toxics (each with `stream` upstream|downstream
-and `toxicity`, the chance a connection gets it): latency, bandwidth, slow_close, timeout, reset_peer, slicer,
-limit_data.
+Started by chaoskit.injectors.proxy_proc (which listens, says `ready`, then calls helper_main with the socket):
+`proxy_proc.py TOKEN chaoskit.injectors.proxy_server LISTEN UPSTREAM TOXICS_JSON UNTIL_EPOCH`. Standard library only,
+and uvloop when installed. Toxics (each with `stream` upstream|downstream and `toxicity`, the chance a connection
+gets it): latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import random
 import signal
 import socket
 import struct
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -171,7 +169,7 @@ class Connection:
             p.reader.feed_eof()
 
 
-async def serve(listen: str, upstream: str, toxics: list[dict[str, Any]], until: float) -> None:
+async def serve(sock: socket.socket, upstream: str, toxics: list[dict[str, Any]], until: float) -> None:
     up_host, up_port = split_addr(upstream)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -186,16 +184,14 @@ async def serve(listen: str, upstream: str, toxics: list[dict[str, Any]], until:
         for w in (writer, up[1]):
             w.close()
 
-    host, port = split_addr(listen)
-    await serve_until(await asyncio.start_server(handle, host, port, reuse_address=True, backlog=1024), until)
+    await serve_until(await asyncio.start_server(handle, sock=sock, backlog=1024), until)
 
 
 async def serve_until(server: asyncio.Server, until: float) -> None:
-    """Say `ready`, then serve until SIGTERM or the epoch `until` (a helper outliving its run ends by itself)."""
+    """Serve until SIGTERM or the epoch `until` (a helper outliving its run ends by itself)."""
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, _exit_now, server)
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # Ctrl-C at the terminal is the engine's to handle
-    print("ready", flush=True)
     async with server:
         await asyncio.sleep(max(0.0, until - time.time()))
 
@@ -214,7 +210,8 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
 
 
 def run_fast(coro: Awaitable[Any]) -> Any:
-    """On uvloop when it is installed (chaoskit.aio's, without importing chaoskit: this file runs alone)."""
+    """On uvloop when it is installed (chaoskit.aio's, without importing the chaoskit package: ~25 ms of CPU per
+    helper start)."""
     try:
         import uvloop
     except ImportError:
@@ -222,16 +219,14 @@ def run_fast(coro: Awaitable[Any]) -> Any:
     return uvloop.run(coro)  # type: ignore[arg-type]
 
 
-def helper_main(argv: list[str], serve: Callable[[str, str, Any, float], Awaitable[None]]) -> int:
-    """A proxy helper's main: argv is token, listen, upstream, its JSON configuration, the epoch to end at."""
-    _token, listen, upstream, config, until = argv[0], argv[1], argv[2], json.loads(argv[3]), float(argv[4])
-    try:
-        run_fast(serve(listen, upstream, config, until))
-    except OSError as e:
-        print(f"cannot listen on {listen}: {e}", file=sys.stderr, flush=True)
-        return 1
+def serve_helper(sock: socket.socket, argv: list[str],
+                 serve: Callable[[socket.socket, str, Any, float], Awaitable[None]]) -> int:
+    """A proxy server's part of its helper (proxy_proc listened already): argv is upstream, its JSON
+    configuration, the epoch to end at."""
+    run_fast(serve(sock, argv[0], json.loads(argv[1]), float(argv[2])))
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(helper_main(sys.argv[1:], serve))
+def helper_main(sock: socket.socket, argv: list[str]) -> int:
+    """Called by proxy_proc with its listening socket."""
+    return serve_helper(sock, argv, serve)

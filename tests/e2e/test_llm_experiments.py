@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from chaoskit.injectors.helper_proc import command
 from chaoskit.reference.deploy import Deployment, RefOptions
 from chaoskit.targets.process import all_pids, cmdline
 from tests.conftest import chaoskit, free_port, requires_triton
@@ -33,7 +32,7 @@ def run_llm(name: str, tmp_path, state_dir, port: int, *overrides: str) -> tuple
 
 
 def no_proxy_left(port: int) -> bool:
-    return not [pid for pid in all_pids() if command("chaoskit.injectors.llm_proxy_server")[-1] in cmdline(pid)
+    return not [pid for pid in all_pids() if "chaoskit.injectors.llm_proxy_server" in cmdline(pid)
                 and f"127.0.0.1:{port}" in cmdline(pid)]
 
 

@@ -14,11 +14,12 @@ from chaoskit.injectors.helper_proc import command, env
 
 HEAVY = ("pydantic", "aiohttp", "yaml", "rich", "typer", "kubernetes", "numpy", "psutil", "pyroute2")
 # standard library only: they need nothing of chaoskit (a memory holder's own size matters to the OOM killer)
-STANDALONE = {"chaoskit.injectors.proxy_server", "chaoskit.injectors.memory_holder",
+STANDALONE = {"chaoskit.injectors.proxy_proc", "chaoskit.injectors.memory_holder",
               "chaoskit.injectors.memlimit_proc", "chaoskit.injectors.cpu_stress_proc"}
 # load.flood's helper is chaoskit's load generator (pydantic LoadSpec, numpy histograms): it runs all of it
 RUNS_HEAVY = {"chaoskit.injectors.flood_proc"}
 HELPERS = sorted({cls.helper for cls in INJECTORS if cls.helper})
+SERVERS = sorted({cls.server for cls in INJECTORS if hasattr(cls, "server")})  # what proxy_proc runs
 
 LOAD = """
 import importlib.util, json, sys
@@ -37,10 +38,21 @@ def imported_by(module: str) -> set[str]:
 
 
 def test_every_helper_is_declared_and_run_as_its_file():
-    assert set(HELPERS) >= STANDALONE | RUNS_HEAVY | {"chaoskit.injectors.llm_proxy_server",
-                                                       "chaoskit.injectors.gpu_holder"}
-    *python, path = command("chaoskit.injectors.proxy_server")
-    assert python == [sys.executable, "-S", "-P"] and path.endswith("chaoskit/injectors/proxy_server.py")
+    assert set(HELPERS) == STANDALONE | RUNS_HEAVY | {"chaoskit.injectors.gpu_holder"}
+    *python, path = command("chaoskit.injectors.proxy_proc")
+    assert python == [sys.executable, "-S", "-P"] and path.endswith("chaoskit/injectors/proxy_proc.py")
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_a_proxy_server_runs_on_the_standard_library_and_what_it_shares(server):
+    """What proxy_proc imports once it said ready: network.proxy's server nothing of chaoskit; llm.proxy's its
+    own modules and the timerfd alarm."""
+    mods = imported_by(server)
+    ours = sorted(m for m in mods if m.startswith("chaoskit."))
+    assert not [m for m in mods if m.split(".")[0] in HEAVY]
+    assert ours == ([] if server.endswith(".proxy_server") else [
+        "chaoskit.injectors", "chaoskit.injectors.llm_proxy_faults", "chaoskit.injectors.llm_proxy_sse",
+        "chaoskit.injectors.proxy_server", "chaoskit.load", "chaoskit.load.timer"])
 
 
 @pytest.mark.parametrize("module", HELPERS)

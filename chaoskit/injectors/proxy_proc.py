@@ -1,0 +1,45 @@
+"""A proxy helper (network.proxy, llm.proxy): listen first, say `ready`, then import the server and serve.
+
+Run as `python -S -P chaoskit/injectors/proxy_proc.py TOKEN SERVER LISTEN UPSTREAM CONFIG_JSON UNTIL_EPOCH`
+(helper_proc.spawn), SERVER the server's module (chaoskit.injectors.proxy_server or llm_proxy_server). From the
+moment it is listening the kernel completes and queues connections, so the fault is in effect at `ready`; the
+server (asyncio, ~50 ms to import) accepts them as soon as it runs."""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import socket
+import sys
+
+
+def listen(addr: str) -> socket.socket:
+    """The listening socket of `host:port` (as asyncio.start_server makes it: SO_REUSEADDR, backlog 1024)."""
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def main(argv: list[str]) -> int:
+    server, addr = argv[1], argv[2]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the terminal is the engine's to handle
+    try:
+        sock = listen(addr)
+    except OSError as e:
+        print(f"cannot listen on {addr}: {e}", file=sys.stderr, flush=True)
+        return 1
+    print("ready", flush=True)
+    return importlib.import_module(server).helper_main(sock, argv[3:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
