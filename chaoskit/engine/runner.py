@@ -19,6 +19,7 @@ from chaoskit.engine.journal import Journal
 from chaoskit.engine.ledger import Ledger
 from chaoskit.engine.plan import inject_steps, plan_faults, step_path
 from chaoskit.engine.safeguards import take_guarded, tripped
+from chaoskit.engine.spans import Cut, Spans, final_samples
 from chaoskit.engine.states import Event, FailureKind, RunStatus, State
 from chaoskit.engine.steady_state import Baselines, take_sample
 from chaoskit.errors import PreflightError
@@ -93,8 +94,7 @@ class Runner:
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
         self._blocks = 0  # parallel blocks started (each names the group of its faults in the ledger)
         self._unapplied = 0  # inject steps of the method neither applied nor skipped yet
-        self._spans: dict[str, Continuous] = {}  # continuous probes judged in the current span of faults in effect
-        self._finished: set[str] = set()  # continuous probes whose last phase has ended (their load stopped)
+        self.spans = Spans()  # continuous probes judged in the current span of faults in effect
         self._deviated: set[str] = set()  # probes that deviated during the method (the first one is the news)
 
     # -- events -------------------------------------------------------------------------------------
@@ -230,8 +230,8 @@ class Runner:
 
     async def _steps_then_end(self, abort: list[str]) -> None:
         await self._steps(self.exp.method, "method", abort)
-        if self._spans and not abort:  # faults without a duration are still in effect: the span ends here
-            await self._final_samples(await self._cut_span(stop_last=False))
+        if self.spans.open and not abort:  # faults without a duration are still in effect: the span ends here
+            await self._final_samples(await self._end_span(stop_last=False))
 
     async def _stop_during_only(self) -> None:
         """Continuous probes not sampled after the method stop their load (one through a proxy that exists only
@@ -297,19 +297,18 @@ class Runner:
             await self._in_effect.wait()
         start = time.monotonic()
         continuous = probe if isinstance(probe, Continuous) and probe.is_continuous else None
-        while self._sampling and probe.spec.name not in self._finished:
+        while self._sampling and probe.spec.name not in self.spans.finished:
             in_effect = judged and self._active > 0
             judging = in_effect and time.monotonic() - self._applied_at >= grace
-            if judging and continuous is not None and probe.spec.name not in self._spans:
-                self._spans[probe.spec.name] = continuous  # what this sample and later ones report is the span's
-                continuous.begin_phase()
+            if judging and continuous is not None:
+                self.spans.begin(probe, continuous)
             interim = judging and continuous is not None and continuous.over_phase
             # between: no fault in effect; grace: one is, but the system may still be adapting to it;
             # interim: judged once over the span, at its end (over: phase), not sample by sample
             phase = Phase.INTERIM if interim else (Phase.DURING if judging else (
                 Phase.GRACE if in_effect else (Phase.BETWEEN if judged else Phase.SAFEGUARD)))
             sample = await take_guarded(probe, phase, guards, self.baselines)
-            if probe.spec.name in self._finished and (isinstance(sample, str) or sample.verdict is Verdict.ERROR):
+            if probe.spec.name in self.spans.finished and (isinstance(sample, str) or sample.verdict is Verdict.ERROR):
                 return  # its load stopped at the end of its last phase while this sample waited for a window
             if isinstance(sample, str):  # a latency safeguard tripped while the probe was still out
                 self._trip(probe, sample, abort)
@@ -332,33 +331,12 @@ class Runner:
             self.status.deviate(f"{sample.probe} deviated during the method: "
                                 + sample.why())
 
-    async def _cut_span(self, stop_last: bool) -> list[tuple[str, Continuous, str | None]]:
-        """A span with faults in effect ends, before its revert: cut each continuous probe judged in it there
-        (each answers within ms), so the final samples end here. With stop_last (the method's last fault has
-        ended), a probe that is not sampled after the method also stops sending. (name, probe, why the cut
-        failed or None) of each."""
-        spans = sorted(self._spans.items())
-        self._spans.clear()
-        stops = [stop_last and "after" not in self.probes[name].spec.phases for name, _ in spans]
-        self._finished.update(name for (name, _), stop in zip(spans, stops, strict=True) if stop)
-        cuts = await asyncio.gather(*(c.cut(stop) for (_, c), stop in zip(spans, stops, strict=True)),
-                                    return_exceptions=True)
-        out: list[tuple[str, Continuous, str | None]] = []
-        for (name, c), cut in zip(spans, cuts, strict=True):
-            if isinstance(cut, asyncio.CancelledError):
-                raise cut
-            out.append((name, c, f"the final sample could not be cut: {type(cut).__name__}: {cut}"
-                        if isinstance(cut, BaseException) else None))
-        return out
+    async def _end_span(self, stop_last: bool) -> list[Cut]:
+        """A span with faults in effect ends, before its revert: its continuous probes are cut there (spans)."""
+        return await self.spans.cut(stop_last, {n for n, p in self.probes.items() if "after" in p.spec.phases})
 
-    async def _final_samples(self, cut: list[tuple[str, Continuous, str | None]]) -> None:
-        """Each cut probe's final sample of the span (the last partial window; over: phase, the whole span)."""
-        async def one(name: str, c: Continuous, error: str | None) -> Sample:
-            if error is not None:
-                return Sample(probe=name, phase=Phase.DURING, verdict=Verdict.ERROR, t=time.time(), error=error)
-            return await take_sample(self.probes[name], Phase.DURING, self.baselines, measure=c.end_phase)
-
-        for sample in await asyncio.gather(*(one(*each) for each in cut)):
+    async def _final_samples(self, cuts: list[Cut]) -> None:
+        for sample in await final_samples(cuts, self.baselines):
             self._record(sample)
             if sample.verdict is not Verdict.OK:
                 self._deviate(sample)
@@ -400,7 +378,7 @@ class Runner:
             return  # stays until the rollback phase
         await asyncio.sleep(step.duration)
         self._active -= 1  # from here on, samples see the revert, not the fault
-        cut = await self._cut_span(stop_last=self._unapplied == 0) if self._active == 0 and self._spans else []
+        cut = await self._end_span(stop_last=self._unapplied == 0) if self._active == 0 and self.spans.open else []
         await self.faults.end(entry_id, step.label())
         await self._final_samples(cut)
 
