@@ -94,10 +94,7 @@ def run(
     live = (out.is_terminal and not ci) if live is None else live
     args = RunArgs(dry_run, cli_vars, journal, junit, report, out_dir, live, step, ci)
     if not suite:
-        rec = run_one(files[0], args)
-        if rec.error is not None:
-            _fail(rec.error)
-        raise typer.Exit(rec.code)
+        raise typer.Exit(run_one(files[0], args).code)
     from chaoskit.cli_suite import run_suite
 
     try:

@@ -45,6 +45,7 @@ def test_run_invalid_file_applies_nothing(tmp_path, state_dir):
     p = chaoskit("run", str(write(tmp_path / "bad.yaml", BAD)), "--out", str(tmp_path / "o"), state=state_dir)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "Traceback" not in out + err
+    assert err.count("unknown field 'sise'") == 1, err  # said once
     assert not (tmp_path / "o").exists() and not (state_dir / "ledgers").exists()
 
 
