@@ -1,0 +1,155 @@
+"""network.netem's queue mode (no sch_netem needed): the selected packets go to an NFQUEUE whose native helper
+(netem_queue.c, built at first use) holds each one until its time, drops, duplicates, corrupts, reorders and
+rate-limits them with sch_netem's rules. Revert deletes the nft table first, then stops the helper; the queue
+rule's bypass flag lets packets through whenever no helper is bound (killed, exited): it fails open."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from chaoskit import paths
+from chaoskit.errors import PreflightError
+from chaoskit.injectors import helper_proc
+from chaoskit.injectors import netem_queue_nft as nft
+from chaoskit.targets.local import NetnsTarget
+from chaoskit.targets.netns import same_namespace
+from chaoskit.targets.process import ProcessRef, cmdline, proc_ref
+from chaoskit.units import parse_rate
+
+SOURCE = Path(__file__).with_name("netem_queue.c")
+CFLAGS = ("-O2", "-Wall")
+QUEUE_BASE = 20000  # the helper binds the first free queue number from a random start above this
+TOKEN_PREFIX = "chaoskit-netemq-"
+
+
+def compiler() -> str | None:
+    """$CC, else cc, else gcc on PATH."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def build() -> Path:
+    """The helper executable for this netem_queue.c (compiled into the cache on first use)."""
+    cc = compiler()
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    exe = paths.cache_dir() / f"netemq-{key}"
+    if exe.exists():
+        return exe
+    if not cc:
+        raise PreflightError("network.netem (queue mode) builds its helper with a C compiler: apt install gcc libc6-dev")
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=exe.parent, prefix=".netemq-")
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
+        if r.returncode:
+            raise PreflightError(f"network.netem: compiling {SOURCE.name} failed ({cc}): {r.stderr.strip()[-600:]}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, exe)  # atomic: concurrent builders agree
+        for old in exe.parent.glob("netemq-*"):
+            if old != exe:
+                old.unlink(missing_ok=True)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return exe
+
+
+def helper_args(spec: Any, dist_file: str | None, stats: str, until: float) -> list[str]:
+    """network.netem's spec (a NetemSpec) as the helper's key=value arguments."""
+    kv: dict[str, Any] = {
+        "delay_ns": round(spec.delay * 1e9), "jitter_ns": round(spec.jitter * 1e9), "delay_corr": spec.correlation,
+        "loss": spec.loss, "loss_corr": spec.loss_correlation, "duplicate": spec.duplicate,
+        "duplicate_corr": spec.duplicate_correlation, "corrupt": spec.corrupt,
+        "corrupt_corr": spec.corrupt_correlation, "reorder": spec.reorder, "reorder_corr": spec.reorder_correlation,
+        "gap": max(spec.gap, 1) if spec.reorder else 0,  # as tc: reorder without a gap means gap 1
+        "rate": parse_rate(spec.rate) if spec.rate is not None else 0, "limit": spec.limit,
+        "mark": nft.COPY_MARK, "queue": QUEUE_BASE + random.randrange(0, 40000), "stats": stats,
+        "until": f"{until:.3f}",
+    }
+    if dist_file:
+        kv["dist"] = dist_file
+    return [f"{k}={v}" for k, v in kv.items()]
+
+
+def plan(spec: Any, t: NetnsTarget, reason: str) -> list[str]:
+    """The plan lines of queue mode."""
+    hook = nft.hook_chain(spec.direction)
+    dev = "oif" if spec.direction == "egress" else "iif"
+    scope = f"{dev} {t.ifname}"
+    if spec.filter:
+        scope += ", " + ", ".join(filter(None, (
+            f"ip daddr {{{', '.join(spec.filter.destinations)}}}" if spec.filter.destinations else "",
+            f"tcp/udp dport {{{', '.join(map(str, spec.filter.ports))}}}" if spec.filter.ports else "")))
+    return [f"mode queue ({reason})",
+            f"start the netemq helper in {t.label} ({spec.describe()}; it holds each packet until its time)",
+            f"add nft table {nft.FAMILY} chaoskit_nq_<id> in {t.label}: {hook} packets ({scope}) -> NFQUEUE "
+            f"with bypass (packets pass whenever no helper is bound)",
+            "revert: delete the table, then stop the helper (SIGTERM: held packets are let go)"]
+
+
+def prepare(t: NetnsTarget, direction: str, reason: str) -> dict[str, Any]:
+    token = f"{TOKEN_PREFIX}{uuid.uuid4().hex}"
+    return {"mode": "queue", "mode_reason": reason, "ns": t.ns_path, "ns_inode": t.ns_inode, "ifindex": t.ifindex,
+            "ifname": t.ifname, "direction": direction, "table": f"chaoskit_nq_{token[-12:]}", "token": token,
+            "stats": str(Path(tempfile.gettempdir()) / f"{token}.json")}
+
+
+def spawn(exe: Path, token: str, ns_path: str, args: list[str]) -> tuple[ProcessRef, int]:
+    """Start the helper in its own session; wait for `ready QUEUE`; its identity and the queue it bound."""
+    proc = subprocess.Popen([str(exe), token, ns_path, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    line = proc.stdout.readline().split()
+    if len(line) != 2 or line[0] != "ready":
+        proc.kill()
+        _, err = proc.communicate()
+        raise RuntimeError(f"the netemq helper failed to start (exit {proc.returncode}): {err.strip()[-500:]}")
+    proc.stdout.close()
+    proc.stderr.close()
+    ref = proc_ref(proc.pid) if token in cmdline(proc.pid) else None
+    return (ref if ref is not None else ProcessRef(proc.pid, 0)), int(line[1])
+
+
+def apply(spec: Any, record: dict[str, Any], dist_file: str | None, lifetime_s: float) -> dict[str, Any]:
+    """Helper first (bound to its queue), then the rule: from then on the selected packets go through it."""
+    args = helper_args(spec, dist_file, record["stats"], time.time() + lifetime_s)
+    ref, queue = spawn(build(), record["token"], record["ns"], args)
+    record = {**record, "helper": ref.to_json(), "queue": queue}
+    f = spec.filter
+    matches = nft.selection(record["direction"], record["ifname"], f.destinations if f else None,
+                            f.ports if f else None)
+    nft.install(record["ns"], record["table"], record["direction"], matches, queue)
+    return record
+
+
+def revert(record: dict[str, Any]) -> None:
+    """The rule first (new packets pass untouched), then the helper (what it holds is let go)."""
+    if same_namespace(record):
+        nft.remove(record["ns"], record["table"])
+    helper_proc.stop(record.get("token"), ref=record.get("helper"))
+    Path(record["stats"]).unlink(missing_ok=True)
+    Path(record["stats"] + ".tmp").unlink(missing_ok=True)
+
+
+def observe(record: dict[str, Any]) -> bool:
+    """In effect: the table is there and its helper is running."""
+    return (same_namespace(record) and nft.present(record["ns"], record["table"])
+            and helper_proc.running(record.get("token"), record.get("helper")))
+
+
+def stats(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The helper's counters (written every 0.5 s): packets seen, delayed, dropped, ... and its release lateness."""
+    try:
+        return json.loads(Path(record["stats"]).read_text())
+    except (OSError, ValueError):
+        return None
