@@ -1,4 +1,5 @@
-"""network.netem and network.bandwidth: a root qdisc (netem / tbf) on an interface in a namespace, via pyroute2."""
+"""network.netem and network.bandwidth: a root qdisc (netem / tbf) on an interface in a namespace, via pyroute2;
+network.netem without sch_netem goes through an NFQUEUE helper instead (netem_queue)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 from pyroute2.netlink.rtnl.tcmsg import sched_netem, tcmsg
 
 from chaoskit.errors import PreflightError
+from chaoskit.injectors import netem_queue
 from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper
 from chaoskit.model.types import Duration, Percent, Port, StrictModel
-from chaoskit.targets import tc
+from chaoskit.targets import nftables, tc
 from chaoskit.targets.local import NetnsTarget
 from chaoskit.targets.netns import NetTargetSpec, resolve, same_namespace, with_iproute
 from chaoskit.units import format_size, parse_rate, parse_size
@@ -97,6 +99,14 @@ class NetemSpec(_TcSpec):
     gap: int = Field(0, ge=0, description="reorder every Nth packet")
     rate: str | int | None = Field(None, description="netem's own rate limit, e.g. '10mbit'")
     limit: int = Field(1000, gt=0, description="queue length in packets")
+    mode: Literal["auto", "qdisc", "queue"] = Field(
+        "auto", description="qdisc: the sch_netem qdisc. queue: no sch_netem needed; an nft rule (in a chaoskit "
+        "table of the namespace) sends the selected packets to an NFQUEUE, where a native helper holds each one "
+        "until its time (CLOCK_MONOTONIC) and drops, duplicates (a marked copy sent through a raw socket), "
+        "corrupts (one bit flipped after the IP header), reorders and rate-limits (IP length) them with netem's "
+        "rules; the queue's bypass flag lets packets pass whenever the helper is gone (it fails open); revert "
+        "deletes the table, then stops the helper. auto: qdisc where the kernel has sch_netem, else queue "
+        "(the plan and the journal say which and why)")
 
     @field_validator("rate")
     @classmethod
@@ -188,15 +198,21 @@ class NetemMessage(tcmsg):
         return _NetemOptions
 
 
-def dist_table(name: str) -> bytes:
-    """iproute2's distribution table (NETEM_DIST_SCALE units) as the s16 array the kernel expects."""
+def dist_file(name: str) -> Path:
+    """Where iproute2 keeps the distribution table `name`."""
     for d in DIST_DIRS:
         f = Path(d) / f"{name}.dist"
         if f.exists():
-            vals = [int(x) for line in f.read_text().splitlines() if not line.startswith("#") for x in line.split()]
-            return struct.pack(f"={len(vals)}h", *vals)
+            return f
     raise PreflightError(f"network.netem: distribution table {name}.dist not found in {', '.join(DIST_DIRS)} "
                          "(install iproute2)")
+
+
+def dist_table(name: str) -> bytes:
+    """iproute2's distribution table (NETEM_DIST_SCALE units) as the s16 array the kernel expects."""
+    text = dist_file(name).read_text()
+    vals = [int(x) for line in text.splitlines() if not line.startswith("#") for x in line.split()]
+    return struct.pack(f"={len(vals)}h", *vals)
 
 
 def netem_message(spec: NetemSpec, ifindex: int, parent: int, handle: int) -> NetemMessage:
@@ -364,21 +380,93 @@ def _ifb_exists(record: dict[str, Any]) -> bool:
     return bool(with_iproute(record["ns"], lambda ipr: ipr.link_lookup(ifname=record["ifb"])))
 
 
+def netem_mode(asked: str) -> tuple[str, str]:
+    """(qdisc or queue, why) for network.netem's `mode`: auto tries a netem qdisc in a throwaway namespace."""
+    if asked != "auto":
+        return asked, f"mode: {asked} asked"
+    reason = tc.netem_missing_reason()
+    if reason is None:
+        return "qdisc", "auto: this kernel has sch_netem"
+    return "queue", f"auto: {reason.split(' (')[0]}"
+
+
 class Netem(_TcFault):
     type: ClassVar[str] = "network.netem"
-    summary: ClassVar[str] = "delay, jitter, loss, duplicate, corrupt, reorder, rate with netem (pyroute2 netlink)"
+    summary: ClassVar[str] = ("delay, jitter, loss, duplicate, corrupt, reorder, rate with netem (pyroute2 netlink), "
+                              "or without sch_netem through an NFQUEUE helper (mode: queue)")
     Spec = NetemSpec
     spec: NetemSpec
+    _mode: tuple[str, str] | None = None
+
+    def mode(self) -> tuple[str, str]:
+        """(qdisc or queue, why), decided once per fault."""
+        if self._mode is None:
+            self._mode = netem_mode(self.spec.mode)
+        return self._mode
 
     def preflight(self) -> None:
         if os.geteuid() != 0:
             raise PreflightError("network.netem needs root (CAP_NET_ADMIN)")
-        reason = tc.netem_missing_reason()
-        if reason:
-            raise PreflightError(f"network.netem: {reason}; network.proxy adds latency without it")
+        mode, _ = self.mode()
+        if mode == "qdisc":
+            reason = tc.netem_missing_reason()
+            if reason:
+                raise PreflightError(f"network.netem: {reason}; mode: queue (or auto) works without it, "
+                                     "network.proxy adds latency without it")
         if self.spec.distribution != "uniform":
-            dist_table(self.spec.distribution)
-        super().preflight()
+            dist_file(self.spec.distribution)
+        if mode == "queue":
+            self._preflight_queue()
+        else:
+            super().preflight()
+
+    def _preflight_queue(self) -> None:
+        t = self._target()
+        netem_queue.build()
+        try:
+            nftables.tables(t.ns_path)
+        except (nftables.NftError, OSError) as e:
+            raise PreflightError(f"network.netem (queue mode): nftables unusable in {t.label}: {e}") from None
+        if self.spec.filter and self.spec.filter.destinations:
+            self._check_routes(t)
+
+    def plan(self) -> list[str]:
+        mode, why = self.mode()
+        if mode == "queue":
+            return netem_queue.plan(self.spec, self._target(), why)
+        return [f"mode qdisc ({why})", *super().plan()]
+
+    def prepare(self) -> dict[str, Any]:
+        mode, why = self.mode()
+        if mode == "queue":
+            return netem_queue.prepare(self._target(), self.spec.direction, why)
+        return {**super().prepare(), "mode": "qdisc", "mode_reason": why}
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        if record.get("mode") == "queue":
+            dist = str(dist_file(self.spec.distribution)) if self.spec.distribution != "uniform" else None
+            return netem_queue.apply(self.spec, record, dist, self.ctx.lifetime_s)
+        return super().apply(record)
+
+    @classmethod
+    def revert(cls, record: dict[str, Any]) -> None:
+        if record.get("mode") == "queue":
+            netem_queue.revert(record)
+        else:
+            super().revert(record)
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        if record.get("mode") == "queue":
+            return netem_queue.observe(record)
+        return super().observe(record)
+
+    @classmethod
+    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
+        details: dict[str, Any] = {"in_effect": cls.observe(record), "mode": record.get("mode", "qdisc")}
+        if record.get("mode") == "queue":
+            details["helper"] = netem_queue.stats(record)
+        return details
 
     def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:
         tc.request(ipr, netem_message(self.spec, ifindex, parent, handle), RTM_NEWQDISC,
