@@ -200,3 +200,29 @@ def test_gpu_scenarios_are_refused_plainly_without_a_gpu(tmp_path, state_dir, na
         pytest.skip("this host has a CUDA driver: the GPU scenarios run for real (bench/gpu_check.sh)")
     code, s, out = run_scenario(name, tmp_path, state_dir)
     assert code == 4 and reason in out and not s["faults"], out
+
+
+def test_an_interrupt_while_the_deployment_starts_stops_it_and_says_so(tmp_path, state_dir):
+    """Ctrl-C while the experiment's own deployment starts: what started is stopped, the run says so, exit 130,
+    nothing was applied (the app layer's Outcome, not an exception, carries it to the CLI)."""
+    ref_root = tmp_path / "ref"
+    os.environ["CHAOSKIT_REF_DIR"] = str(ref_root)
+    try:
+        p = chaoskit("run", str(SCENARIOS / "kv-cache-pollution.yaml"), "--out", str(tmp_path / "o"), "--plain",
+                     state=state_dir)
+    finally:
+        os.environ.pop("CHAOSKIT_REF_DIR")
+    try:
+        wait_for(lambda: any(ref_root.parent.glob("ref-*/processes.json")), timeout=120, every=0.05)
+        assert not any(ref_root.parent.glob("ref-*/facts.json"))  # still starting
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        for d in ref_root.parent.glob("ref-*"):
+            subprocess.run(["python", "-m", "chaoskit", "ref", "down", "--dir", str(d)], cwd=ROOT, capture_output=True)
+    assert p.returncode == 130, out + err
+    assert "interrupted while the reference deployment was starting (stopped again)" in err
+    assert not (tmp_path / "o" / "journal.jsonl").exists() and _leftovers(ref_root) == []
