@@ -205,19 +205,40 @@ def netem_in_kernel() -> tuple[bool | None, str]:
     return None, "no kernel config to read"
 
 
+QUEUE_OPTIONS = ("CONFIG_NETFILTER_NETLINK_QUEUE", "CONFIG_NETFILTER_XT_TARGET_NFQUEUE", "CONFIG_NFT_COMPAT")
+
+
+def netem_queue_mode() -> str:
+    """Whether network.netem's queue mode (an NFQUEUE helper, no sch_netem) can run here, in words: the kernel
+    options it needs and the C compiler that builds its helper."""
+    from chaoskit.injectors.netem_queue import compiler
+
+    opts = {o: kernel_config(o) for o in QUEUE_OPTIONS}
+    said = ", ".join(f"{o.removeprefix('CONFIG_')}={v or '?'}" for o, v in opts.items())
+    off = [o.removeprefix("CONFIG_") for o, v in opts.items() if v == "n"]
+    if off:
+        return f"queue mode cannot run either: the kernel lacks {', '.join(off)}"
+    if compiler() is None:
+        return "queue mode cannot run either: no C compiler ($CC, cc or gcc) to build its helper"
+    return f"mode queue (an NFQUEUE helper holds the packets; {said}, {compiler()} builds it)"
+
+
 def _netem() -> Check:
     area, blocks = "network.netem (kernel)", ("network.netem",)
     has, why = netem_in_kernel()
     if not _is_root():
-        return Check(area, False, f"needs root to create a test namespace; {why}", blocks,
-                     ("root",) if has is not False else ("root", "netem"))
+        mode = "mode qdisc" if has else netem_queue_mode()
+        return Check(area, False, f"needs root to create a test namespace; {why}; as root, network.netem would use "
+                                  f"{mode}", blocks, ("root",) if has is not False else ("root", "netem"))
     from chaoskit.targets.tc import netem_missing_reason
 
     reason = netem_missing_reason()
     if reason is None:
-        return Check(area, True, "sch_netem available (checked in a throwaway netns)", blocks)
+        return Check(area, True, "sch_netem available (checked in a throwaway netns); network.netem uses mode qdisc",
+                     blocks)
     absent = "sch_netem" in reason
-    return Check(area, False, why if has is False else reason, blocks, ("netem",) if absent else ())
+    return Check(area, False, f"{why if has is False else reason}; network.netem uses {netem_queue_mode()}", blocks,
+                 ("netem",) if absent else ())
 
 
 def _nft() -> Check:
