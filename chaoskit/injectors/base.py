@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 if TYPE_CHECKING:
     from chaoskit.targets.cgroups import Hierarchy
@@ -52,6 +52,18 @@ class FaultContext:
     target: LocalTarget | None = None
 
 
+class RecordError(ValueError):
+    """A revert record read back from the ledger does not have the shape its fault family writes."""
+
+
+class RevertRecord(BaseModel):
+    """A fault family's revert record as the ledger keeps it (plain JSON), read back into this model before a
+    revert or observe: a torn or foreign record is refused with what is wrong instead of failing halfway through
+    the undo. Keys the model does not name are left alone (a newer chaoskit may write more)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
 class Injector(ABC):
     """One fault family. `revert` and `observe` are classmethods: they work from the record alone,
     in a fresh process (the watchdog, `chaoskit rollback`). What it can do is declared on the class."""
@@ -75,6 +87,8 @@ class Injector(ABC):
     # True for a ledger-only type no experiment names (the reference deployment a run brought up): found by
     # injector_class, left out of INJECTORS and the experiment schema
     internal: ClassVar[bool] = False
+    # the model of its revert record (a RevertRecord), checked by read_record; None: a plain dict, unchecked
+    Record: ClassVar[type[RevertRecord] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -137,6 +151,18 @@ class Injector(ABC):
     @abstractmethod
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         """Apply the fault; return the final revert record (plain JSON data)."""
+
+    @classmethod
+    def read_record(cls, record: dict[str, Any]) -> Any:
+        """The record the ledger gave back as the family's Record (RecordError naming each wrong field); the
+        dict itself for a family that declares no Record."""
+        if cls.Record is None:
+            return record
+        try:
+            return cls.Record.model_validate(record)
+        except ValidationError as e:
+            wrong = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']}" for err in e.errors())
+            raise RecordError(f"{cls.type}: its revert record does not read back ({wrong})") from None
 
     @classmethod
     @abstractmethod

@@ -10,7 +10,7 @@ import site
 import subprocess
 import sys
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 from chaoskit.injectors.base import Injector
 from chaoskit.targets.process import ProcessRef, cmdline, find_by_token, is_alive, proc_ref
@@ -123,12 +123,10 @@ def running(token: str | None, ref: dict[str, Any] | None = None) -> bool:
 class HelperFault(Injector):
     """A fault that is a helper process found by the token in its record: revert stops it, observe sees it."""
 
-    ref_key: ClassVar[str | None] = None  # where apply records the helper's ProcessRef (None: found by token)
-
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        stop(record.get("token"), ref=record.get(cls.ref_key) if cls.ref_key else None)
+        stop(record.get("token"))
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        return running(record.get("token"), record.get(cls.ref_key) if cls.ref_key else None)
+        return running(record.get("token"))

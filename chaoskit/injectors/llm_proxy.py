@@ -249,7 +249,7 @@ class LlmProxy(ProxyHelper):
         running = cls.observe(record)
         out: dict[str, Any] = {"in_effect": running}
         if running:
-            stats = stats_of(record["listen"])
+            stats = stats_of(cls.read_record(record).listen)
             if stats is not None:
                 out.update(stats)
         return out

@@ -16,7 +16,7 @@ import psutil
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import NODE_EXECUTORS, Injector, NodeHelper
+from chaoskit.injectors.base import NODE_EXECUTORS, Injector, NodeHelper, RevertRecord
 from chaoskit.model.types import StrictModel
 from chaoskit.targets.cgroups import Hierarchy
 from chaoskit.targets.kube import KubeNodeSelector
@@ -265,6 +265,13 @@ def _wait_state(targets: list[dict[str, Any]], done: Any, timeout: float = 1.0) 
         time.sleep(0.001)
 
 
+class SignalRecord(RevertRecord):
+    """process.signal's record: the signal and the processes it went to (before apply: those it will go to)."""
+
+    signal: str
+    targets: list[ProcessRef] = Field(default_factory=list)
+
+
 class ProcessSignal(Injector):
     independent_revert: ClassVar[bool] = True
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
@@ -274,6 +281,7 @@ class ProcessSignal(Injector):
     summary: ClassVar[str] = "SIGSTOP processes (revert: SIGCONT) or kill them, by PID or name"
     Spec = ProcessSignalSpec
     spec: ProcessSignalSpec
+    Record = SignalRecord
 
     def resolve_target(self) -> ProcessTarget:
         s = self.spec
@@ -326,26 +334,25 @@ class ProcessSignal(Injector):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        if record.get("signal") != "SIGSTOP":
+        r: SignalRecord = cls.read_record(record)
+        if r.signal != "SIGSTOP":
             return  # a terminated process is not ours to restart
-        for t in record.get("targets", []):
-            ref = ProcessRef.from_json(t)
+        for ref in r.targets:
             if is_alive(ref):
                 try:
                     os.kill(ref.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
-        _wait_state(record.get("targets", []), lambda st: st not in ("T", "t"))
+        _wait_state([t.to_json() for t in r.targets], lambda st: st not in ("T", "t"))
 
     def watched_processes(self, record: dict[str, Any]) -> list[ProcessRef]:
         """The processes stopped (those signalled); none for a terminating signal, whose exit is the fault."""
-        if record.get("signal") != "SIGSTOP":
-            return []
-        return [ProcessRef.from_json(t) for t in record.get("targets", [])]
+        r: SignalRecord = self.read_record(record)
+        return list(r.targets) if r.signal == "SIGSTOP" else []
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        if record.get("signal") == "SIGSTOP":
-            return any(proc_state(t["pid"]) == "T" and is_alive(ProcessRef.from_json(t))
-                       for t in record.get("targets", []))
+        r: SignalRecord = cls.read_record(record)
+        if r.signal == "SIGSTOP":
+            return any(proc_state(t.pid) == "T" and is_alive(t) for t in r.targets)
         return False  # a terminating signal is an event: nothing stays in effect to take back

@@ -13,8 +13,10 @@ from pydantic import Field, field_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
+from chaoskit.injectors.base import RevertRecord
 from chaoskit.injectors.proxy_server import split_addr
 from chaoskit.model.types import Duration, Percent, StrictModel
+from chaoskit.targets.process import ProcessRef
 from chaoskit.units import parse_rate
 
 
@@ -114,11 +116,20 @@ class ProxySpec(StrictModel):
         return check_host_port(v)
 
 
+class ProxyRecord(RevertRecord):
+    """A proxy's record: the token its helper carries and where it listens; once started, the helper itself."""
+
+    token: str = Field(min_length=1)
+    listen: str
+    upstream: str
+    proxy: ProcessRef | None = None
+
+
 class ProxyHelper(helper_proc.HelperFault):
     """A proxy run as a helper process (its `helper` module) listening on spec.listen and relaying to
     spec.upstream; subclasses give its JSON configuration."""
     independent_revert: ClassVar[bool] = True
-    ref_key: ClassVar[str | None] = "proxy"  # apply records the helper as record["proxy"]
+    Record = ProxyRecord
 
     helper: ClassVar[str | None] = "chaoskit.injectors.proxy_proc"  # listens, says ready, then runs `server`
     server: ClassVar[str]  # the server module proxy_proc runs
@@ -143,10 +154,22 @@ class ProxyHelper(helper_proc.HelperFault):
                 "upstream": self.spec.upstream}
 
     @classmethod
+    def revert(cls, record: dict[str, Any]) -> None:
+        cls.revert_many([record])
+
+    @classmethod
     def revert_many(cls, records: list[dict[str, Any]]) -> None:
-        """Stop the helpers of many proxies together: they exit side by side, one wait for all (revert alone
-        does the same for one; the rollback still reverts and observes each after this)."""
-        helper_proc.stop_all([p for r in records for p in helper_proc.marked(r.get("token"), r.get(cls.ref_key or ""))])
+        """Stop the helpers of many proxies together: they exit side by side, one wait for all (revert is this for
+        one; the rollback still reverts and observes each after this)."""
+        helper_proc.stop_all([p for r in map(cls.read_record, records) for p in cls._helpers(r)])
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        return bool(cls._helpers(cls.read_record(record)))
+
+    @staticmethod
+    def _helpers(r: ProxyRecord) -> list[ProcessRef]:
+        return helper_proc.marked(r.token, r.proxy.to_json() if r.proxy else None)
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         ref = helper_proc.spawn(self.helper, record["token"],

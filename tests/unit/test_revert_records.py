@@ -1,0 +1,59 @@
+"""Typed revert records: what apply wrote reads back into the family's Record model, and a record that does not
+(torn, foreign, hand-edited) is refused before anything is undone, naming each wrong field."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from chaoskit.executors.local import LocalExecutor
+from chaoskit.injectors import INJECTORS
+from chaoskit.injectors.base import RecordError
+from chaoskit.injectors.process import ProcessSignal, SignalRecord
+from chaoskit.injectors.proxy import Proxy, ProxyRecord
+from chaoskit.targets.process import ProcessRef, proc_ref
+from tests.conftest import proc_state, wait_for
+
+
+def test_the_typed_families():
+    assert {c.type for c in INJECTORS if c.Record is not None} == {"process.signal", "network.proxy", "llm.proxy"}
+
+
+def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        inj = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "pid": sleeper.pid}))
+        final = inj.apply(inj.prepare())
+        wait_for(lambda: proc_state(sleeper.pid) == "T")
+        record = ProcessSignal.read_record(final)
+        assert record == SignalRecord(signal="SIGSTOP", targets=[proc_ref(sleeper.pid)])
+        assert isinstance(record.targets[0], ProcessRef) and ProcessSignal.observe(final)
+        LocalExecutor().revert("process.signal", final, None)
+        assert proc_state(sleeper.pid) in ("S", "R") and not ProcessSignal.observe(final)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@pytest.mark.parametrize(("cls", "record", "wrong"), [
+    (ProcessSignal, {"targets": []}, "(signal: Field required)"),
+    (ProcessSignal, {"signal": "SIGSTOP", "targets": [{"pid": "x", "start_time": 1}]},
+     "(targets.0.pid: Input should be a valid integer, unable to parse string as an integer)"),
+    (Proxy, {"listen": "127.0.0.1:1", "upstream": "127.0.0.1:2"}, "(token: Field required)"),
+    (Proxy, {"token": "", "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "proxy": {"pid": 1}},
+     "(token: String should have at least 1 character; proxy.start_time: Field required)"),
+])
+def test_a_record_that_does_not_read_back_is_refused_before_any_undo(cls, record, wrong):
+    for verb in (cls.revert, cls.observe):
+        with pytest.raises(RecordError) as e:
+            verb(record)
+        assert str(e.value) == f"{cls.type}: its revert record does not read back {wrong}"
+
+
+def test_unknown_keys_are_left_alone_and_a_prepared_record_is_enough():
+    prepared = {"token": "chaoskit-proxy-x", "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "later": 1}
+    assert Proxy.read_record(prepared) == ProxyRecord(token="chaoskit-proxy-x", listen="127.0.0.1:1",
+                                                      upstream="127.0.0.1:2")
+    Proxy.revert(prepared)  # killed before the helper started: nothing to stop, and no error
+    assert not Proxy.observe(prepared)
