@@ -33,22 +33,6 @@ class Loaded:
     deferred: set[Path_] = field(default_factory=set)  # fields holding {target.*} known only at run time
     warnings: list[str] = field(default_factory=list)  # valid, but probably not what was meant (spec.lint)
 
-    def deferred_steps(self) -> set[int]:
-        """id() of each method step whose fault has a field known only at run time."""
-        out: set[int] = set()
-        for path in self.deferred:
-            steps, step = self.experiment.method, None
-            rest = list(path[1:]) if path[:1] == ("method",) else []
-            while rest and isinstance(rest[0], int) and steps and rest[0] < len(steps):
-                step = steps[rest.pop(0)]
-                if rest[:1] != ["parallel"]:
-                    break
-                rest.pop(0)
-                steps = step.parallel or []
-            if step is not None and step.inject is not None:
-                out.add(id(step))
-        return out
-
 
 def parse_cli_vars(items: list[str]) -> dict[str, str]:
     out = {}
