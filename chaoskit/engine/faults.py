@@ -13,6 +13,7 @@ from chaoskit.engine.ledger import Entry, Ledger, LedgerLockTimeout
 from chaoskit.engine.rollback import revert_entry, rollback
 from chaoskit.engine.target_exits import ExitWatch
 from chaoskit.executors import Placement, get_executor, route_of
+from chaoskit.executors.layer import place
 from chaoskit.experiment.models import Step
 from chaoskit.injectors import Injector
 from chaoskit.model.events import (
@@ -28,7 +29,6 @@ from chaoskit.model.events import (
     WatchdogStarted,
 )
 from chaoskit.model.faults import AppliedFault
-from chaoskit.targets.layer import place
 from chaoskit.targets.process import ProcessRef, is_alive
 
 APPLY_GRACE_S = 10.0  # how long rollback waits for an apply that outlived its timeout or a cancel

@@ -8,11 +8,11 @@ from typing import Any
 
 from chaoskit.errors import PreflightError
 from chaoskit.executors import get_executor
+from chaoskit.executors.layer import place
 from chaoskit.experiment.models import Step
 from chaoskit.injectors import Injector, injector_class
 from chaoskit.injectors.base import FaultContext
 from chaoskit.model.events import PlanStep
-from chaoskit.targets.layer import place
 from chaoskit.targets.local import CgroupTarget
 
 
@@ -53,7 +53,7 @@ UNRESOLVED = "(target resolved at run time: it needs facts of a reference deploy
 
 def plan_faults(method: list[Step], unresolved: frozenset[str] = frozenset(), run_id: str = "") -> tuple[
         dict[str, Injector], list[PlanStep], list[str]]:
-    """(injector per step path, the plan, preflight problems). Each fault is placed (targets.layer) and
+    """(injector per step path, the plan, preflight problems). Each fault is placed (executors.layer) and
     checked by its executor. The plan is made even where preflight failed: --dry-run prints it beside the
     reason. Steps in `unresolved` (a dry run's {target.*} not known yet) are listed but neither checked nor
     planned."""
