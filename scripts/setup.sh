@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
-APT_PKGS=(nftables iproute2 python3-bpfcc linux-headers-amd64 prometheus gcc libc6-dev chromium tmux)
+APT_PKGS=(nftables iproute2 python3-bpfcc linux-headers-amd64 prometheus prometheus-pushgateway prometheus-alertmanager gcc libc6-dev chromium tmux)
 
 log() { printf '[setup] %s\n' "$*"; }
 
