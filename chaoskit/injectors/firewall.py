@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper
+from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper, RevertRecord
 from chaoskit.model.types import Percent, Port, StrictModel
 from chaoskit.targets import nftables
 from chaoskit.targets.local import NetnsTarget
@@ -124,8 +124,21 @@ class PartitionSpec(_FirewallSpec):
         return 1.0
 
 
+class NftRecord(RevertRecord):
+    """A firewall fault's record: the namespace (its path and inode: a namespace reused under that path is not
+    touched) and the table, which is always one of chaoskit's own, whatever the ledger says."""
+
+    ns: str
+    ns_inode: int
+    table: str = Field(pattern=r"^chaoskit_[0-9a-f]{12}$")
+
+    def same_namespace(self) -> bool:
+        return same_namespace({"ns": self.ns, "ns_inode": self.ns_inode})
+
+
 class _Firewall(Injector):
     independent_revert: ClassVar[bool] = True
+    Record = NftRecord
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "target.kubernetes"
     node_helper: ClassVar[NodeHelper] = NETNS_HELPER
@@ -157,8 +170,9 @@ class _Firewall(Injector):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        if same_namespace(record) and cls.observe(record):
-            nftables.run(record["ns"], [_delete(record["table"])])
+        r: NftRecord = cls.read_record(record)
+        if r.same_namespace() and nftables.has_table(r.ns, FAMILY, r.table):
+            nftables.run(r.ns, [_delete(r.table)])
 
     @classmethod
     def revert_many(cls, records: list[dict[str, Any]]) -> None:
@@ -166,9 +180,9 @@ class _Firewall(Injector):
         however many tables it deletes, and concurrent ones barely overlap. A speed-up only: a failed
         transaction (a table gone meanwhile) deletes nothing, and each fault's own revert still follows."""
         by_ns: dict[str, list[str]] = {}
-        for record in records:
-            if same_namespace(record):
-                by_ns.setdefault(record["ns"], []).append(record["table"])
+        for r in map(cls.read_record, records):
+            if r.same_namespace():
+                by_ns.setdefault(r.ns, []).append(r.table)
         for ns, names in by_ns.items():
             present = nftables.table_names(ns, FAMILY)
             if doomed := [_delete(name) for name in names if name in present]:
@@ -176,9 +190,8 @@ class _Firewall(Injector):
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        if not same_namespace(record):
-            return False
-        return nftables.has_table(record["ns"], FAMILY, record["table"])
+        r: NftRecord = cls.read_record(record)
+        return r.same_namespace() and nftables.has_table(r.ns, FAMILY, r.table)
 
 
 class Drop(_Firewall):

@@ -10,6 +10,7 @@ import pytest
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors import INJECTORS
 from chaoskit.injectors.base import RecordError
+from chaoskit.injectors.firewall import Drop, Partition
 from chaoskit.injectors.process import ProcessSignal, SignalRecord
 from chaoskit.injectors.proxy import Proxy, ProxyRecord
 from chaoskit.targets.process import ProcessRef, proc_ref
@@ -17,7 +18,8 @@ from tests.conftest import proc_state, wait_for
 
 
 def test_the_typed_families():
-    assert {c.type for c in INJECTORS if c.Record is not None} == {"process.signal", "network.proxy", "llm.proxy"}
+    assert {c.type for c in INJECTORS if c.Record is not None} == {
+        "process.signal", "network.proxy", "llm.proxy", "network.drop", "network.partition"}
 
 
 def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
@@ -43,6 +45,9 @@ def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
     (Proxy, {"listen": "127.0.0.1:1", "upstream": "127.0.0.1:2"}, "(token: Field required)"),
     (Proxy, {"token": "", "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "proxy": {"pid": 1}},
      "(token: String should have at least 1 character; proxy.start_time: Field required)"),
+    (Drop, {"ns": "/proc/1/ns/net", "ns_inode": 4026531840, "table": "filter"},  # never a table not chaoskit's
+     "(table: String should match pattern '^chaoskit_[0-9a-f]{12}$')"),
+    (Partition, {"ns": "/proc/1/ns/net", "table": "chaoskit_0123456789ab"}, "(ns_inode: Field required)"),
 ])
 def test_a_record_that_does_not_read_back_is_refused_before_any_undo(cls, record, wrong):
     for verb in (cls.revert, cls.observe):
