@@ -15,11 +15,13 @@ Listener = Callable[[Event], None]
 
 
 class Journal:
-    """Writes each event to `path` and hands it to listeners (the live display)."""
+    """Writes each event to `path` and hands it to listeners (the live display); sinks (exporters) get every
+    event journaled, the recorded facts too."""
 
     def __init__(self, path: Path | None, listeners: list[Listener] | None = None):
         self.path = path
         self.listeners = list(listeners or [])
+        self.sinks: list[Listener] = []  # called after each event is written; must return at once
         self._fh = None
         self._lock = threading.Lock()
         if path is not None:
@@ -44,6 +46,11 @@ class Journal:
                 self._fh.write(line + "\n")
                 self._fh.flush()
                 os.fsync(self._fh.fileno())
+        for sink in self.sinks:
+            try:
+                sink(event)
+            except Exception:  # an exporter's bug must not break a run: the journal is the source of truth
+                pass
         return event
 
     def close(self) -> None:
