@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from chaoskit.injectors.base import Injector
+from pydantic import Field
+
+from chaoskit.injectors.base import Injector, RevertRecord
 from chaoskit.model.types import StrictModel
 
 
@@ -16,11 +18,16 @@ class ReferenceDeploymentSpec(StrictModel):
     dir: str
 
 
+class DeploymentRecord(RevertRecord):
+    dir: str = Field(min_length=1)  # the deployment's state directory (its recorded processes)
+
+
 class ReferenceDeployment(Injector):
     type: ClassVar[str] = "reference.deployment"
     internal: ClassVar[bool] = True
     summary: ClassVar[str] = "the reference deployment an experiment declared (started and stopped by the run)"
     Spec = ReferenceDeploymentSpec
+    Record = DeploymentRecord
 
     def plan(self) -> list[str]:
         return [f"start the reference deployment in {self.spec.dir}"]
@@ -32,19 +39,30 @@ class ReferenceDeployment(Injector):
     def revert(cls, record: dict[str, Any]) -> None:
         from chaoskit.reference.deploy import Deployment
 
-        Deployment(Path(record["dir"])).down(say=lambda _m: None)
+        Deployment(Path(cls.read_record(record).dir)).down(say=lambda _m: None)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
         from chaoskit.reference.deploy import Deployment
         from chaoskit.targets.process import ProcessRef, is_alive
 
-        return any(is_alive(ProcessRef.from_json(p)) for p in Deployment(Path(record["dir"])).processes())
+        d = Deployment(Path(cls.read_record(record).dir))
+        return any(is_alive(ProcessRef.from_json(p)) for p in d.processes())
 
 
 class ReferenceGatewaySpec(StrictModel):
     type: Literal["reference.gateway"]
     url: str
+
+
+class GatewayHealth(RevertRecord):
+    health_mode: str
+    latency_threshold_ms: float
+
+
+class GatewayRecord(RevertRecord):
+    url: str = Field(pattern=r"^https?://")
+    previous: GatewayHealth  # the settings to switch back to
 
 
 class ReferenceGateway(Injector):
@@ -54,6 +72,7 @@ class ReferenceGateway(Injector):
     internal: ClassVar[bool] = True
     summary: ClassVar[str] = "a reused reference gateway's health settings, switched for one run"
     Spec = ReferenceGatewaySpec
+    Record = GatewayRecord
 
     def plan(self) -> list[str]:
         return [f"switch the health settings of the gateway at {self.spec.url}"]
@@ -65,8 +84,9 @@ class ReferenceGateway(Injector):
     def revert(cls, record: dict[str, Any]) -> None:
         from chaoskit.reference.scenario import set_gateway_health
 
+        r: GatewayRecord = cls.read_record(record)
         try:
-            set_gateway_health(record["url"], record["previous"])
+            set_gateway_health(r.url, r.previous.model_dump())
         except ConnectionRefusedError:
             pass  # the gateway is gone: nothing to switch back
         except OSError as e:
@@ -77,7 +97,8 @@ class ReferenceGateway(Injector):
     def observe(cls, record: dict[str, Any]) -> bool:
         from chaoskit.reference.scenario import gateway_health
 
+        r: GatewayRecord = cls.read_record(record)
         try:
-            return gateway_health(record["url"]) != record["previous"]
+            return gateway_health(r.url) != r.previous.model_dump()
         except OSError:
             return False
