@@ -8,7 +8,7 @@
  * Run by chaoskit/injectors/netem_queue.py as
  *   netemq TOKEN NS_PATH key=value...     (keys: see parse_arg)
  * It enters the namespace, binds the first free queue number from `queue`, prints `ready N` and serves until
- * SIGTERM or the `until` epoch; then it lets what it holds go and exits. The nft rule uses the queue's bypass
+ * SIGTERM or the `until` epoch; then it lets what it holds go at once and exits. The nft rule uses the queue's bypass
  * flag: with no program bound (this one killed), packets pass. Counters are written as JSON to `stats`. */
 
 #define _GNU_SOURCE
@@ -41,7 +41,6 @@
 #define RX_SIZE 70000 /* a whole packet (up to 64 KiB) and its attributes */
 #define TX_SIZE (1 << 20)
 #define LATE_BUCKETS 20000 /* release lateness histogram, 1 us buckets */
-#define DRAIN_NS (2 * NS)
 
 typedef struct {
     int64_t delay, jitter;                          /* ns */
@@ -245,8 +244,11 @@ static int bind_queue(void) {
 }
 
 static int setup_queue(void) {
-    struct nfqnl_msg_config_params params = {.copy_range = htonl(cfg.copy ? 0xffff : 0),
-                                             .copy_mode = cfg.copy ? NFQNL_COPY_PACKET : NFQNL_COPY_META};
+    /* whole packets to duplicate or corrupt; for rate alone a few bytes, for the length (NFQA_CAP_LEN) that
+     * comes with a packet copy only; else the metadata */
+    uint32_t range = cfg.copy ? 0xffff : cfg.rate ? 64 : 0;
+    struct nfqnl_msg_config_params params = {.copy_range = htonl(range),
+                                             .copy_mode = range ? NFQNL_COPY_PACKET : NFQNL_COPY_META};
     uint32_t maxlen = htonl(cfg.limit);
     int err = config_msg(qnum, NFQA_CFG_PARAMS, &params, sizeof params);
     if (!err)
@@ -636,16 +638,12 @@ static int setup(int argc, char **argv) {
 /* ---------------------------------------------------------------- the loop */
 
 static void serve(void) {
-    int64_t next_stats = 0, stop_at = 0;
+    int64_t next_stats = 0;
     struct pollfd pfd = {.fd = nl, .events = POLLIN};
     for (;;) {
         int64_t now = mono();
         release_due(now);
-        if (!stopping && cfg.until && wall() >= cfg.until)
-            stopping = 1;
-        if (stopping && !stop_at)
-            stop_at = now + DRAIN_NS;
-        if (stopping && (!held || now >= stop_at))
+        if (stopping || (cfg.until && wall() >= cfg.until))
             break;
         if (now >= next_stats) {
             write_stats();
@@ -663,7 +661,7 @@ static void serve(void) {
             receive();
     }
     int64_t now = mono();
-    while (held) { /* past the drain time: let them all go now rather than have the kernel drop them */
+    while (held) { /* the fault is over: what is held goes now (the kernel would drop it when we close) */
         item it = heap_pop();
         release(&it, now);
     }

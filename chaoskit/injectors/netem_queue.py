@@ -1,7 +1,7 @@
 """network.netem's queue mode (no sch_netem needed): the selected packets go to an NFQUEUE whose native helper
 (netem_queue.c, built at first use) holds each one until its time, drops, duplicates, corrupts, reorders and
-rate-limits them with sch_netem's rules. Revert deletes the nft table first, then stops the helper; the queue
-rule's bypass flag lets packets through whenever no helper is bound (killed, exited): it fails open."""
+rate-limits them with sch_netem's rules. Revert removes the rule first, then stops the helper, then deletes the
+table; the queue rule's bypass flag lets packets through whenever no helper is bound (killed, exited): it fails open."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def plan(spec: Any, t: NetnsTarget, reason: str) -> list[str]:
             f"start the netemq helper in {t.label} ({spec.describe()}; it holds each packet until its time)",
             f"add nft table {nft.FAMILY} chaoskit_nq_<id> in {t.label}: {hook} packets ({scope}) -> NFQUEUE "
             f"with bypass (packets pass whenever no helper is bound)",
-            "revert: delete the table, then stop the helper (SIGTERM: held packets are let go)"]
+            "revert: flush the rule, stop the helper (SIGTERM: held packets go at once), delete the table"]
 
 
 def prepare(t: NetnsTarget, direction: str, reason: str) -> dict[str, Any]:
@@ -133,10 +133,14 @@ def apply(spec: Any, record: dict[str, Any], dist_file: str | None, lifetime_s: 
 
 
 def revert(record: dict[str, Any]) -> None:
-    """The rule first (new packets pass untouched), then the helper (what it holds is let go)."""
-    if same_namespace(record):
-        nft.remove(record["ns"], record["table"])
+    """The rule first (new packets pass untouched), then the helper (SIGTERM: what it holds goes at once), then
+    the rest of the table (only now: unregistering its hook would drop the packets still held)."""
+    here = same_namespace(record)
+    if here:
+        nft.withdraw(record["ns"], record["table"], record["direction"])
     helper_proc.stop(record.get("token"), ref=record.get("helper"))
+    if here:
+        nft.remove(record["ns"], record["table"])
     Path(record["stats"]).unlink(missing_ok=True)
     Path(record["stats"] + ".tmp").unlink(missing_ok=True)
 

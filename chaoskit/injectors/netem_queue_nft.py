@@ -124,6 +124,13 @@ def install(ns_path: str, table: str, direction: str, matches: list[dict[str, An
     run_in_netns(ns_path, lambda: _send_batch(queue_rule_batch(table, queue)))
 
 
+def withdraw(ns_path: str, table: str, direction: str) -> None:
+    """Flush the hook chain: no packet is queued any more, and the ones held stay held (deleting the table would
+    unregister the hook, and the kernel drops every packet queued from it)."""
+    if nftables.has_table(ns_path, FAMILY, table):
+        nftables.run(ns_path, [{"flush": {"chain": {"family": FAMILY, "table": table, "name": hook_chain(direction)}}}])
+
+
 def remove(ns_path: str, table: str) -> None:
     """Delete the table whole (both chains, both rules), when it is there."""
     if nftables.has_table(ns_path, FAMILY, table):
