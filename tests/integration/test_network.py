@@ -86,19 +86,20 @@ NETEM_MISSING = netem_missing_reason() if os.geteuid() == 0 else "not root"
 
 @pytest.mark.skipif(NETEM_MISSING is None, reason="this kernel has netem; the preflight refusal is not reachable")
 def test_netem_preflight_names_the_missing_module(pair):
-    inj = Netem(Netem.Spec(type="network.netem", target={"netns": pair.srv}, delay="15ms"))
+    inj = Netem(Netem.Spec(type="network.netem", target={"netns": pair.srv}, delay="15ms", mode="qdisc"))
     with pytest.raises(PreflightError, match="sch_netem"):
         inj.preflight()
 
 
-@pytest.mark.skipif(NETEM_MISSING is not None, reason=f"end-to-end netem needs the netem qdisc: {NETEM_MISSING}")
 def test_netem_delays_connects_end_to_end(pair):
+    """In the mode auto picks here: the netem qdisc where the kernel has sch_netem, else the NFQUEUE helper."""
     server = Server(pair.path(pair.srv))
     try:
-        before = pair.qdiscs(pair.srv)
+        before, rules = pair.qdiscs(pair.srv), pair.ruleset(pair.srv)
         inj = Netem(Netem.Spec(type="network.netem", target={"netns": pair.srv}, delay="50ms"))
         inj.preflight()
         rec = inj.apply(inj.prepare())
+        assert rec["mode"] == ("qdisc" if NETEM_MISSING is None else "queue")
 
         def rtt() -> float:
             t0 = time.monotonic()
@@ -108,7 +109,7 @@ def test_netem_delays_connects_end_to_end(pair):
         assert run_in_netns(pair.path(pair.cli), rtt) >= 0.049
         Netem.revert(rec)
         assert run_in_netns(pair.path(pair.cli), rtt) < 0.02
-        assert pair.qdiscs(pair.srv) == before
+        assert pair.qdiscs(pair.srv) == before and pair.ruleset(pair.srv) == rules
     finally:
         server.close()
 
