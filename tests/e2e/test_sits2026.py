@@ -115,14 +115,22 @@ def test_fragmentation_vs_max_batch_flips_with_the_batching_fallback(tmp_path, s
 @requires_triton
 @needs_root
 def test_netem_timeout_holds_and_names_its_variant(tmp_path, state_dir):
+    """The incident's exact `delay 15ms loss 0.2%` as network.netem: the qdisc where the kernel has sch_netem,
+    else queue mode (an NFQUEUE helper); the loss-only nftables fallback is not needed on either."""
     from chaoskit.targets.tc import netem_missing_reason
 
     code, s, out = run_scenario("netem-timeout", tmp_path, state_dir, "duration=6s")
     assert code == 0, out
-    variant = "network.netem" if netem_missing_reason() is None else "network.drop"
-    assert [f["type"] for f in s["faults"]] == [variant]
-    if variant == "network.drop":
-        assert "variant network.drop: network.netem cannot run here" in out
+    mode, why = ("qdisc", "this kernel has sch_netem") if netem_missing_reason() is None else (
+        "queue", "this kernel has no sch_netem")
+    [fault], [step] = s["faults"], s["plan"]
+    assert fault["type"] == "network.netem" and "variant network.drop" not in out
+    assert step["changes"][0] == f"mode {mode} (auto: {why})"
+    assert fault["observed_applied"] == {**fault["observed_applied"], "in_effect": True, "mode": mode}
+    if mode == "queue":
+        assert "(netem delay 15ms, loss 0.2%; " in step["changes"][1]
+        helper = fault["observed_before_revert"]["helper"]
+        assert helper["delayed"] + helper["dropped"] == helper["seen"] > 0
 
 
 @requires_triton
