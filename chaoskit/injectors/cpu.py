@@ -207,8 +207,16 @@ class CpuStressSpec(StrictModel):
     nice: int = Field(0, ge=-20, le=19, description="nice value of the workers (19: they only take idle CPU)")
 
 
+class CpuStressRecord(helper_proc.HelperRecord):
+    """host.cpu_stress's record: its token, and once started the holder and its workers."""
+
+    holder: ProcessRef | None = None
+    worker_procs: list[ProcessRef] = Field(default_factory=list)
+
+
 class CpuStress(helper_proc.HelperFault):
     type: ClassVar[str] = "host.cpu_stress"
+    Record = CpuStressRecord
     helper: ClassVar[str | None] = "chaoskit.injectors.cpu_stress_proc"
     summary: ClassVar[str] = "keep N worker processes busy on the host's CPUs (revert: they exit)"
     Spec = CpuStressSpec
@@ -249,21 +257,20 @@ class CpuStress(helper_proc.HelperFault):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        refs = [ProcessRef.from_json(p) for p in [record.get("holder"), *record.get("worker_procs", [])] if p]
-        token = record.get("token")
-        refs += [r for r in (find_by_token(token) if token else []) if r not in refs]  # e.g. apply died half-way
+        r: CpuStressRecord = cls.read_record(record)
+        refs = [p for p in (r.holder, *r.worker_procs) if p is not None]
+        refs += [p for p in find_by_token(r.token) if p not in refs]  # e.g. apply died half-way
         _terminate(refs)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        if record.get("holder"):
-            return is_alive(ProcessRef.from_json(record["holder"]))
-        return helper_proc.running(record.get("token"))
+        r: CpuStressRecord = cls.read_record(record)
+        return is_alive(r.holder) if r.holder is not None else helper_proc.running(r.token)
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
-        alive = sum(is_alive(ProcessRef.from_json(w)) for w in record.get("worker_procs", []))
-        return {"in_effect": cls.observe(record), "workers_alive": alive}
+        r: CpuStressRecord = cls.read_record(record)
+        return {"in_effect": cls.observe(record), "workers_alive": sum(map(is_alive, r.worker_procs))}
 
 
 def _terminate(refs: list[ProcessRef], grace_s: float = 5.0) -> None:

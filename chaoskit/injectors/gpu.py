@@ -121,6 +121,7 @@ class GpuMemoryPressure(helper_proc.HelperFault):
     node_helper: ClassVar[NodeHelper] = NodeHelper(  # the container's GPUs: read from its init's environment and /dev
         capabilities=("SYS_PTRACE",), gpu=True)
     helper: ClassVar[str | None] = HOLDER
+    Record = helper_proc.HelperFiles
     type: ClassVar[str] = "gpu.memory_pressure"
     summary: ClassVar[str] = ("take GPU memory with real CUDA allocations: bytes/percent/leave_free, held "
                               "steady, ramped or fragmented (revert: the holder frees and exits)")
@@ -223,11 +224,9 @@ class GpuMemoryPressure(helper_proc.HelperFault):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        helper_proc.stop(record.get("token"))
-        for key in ("status", "journal"):
-            if record.get(key):
-                Path(record[key]).unlink(missing_ok=True)
-                Path(record[key]).with_suffix(".tmp").unlink(missing_ok=True)
+        r: helper_proc.HelperFiles = cls.read_record(record)
+        helper_proc.stop(r.token)
+        r.remove_files()
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:

@@ -10,9 +10,12 @@ import site
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from chaoskit.injectors.base import Injector
+from pydantic import Field, model_validator
+
+from chaoskit.injectors.base import Injector, RevertRecord
 from chaoskit.targets.process import ProcessRef, cmdline, find_by_token, is_alive, proc_ref
 
 
@@ -120,13 +123,48 @@ def running(token: str | None, ref: dict[str, Any] | None = None) -> bool:
     return any(is_alive(r) for r in marked(token, ref))
 
 
+TOKEN = r"^chaoskit-[a-z-]+[0-9a-f]{32}$"  # what prepare makes: chaoskit-<kind>-<uuid4 hex>
+
+
+class HelperRecord(RevertRecord):
+    """A helper fault's record: the token its helper carries. Only a token of chaoskit's own shape reads back:
+    revert stops every process whose command line carries it."""
+
+    token: str = Field(pattern=TOKEN)
+
+
+class HelperFiles(HelperRecord):
+    """A helper's record that also names files the helper writes (status, journal): revert removes them, so they
+    must be the helper's own, named after its token."""
+
+    status: str | None = None
+    journal: str | None = None
+
+    @model_validator(mode="after")
+    def _own_files(self) -> HelperFiles:
+        for path in self.files():
+            if not Path(path).name.startswith(f"{self.token}."):
+                raise ValueError(f"{path} is not a file of helper {self.token}")
+        return self
+
+    def files(self) -> list[str]:
+        return [p for p in (self.status, self.journal) if p]
+
+    def remove_files(self) -> None:
+        for path in map(Path, self.files()):
+            path.unlink(missing_ok=True)
+            path.with_suffix(".tmp").unlink(missing_ok=True)
+
+
 class HelperFault(Injector):
     """A fault that is a helper process found by the token in its record: revert stops it, observe sees it."""
 
+    Record = HelperRecord
+
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        stop(record.get("token"))
+        stop(cls.read_record(record).token)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        return running(record.get("token"))
+        return running(cls.read_record(record).token)

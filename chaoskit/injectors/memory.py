@@ -108,6 +108,7 @@ def deadband_bytes(total: int) -> int:
 
 class MemoryPressure(helper_proc.HelperFault):
     type: ClassVar[str] = "host.memory_pressure"
+    Record = helper_proc.HelperFiles
     helper: ClassVar[str | None] = "chaoskit.injectors.memory_holder"
     summary: ClassVar[str] = ("hold N bytes of host RAM, or hold MemAvailable at a goal, in a holder process "
                               "(revert: it exits)")
@@ -195,10 +196,9 @@ class MemoryPressure(helper_proc.HelperFault):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        helper_proc.stop(record.get("token"))
-        if record.get("status"):
-            Path(record["status"]).unlink(missing_ok=True)
-            Path(record["status"]).with_suffix(".tmp").unlink(missing_ok=True)
+        r: helper_proc.HelperFiles = cls.read_record(record)
+        helper_proc.stop(r.token)
+        r.remove_files()
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:

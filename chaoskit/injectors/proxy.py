@@ -13,7 +13,6 @@ from pydantic import Field, field_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
-from chaoskit.injectors.base import RevertRecord
 from chaoskit.injectors.proxy_server import split_addr
 from chaoskit.model.types import Duration, Percent, StrictModel
 from chaoskit.targets.process import ProcessRef
@@ -116,10 +115,9 @@ class ProxySpec(StrictModel):
         return check_host_port(v)
 
 
-class ProxyRecord(RevertRecord):
+class ProxyRecord(helper_proc.HelperRecord):
     """A proxy's record: the token its helper carries and where it listens; once started, the helper itself."""
 
-    token: str = Field(min_length=1)
     listen: str
     upstream: str
     proxy: ProcessRef | None = None

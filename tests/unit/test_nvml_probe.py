@@ -104,7 +104,9 @@ def test_doctor_lists_devices_and_mig(sim):
 def test_memory_pressure_reports_nvml_view(sim, tmp_path):
     from chaoskit.injectors.gpu import GpuMemoryPressure
 
-    record = {"token": None, "device": 0, "status": str(tmp_path / "s"), "journal": str(tmp_path / "j")}
+    token = "chaoskit-gpuholder-0123456789abcdef0123456789abcdef"  # no such holder runs
+    record = {"token": token, "device": 0, "status": str(tmp_path / f"{token}.status.json"),
+              "journal": str(tmp_path / f"{token}.corrections.jsonl")}
     seen = GpuMemoryPressure.observe_details(record)
     assert seen["nvml"] == {"total": sim.total, "used": 1 << 30, "free": sim.total - (1 << 30)}
     assert seen["in_effect"] is False and seen["holder"] is None and seen["corrections_total"] == 0

@@ -10,16 +10,22 @@ import pytest
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors import INJECTORS
 from chaoskit.injectors.base import RecordError
+from chaoskit.injectors.cpu import CpuStress
 from chaoskit.injectors.firewall import Drop, Partition
+from chaoskit.injectors.helper_proc import TOKEN
+from chaoskit.injectors.memory import MemoryPressure
 from chaoskit.injectors.process import ProcessSignal, SignalRecord
 from chaoskit.injectors.proxy import Proxy, ProxyRecord
 from chaoskit.targets.process import ProcessRef, proc_ref
 from tests.conftest import proc_state, wait_for
 
+HOLDER = "chaoskit-holder-0123456789abcdef0123456789abcdef"
+
 
 def test_the_typed_families():
     assert {c.type for c in INJECTORS if c.Record is not None} == {
-        "process.signal", "network.proxy", "llm.proxy", "network.drop", "network.partition"}
+        "process.signal", "network.proxy", "llm.proxy", "network.drop", "network.partition", "host.cpu_stress",
+        "load.flood", "host.memory_pressure", "gpu.memory_pressure"}
 
 
 def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
@@ -43,8 +49,11 @@ def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
     (ProcessSignal, {"signal": "SIGSTOP", "targets": [{"pid": "x", "start_time": 1}]},
      "(targets.0.pid: Input should be a valid integer, unable to parse string as an integer)"),
     (Proxy, {"listen": "127.0.0.1:1", "upstream": "127.0.0.1:2"}, "(token: Field required)"),
-    (Proxy, {"token": "", "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "proxy": {"pid": 1}},
-     "(token: String should have at least 1 character; proxy.start_time: Field required)"),
+    (Proxy, {"token": "python", "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "proxy": {"pid": 1}},
+     f"(token: String should match pattern '{TOKEN}'; proxy.start_time: Field required)"),
+    (MemoryPressure, {"token": HOLDER, "status": "/etc/passwd"},  # revert removes it: only the holder's own file
+     f"(record: Value error, /etc/passwd is not a file of helper {HOLDER})"),
+    (CpuStress, {"token": HOLDER, "worker_procs": [{"pid": 1}]}, "(worker_procs.0.start_time: Field required)"),
     (Drop, {"ns": "/proc/1/ns/net", "ns_inode": 4026531840, "table": "filter"},  # never a table not chaoskit's
      "(table: String should match pattern '^chaoskit_[0-9a-f]{12}$')"),
     (Partition, {"ns": "/proc/1/ns/net", "table": "chaoskit_0123456789ab"}, "(ns_inode: Field required)"),
@@ -57,8 +66,8 @@ def test_a_record_that_does_not_read_back_is_refused_before_any_undo(cls, record
 
 
 def test_unknown_keys_are_left_alone_and_a_prepared_record_is_enough():
-    prepared = {"token": "chaoskit-proxy-x", "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "later": 1}
-    assert Proxy.read_record(prepared) == ProxyRecord(token="chaoskit-proxy-x", listen="127.0.0.1:1",
-                                                      upstream="127.0.0.1:2")
+    token = "chaoskit-proxy-0123456789abcdef0123456789abcdef"
+    prepared = {"token": token, "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "later": 1}
+    assert Proxy.read_record(prepared) == ProxyRecord(token=token, listen="127.0.0.1:1", upstream="127.0.0.1:2")
     Proxy.revert(prepared)  # killed before the helper started: nothing to stop, and no error
     assert not Proxy.observe(prepared)
