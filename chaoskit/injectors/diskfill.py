@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import Injector
+from chaoskit.injectors.base import Injector, RevertRecord
 from chaoskit.model.types import Percent, StrictModel
 from chaoskit.targets.blockdev import resolve_path, root_disk
 from chaoskit.units import format_size
@@ -30,11 +30,19 @@ class DiskFillSpec(StrictModel):
     allow_host: bool = Field(False, description="allow filling the root filesystem")
 
 
+class FillRecord(RevertRecord):
+    """disk.fill's record: the file it allocates, always one named .chaoskit-fill-* (revert deletes it)."""
+
+    file: str = Field(pattern=r"/\.chaoskit-fill-[0-9a-f]{12}$")
+    bytes: int = Field(ge=0)
+
+
 class DiskFill(Injector):
     type: ClassVar[str] = "disk.fill"
     summary: ClassVar[str] = "fill a filesystem to a usage percentage with an allocated file (revert: delete it)"
     Spec = DiskFillSpec
     spec: DiskFillSpec
+    Record = FillRecord
 
     def _needed(self) -> int:
         used, total = usage(Path(self.spec.path))
@@ -66,8 +74,8 @@ class DiskFill(Injector):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        Path(record["file"]).unlink(missing_ok=True)
+        Path(cls.read_record(record).file).unlink(missing_ok=True)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        return Path(record["file"]).exists()
+        return Path(cls.read_record(record).file).exists()

@@ -11,6 +11,7 @@ from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors import INJECTORS
 from chaoskit.injectors.base import RecordError
 from chaoskit.injectors.cpu import CpuStress
+from chaoskit.injectors.diskfill import DiskFill
 from chaoskit.injectors.firewall import Drop, Partition
 from chaoskit.injectors.helper_proc import TOKEN
 from chaoskit.injectors.memory import MemoryPressure
@@ -25,7 +26,7 @@ HOLDER = "chaoskit-holder-0123456789abcdef0123456789abcdef"
 def test_the_typed_families():
     assert {c.type for c in INJECTORS if c.Record is not None} == {
         "process.signal", "network.proxy", "llm.proxy", "network.drop", "network.partition", "host.cpu_stress",
-        "load.flood", "host.memory_pressure", "gpu.memory_pressure"}
+        "load.flood", "host.memory_pressure", "gpu.memory_pressure", "disk.fill"}
 
 
 def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
@@ -54,6 +55,8 @@ def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
     (MemoryPressure, {"token": HOLDER, "status": "/etc/passwd"},  # revert removes it: only the holder's own file
      f"(record: Value error, /etc/passwd is not a file of helper {HOLDER})"),
     (CpuStress, {"token": HOLDER, "worker_procs": [{"pid": 1}]}, "(worker_procs.0.start_time: Field required)"),
+    (DiskFill, {"file": "/etc/passwd", "bytes": 0},  # revert deletes it: only a fill file of chaoskit's
+     "(file: String should match pattern '/\\.chaoskit-fill-[0-9a-f]{12}$')"),
     (Drop, {"ns": "/proc/1/ns/net", "ns_inode": 4026531840, "table": "filter"},  # never a table not chaoskit's
      "(table: String should match pattern '^chaoskit_[0-9a-f]{12}$')"),
     (Partition, {"ns": "/proc/1/ns/net", "table": "chaoskit_0123456789ab"}, "(ns_inode: Field required)"),
