@@ -1,7 +1,7 @@
 """Scale benchmark: apply/rollback cost of 1..100 faults in one parallel step, journal size and RSS over a long
 100 ms probing run, and fault-onset -> detection latency on the reference Triton deployment.
 
-Parts (`SCALE_PARTS`, default scale,soak,detect; `SCALE_KEEP=1` keeps the journals). Part 1 (`SCALE_FAULTS`,
+Parts (`SCALE_PARTS`, default helpers,scale,soak,detect; `SCALE_KEEP=1` keeps the journals). Part 1 (`SCALE_FAULTS`,
 default 1,10,100; `SCALE_TRIALS` runs each): one `parallel` step of N faults taken in turn from process.signal
 (SIGSTOP of a `sleep` the bench starts), network.partition (an nftables table per fault in a network namespace the
 bench creates, one port each) and network.proxy (127.0.0.1 ports in front of the bench's own HTTP server). Times
@@ -24,15 +24,16 @@ for every onset: one with no failing sample while the replica was stopped is a m
 Part 0 (`SCALE_HELPER_TRIALS`, default 15): process start -> `ready` of the proxy helpers (proxy_server,
 llm_proxy_server) started as the injectors start them (proxy_proc through helper_proc; `python -m` before those
 existed); anchor, same run: a bare `python -c "print('ready')"`.
-Goal: a proxy helper ready within 150 ms.
 
-RESULT keys: start_{python,proxy_server,llm_proxy_server}_ms and start_{helper}_vs_python (medians), rollback_{N}_ms, apply_{N}_ms (medians), rollback_100_vs_linear / apply_100_vs_linear (measured / the
+RESULT keys: start_{python,proxy_server,llm_proxy_server}_ms and start_{helper}_vs_python (medians),
+rollback_{N}_ms, apply_{N}_ms (medians), rollback_100_vs_linear / apply_100_vs_linear (measured / the
 sum of each fault's cost alone, the anchor), rollback_phase_100_ms, rollback_ms_per_fault_100, revert_{kind}_alone_ms
 (the rollback of that one fault alone: one revert, median), samples, journal_bytes_per_sample, journal_mib_30min
 (extrapolated), rss_growth_mib, rss_growth_mib_30min (extrapolated), detect_{250ms,500ms,1s}_ms and _max_ms
 (median, worst detected onset), detect_{...}_missed (onsets with no failing sample), detect_{...}_met (1: every
 onset detected within the goal, 0: not).
-Goals: rollback of 100 faults <= 1 s; RSS flat; detection <= every + timeout, none missed.
+Goals: a proxy helper ready within 150 ms; apply and rollback of 100 faults <= 1 s each; RSS flat; detection <=
+every + timeout, none missed.
 """
 
 from __future__ import annotations
