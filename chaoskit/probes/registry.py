@@ -24,8 +24,10 @@ class Registry(Generic[T]):
         self.get = cache(self._get)
 
     def _named(self) -> dict[str, EntryPoint]:
+        """Every entry point of the group by name: chaoskit's own first, in its pyproject's order, then those of
+        other packages in the order of the import path."""
         found: dict[str, EntryPoint] = {}
-        for ep in entry_points(group=self.group):
+        for ep in sorted(entry_points(group=self.group), key=lambda ep: _package(ep) != "chaoskit"):
             other = found.setdefault(ep.name, ep)
             if other.value != ep.value:
                 raise RegistryError(f"entry point group {self.group}: '{ep.name}' is registered twice "
@@ -48,5 +50,10 @@ class Registry(Generic[T]):
         return cls
 
     def all(self) -> tuple[type[T], ...]:
-        """Every registered class, in registration order (chaoskit's own first where it is first on the path)."""
+        """Every registered class, chaoskit's own first."""
         return tuple(self.get(name) for name in self.named())
+
+
+def _package(ep: EntryPoint) -> str | None:
+    dist = getattr(ep, "dist", None)
+    return dist.name if dist is not None else None

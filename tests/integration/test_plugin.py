@@ -42,7 +42,8 @@ def plugin_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def run_py(python: Path, code: str) -> str:
-    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True,
+    """Its output, run outside the checkout (whose chaoskit.egg-info would otherwise come first on the path)."""
+    return subprocess.run([str(python), "-c", code], cwd="/", capture_output=True, text=True, check=True,
                           timeout=60).stdout
 
 
