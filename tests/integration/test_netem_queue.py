@@ -115,6 +115,8 @@ class Receiver:
                 data, anc, _, _ = self.sock.recvmsg(4096, 64)
             except OSError:
                 return
+            if not anc:  # shut down (close() alone does not wake a blocked recvmsg)
+                return
             sec, nsec = struct.unpack("=qq", anc[0][2][:16])
             seq, sent = PKT.unpack_from(data)
             self.got.append((seq, sent, sec * 10**9 + nsec, len(data)))
@@ -130,8 +132,12 @@ class Receiver:
             time.sleep(0.02)
 
     def close(self) -> None:
-        self.sock.close()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader; ENOTCONN for UDP, the wake-up happens anyway
+        except OSError:
+            pass
         self.thread.join(2)
+        self.sock.close()
 
 
 def send(sock: socket.socket, to: tuple[str, int], n: int, every: float = 0.0, size: int = 64) -> None:
