@@ -9,9 +9,43 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field, model_validator
+
+from chaoskit.injectors.base import RevertRecord
 from chaoskit.targets.cgroups import Hierarchy
 from chaoskit.targets.local import CgroupTarget
 from chaoskit.targets.process import ProcessRef, is_alive, parent_pid, thread_group, threads
+
+
+class MovedThread(RevertRecord):
+    tid: int
+    from_: str = Field(alias="from")  # the cgroup it goes back to
+
+
+class MovedProcess(RevertRecord):
+    """A process a cgroup fault moves (proc_record): its identity, its cgroup and each thread's before the move."""
+
+    pid: int
+    start_time: int
+    from_: str = Field(alias="from")
+    threads: list[MovedThread] = Field(default_factory=list)
+
+
+class CgroupRecord(RevertRecord):
+    """The record of a cgroup limit: on an existing cgroup (`dedicated` false, its previous limits restored), or
+    on a dedicated one, which is always chaoskit's own `chaoskit-*` cgroup: revert moves everything out of it and
+    removes it."""
+
+    hierarchy: dict[str, Any]
+    cgroup: str = Field(min_length=1)
+    dedicated: bool = True
+    procs: list[MovedProcess] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _ours(self) -> CgroupRecord:
+        if self.dedicated and not Path(self.cgroup).name.startswith("chaoskit-"):
+            raise ValueError(f"a dedicated cgroup is a chaoskit-* one, not {self.cgroup}")
+        return self
 
 
 def proc_record(hier: Hierarchy, ref: ProcessRef) -> dict[str, Any] | None:

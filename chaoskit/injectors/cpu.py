@@ -16,7 +16,14 @@ from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_va
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import CGROUP_HELPER, NODE_EXECUTORS, FaultContext, Injector, NodeHelper
-from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
+from chaoskit.injectors.cgroup_move import (
+    CgroupRecord,
+    any_target_inside,
+    cgroup_target,
+    move_back_and_remove,
+    move_in,
+    target_refs,
+)
 from chaoskit.injectors.process import CgroupTargets, check_cgroup_target, check_targets
 from chaoskit.model.types import Duration, StrictModel
 from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy
@@ -84,11 +91,18 @@ def _limit_text(hier: CpuHierarchy, quota: int | None, period: int) -> str:
     return f"cpu.cfs_period_us = {period}, cpu.cfs_quota_us = {-1 if quota is None else quota}"
 
 
+class CpuThrottleRecord(CgroupRecord):
+    quota: int | None  # what it set (None: no quota), so revert restores only while the limit is still its own
+    period: int
+    previous: tuple[int | None, int] | None = None  # an existing cgroup's limit before it
+
+
 class CpuThrottle(Injector):
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"
     node_helper: ClassVar[NodeHelper] = CGROUP_HELPER
     type: ClassVar[str] = "process.cpu_throttle"
+    Record = CpuThrottleRecord
     summary: ClassVar[str] = ("cap the CPU time of processes or of a cgroup (cpu.max / cpu.cfs_quota_us; revert: moved "
                               "back, or the cgroup's previous limit restored)")
     Spec = CpuThrottleSpec
@@ -168,6 +182,7 @@ class CpuThrottle(Injector):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
+        cls.read_record(record)
         hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not cg.is_dir():
             return
@@ -181,6 +196,7 @@ class CpuThrottle(Injector):
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
+        cls.read_record(record)
         hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not cg.is_dir() or hier.read_limit(cg) != (record["quota"], record["period"]):
             return False

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import CGROUP_HELPER, NODE_EXECUTORS, Injector, NodeHelper
+from chaoskit.injectors.cgroup_move import CgroupRecord
 from chaoskit.injectors.process import check_cgroup_path, check_cgroup_target
 from chaoskit.model.types import StrictModel
 from chaoskit.targets.blockdev import BlockTarget, resolve_path, root_disk
@@ -66,12 +67,20 @@ class DiskThrottleSpec(StrictModel):
         return out
 
 
+class DiskThrottleRecord(CgroupRecord):
+    dedicated: bool  # always recorded
+    dev: str
+    limits: dict[str, str]  # what it set, so revert restores only while a limit is still its own
+    previous: dict[str, str] = Field(default_factory=dict)
+
+
 class DiskThrottle(Injector):
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"
     node_helper: ClassVar[NodeHelper] = NodeHelper(  # its path is read through /proc/PID/root of the container's init
         capabilities=("SYS_PTRACE",), host_paths=CGROUP_HELPER.host_paths)
     type: ClassVar[str] = "disk.throttle"
+    Record = DiskThrottleRecord
     summary: ClassVar[str] = "throttle read/write bytes and IOPS on the disk behind a path (cgroup io.max / blkio)"
     Spec = DiskThrottleSpec
     spec: DiskThrottleSpec
@@ -162,6 +171,7 @@ class DiskThrottle(Injector):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
+        cls.read_record(record)
         hier, cg = IoHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not record["dedicated"]:
             now = hier.read_limits(cg, record["dev"]) if cg.is_dir() else {}
@@ -193,6 +203,7 @@ class DiskThrottle(Injector):
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
+        cls.read_record(record)
         hier, cg = IoHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not cg.is_dir():
             return False

@@ -19,7 +19,14 @@ from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_va
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import CGROUP_HELPER, NODE_EXECUTORS, FaultContext, Injector, NodeHelper
-from chaoskit.injectors.cgroup_move import any_target_inside, cgroup_target, move_back_and_remove, move_in, target_refs
+from chaoskit.injectors.cgroup_move import (
+    CgroupRecord,
+    any_target_inside,
+    cgroup_target,
+    move_back_and_remove,
+    move_in,
+    target_refs,
+)
 from chaoskit.injectors.process import CgroupTargets, check_cgroup_target, check_targets, descendants
 from chaoskit.targets.cgroups import MemHierarchy, find_mem_hierarchy
 from chaoskit.targets.local import CgroupTarget
@@ -77,12 +84,18 @@ class MemoryLimitSpec(CgroupTargets):
         return self
 
 
+class MemoryLimitRecord(CgroupRecord):
+    token: str | None = Field(None, pattern=helper_proc.TOKEN)  # of its holder (revert stops what carries it)
+    limit_bytes: int | None = None  # what it set, once set
+
+
 class MemoryLimit(Injector):
     helper: ClassVar[str | None] = "chaoskit.injectors.memlimit_proc"
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"
     node_helper: ClassVar[NodeHelper] = CGROUP_HELPER
     type: ClassVar[str] = "process.memory_limit"
+    Record = MemoryLimitRecord
     summary: ClassVar[str] = ("limit the memory of processes in a cgroup, or of an existing cgroup, optionally with "
                               "an OOM-proof holder taking part of it (memory.max / memory.limit_in_bytes; revert: "
                               "moved back, or the cgroup's previous limits restored)")
@@ -228,6 +241,7 @@ class MemoryLimit(Injector):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
+        cls.read_record(record)
         helper_proc.stop(record.get("token"))  # first: it holds memory in the cgroup and is not a target
         hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not record.get("dedicated", True):
@@ -244,6 +258,7 @@ class MemoryLimit(Injector):
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
+        cls.read_record(record)
         hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
         if not cg.is_dir() or record.get("limit_bytes") is None or hier.read_limit(cg) != record["limit_bytes"]:
             return False

@@ -10,10 +10,12 @@ import pytest
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors import INJECTORS
 from chaoskit.injectors.base import RecordError
-from chaoskit.injectors.cpu import CpuStress
+from chaoskit.injectors.cpu import CpuStress, CpuThrottle
+from chaoskit.injectors.disk import DiskThrottle
 from chaoskit.injectors.diskfill import DiskFill
 from chaoskit.injectors.firewall import Drop, Partition
 from chaoskit.injectors.helper_proc import TOKEN
+from chaoskit.injectors.memlimit import MemoryLimit
 from chaoskit.injectors.memory import MemoryPressure
 from chaoskit.injectors.process import ProcessSignal, SignalRecord
 from chaoskit.injectors.proxy import Proxy, ProxyRecord
@@ -26,7 +28,8 @@ HOLDER = "chaoskit-holder-0123456789abcdef0123456789abcdef"
 def test_the_typed_families():
     assert {c.type for c in INJECTORS if c.Record is not None} == {
         "process.signal", "network.proxy", "llm.proxy", "network.drop", "network.partition", "host.cpu_stress",
-        "load.flood", "host.memory_pressure", "gpu.memory_pressure", "disk.fill"}
+        "load.flood", "host.memory_pressure", "gpu.memory_pressure", "disk.fill", "process.cpu_throttle",
+        "process.memory_limit", "disk.throttle"}
 
 
 def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
@@ -55,6 +58,13 @@ def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
     (MemoryPressure, {"token": HOLDER, "status": "/etc/passwd"},  # revert removes it: only the holder's own file
      f"(record: Value error, /etc/passwd is not a file of helper {HOLDER})"),
     (CpuStress, {"token": HOLDER, "worker_procs": [{"pid": 1}]}, "(worker_procs.0.start_time: Field required)"),
+    (CpuThrottle, {"hierarchy": {}, "cgroup": "/sys/fs/cgroup/system.slice", "quota": 1000, "period": 100000},
+     "(record: Value error, a dedicated cgroup is a chaoskit-* one, not /sys/fs/cgroup/system.slice)"),
+    (MemoryLimit, {"hierarchy": {}, "cgroup": "/sys/fs/cgroup/chaoskit-0123456789ab", "token": "python"},
+     f"(token: String should match pattern '{TOKEN}')"),
+    (DiskThrottle, {"hierarchy": {}, "cgroup": "/sys/fs/cgroup/x", "dedicated": False, "dev": "8:0",
+                    "limits": {"rbps": "1048576"}, "procs": [{"pid": 1, "start_time": 2}]},
+     "(procs.0.from: Field required)"),
     (DiskFill, {"file": "/etc/passwd", "bytes": 0},  # revert deletes it: only a fill file of chaoskit's
      "(file: String should match pattern '/\\.chaoskit-fill-[0-9a-f]{12}$')"),
     (Drop, {"ns": "/proc/1/ns/net", "ns_inode": 4026531840, "table": "filter"},  # never a table not chaoskit's
