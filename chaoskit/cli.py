@@ -69,6 +69,17 @@ def run(
                             "summary (OUT/summary.md, appended to $GITHUB_STEP_SUMMARY when that is set)"),
     stop_on_failure: bool = typer.Option(False, "--stop-on-failure", help="suite: stop after the first experiment "
                                          "that does not exit 0"),
+    metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help="serve the run's "
+                                            "Prometheus metrics (fault windows, probe values, phase, verdict) on "
+                                            "this port for the life of the run (a suite: of each experiment)"),
+    metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="the address --metrics-port binds "
+                                     "(0.0.0.0: every interface)"),
+    pushgateway: str | None = typer.Option(None, "--pushgateway", metavar="URL", help="push the final metrics "
+                                           "to this Pushgateway, grouped by experiment and run id (for CI runs "
+                                           "gone before a scrape)"),
+    otlp_endpoint: str | None = typer.Option(None, "--otlp-endpoint", metavar="URL", envvar="OTEL_EXPORTER_OTLP_"
+                                             "ENDPOINT", help="export the run as OpenTelemetry traces over OTLP/HTTP "
+                                             "(a span for the run, each phase and each fault)"),
 ) -> None:
     """Run an experiment: hypothesis before, faults, hypothesis during and after; always roll back. Several
     files (or a directory of them) run as a suite, in order, with one summary, JUnit file and index page."""
@@ -90,9 +101,11 @@ def run(
     except ChaoskitError as e:
         _fail(e)
     from chaoskit.app.run import RunArgs
+    from chaoskit.observe.options import ObserveOptions
 
     live = (out.is_terminal and not ci) if live is None else live
-    args = RunArgs(dry_run, cli_vars, journal, junit, report, out_dir, live, step, ci)
+    observe = ObserveOptions(metrics_port, metrics_addr, pushgateway or None, otlp_endpoint or None)
+    args = RunArgs(dry_run, cli_vars, journal, junit, report, out_dir, live, step, ci, observe=observe)
     if not suite:
         raise typer.Exit(run_one(files[0], args).code)
     from chaoskit.cli_suite import run_suite

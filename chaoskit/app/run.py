@@ -24,6 +24,7 @@ from chaoskit.experiment.loader import Loaded
 from chaoskit.experiment.models import Reference, Step
 from chaoskit.model.enums import RunVerdict
 from chaoskit.model.events import ExperimentRecorded, PlanStep
+from chaoskit.observe.options import ObserveOptions
 from chaoskit.report.view import RunView
 
 
@@ -49,6 +50,7 @@ class RunArgs:
     step: bool = False
     ci: bool = False
     step_summary: bool = True  # --ci: append the Markdown summary to $GITHUB_STEP_SUMMARY (a suite does it once)
+    observe: ObserveOptions = field(default_factory=ObserveOptions)  # --metrics-port, --pushgateway, --otlp-endpoint
 
 
 @dataclass
@@ -191,18 +193,18 @@ def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, dis
     from chaoskit.engine.plan import deferred_paths
     from chaoskit.engine.runinfo import experiment_record, host_facts
     from chaoskit.engine.runner import Runner, RunOptions
+    from chaoskit.observe.exporters import Exporters
+    from chaoskit.observe.fault_feed import FaultFeed
 
     display.notes(loaded)
     record = experiment_record(loaded)
     view = display.listener(record)
     jr = Journal(None if args.dry_run else journal_path, [view])
-    if not args.dry_run:  # what the report needs besides the events: the experiment as run, the host
-        jr.record(record)
-        jr.record(host_facts())
     unresolved = deferred_paths(loaded.deferred) if args.dry_run else frozenset()
     stepper = display.stepper(jr, view) if args.step else None
     runner = Runner(loaded.experiment, jr, RunOptions(dry_run=args.dry_run, unresolved_steps=unresolved,
                                                       before_step=stepper), run_id=run_id)
+    jr.sinks.append(FaultFeed(lambda: [*runner.probes.values(), *(p for _, p in runner.safeguard_probes)]))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
 
     async def main() -> None:
@@ -211,6 +213,11 @@ def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, dis
             loop.add_signal_handler(sig, runner.interrupt, sig)
         await runner.execute()
 
-    display.running(view, lambda: asyncio.run(main()))
+    observe = ObserveOptions() if args.dry_run else args.observe
+    with Exporters(observe, loaded.experiment.metadata.name, run_id, jr, display.say):
+        if not args.dry_run:  # what the report needs besides the events: the experiment as run, the host
+            jr.record(record)
+            jr.record(host_facts())
+        display.running(view, lambda: asyncio.run(main()))
     jr.close()
     return runner.result
