@@ -19,7 +19,7 @@ from typing import IO, Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, field_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import Injector
+from chaoskit.injectors.base import Injector, RevertRecord
 from chaoskit.model.types import Duration, StrictModel
 
 TOKEN_VAR = "CHAOSKIT_EXEC_TOKEN"  # in the apply command's environment: how revert finds what is left of it
@@ -201,10 +201,24 @@ def resolve_program(what: str, argv: list[str], cwd: Path, env: dict[str, str]) 
     return [os.path.abspath(found), *argv[1:]]
 
 
+class ExecRecord(RevertRecord):
+    """exec's record: the commands as resolved at prepare (absolute programs), their environment, directory and
+    limit, and the token its apply's processes carry in their environment (revert kills what still has it)."""
+
+    apply: list[str] = Field(min_length=1)
+    revert: list[str] = Field(min_length=1)
+    observe: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    timeout: float = Field(gt=0)
+    token: str | None = Field(None, pattern=r"^[0-9a-f]{32}$")
+
+
 class Exec(Injector):
     type: ClassVar[str] = "exec"
     summary: ClassVar[str] = "your own commands (argv, no shell): apply, revert (ledgered before apply), observe"
     Spec = ExecSpec
+    Record = ExecRecord
     spec: ExecSpec
 
     def _cwd(self) -> Path:
@@ -247,9 +261,10 @@ class Exec(Injector):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        if record.get("token"):
-            stop_leftovers(record["token"])
-        run_checked("revert", record["revert"], record)
+        r: ExecRecord = cls.read_record(record)
+        if r.token:
+            stop_leftovers(r.token)
+        run_checked("revert", r.revert, record)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
@@ -257,7 +272,7 @@ class Exec(Injector):
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
-        argv = record.get("observe")
+        argv = cls.read_record(record).observe
         if not argv:
             return {"in_effect": None, "observe": "no observe command"}
         o = run_command("observe", argv, record.get("env") or {}, record.get("cwd"), float(record["timeout"]))

@@ -13,6 +13,7 @@ from chaoskit.injectors.base import RecordError
 from chaoskit.injectors.cpu import CpuStress, CpuThrottle
 from chaoskit.injectors.disk import DiskThrottle
 from chaoskit.injectors.diskfill import DiskFill
+from chaoskit.injectors.exec import Exec
 from chaoskit.injectors.firewall import Drop, Partition
 from chaoskit.injectors.helper_proc import TOKEN
 from chaoskit.injectors.memlimit import MemoryLimit
@@ -29,7 +30,7 @@ def test_the_typed_families():
     assert {c.type for c in INJECTORS if c.Record is not None} == {
         "process.signal", "network.proxy", "llm.proxy", "network.drop", "network.partition", "host.cpu_stress",
         "load.flood", "host.memory_pressure", "gpu.memory_pressure", "disk.fill", "process.cpu_throttle",
-        "process.memory_limit", "disk.throttle"}
+        "process.memory_limit", "disk.throttle", "exec"}
 
 
 def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
@@ -65,6 +66,9 @@ def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
     (DiskThrottle, {"hierarchy": {}, "cgroup": "/sys/fs/cgroup/x", "dedicated": False, "dev": "8:0",
                     "limits": {"rbps": "1048576"}, "procs": [{"pid": 1, "start_time": 2}]},
      "(procs.0.from: Field required)"),
+    (Exec, {"apply": ["/bin/true"], "revert": [], "timeout": 5, "token": "x"},
+     "(revert: List should have at least 1 item after validation, not 0; token: String should match pattern "
+     "'^[0-9a-f]{32}$')"),
     (DiskFill, {"file": "/etc/passwd", "bytes": 0},  # revert deletes it: only a fill file of chaoskit's
      "(file: String should match pattern '/\\.chaoskit-fill-[0-9a-f]{12}$')"),
     (Drop, {"ns": "/proc/1/ns/net", "ns_inode": 4026531840, "table": "filter"},  # never a table not chaoskit's
