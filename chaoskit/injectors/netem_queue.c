@@ -2,7 +2,8 @@
  * The kernel holds each queued packet until this program gives its verdict; the verdict is given when the
  * packet's time comes (CLOCK_MONOTONIC), so holding = delay. Loss is a DROP verdict, corruption an ACCEPT with
  * one bit flipped in the payload, a duplicate a copy sent through a raw socket (marked so the rule skips it),
- * reordering an immediate verdict, rate a serialisation time per packet. The decisions follow sch_netem's
+ * reordering an immediate verdict, rate a serialisation time per packet. With `detach` (egress) a held packet
+ * is a copy: the original is dropped at once and the copy sent through the raw socket when its time comes. The decisions follow sch_netem's
  * (correlated random numbers, the iproute2 distribution tables, gap-based reordering).
  *
  * Run by chaoskit/injectors/netem_queue.py as
@@ -46,7 +47,7 @@ typedef struct {
     int64_t delay, jitter;                          /* ns */
     uint64_t loss, dup, corrupt, reorder;           /* probability scaled to 2^32 */
     uint32_t delay_corr, loss_corr, dup_corr, corrupt_corr, reorder_corr; /* netem's rho */
-    uint32_t gap, limit, mark, copy;
+    uint32_t gap, limit, mark, copy, detach;        /* detach: hold a copy, free the original (egress) */
     int rt;                                         /* SCHED_FIFO priority (0: leave the scheduler alone) */
     int64_t lead;                                   /* ns: wake this early, spin the rest */
     uint64_t rate;                                  /* bytes/s; 0: none */
@@ -84,7 +85,8 @@ static unsigned char *txbuf;
 static size_t txlen;
 static uint64_t late_hist[LATE_BUCKETS + 1];
 static struct {
-    uint64_t seen, passed, delayed, dropped, duplicated, corrupted, reordered, max_held, nl_errors, copy_errors;
+    uint64_t seen, passed, delayed, dropped, duplicated, corrupted, reordered, overflow, max_held, nl_errors,
+        copy_errors;
     int64_t max_late;
 } st;
 
@@ -278,7 +280,9 @@ static void verdict(uint32_t id, uint32_t v, const unsigned char *data, uint32_t
 /* ---------------------------------------------------------------- copies (duplicates) */
 
 static int raw_socket(int family) {
-    int fd = socket(family, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW);
+    int fd = socket(family, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW), big = 16 << 20;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof big);
     if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_MARK, &cfg.mark, sizeof cfg.mark) < 0) {
         close(fd);
         return -1;
@@ -358,6 +362,21 @@ static unsigned char *copy_of(const unsigned char *d, uint32_t len) {
     return p;
 }
 
+/* egress: keep a copy of the packet (sent later through the raw socket) and let the kernel free the original
+ * now, as sch_netem orphans what it holds: a held original still counts against its socket, and TCP Small
+ * Queues would hold a delayed sender to a few packets per delay. 0 when the limit is reached (dropped). */
+static int detach(item *it, const unsigned char *d) {
+    verdict(it->id, NF_DROP, NULL, 0);
+    if (held >= cfg.limit) {
+        free(it->data);
+        return 0;
+    }
+    if (it->kind == K_ACCEPT)
+        it->data = copy_of(d, it->len);
+    it->kind = K_COPY;
+    return 1;
+}
+
 static void on_packet(uint32_t id, const unsigned char *d, uint32_t dlen, uint32_t plen, int v6, int64_t now) {
     st.seen++;
     if (stopping) {
@@ -397,6 +416,10 @@ static void on_packet(uint32_t id, const unsigned char *d, uint32_t dlen, uint32
     if (it.due <= now) {
         st.passed++;
         release(&it, now);
+        return;
+    }
+    if (cfg.detach && !detach(&it, d)) {
+        st.overflow++;
         return;
     }
     st.delayed++;
@@ -492,12 +515,14 @@ static void write_stats(void) {
     snprintf(tmp, sizeof tmp, "%s.tmp", cfg.stats);
     int n = snprintf(body, sizeof body,
                      "{\"queue\": %d, \"seen\": %llu, \"passed\": %llu, \"delayed\": %llu, \"dropped\": %llu, "
-                     "\"duplicated\": %llu, \"corrupted\": %llu, \"reordered\": %llu, \"held\": %zu, "
+                     "\"duplicated\": %llu, \"corrupted\": %llu, \"reordered\": %llu, \"overflow\": %llu, "
+                     "\"held\": %zu, "
                      "\"max_held\": %llu, \"late_p50_us\": %lld, \"late_p99_us\": %lld, \"late_max_us\": %lld, "
                      "\"netlink_errors\": %llu, \"copy_errors\": %llu, \"sched\": \"%s\"}\n",
                      qnum, (unsigned long long)st.seen, (unsigned long long)st.passed, (unsigned long long)st.delayed,
                      (unsigned long long)st.dropped, (unsigned long long)st.duplicated,
-                     (unsigned long long)st.corrupted, (unsigned long long)st.reordered, held,
+                     (unsigned long long)st.corrupted, (unsigned long long)st.reordered,
+                     (unsigned long long)st.overflow, held,
                      (unsigned long long)st.max_held, (long long)late_percentile(0.5),
                      (long long)late_percentile(0.99), (long long)(st.max_late / 1000),
                      (unsigned long long)st.nl_errors, (unsigned long long)st.copy_errors,
@@ -538,6 +563,7 @@ static int parse_arg(const char *arg) {
     else if (KEY("gap")) cfg.gap = (uint32_t)strtoul(v, NULL, 10);
     else if (KEY("rate")) cfg.rate = strtoull(v, NULL, 10);
     else if (KEY("limit")) cfg.limit = (uint32_t)strtoul(v, NULL, 10);
+    else if (KEY("detach")) cfg.detach = (uint32_t)atoi(v);
     else if (KEY("mark")) cfg.mark = (uint32_t)strtoul(v, NULL, 0);
     else if (KEY("queue")) cfg.queue = atoi(v);
     else if (KEY("dist")) cfg.dist = v;
@@ -609,7 +635,7 @@ static int setup(int argc, char **argv) {
             fprintf(stderr, "netemq: bad argument %s\n", argv[i]);
             return -1;
         }
-    cfg.copy = cfg.dup || cfg.corrupt;
+    cfg.copy = cfg.dup || cfg.corrupt || cfg.detach;
     c_delay.rho = cfg.delay_corr, c_loss.rho = cfg.loss_corr, c_dup.rho = cfg.dup_corr;
     c_corrupt.rho = cfg.corrupt_corr, c_reorder.rho = cfg.reorder_corr;
     if (cfg.dist && load_table(cfg.dist)) {
@@ -628,7 +654,7 @@ static int setup(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     if (enter_netns(argv[2]) || open_netlink() || (qnum = bind_queue()) < 0 || setup_queue())
         return -1;
-    if (cfg.dup) {
+    if (cfg.dup || cfg.detach) {
         raw4 = raw_socket(AF_INET);
         raw6 = raw_socket(AF_INET6);
     }

@@ -73,7 +73,7 @@ def helper_args(spec: Any, dist_file: str | None, stats: str, until: float) -> l
         "corrupt_corr": spec.corrupt_correlation, "reorder": spec.reorder, "reorder_corr": spec.reorder_correlation,
         "gap": max(spec.gap, 1) if spec.reorder else 0,  # as tc: reorder without a gap means gap 1
         "rate": parse_rate(spec.rate) if spec.rate is not None else 0, "limit": spec.limit,
-        "mark": nft.COPY_MARK, "queue": QUEUE_BASE + random.randrange(0, 40000), "stats": stats,
+        "detach": int(spec.direction == "egress"), "mark": nft.COPY_MARK, "queue": QUEUE_BASE + random.randrange(0, 40000), "stats": stats,
         "until": f"{until:.3f}",
     }
     if dist_file:
@@ -90,8 +90,10 @@ def plan(spec: Any, t: NetnsTarget, reason: str) -> list[str]:
         scope += ", " + ", ".join(filter(None, (
             f"ip daddr {{{', '.join(spec.filter.destinations)}}}" if spec.filter.destinations else "",
             f"tcp/udp dport {{{', '.join(map(str, spec.filter.ports))}}}" if spec.filter.ports else "")))
+    held = ("a copy of each packet until its time (the original is freed at once, as sch_netem orphans it; the "
+            "copy leaves through a marked raw socket)" if spec.direction == "egress" else "each packet until its time")
     return [f"mode queue ({reason})",
-            f"start the netemq helper in {t.label} ({spec.describe()}; it holds each packet until its time)",
+            f"start the netemq helper in {t.label} ({spec.describe()}; it holds {held})",
             f"add nft table {nft.FAMILY} chaoskit_nq_<id> in {t.label}: {hook} packets ({scope}) -> NFQUEUE "
             f"with bypass (packets pass whenever no helper is bound)",
             "revert: flush the rule, stop the helper (SIGTERM: held packets go at once), delete the table"]
