@@ -102,10 +102,12 @@ class NetemSpec(_TcSpec):
     mode: Literal["auto", "qdisc", "queue"] = Field(
         "auto", description="qdisc: the sch_netem qdisc. queue: no sch_netem needed; an nft rule (in a chaoskit "
         "table of the namespace) sends the selected packets to an NFQUEUE, where a native helper holds each one "
-        "until its time (CLOCK_MONOTONIC) and drops, duplicates (a marked copy sent through a raw socket), "
-        "corrupts (one bit flipped after the IP header), reorders and rate-limits (IP length) them with netem's "
-        "rules; the queue's bypass flag lets packets pass whenever the helper is gone (it fails open); revert "
-        "deletes the table, then stops the helper. auto: qdisc where the kernel has sch_netem, else queue "
+        "until its time (CLOCK_MONOTONIC, SCHED_FIFO) and drops, duplicates (a marked copy sent through a raw "
+        "socket), corrupts (one bit flipped after the IP header), reorders and rate-limits (IP length) them with "
+        "netem's rules; on egress it holds a copy and frees the original at once, as sch_netem orphans it (else TCP "
+        "Small Queues would hold a delayed sender to a few packets per delay); the queue's bypass flag lets "
+        "packets pass whenever the helper is gone (it fails open); revert removes the rule, stops the helper "
+        "(what it holds goes at once), deletes the table. auto: qdisc where the kernel has sch_netem, else queue "
         "(the plan and the journal say which and why)")
 
     @field_validator("rate")
