@@ -27,7 +27,7 @@ from chaoskit.injectors.network import Netem
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.tc import netem_missing_reason
 from tests.conftest import chaoskit, ledgers, wait_for, write
-from tests.helpers.netpair import SERVER_IP, Pair, Server
+from tests.helpers.netpair import SERVER_IP, Pair, Server, download_rate
 
 
 def _missing() -> str | None:
@@ -381,16 +381,45 @@ def test_rate_limits_throughput_within_5_percent(pair, netem):
     rx = udp_socket(pair.path(pair.srv), (SERVER_IP, PORT))
     got, tx = Receiver(rx), udp_socket(pair.path(pair.cli))
     try:
-        netem(pair.cli, rate="40mbit", filter={"ports": [PORT]})
+        rec = netem(pair.cli, rate="40mbit", limit=n, filter={"ports": [PORT]})  # room for the whole burst
         send(tx, (SERVER_IP, PORT), n, every=0, size=size)
         got.wait(n)
+        stats = helper_stats(rec, n)
     finally:
         got.close()
         tx.close()
     arrivals = sorted(g[2] for g in got.got)
     measured = (len(arrivals) - 1) * (size + 28) / ((arrivals[-1] - arrivals[0]) / 1e9)
     print(f"\nqueue rate 40mbit: {measured / 1e6:.3f} MB/s of IP packets ({len(arrivals)} of {n} arrived)")
-    assert len(arrivals) == n and abs(measured - rate) <= 0.05 * rate
+    assert len(arrivals) == n and abs(measured - rate) <= 0.05 * rate and stats["overflow"] == 0
+
+
+def test_a_full_queue_drops_what_is_over_its_limit(pair, netem):
+    """limit 100 packets at 1 s delay: a burst of 300 keeps the first 100 (netem's tail drop)."""
+    rx = udp_socket(pair.path(pair.srv), (SERVER_IP, PORT))
+    got, tx = Receiver(rx), udp_socket(pair.path(pair.cli))
+    try:
+        rec = netem(pair.cli, delay="1s", limit=100, filter={"ports": [PORT]})
+        send(tx, (SERVER_IP, PORT), 300, every=0)
+        stats = helper_stats(rec, 300)
+        got.wait(100, timeout=3)
+    finally:
+        got.close()
+        tx.close()
+    assert (stats["delayed"], stats["overflow"]) == (100, 200) and sorted(g[0] for g in got.got) == list(range(100))
+
+
+def test_a_delayed_tcp_sender_is_not_held_back_by_tcp_small_queues(pair, netem):
+    """Egress holds copies and frees the originals (as sch_netem orphans them): a bulk sender behind 10 ms is
+    limited by its window, not to a few packets per delay (holding the originals gave 0.6 MB/s here)."""
+    server = Server(pair.path(pair.srv), 7000, bulk=8_000_000)
+    try:
+        netem(pair.srv, delay="10ms")
+        rate = download_rate(pair.path(pair.cli), 7000, 8_000_000)
+    finally:
+        server.close()
+    print(f"\nTCP download behind 10 ms on the sender's egress: {rate / 1e6:.1f} MB/s")
+    assert rate > 10e6
 
 
 # ------------------------------------------------------------------ fail open, revert, watchdog
@@ -434,14 +463,14 @@ def test_sigkill_of_the_helper_fails_open_and_revert_removes_the_rule(pair, nete
 
 
 def test_revert_removes_the_rule_then_stops_the_helper_which_lets_held_packets_go(pair, netem):
-    """A helper holding packets (2 s delay) when revert comes: the table goes first, then SIGTERM; the held
+    """A helper holding packets (2 s delay) when revert comes: the rule goes first, then SIGTERM; the held
     datagrams are let go at once rather than dropped, and nothing is left."""
     rx = udp_socket(pair.path(pair.srv), (SERVER_IP, PORT))
     got, tx = Receiver(rx), udp_socket(pair.path(pair.cli))
     try:
         rec = netem(pair.cli, delay="2s", filter={"ports": [PORT]})
         send(tx, (SERVER_IP, PORT), 50, every=0.001)
-        wait_for(lambda: kernel_queue(pair.path(pair.cli), rec["queue"]).get("held") == 50, timeout=2)
+        wait_for(lambda: (netem_queue.stats(rec) or {}).get("held") == 50, timeout=2)
         assert not got.got
         t0 = time.monotonic()
         Netem.revert(rec)
