@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import FaultContext, Injector
+from chaoskit.injectors.base import FaultContext, Injector, RevertRecord
 from chaoskit.model.types import Duration, StrictModel
 from chaoskit.targets.kube import (
     ClusterRef,
@@ -180,11 +180,23 @@ def _scale(apps: Any, namespace: str, name: str, replicas: int) -> None:
                                            _content_type=MERGE_PATCH)
 
 
+class ScaleRecord(RevertRecord):
+    """deployment.scale's record: the cluster, the deployment, the count it had and the count it was given."""
+
+    cluster: dict[str, Any]
+    namespace: str = Field(min_length=1)
+    deployment: str = Field(min_length=1)
+    previous_replicas: int = Field(ge=0)
+    replicas: int = Field(ge=0)
+
+
 class DeploymentScale(Injector):
     type: ClassVar[str] = "deployment.scale"
     summary: ClassVar[str] = "scale a Kubernetes deployment (revert: the replica count it had)"
     Spec = DeploymentScaleSpec
     spec: DeploymentScaleSpec
+    Record = ScaleRecord
+
     def __init__(self, spec: Any, ctx: FaultContext | None = None):
         super().__init__(spec, ctx)
         self._before: tuple[ClusterRef, int] | None = None
@@ -232,27 +244,28 @@ class DeploymentScale(Injector):
     def revert(cls, record: dict[str, Any]) -> None:
         """Back to the previous count if the deployment still has ours; gone or changed by someone else
         (an operator, an HPA) is left alone."""
-        _, apps = _apis(record["cluster"])
-        ns, name = record["namespace"], record["deployment"]
+        r: ScaleRecord = cls.read_record(record)
+        _, apps = _apis(r.cluster)
         try:
-            now = _replicas(apps, ns, name)
+            now = _replicas(apps, r.namespace, r.deployment)
         except Exception as e:
             if _is_not_found(e):
                 return
             raise
-        if now == record["replicas"] and now != record["previous_replicas"]:
-            _scale(apps, ns, name, record["previous_replicas"])
-        elif now != record["previous_replicas"]:
+        if now == r.replicas and now != r.previous_replicas:
+            _scale(apps, r.namespace, r.deployment, r.previous_replicas)
+        elif now != r.previous_replicas:
             log.warning("deployment %s/%s has %d replicas, not our %d: someone else scaled it; left alone",
-                        ns, name, now, record["replicas"])
+                        r.namespace, r.deployment, now, r.replicas)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        _, apps = _apis(record["cluster"])
+        r: ScaleRecord = cls.read_record(record)
+        _, apps = _apis(r.cluster)
         try:
-            now = _replicas(apps, record["namespace"], record["deployment"])
+            now = _replicas(apps, r.namespace, r.deployment)
         except Exception as e:
             if _is_not_found(e):
                 return False
             raise
-        return now == record["replicas"] != record["previous_replicas"]
+        return now == r.replicas != r.previous_replicas

@@ -16,6 +16,7 @@ from chaoskit.injectors.diskfill import DiskFill
 from chaoskit.injectors.exec import Exec
 from chaoskit.injectors.firewall import Drop, Partition
 from chaoskit.injectors.helper_proc import TOKEN
+from chaoskit.injectors.kube import DeploymentScale
 from chaoskit.injectors.memlimit import MemoryLimit
 from chaoskit.injectors.memory import MemoryPressure
 from chaoskit.injectors.process import ProcessSignal, SignalRecord
@@ -30,7 +31,7 @@ def test_the_typed_families():
     assert {c.type for c in INJECTORS if c.Record is not None} == {
         "process.signal", "network.proxy", "llm.proxy", "network.drop", "network.partition", "host.cpu_stress",
         "load.flood", "host.memory_pressure", "gpu.memory_pressure", "disk.fill", "process.cpu_throttle",
-        "process.memory_limit", "disk.throttle", "exec"}
+        "process.memory_limit", "disk.throttle", "exec", "deployment.scale"}
 
 
 def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
@@ -69,6 +70,8 @@ def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
     (Exec, {"apply": ["/bin/true"], "revert": [], "timeout": 5, "token": "x"},
      "(revert: List should have at least 1 item after validation, not 0; token: String should match pattern "
      "'^[0-9a-f]{32}$')"),
+    (DeploymentScale, {"cluster": {}, "namespace": "default", "deployment": "web", "replicas": -1},
+     "(previous_replicas: Field required; replicas: Input should be greater than or equal to 0)"),
     (DiskFill, {"file": "/etc/passwd", "bytes": 0},  # revert deletes it: only a fill file of chaoskit's
      "(file: String should match pattern '/\\.chaoskit-fill-[0-9a-f]{12}$')"),
     (Drop, {"ns": "/proc/1/ns/net", "ns_inode": 4026531840, "table": "filter"},  # never a table not chaoskit's
