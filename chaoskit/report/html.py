@@ -13,6 +13,7 @@ import yaml
 
 from chaoskit.model.faults import AppliedFault
 from chaoskit.report.charts import Layout, timeline_svg
+from chaoskit.report.detection import AlertOutcome, Detection
 from chaoskit.report.panels import fault_windows, moments, panels_for, phase_windows, verdict_marks
 from chaoskit.report.view import RunView, SuiteRow, phase_table
 
@@ -128,6 +129,8 @@ def _json(value: Any) -> str:
 def _faults(view: RunView) -> str:
     if not view.plan and not view.faults:
         return ""
+    found = view.detection()
+    alerts = bool(found.outcomes)
     rows = []
     for f in view.faults:
         held = (f.reverted_at or view.ended) - f.applied_at if f.applied_at else None
@@ -138,19 +141,39 @@ def _faults(view: RunView) -> str:
             + (f"<br><b>revert failed: {escape(f.revert_error)}</b>" if f.revert_error else "")
             + f"</td><td>{f'{held:.2f}s' if held is not None else '—'}</td><td>{escape(str(f.apply_ms)) if f.apply_ms else '—'}</td>"
             f"<td class='exits'>{_exits(view, f)}</td>"
-            f"<td class='obs'>{_json(f.observed.get('applied'))}</td>"
+            + (f"<td class='alerts'>{_alert_cell(found.of_fault(f.id))}</td>" if alerts else "")
+            +             f"<td class='obs'>{_json(f.observed.get('applied'))}</td>"
             f"<td class='obs'>{_json(f.observed.get('before_revert'))}</td>"
             f"<td>{'<br>'.join(escape(c) for c in (plan.changes if plan else []))}</td></tr>")
     applied = {f.step for f in view.faults}
     for p in view.plan:
         if p.step not in applied:
             rows.append(f"<tr><td>—</td><td>{escape(p.step)}</td><td>{escape(p.type)}</td>"
-                        "<td colspan='7'>not applied</td>"
+                        f"<td colspan='{8 if alerts else 7}'>not applied</td>"
                         f"<td>{'<br>'.join(escape(c) for c in p.changes)}</td></tr>")
     return ("<h2>Faults</h2><table class='faults'><tr><th>#</th><th>step</th><th>type</th><th>applied</th>"
             "<th>reverted</th><th>in effect</th><th>apply ms</th><th>targets that exited</th>"
-            "<th>observe() after apply</th>"
-            "<th>observe() before revert</th><th>plan</th></tr>" + "".join(rows) + "</table>")
+            + ("<th>alerts: time to detect, to resolve</th>" if alerts else "") + "<th>observe() after apply</th>"
+            "<th>observe() before revert</th><th>plan</th></tr>" + "".join(rows) + "</table>" + _alerts(view, found))
+
+
+def _alert_cell(outcomes: list[AlertOutcome]) -> str:
+    """Each expected alert against this fault: detected in Xs (≤ limit), resolved in Ys (≤ limit)."""
+    bad = ("late", "missed", "not resolved")
+    return "<br>".join((f"<b>{escape(o.text())}</b>" if o.detected in bad or o.resolved in bad
+                        else escape(o.text())) for o in outcomes) or "—"
+
+
+def _alerts(view: RunView, found: Detection) -> str:
+    """MTTD/MTTR over the faults, and the expected alerts that were active before any fault (noisy rules)."""
+    if not found.outcomes and not found.noisy:
+        return ""
+    seconds = {k: "—" if v is None else f"{v:g}s" for k, v in (("mttd", found.mttd_s), ("mttr", found.mttr_s))}
+    noisy = "".join(f"<li><b>noisy rule</b>: {escape(n.alert)} ({escape(n.probe)}) was {escape(n.state)} at "
+                    f"{_t(view, n.t)}, before any fault</li>" for n in found.noisy)
+    return (f"<p class='detection'>alerts: <b>MTTD {seconds['mttd']}</b> · <b>MTTR {seconds['mttr']}</b> (apply → "
+            "the first sample that saw the alert firing; revert → the first that saw it gone: as precise as the "
+            "alert probe's sampling interval)</p>" + (f"<ul class='noisy'>{noisy}</ul>" if noisy else ""))
 
 
 def _exits(view: RunView, f: AppliedFault) -> str:

@@ -55,9 +55,34 @@ def render(view: RunView, report_path: str | None = None) -> str:
         exits = [f"- fault #{f.id} {_cell(f.step)}: {_cell(e.text)}, seen {_rel(view, e.seen_at)}"
                  for f in view.faults for e in f.exits]
         lines += [*exits, ""] if exits else []
+    lines += _detection(view)
     if report_path:
         lines += [report_line(report_path), ""]
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:g}s"
+
+
+def _detection(view: RunView) -> list[str]:
+    """The alert probes' time to detect and to resolve each fault (MTTD/MTTR) and the noisy rules."""
+    found = view.detection()
+    if not found.outcomes and not found.noisy:
+        return []
+    lines = [f"**MTTD {_seconds(found.mttd_s)} · MTTR {_seconds(found.mttr_s)}** (alert probes: apply → first sample "
+             "firing, revert → first sample gone)", ""]
+    if found.outcomes:
+        lines += ["| fault | alert | time to detect | time to resolve |", "|---|---|---|---|"]
+        for o in found.outcomes:
+            lines.append(f"| #{o.fault} {_cell(o.step)} | {_cell(o.alert)} ({_cell(o.probe)}) "
+                         f"| {o.detected} {'' if o.detected == 'already firing' else _seconds(o.detect_s)} "
+                         f"(≤ {o.detect_within:g}s) "
+                         f"| {o.resolved} {_seconds(o.resolve_s)} (≤ {o.resolve_within:g}s) |")
+        lines.append("")
+    lines += [f"- noisy rule: {_cell(n.alert)} ({_cell(n.probe)}) was {n.state} at {_rel(view, n.t)}, before any "
+              "fault" for n in found.noisy]
+    return [*lines, ""] if found.noisy else lines
 
 
 def report_line(path: str) -> str:

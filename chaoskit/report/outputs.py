@@ -47,7 +47,14 @@ def summary(view: RunView) -> dict[str, Any]:
         "plan": [p.model_dump() for p in view.plan],
         "faults": [f.to_json() for f in view.faults],
         "samples": [_sample(s) for s in view.samples],
+        **_detection(view),
     }
+
+
+def _detection(view: RunView) -> dict[str, Any]:
+    """With alert probes: time to detect and resolve each fault per expected alert, MTTD/MTTR, noisy rules."""
+    found = view.detection()
+    return {"detection": found.to_json()} if found.outcomes or found.noisy else {}
 
 
 def _sample(s: Sample) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from chaoskit.model.events import (
 )
 from chaoskit.model.faults import AppliedFault
 from chaoskit.model.tolerance import Tolerance
+from chaoskit.report.detection import Detection, detection
 
 TABLE_ORDER = (Phase.BEFORE, Phase.DURING, Phase.GRACE, Phase.BETWEEN, Phase.SAFEGUARD, Phase.AFTER, Phase.INTERIM)
 NOTE_EVENTS = (SafeguardTripped, Interrupted, ErrorNoted, WatchdogDied, RevertFailed, LateApplyReverted,
@@ -85,6 +86,10 @@ class RunView:
 
     def active_faults(self) -> list[AppliedFault]:
         return [f for f in self.faults if f.applied_at is not None and f.reverted_at is None]
+
+    def detection(self) -> Detection:
+        """Per alert the alert probes expect: time to detect and to resolve each fault (MTTD/MTTR), noisy rules."""
+        return detection(self.document, self.faults, self.samples)
 
     def probes(self) -> list[str]:
         """Probe names in the order of the experiment, then any others that were sampled."""
