@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 from chaoskit.errors import PreflightError
 from chaoskit.gpu import mig, nvml
 from chaoskit.gpu.mig import MigBackend, MigError, MigPlanError, format_layout, layout_of, normalize_target
-from chaoskit.injectors.base import Injector
+from chaoskit.injectors.base import Injector, RevertRecord
 from chaoskit.model.types import StrictModel
 from chaoskit.targets.local import GpuTarget
 from chaoskit.units import format_size
@@ -53,11 +53,20 @@ def _process_list(procs: list[mig.ComputeProcess]) -> str:
                      for p in procs)
 
 
+class MigRecord(RevertRecord):
+    """gpu.mig's record: the device and the MIG state checkpointed before the change (chaoskit.gpu.mig's JSON),
+    which revert restores; no checkpoint: prepare never read the state, so nothing was changed."""
+
+    uuid: str | None = None
+    checkpoint: dict[str, Any] | None = None
+
+
 class MigReconfigure(Injector):
     type: ClassVar[str] = "gpu.mig"
     summary: ClassVar[str] = "reconfigure MIG instances (mig-parted layout); revert restores the checkpointed state"
     Spec = MigSpec
     spec: MigSpec
+    Record = MigRecord
 
     @classmethod
     def backend(cls) -> MigBackend:
@@ -154,16 +163,18 @@ class MigReconfigure(Injector):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        if "checkpoint" not in record:
+        r: MigRecord = cls.read_record(record)
+        if r.checkpoint is None:
             return  # prepare never read the state: nothing was changed
-        checkpoint = mig.from_json(record["checkpoint"])
+        checkpoint = mig.from_json(r.checkpoint)
         b = cls.backend()
         mig.restore(b, checkpoint.uuid, checkpoint)
         mig.assert_equal(checkpoint, b.read_state(checkpoint.uuid))
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        if "checkpoint" not in record:
+        r: MigRecord = cls.read_record(record)
+        if r.checkpoint is None:
             return False
-        checkpoint = mig.from_json(record["checkpoint"])
+        checkpoint = mig.from_json(r.checkpoint)
         return not mig.same_state(checkpoint, cls.backend().read_state(checkpoint.uuid))

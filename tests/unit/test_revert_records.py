@@ -19,6 +19,7 @@ from chaoskit.injectors.helper_proc import TOKEN
 from chaoskit.injectors.kube import DeploymentScale
 from chaoskit.injectors.memlimit import MemoryLimit
 from chaoskit.injectors.memory import MemoryPressure
+from chaoskit.injectors.mig import MigReconfigure
 from chaoskit.injectors.process import ProcessSignal, SignalRecord
 from chaoskit.injectors.proxy import Proxy, ProxyRecord
 from chaoskit.targets.process import ProcessRef, proc_ref
@@ -31,7 +32,7 @@ def test_the_typed_families():
     assert {c.type for c in INJECTORS if c.Record is not None} == {
         "process.signal", "network.proxy", "llm.proxy", "network.drop", "network.partition", "host.cpu_stress",
         "load.flood", "host.memory_pressure", "gpu.memory_pressure", "disk.fill", "process.cpu_throttle",
-        "process.memory_limit", "disk.throttle", "exec", "deployment.scale"}
+        "process.memory_limit", "disk.throttle", "exec", "deployment.scale", "gpu.mig"}
 
 
 def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
@@ -72,6 +73,7 @@ def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
      "'^[0-9a-f]{32}$')"),
     (DeploymentScale, {"cluster": {}, "namespace": "default", "deployment": "web", "replicas": -1},
      "(previous_replicas: Field required; replicas: Input should be greater than or equal to 0)"),
+    (MigReconfigure, {"device": 0, "checkpoint": "MIG 1g.18gb x7"}, "(checkpoint: Input should be a valid dictionary)"),
     (DiskFill, {"file": "/etc/passwd", "bytes": 0},  # revert deletes it: only a fill file of chaoskit's
      "(file: String should match pattern '/\\.chaoskit-fill-[0-9a-f]{12}$')"),
     (Drop, {"ns": "/proc/1/ns/net", "ns_inode": 4026531840, "table": "filter"},  # never a table not chaoskit's
