@@ -384,6 +384,8 @@ static void on_packet(uint32_t id, const unsigned char *d, uint32_t dlen, uint32
         verdict(id, NF_ACCEPT, NULL, 0);
         return;
     }
+    if (d && plen != dlen) /* a truncated copy (over 64 KiB): never sent or spliced back in place of the packet */
+        d = NULL;
     int copies = 1 + (d && chance(cfg.dup, &c_dup));
     if (chance(cfg.loss, &c_loss))
         copies--;
@@ -419,7 +421,7 @@ static void on_packet(uint32_t id, const unsigned char *d, uint32_t dlen, uint32
         release(&it, now);
         return;
     }
-    if (cfg.detach && !detach(&it, d)) {
+    if (cfg.detach && d && !detach(&it, d)) {
         st.overflow++;
         return;
     }
