@@ -40,7 +40,6 @@ class Exporters:
 
     def _start(self) -> None:
         o = self.opts
-        self._attach(self._on_event)
         if o.metrics_port is not None or o.pushgateway:
             self.metrics = RunMetrics(self.experiment, self.run_id)
             self._attach(self.metrics)
@@ -55,11 +54,12 @@ class Exporters:
                                   {"experiment": self.experiment, "run_id": self.run_id}, o.timeout_s)
         if o.otlp_endpoint:
             self._start_otlp(o.otlp_endpoint)
+        self._attach(self._on_event)  # last: the push starts once the other sinks have folded the run's end
 
     def _start_otlp(self, endpoint: str) -> None:
-        from chaoskit.observe.traces import RunTracer
-
         try:
+            from chaoskit.observe.traces import RunTracer
+
             self.tracer = RunTracer(endpoint, self.experiment, self.run_id, self.opts.timeout_s)
         except Exception as e:  # the SDK missing or refusing the endpoint: a warning
             self.warn("otlp", f"no traces to {endpoint}: {type(e).__name__}: {e}")
