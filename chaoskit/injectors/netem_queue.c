@@ -485,7 +485,7 @@ static void receive(void) {
             return;
         int64_t now = mono();
         for (int i = 0; i < n; i++) {
-            size_t left = msgs[i].msg_len;
+            int left = (int)msgs[i].msg_len; /* signed: NLMSG_NEXT of an unpadded last message goes below 0 */
             for (struct nlmsghdr *h = iov[i].iov_base; NLMSG_OK(h, left); h = NLMSG_NEXT(h, left))
                 on_message(h, now);
         }
