@@ -8,8 +8,8 @@ receiver process in the server namespace takes the kernel's receive timestamp (S
 receive - send. Timing error = latency - 10 ms (the path's own latency, measured without the fault as `base`,
 is in it: a few us). Proxy: network.proxy (on loopback) with a latency toxic of 10 ms on the upstream stream;
 one TCP connection (TCP_NODELAY) through it carries the same 16-byte records at the same rates; the upstream
-reads them and timestamps each read in user space (so its process's wake-up is in the error: `tcp_base` is
-the same measure without the proxy). A record is not a packet: TCP coalesces records into segments.
+reads them and timestamps each read in user space (so its process's wake-up is in the error, though it runs
+SCHED_FIFO below the helper: `tcp_base` is the same measure without the proxy). A record is not a packet: TCP coalesces records into segments.
 
 Both measuring processes are Python and run beside the helper on this 2-core host (shared with others): at the
 higher rates the Python UDP sender falls short of the asked rate before the helper loses anything; each step
@@ -75,8 +75,9 @@ print(n / (time.monotonic() - t0), n, flush=True)
 """
 
 RECEIVER = r"""
-import json, socket, struct, sys, time
+import json, os, socket, struct, sys, time
 kind, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(5))  # the TCP read times are its wake-ups: keep them short
 pkt = struct.Struct("=qq")
 lat = []
 if kind == "udp":
