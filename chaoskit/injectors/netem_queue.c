@@ -52,7 +52,7 @@ typedef struct {
     int64_t lead; /* ns: wake this early and busy-poll the rest (0: sleep to the due time; at SCHED_FIFO a spin
                    * takes the CPU from everyone else, for ~15 us of median precision) */
     uint64_t rate;                                  /* bytes/s; 0: none */
-    const char *dist, *stats;
+    const char *dist, *stats, *dev;                 /* dev: the egress interface the copies leave by */
     double until;                                   /* CLOCK_REALTIME seconds */
     int queue;
 } config;
@@ -280,10 +280,18 @@ static void verdict(uint32_t id, uint32_t v, const unsigned char *data, uint32_t
 
 /* ---------------------------------------------------------------- copies (duplicates) */
 
+/* a socket for copies (header included), marked for the rule to let them pass; on egress bound to the
+ * interface (link-local and multicast destinations need it) and allowed to broadcast */
 static int raw_socket(int family) {
-    int fd = socket(family, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW), big = 16 << 20;
-    if (fd >= 0)
+    int fd = socket(family, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW), big = 16 << 20, one = 1;
+    if (fd >= 0) {
         setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof big);
+        setsockopt(fd, SOL_SOCKET, SO_BROADCAST, &one, sizeof one);
+    }
+    if (fd >= 0 && cfg.detach && cfg.dev && setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, cfg.dev, strlen(cfg.dev))) {
+        close(fd);
+        return -1;
+    }
     if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_MARK, &cfg.mark, sizeof cfg.mark) < 0) {
         close(fd);
         return -1;
@@ -571,6 +579,7 @@ static int parse_arg(const char *arg) {
     else if (KEY("queue")) cfg.queue = atoi(v);
     else if (KEY("dist")) cfg.dist = v;
     else if (KEY("stats")) cfg.stats = v;
+    else if (KEY("dev")) cfg.dev = v;
     else if (KEY("until")) cfg.until = strtod(v, NULL);
     else if (KEY("rt")) cfg.rt = atoi(v);
     else if (KEY("lead_ns")) cfg.lead = strtoll(v, NULL, 10);
@@ -659,7 +668,11 @@ static int setup(int argc, char **argv) {
         return -1;
     if (cfg.dup || cfg.detach) {
         raw4 = raw_socket(AF_INET);
-        raw6 = raw_socket(AF_INET6);
+        raw6 = raw_socket(AF_INET6); /* none where the namespace has no IPv6: nor has it IPv6 packets */
+        if (raw4 < 0) {
+            fprintf(stderr, "netemq: raw socket for copies: %s\n", strerror(errno));
+            return -1;
+        }
     }
     return 0;
 }

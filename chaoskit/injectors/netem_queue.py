@@ -64,7 +64,7 @@ def build() -> Path:
     return exe
 
 
-def helper_args(spec: Any, dist_file: str | None, stats: str, until: float) -> list[str]:
+def helper_args(spec: Any, ifname: str, dist_file: str | None, stats: str, until: float) -> list[str]:
     """network.netem's spec (a NetemSpec) as the helper's key=value arguments."""
     kv: dict[str, Any] = {
         "delay_ns": round(spec.delay * 1e9), "jitter_ns": round(spec.jitter * 1e9), "delay_corr": spec.correlation,
@@ -78,6 +78,8 @@ def helper_args(spec: Any, dist_file: str | None, stats: str, until: float) -> l
     }
     if dist_file:
         kv["dist"] = dist_file
+    if spec.direction == "egress":
+        kv["dev"] = ifname
     return [f"{k}={v}" for k, v in kv.items()]
 
 
@@ -124,7 +126,7 @@ def spawn(exe: Path, token: str, ns_path: str, args: list[str]) -> tuple[Process
 
 def apply(spec: Any, record: dict[str, Any], dist_file: str | None, lifetime_s: float) -> dict[str, Any]:
     """Helper first (bound to its queue), then the rule: from then on the selected packets go through it."""
-    args = helper_args(spec, dist_file, record["stats"], time.time() + lifetime_s)
+    args = helper_args(spec, record["ifname"], dist_file, record["stats"], time.time() + lifetime_s)
     ref, queue = spawn(build(), record["token"], record["ns"], args)
     record = {**record, "helper": ref.to_json(), "queue": queue}
     f = spec.filter
