@@ -27,7 +27,7 @@ from chaoskit.injectors.network import Netem
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.tc import netem_missing_reason
 from tests.conftest import chaoskit, ledgers, wait_for, write
-from tests.helpers.netpair import SERVER_IP, Pair, Server, download_rate
+from tests.helpers.netpair import SERVER_IP, Pair, Server, download_rate, sh
 
 
 def _missing() -> str | None:
@@ -425,6 +425,38 @@ def test_a_delayed_tcp_sender_is_not_held_back_by_tcp_small_queues(pair, netem):
         server.close()
     print(f"\nTCP download behind 10 ms on the sender's egress: {rate / 1e6:.1f} MB/s")
     assert rate > 10e6
+
+
+def test_egress_copies_reach_neighbour_discovery_multicast_and_broadcast(pair, netem):
+    """No filter: IPv6 neighbour solicitations (multicast), the IPv6 datagram after them and an IPv4 broadcast
+    all leave through the helper's raw sockets (bound to the interface) after the delay."""
+    sh("ip", "-n", pair.srv, "addr", "add", "fd00:c4::1/64", "dev", "eth0", "nodad")
+    sh("ip", "-n", pair.cli, "addr", "add", "fd00:c4::2/64", "dev", "eth0", "nodad")
+    srv6 = run_in_netns(pair.path(pair.srv), lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM))
+    srv4 = udp_socket(pair.path(pair.srv), ("0.0.0.0", OTHER_PORT))
+    cli6 = run_in_netns(pair.path(pair.cli), lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM))
+    cli4 = udp_socket(pair.path(pair.cli))
+    cli4.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+    srv6.bind(("fd00:c4::1", PORT))
+    for s in (srv6, srv4):
+        s.settimeout(2)
+    try:
+        rec = netem(pair.cli, delay="10ms")
+        t0 = time.monotonic()
+        cli6.sendto(b"six", ("fd00:c4::1", PORT))
+        assert srv6.recv(16) == b"six"
+        took6 = time.monotonic() - t0
+        t0 = time.monotonic()
+        cli4.sendto(PKT.pack(0, 0), ("10.211.0.255", OTHER_PORT))
+        assert srv4.recv(64) == PKT.pack(0, 0)
+        took4 = time.monotonic() - t0
+        stats = helper_stats(rec, 3)
+    finally:
+        for s in (srv6, srv4, cli6, cli4):
+            s.close()
+    print(f"\nIPv6 after neighbour discovery {took6 * 1e3:.1f} ms, IPv4 broadcast {took4 * 1e3:.1f} ms; {stats}")
+    assert took6 >= 0.02 and took4 >= 0.01  # solicitation and datagram each held 10 ms; the broadcast 10 ms
+    assert stats["copy_errors"] == 0
 
 
 # ------------------------------------------------------------------ fail open, revert, watchdog
