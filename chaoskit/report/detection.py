@@ -30,11 +30,12 @@ class AlertOutcome:
     resolved: str  # resolved | late | not resolved | not seen | not reverted | -
 
     def text(self) -> str:
-        """`ChaosFault: detected in 2.1s (≤ 30s), resolved in 1.0s (≤ 120s)`."""
+        """`ChaosFault (alerts): detected in 2.1s (≤ 30s), resolved in 1s (≤ 120s)`."""
         d = (f"{self.detected} in {self.detect_s:g}s" if self.detect_s is not None and self.detected != "already firing"
              else self.detected) + f" (≤ {self.detect_within:g}s)"
         r = (f"{self.resolved} in {self.resolve_s:g}s" if self.resolve_s is not None else self.resolved)
-        return f"{self.alert}: {d}" + ("" if self.resolved == "-" else f", {r} (≤ {self.resolve_within:g}s)")
+        return f"{self.alert} ({self.probe}): {d}" + ("" if self.resolved == "-" else
+                                                      f", {r} (≤ {self.resolve_within:g}s)")
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,7 @@ def test_an_alert_on_the_fault_fires_the_probe_holds_and_prometheus_has_the_faul
     assert len(held) == 1 and held[0].endswith(" 1") and 'job="chaoskit"' in held[0], pushed[-2000:]
     assert f'experiment="{name}"' in held[0]
     md = (tmp_path / name / "report.html").read_text()
-    assert "MTTD" in md and "ChaosFault: detected in" in md
+    assert "MTTD" in md and "ChaosFault (prom-alerts): detected in" in md
 
 
 def test_a_rule_that_cannot_fire_deviates(stack, sleeper, tmp_path, state_dir):

@@ -173,4 +173,21 @@ def test_the_report_computes_ttd_ttr_mttd_and_the_noisy_rule_from_samples_and_wi
         (1, "detected", 3.0, "resolved", 2.0), (2, "missed", None, "-", None)]
     assert (found.mttd_s, found.mttr_s) == (3.0, 2.0)
     assert [(n.alert, n.t, n.state) for n in found.noisy] == [("HighErrors", 90.1, "firing")]
-    assert found.outcomes[0].text() == "HighErrors: detected in 3s (≤ 5s), resolved in 2s (≤ 5s)"
+    assert found.outcomes[0].text() == "HighErrors (alerts): detected in 3s (≤ 5s), resolved in 2s (≤ 5s)"
+    assert found.outcomes[1].text() == "HighErrors (alerts): missed (≤ 5s)"
+
+
+def test_the_html_and_markdown_reports_show_the_times_beside_the_fault_and_the_noisy_rule():
+    from chaoskit.report import html, markdown
+    from chaoskit.report.view import RunView
+
+    doc = {"steadyState": {"probes": [{"name": "alerts", "type": "alert", "url": "http://x", "detect_within": "5s",
+                                       "alerts": [{"name": "HighErrors"}]}]}}
+    view = RunView(experiment="e", started=80.0, ended=130.0, document=doc, states=[("pending", 80.0)],
+                   faults=[AppliedFault(1, "freeze", "t", applied_at=100.0, reverted_at=110.0)],
+                   samples=[_s(90, "pending"), _s(95, "inactive"), _s(102.9, "firing"), _s(111.9, "resolved")])
+    page, md = html.render(view), markdown.render(view)
+    assert "<td class='alerts'>HighErrors (alerts): detected in 3s (≤ 5s), resolved in 2s (≤ 120s)</td>" in page
+    assert "MTTD 3s</b> · <b>MTTR 2s" in page and "was pending at +10.10s, before any fault" in page
+    assert "| #1 freeze | HighErrors (alerts) | detected 3s (≤ 5s) | resolved 2s (≤ 120s) |" in md
+    assert "- noisy rule: HighErrors (alerts) was pending at +10.10s, before any fault" in md
