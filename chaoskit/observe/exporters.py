@@ -76,8 +76,11 @@ class Exporters:
             pending, self._pending = self._pending, []
             for warning in pending:
                 self.journal.emit(warning)
-        elif isinstance(ev, RunEnded) and self.push is not None:
-            self.push.start()  # its own thread: the run's end is not held up by the gateway
+        elif isinstance(ev, RunEnded):  # each in a thread of its own: the run's end is not held up by them
+            if self.push is not None:
+                self.push.start()
+            if self.tracer is not None:
+                self.tracer.flush()
 
     def warn(self, where: str, text: str) -> None:
         """A warning on stderr now and in the journal (once the run has started: its records come first)."""

@@ -78,6 +78,9 @@ class RunTracer:
         self._phase: Span | None = None
         self._faults: dict[int, Span] = {}
         self._names = FaultLabels()
+        self._flushing: threading.Thread | None = None
+        self._done = threading.Event()
+        self._flushed = False
 
     def _child(self, name: str, t: float, parent: Span | None, attrs: dict[str, Any]) -> Span:
         ctx = trace.set_span_in_context(parent) if parent is not None else None
@@ -139,19 +142,22 @@ class RunTracer:
             self._run.end(end_time=ns(ev.t))
             self._run = None
 
+    def flush(self) -> None:
+        """Start exporting what is left (the run has ended), then shut the provider down, in a thread of its own."""
+        if self._flushing is None:
+            self._flushing = threading.Thread(target=self._flush, name="chaoskit-otlp", daemon=True)
+            self._flushing.start()
+
+    def _flush(self) -> None:
+        self._flushed = self.provider.force_flush(int(self.timeout_s * 1000))
+        self._done.set()
+        self.provider.shutdown()
+
     def close(self) -> str | None:
-        """Export what is left (at most the timeout and a second), then shut the provider down off the path."""
-        done = threading.Event()
-        flushed: list[bool] = []
-
-        def flush() -> None:
-            flushed.append(self.provider.force_flush(int(self.timeout_s * 1000)))
-            done.set()
-            self.provider.shutdown()
-
-        threading.Thread(target=flush, name="chaoskit-otlp", daemon=True).start()
-        if not done.wait(self.timeout_s + 1.0):
+        """Wait for the flush (at most the timeout and a second): why the export failed, None if it did not."""
+        self.flush()
+        if not self._done.wait(self.timeout_s + 1.0):
             return self.exporter.error or f"no answer within {self.timeout_s:g}s"
-        if self.exporter.error or not flushed[0]:
+        if self.exporter.error or not self._flushed:
             return self.exporter.error or f"not flushed within {self.timeout_s:g}s"
         return None
