@@ -17,7 +17,7 @@ from chaoskit.model.types import Duration, StrictModel
 from chaoskit.probes.base import Probe, ProbeSpecBase
 
 ACTIVE = ("pending", "firing")
-DEFAULT_EXPECT = {"overdue": "== 0", "waiting": "== 0"}
+DEFAULT_EXPECT = {"late": "~ ^$", "waiting": "== 0"}  # no deadline missed; nothing awaited
 EXAMPLE = {"name": "alerts", "type": "alert", "source": "prometheus", "url": "http://127.0.0.1:9090",
            "alerts": [{"name": "InferenceErrorRateHigh", "labels": {"service": "llm-gateway"}}],
            "detect_within": "30s", "resolve_within": "2m"}
@@ -55,13 +55,13 @@ class AlertProbeSpec(ProbeSpecBase):
     steps: list[str] = Field(default_factory=list, description="the method steps (their names) whose faults the "
                              "alerts should detect; default: every fault")
     timeout: Duration = Field(5.0, gt=0, description="a reading slower than this counts as the source unreachable")
-    expect_keys: ClassVar[tuple[str, ...]] = ("overdue", "waiting", "noisy", "source_up", "source_error", "state.",
-                                              "firing.", "pending.", "detect_s.", "resolve_s.")
+    expect_keys: ClassVar[tuple[str, ...]] = ("late", "overdue", "waiting", "noisy", "source_up", "source_error",
+                                              "state.", "firing.", "pending.", "detect_s.", "resolve_s.")
 
     @model_validator(mode="before")
     @classmethod
     def _default_expect(cls, data: Any) -> Any:
-        """Unless `expect` is given: overdue == 0 and waiting == 0 (every deadline met, the after phase waits)."""
+        """Unless `expect` is given: late empty and waiting == 0 (every deadline met; the after phase waits)."""
         if isinstance(data, dict) and "expect" not in data:
             return {**data, "expect": dict(DEFAULT_EXPECT)}
         return data
@@ -159,11 +159,11 @@ def parse_alerts(source: str, data: Any, now: float) -> list[tuple[dict[str, str
 class AlertProbe(Probe):
     """Each sample reads the alerts once and records, for each expected alert, `state.ID` (inactive, pending,
     firing, or resolved once seen firing), `firing.ID` and `pending.ID` (1/0), and for the latest fault
-    `detect_s.ID` / `resolve_s.ID`. `overdue` counts missed deadlines (not firing within detect_within of an
-    apply, still active resolve_within after a revert); `waiting` counts detections or resolutions still awaited
-    while none of its faults is in effect (so the after phase waits for them); `noisy` counts expected alerts
-    seen active before any fault (a noisy rule: the report says so). Unless `expect` is given the probe holds
-    while `overdue == 0` and `waiting == 0`. An unreachable source is `source_up: 0` with `source_error`, never a
+    `detect_s.ID` / `resolve_s.ID`. `late` says which deadlines were missed (not firing within detect_within of
+    an apply, still active resolve_within after a revert; empty when none) and `overdue` counts them; `waiting`
+    counts detections or resolutions still awaited while none of its faults is in effect (so the after phase
+    waits for them); `noisy` counts expected alerts seen active before any fault (a noisy rule: the report says
+    so). Unless `expect` is given the probe holds while `late` is empty (`~ ^$`) and `waiting == 0`. An unreachable source is `source_up: 0` with `source_error`, never a
     failed sample (add `source_up: "== 1"` to expect to make it one). The run's report shows the time to detect
     and to resolve of each fault (MTTD/MTTR) from these samples and the fault windows."""
 
@@ -221,7 +221,8 @@ class AlertProbe(Probe):
                     self._reading(a.key, alert_state(found, a), now, out)
             else:
                 out["source_error"] = error
-            out["overdue"] = sum(t.late is not None for t in self._tracks)
+            late = [t.late for t in self._tracks if t.late is not None]
+            out["late"], out["overdue"] = "; ".join(late), len(late)
             waiting = found is not None and not self._open
             out["waiting"] = sum(t.undecided for t in self._tracks) if waiting else 0
             out["noisy"] = len(self._noisy)
