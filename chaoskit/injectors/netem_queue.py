@@ -73,13 +73,13 @@ def helper_args(spec: Any, ifname: str, dist_file: str | None, stats: str, until
         "corrupt_corr": spec.corrupt_correlation, "reorder": spec.reorder, "reorder_corr": spec.reorder_correlation,
         "gap": max(spec.gap, 1) if spec.reorder else 0,  # as tc: reorder without a gap means gap 1
         "rate": parse_rate(spec.rate) if spec.rate is not None else 0, "limit": spec.limit,
-        "detach": int(spec.direction == "egress"), "mark": nft.COPY_MARK, "queue": QUEUE_BASE + random.randrange(0, 40000), "stats": stats,
+        "mark": nft.COPY_MARK, "queue": QUEUE_BASE + random.randrange(0, 40000), "stats": stats,
         "until": f"{until:.3f}",
     }
     if dist_file:
         kv["dist"] = dist_file
-    if spec.direction == "egress":
-        kv["dev"] = ifname
+    if spec.direction == "egress":  # hold copies and free the originals; the copies leave by the interface
+        kv.update(detach=1, dev=ifname)
     return [f"{k}={v}" for k, v in kv.items()]
 
 
