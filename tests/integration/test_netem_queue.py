@@ -309,6 +309,23 @@ def test_loss_is_binomial_and_only_the_filtered_port_loses(pair, netem):
     assert kq == {"held": 0, "queue_dropped": 0, "user_dropped": 0}
 
 
+def test_a_destination_filter_touches_only_that_destination(pair, netem):
+    """filter destinations: 10.211.0.3 (a second address of the server) loses everything, SERVER_IP nothing."""
+    sh("ip", "-n", pair.srv, "addr", "add", "10.211.0.3/24", "dev", "eth0")
+    rx = udp_socket(pair.path(pair.srv), ("0.0.0.0", PORT))
+    got, tx = Receiver(rx), udp_socket(pair.path(pair.cli))
+    try:
+        rec = netem(pair.cli, loss="100%", filter={"destinations": ["10.211.0.3/32"]})
+        send(tx, ("10.211.0.3", PORT), 200)
+        send(tx, (SERVER_IP, PORT), 200)
+        got.wait(200)
+        stats = helper_stats(rec, 200)
+    finally:
+        got.close()
+        tx.close()
+    assert len(got.got) == 200 and stats["seen"] == stats["dropped"] == 200
+
+
 @pytest.mark.parametrize("direction", ["egress", "ingress"])
 def test_duplicates_are_counted_at_the_receiver(pair, netem, direction):
     n, p = 3000, 0.10
