@@ -247,6 +247,7 @@ def test_exporters_pointed_at_closed_ports_change_neither_verdict_nor_exit_code(
               if '"event":"error"' in line]
     assert sorted(w["where"] for w in warned) == ["metrics", "otlp", "pushgateway"], warned
     assert all(w["error"].startswith("warning: ") for w in warned)
+    assert "probe alerts: resolve_within 10s is longer than steadyState.after.within 2s" in out
     events = [json.loads(line)["event"] for line in (tmp_path / "exporters" / "journal.jsonl").read_text().splitlines()]
     assert events[:3] == ["experiment", "host", "run"] and events[3] == "error"  # the bind warning: once it started
     assert all(x["values"]["source_up"] == 0 for x in s["samples"] if x["probe"] == "alerts")
