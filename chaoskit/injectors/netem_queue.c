@@ -3,14 +3,15 @@
  * packet's time comes (CLOCK_MONOTONIC), so holding = delay. Loss is a DROP verdict, corruption an ACCEPT with
  * one bit flipped in the payload, a duplicate a copy sent through a raw socket (marked so the rule skips it),
  * reordering an immediate verdict, rate a serialisation time per packet. With `detach` (egress) a held packet
- * is a copy: the original is dropped at once and the copy sent through the raw socket when its time comes. The decisions follow sch_netem's
- * (correlated random numbers, the iproute2 distribution tables, gap-based reordering).
+ * is a copy: the original is dropped at once and the copy sent through the raw socket when its time comes.
+ * The decisions follow sch_netem's (correlated random numbers, the iproute2 distribution tables, gap-based
+ * reordering).
  *
  * Run by chaoskit/injectors/netem_queue.py as
  *   netemq TOKEN NS_PATH key=value...     (keys: see parse_arg)
  * It enters the namespace, binds the first free queue number from `queue`, prints `ready N` and serves until
- * SIGTERM or the `until` epoch; then it lets what it holds go at once and exits. The nft rule uses the queue's bypass
- * flag: with no program bound (this one killed), packets pass. Counters are written as JSON to `stats`. */
+ * SIGTERM or the `until` epoch; then it lets what it holds go at once and exits. The nft rule uses the queue's
+ * bypass flag: with no program bound (this one killed), packets pass. Counters are written as JSON to `stats`. */
 
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -299,20 +300,63 @@ static int raw_socket(int family) {
     return fd;
 }
 
-/* send a copy of an IP packet as it is (header included) to its destination, marked for the rule to skip */
-static void send_copy(const unsigned char *d, uint32_t len, int v6) {
-    ssize_t n = -1;
-    if (!v6 && len >= 20 && raw4 >= 0) {
-        struct sockaddr_in to = {.sin_family = AF_INET};
-        memcpy(&to.sin_addr, d + 16, 4);
-        n = sendto(raw4, d, len, 0, (struct sockaddr *)&to, sizeof to);
-    } else if (v6 && len >= 40 && raw6 >= 0) {
-        struct sockaddr_in6 to = {.sin6_family = AF_INET6};
-        memcpy(&to.sin6_addr, d + 24, 16);
-        n = sendto(raw6, d, len, 0, (struct sockaddr *)&to, sizeof to);
+/* copies due together leave in one sendmmsg per family; their buffers are freed once sent */
+#define COPY_BATCH 64
+static struct {
+    struct mmsghdr msg[COPY_BATCH];
+    struct iovec iov[COPY_BATCH];
+    struct sockaddr_in6 to[COPY_BATCH]; /* a sockaddr_in fits in it */
+    unsigned char *data[COPY_BATCH];
+    int n;
+} copies[2];
+
+static void copies_flush(int v6) {
+    int fd = v6 ? raw6 : raw4, sent = 0;
+    while (sent < copies[v6].n) {
+        int r = fd < 0 ? -1 : sendmmsg(fd, copies[v6].msg + sent, (unsigned)(copies[v6].n - sent), 0);
+        if (r <= 0) { /* this one fails: count it, go on with the rest */
+            st.copy_errors++;
+            r = 1;
+        }
+        sent += r;
     }
-    if (n < 0)
+    for (int i = 0; i < copies[v6].n; i++)
+        free(copies[v6].data[i]);
+    copies[v6].n = 0;
+}
+
+/* send a copy of an IP packet as it is (header included) to its destination, marked for the rule to skip;
+ * takes `d` (freed once sent) */
+static void send_copy(unsigned char *d, uint32_t len, int v6) {
+    if (len < (v6 ? 40u : 20u)) {
         st.copy_errors++;
+        free(d);
+        return;
+    }
+    if (copies[v6].n == COPY_BATCH)
+        copies_flush(v6);
+    int i = copies[v6].n++;
+    struct sockaddr_in6 *to = &copies[v6].to[i];
+    memset(to, 0, sizeof *to);
+    if (v6) {
+        to->sin6_family = AF_INET6;
+        memcpy(&to->sin6_addr, d + 24, 16);
+    } else {
+        struct sockaddr_in *to4 = (struct sockaddr_in *)to;
+        to4->sin_family = AF_INET;
+        memcpy(&to4->sin_addr, d + 16, 4);
+    }
+    copies[v6].iov[i] = (struct iovec){d, len};
+    copies[v6].data[i] = d;
+    socklen_t tolen = v6 ? sizeof *to : sizeof(struct sockaddr_in);
+    copies[v6].msg[i].msg_hdr =
+        (struct msghdr){.msg_name = to, .msg_namelen = tolen, .msg_iov = &copies[v6].iov[i], .msg_iovlen = 1};
+}
+
+static void flush_all(void) {
+    copies_flush(0);
+    copies_flush(1);
+    tx_flush();
 }
 
 /* ---------------------------------------------------------------- the scheduler */
@@ -324,12 +368,14 @@ static void note_late(int64_t late) {
         st.max_late = late;
 }
 
+/* its verdict or its copy, queued (flush_all sends them) */
 static void release(item *it, int64_t now) {
     note_late(now - it->due);
-    if (it->kind == K_COPY)
+    if (it->kind == K_COPY) {
         send_copy(it->data, it->len, it->v6);
-    else
-        verdict(it->id, NF_ACCEPT, it->kind == K_MANGLED ? it->data : NULL, it->len);
+        return;
+    }
+    verdict(it->id, NF_ACCEPT, it->kind == K_MANGLED ? it->data : NULL, it->len);
     free(it->data);
 }
 
@@ -338,7 +384,7 @@ static void release_due(int64_t now) {
         item it = heap_pop();
         release(&it, now);
     }
-    tx_flush();
+    flush_all();
 }
 
 /* when a packet of `len` bytes arriving `now` is sent: netem's delay, then the rate's serialisation */
@@ -707,7 +753,7 @@ static void serve(void) {
         item it = heap_pop();
         release(&it, now);
     }
-    tx_flush();
+    flush_all();
     write_stats();
 }
 
