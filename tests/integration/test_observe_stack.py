@@ -156,15 +156,28 @@ def run(tmp: Path, name: str, text: str, state: Path, *opts: str) -> tuple[int, 
     return proc.returncode, json.loads((tmp / name / "summary.json").read_text()), out + err
 
 
+def _query(prometheus: str, **params: object) -> list[dict]:
+    path = "query_range" if "step" in params else "query"
+    data = json.loads(_get(f"{prometheus}/api/v1/{path}?{urllib.parse.urlencode(params)}"))
+    assert data["status"] == "success", data
+    return data["data"]["result"]
+
+
 def fault_window(prometheus: str, experiment: str, start: float, end: float) -> tuple[float, float]:
-    """First and last time chaoskit_fault_active was 1, from a PromQL range query (step 0.1s)."""
-    q = urllib.parse.urlencode({"query": f'chaoskit_fault_active{{experiment="{experiment}"}}', "start": start,
-                                "end": end, "step": "0.1"})
-    data = json.loads(_get(f"{prometheus}/api/v1/query_range?{q}"))
-    assert data["status"] == "success" and len(data["data"]["result"]) == 1, data
-    ones = [float(t) for t, v in data["data"]["result"][0]["values"] if v == "1"]
-    assert ones, data
+    """First and last time chaoskit_fault_active was 1, from a PromQL range query (step 0.05s)."""
+    result = _query(prometheus, query=f'chaoskit_fault_active{{experiment="{experiment}"}}', start=start, end=end,
+                    step="0.05")
+    assert len(result) == 1, result
+    ones = [float(t) for t, v in result[0]["values"] if v == "1"]
+    assert ones, result
     return min(ones), max(ones)
+
+
+def scrapes(prometheus: str, experiment: str, at: float) -> tuple[list[float], list[tuple[float, str]]]:
+    """The raw samples: when Prometheus scraped the run's port, and what chaoskit_fault_active was each time."""
+    up = _query(prometheus, query='up{job="chaoskit"}[2m]', time=at)[0]["values"]
+    active = _query(prometheus, query=f'chaoskit_fault_active{{experiment="{experiment}"}}[2m]', time=at)
+    return [float(t) for t, _ in up], [(float(t), v) for t, v in active[0]["values"]]
 
 
 def test_an_alert_on_the_fault_fires_the_probe_holds_and_prometheus_has_the_fault_window(
@@ -185,10 +198,16 @@ def test_an_alert_on_the_fault_fires_the_probe_holds_and_prometheus_has_the_faul
           f"TTR {det['prom-alerts']['resolve_s']}s / {det['am-alerts']['resolve_s']}s; "
           f"MTTD {s['detection']['mttd_s']}s MTTR {s['detection']['mttr_s']}s")
     assert s["detection"]["noisy"] == []
+    applied, reverted = fault["applied_at"], fault["reverted_at"]
     first, last = fault_window(stack.prometheus, name, s["started"] - 5, s["ended"] + 5)
-    print(f"fault window in Prometheus vs journal: start {first - fault['applied_at']:+.3f}s, "
-          f"end {last - fault['reverted_at']:+.3f}s (scrape interval 1s, step 0.1s)")
-    assert abs(first - fault["applied_at"]) <= 1.1 and abs(last - fault["reverted_at"]) <= 1.1
+    print(f"fault window in Prometheus (range query, step 0.05s) vs journal: start {first - applied:+.3f}s, "
+          f"end {last - reverted:+.3f}s (scrape interval 1s)")
+    assert -0.05 <= first - applied <= 1.0 + 0.05 + 0.2 and -0.05 <= last - reverted <= 1.0 + 0.05 + 0.2
+    ups, active = scrapes(stack.prometheus, name, s["ended"] + 3)  # exactly: the scrapes within the fault saw it
+    ones = [t for t, v in active if v == "1"]
+    race = 0.05  # a scrape stamped just before the apply (or revert) may read the gauge just after it
+    assert ones and all(applied - race <= t <= reverted + race for t in ones), (ones, ups)
+    assert not [t for t in ups if applied + race < t < reverted - race and t not in ones], (ones, ups)
     pushed = _get(f"{stack.pushgateway}/metrics").decode()
     held = [line for line in pushed.splitlines() if line.startswith("chaoskit_run_verdict{")
             and f'run_id="{s["run_id"]}"' in line and 'verdict="held"' in line]
