@@ -68,7 +68,7 @@ class RunTracer:
         self.exporter = _Recording(OTLPSpanExporter(endpoint=url, timeout=timeout_s))
         resource = Resource.create({"service.name": "chaoskit", "chaoskit.experiment": experiment,
                                     "chaoskit.run_id": run_id})
-        self.provider = TracerProvider(resource=resource)
+        self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # close() shuts it down, bounded
         self.provider.add_span_processor(BatchSpanProcessor(self.exporter, schedule_delay_millis=500,
                                                             export_timeout_millis=timeout_s * 1000))
         self.tracer = self.provider.get_tracer("chaoskit")
