@@ -261,7 +261,7 @@ def test_exporters_pointed_at_closed_ports_change_neither_verdict_nor_exit_code(
     print(f"\nclosed ports: run {s['duration_s']:.2f}s (without exporters {base[1]['duration_s']:.2f}s), process "
           f"{took:.2f}s ({base_took:.2f}s)")
     assert s["duration_s"] < base[1]["duration_s"] + 1.0  # the run itself (start to verdict) is not held up
-    assert took < base_took + 5  # after it: the push and the OTLP flush give up within their 3 s timeout (+1 s)
+    assert took < base_took + 6  # after it: the push and the OTLP flush give up within their 3 s timeout (+1 s, + load)
     warned = [json.loads(line) for line in (tmp_path / "exporters" / "journal.jsonl").read_text().splitlines()
               if '"event":"error"' in line]
     assert sorted(w["where"] for w in warned) == ["metrics", "otlp", "pushgateway"], warned
