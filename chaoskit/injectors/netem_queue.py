@@ -21,6 +21,7 @@ from chaoskit import paths
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors import netem_queue_nft as nft
+from chaoskit.targets import nftables
 from chaoskit.targets.local import NetnsTarget
 from chaoskit.targets.netns import same_namespace
 from chaoskit.targets.process import ProcessRef, cmdline, proc_ref
@@ -29,7 +30,7 @@ from chaoskit.units import parse_rate
 SOURCE = Path(__file__).with_name("netem_queue.c")
 CFLAGS = ("-O2", "-Wall")
 QUEUE_BASE = 20000  # the helper binds the first free queue number from a random start above this
-TOKEN_PREFIX = "chaoskit-netemq-"
+TOKEN_PREFIX, TABLE_PREFIX = "chaoskit-netemq-", "chaoskit_nq_"
 
 
 def compiler() -> str | None:
@@ -83,6 +84,19 @@ def helper_args(spec: Any, ifname: str, dist_file: str | None, stats: str, until
     return [f"{k}={v}" for k, v in kv.items()]
 
 
+def preflight(t: NetnsTarget) -> None:
+    """The helper builds, nftables works in the namespace, and no other queue-mode netem is there: its copies
+    carry the mark every such rule lets pass, so a second one would see only the packets the first passed."""
+    build()
+    try:
+        tables = nftables.tables(t.ns_path)  # libnftables itself, which apply uses
+    except (nftables.NftError, OSError) as e:
+        raise PreflightError(f"network.netem (queue mode): nftables unusable in {t.label}: {e}") from None
+    if ours := sorted(x["name"] for x in tables if x["name"].startswith(TABLE_PREFIX)):
+        raise PreflightError(f"network.netem (queue mode): {t.label} already has a chaoskit netem queue "
+                             f"({', '.join(ours)}: another run, or a leftover: `chaoskit rollback --all`)")
+
+
 def plan(spec: Any, t: NetnsTarget, reason: str) -> list[str]:
     """The plan lines of queue mode."""
     hook = nft.hook_chain(spec.direction)
@@ -104,7 +118,7 @@ def plan(spec: Any, t: NetnsTarget, reason: str) -> list[str]:
 def prepare(t: NetnsTarget, direction: str, reason: str) -> dict[str, Any]:
     token = f"{TOKEN_PREFIX}{uuid.uuid4().hex}"
     return {"mode": "queue", "mode_reason": reason, "ns": t.ns_path, "ns_inode": t.ns_inode, "ifindex": t.ifindex,
-            "ifname": t.ifname, "direction": direction, "table": f"chaoskit_nq_{token[-12:]}", "token": token,
+            "ifname": t.ifname, "direction": direction, "table": f"{TABLE_PREFIX}{token[-12:]}", "token": token,
             "stats": str(Path(tempfile.gettempdir()) / f"{token}.json")}
 
 
