@@ -20,7 +20,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors import netem_queue
 from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper
 from chaoskit.model.types import Duration, Percent, Port, StrictModel
-from chaoskit.targets import nftables, tc
+from chaoskit.targets import tc
 from chaoskit.targets.local import NetnsTarget
 from chaoskit.targets.netns import NetTargetSpec, resolve, same_namespace, with_iproute
 from chaoskit.units import format_size, parse_rate, parse_size
@@ -424,11 +424,7 @@ class Netem(_TcFault):
 
     def _preflight_queue(self) -> None:
         t = self._target()
-        netem_queue.build()
-        try:
-            nftables.tables(t.ns_path)
-        except (nftables.NftError, OSError) as e:
-            raise PreflightError(f"network.netem (queue mode): nftables unusable in {t.label}: {e}") from None
+        netem_queue.preflight(t)
         if self.spec.filter and self.spec.filter.destinations:
             self._check_routes(t)
 
