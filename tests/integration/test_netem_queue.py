@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from chaoskit import doctor
+from chaoskit.errors import PreflightError
 from chaoskit.injectors import netem_queue
 from chaoskit.injectors.network import Netem
 from chaoskit.targets.netns import run_in_netns
@@ -541,6 +542,14 @@ def test_revert_removes_the_rule_then_stops_the_helper_which_lets_held_packets_g
     print(f"\nrevert with 50 held packets: {took * 1e3:.0f} ms, {len(got.got)} delivered")
     assert len(got.got) == 50 and took < 1.0
     assert not _helpers(pair.path(pair.cli)) and not netem_queue.nft.present(pair.path(pair.cli), rec["table"])
+
+
+def test_a_second_queue_netem_in_the_namespace_is_refused(pair, netem):
+    rec = netem(pair.cli, delay="5ms")
+    second = Netem(Netem.Spec(type="network.netem", target={"netns": pair.cli}, mode="queue", delay="5ms",
+                              direction="ingress"))
+    with pytest.raises(PreflightError, match=f"already has a chaoskit netem queue \\({rec['table']}: another run"):
+        second.preflight()
 
 
 def _helpers(ns_path: str) -> list[int]:
