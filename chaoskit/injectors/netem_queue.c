@@ -10,8 +10,9 @@
  * Run by chaoskit/injectors/netem_queue.py as
  *   netemq TOKEN NS_PATH key=value...     (keys: see parse_arg)
  * It enters the namespace, binds the first free queue number from `queue`, prints `ready N` and serves until
- * SIGTERM or the `until` epoch; then it lets what it holds go at once and exits. The nft rule uses the queue's
- * bypass flag: with no program bound (this one killed), packets pass. Counters are written as JSON to `stats`. */
+ * SIGTERM, the `until` epoch or its namespace leaving NS_PATH; then it lets what it holds go at once and exits.
+ * The nft rule uses the queue's bypass flag: with no program bound (this one killed), packets pass. Counters are
+ * written as JSON to `stats`. */
 
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -32,6 +33,7 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -657,14 +659,25 @@ static int load_table(const char *path) {
     return table_len ? 0 : -1;
 }
 
+static const char *ns_path;
+static struct stat ns_stat;
+
 static int enter_netns(const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
+    if (fd < 0 || fstat(fd, &ns_stat) < 0 || setns(fd, CLONE_NEWNET) < 0) {
         fprintf(stderr, "netemq: entering %s: %s\n", path, strerror(errno));
         return -1;
     }
     close(fd);
+    ns_path = path;
     return 0;
+}
+
+/* the namespace is still the one at its path (deleted, or its process gone: the fault's target is gone, and
+ * only this program's socket still holds the namespace) */
+static int ns_still_there(void) {
+    struct stat now;
+    return stat(ns_path, &now) == 0 && now.st_ino == ns_stat.st_ino && now.st_dev == ns_stat.st_dev;
 }
 
 static int open_netlink(void) {
@@ -736,6 +749,8 @@ static void serve(void) {
         if (now >= next_stats) {
             write_stats();
             next_stats = now + NS / 2;
+            if (!ns_still_there())
+                break;
         }
         int64_t wait = (held ? heap[0].due : now + NS / 10) - now - cfg.lead;
         if (wait > NS / 10)
