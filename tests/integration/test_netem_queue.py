@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -542,6 +543,23 @@ def test_revert_removes_the_rule_then_stops_the_helper_which_lets_held_packets_g
     print(f"\nrevert with 50 held packets: {took * 1e3:.0f} ms, {len(got.got)} delivered")
     assert len(got.got) == 50 and took < 1.0
     assert not _helpers(pair.path(pair.cli)) and not netem_queue.nft.present(pair.path(pair.cli), rec["table"])
+
+
+def test_the_helper_ends_with_its_namespace():
+    """A namespace deleted under a running fault (no revert): the helper sees it gone and exits, rather than
+    hold the namespace alive until its lifetime ends."""
+    p = Pair()
+    try:
+        inj = Netem(Netem.Spec(type="network.netem", target={"netns": p.cli}, mode="queue", delay="5ms"))
+        inj.preflight()
+        rec = inj.apply(inj.prepare())
+        assert Netem.observe(rec)
+    finally:
+        p.close()
+    took = wait_for(lambda: not _helpers(p.path(p.cli)), timeout=3)
+    Netem.revert(rec)  # what is left of the record (its stats file) goes
+    print(f"\nnamespace deleted: helper gone {took * 1e3:.0f} ms later")
+    assert took < 1.5 and not Path(rec["stats"]).exists()
 
 
 def test_a_second_queue_netem_in_the_namespace_is_refused(pair, netem):
