@@ -4,8 +4,8 @@
  * one bit flipped in the payload, a duplicate a copy sent through a raw socket (marked so the rule skips it),
  * reordering an immediate verdict, rate a serialisation time per packet. With `detach` (egress) a held packet
  * is a copy: the original is dropped at once and the copy sent through the raw socket when its time comes.
- * The decisions follow sch_netem's (correlated random numbers, the iproute2 distribution tables, gap-based
- * reordering).
+ * The decisions follow sch_netem's (the iproute2 distribution tables, gap-based reordering, the order of loss,
+ * duplication and corruption) but for correlation, which keeps the asked rates here (corr_next).
  *
  * Run by chaoskit/injectors/netem_queue.py as
  *   netemq TOKEN NS_PATH key=value...     (keys: see parse_arg)
@@ -49,7 +49,7 @@
 typedef struct {
     int64_t delay, jitter;                          /* ns */
     uint64_t loss, dup, corrupt, reorder;           /* probability scaled to 2^32 */
-    uint32_t delay_corr, loss_corr, dup_corr, corrupt_corr, reorder_corr; /* netem's rho */
+    uint32_t delay_corr, loss_corr, dup_corr, corrupt_corr, reorder_corr; /* rho: see corr_next */
     uint32_t gap, limit, mark, copy, detach;        /* detach: hold a copy, free the original (egress) */
     int rt;                                         /* SCHED_FIFO priority (0: leave the scheduler alone) */
     int64_t lead; /* ns: wake this early and busy-poll the rest (0: sleep to the due time; at SCHED_FIFO a spin
@@ -123,13 +123,14 @@ static uint64_t rand64(void) { /* xoshiro256** */
 
 static uint32_t rand32(void) { return (uint32_t)(rand64() >> 32); }
 
-/* netem's correlated uniform number: a weighted mean of a fresh one and the last */
+/* a correlated uniform number: the last one again with chance rho, else a fresh one. Each draw stays uniform,
+ * so a 10% loss stays 10% whatever the correlation, and consecutive draws correlate by rho (an event follows an
+ * event with chance rho + (1 - rho) p). sch_netem's weighted mean of the fresh and the last number narrows the
+ * distribution instead: 10% loss at 25% correlation drops ~1.8% of packets there. */
 static uint32_t corr_next(corr *c) {
-    uint32_t r = rand32();
-    if (!c->rho)
-        return r;
-    uint64_t v = ((uint64_t)r * ((1ULL << 32) - c->rho) + (uint64_t)c->last * c->rho) >> 32;
-    c->last = (uint32_t)v;
+    if (c->rho && rand32() < c->rho)
+        return c->last;
+    c->last = rand32();
     return c->last;
 }
 
