@@ -316,6 +316,28 @@ def test_loss_is_binomial_and_only_the_filtered_port_loses(pair, netem):
     assert kq == {"held": 0, "queue_dropped": 0, "user_dropped": 0}
 
 
+def test_correlated_loss_keeps_its_rate_and_comes_in_bursts(pair, netem):
+    """loss 10%, loss_correlation 50%: still 10% lost, in bursts of 1 / (1 - (0.5 + 0.5 * 0.1)) = 2.22 packets
+    on average (1.11 without correlation)."""
+    n = 20000
+    rx = udp_socket(pair.path(pair.srv), (SERVER_IP, PORT))
+    got, tx = Receiver(rx), udp_socket(pair.path(pair.cli))
+    try:
+        netem(pair.cli, loss="10%", loss_correlation="50%", filter={"ports": [PORT]})
+        send(tx, (SERVER_IP, PORT), n)
+        got.wait(n)
+    finally:
+        got.close()
+        tx.close()
+    arrived = {g[0] for g in got.got}
+    lost = [s not in arrived for s in range(n)]
+    bursts = sum(1 for i, x in enumerate(lost) if x and (i == 0 or not lost[i - 1]))
+    share, mean_burst = sum(lost) / n, sum(lost) / bursts
+    print(f"\nqueue loss 10% correlation 50%: {share:.2%} lost, mean burst {mean_burst:.2f} packets")
+    # correlation 0.55 between neighbours triples the variance of the count: +-3.3 sd is +-1.2 points
+    assert 0.088 <= share <= 0.112 and 1.9 <= mean_burst <= 2.6
+
+
 def test_a_destination_filter_touches_only_that_destination(pair, netem):
     """filter destinations: 10.211.0.3 (a second address of the server) loses everything, SERVER_IP nothing."""
     sh("ip", "-n", pair.srv, "addr", "add", "10.211.0.3/24", "dev", "eth0")
