@@ -29,10 +29,12 @@ def test_batches_join_only_independent_faults_of_one_block():
 def test_a_parallel_blocks_sigstops_are_reverted_at_once_for_real(tmp_path, monkeypatch):
     procs = [subprocess.Popen(["sleep", "600"]) for _ in range(4)]
     threads: set[str] = set()
+    together = threading.Barrier(len(procs), timeout=10)  # passes only when all four reverts are in flight at once
     real = rollback_mod.revert_unmarked
 
     def spy(ledger, entry, retries=rollback_mod.RETRIES):
         threads.add(threading.current_thread().name)
+        together.wait()
         return real(ledger, entry, retries)
 
     monkeypatch.setattr(rollback_mod, "revert_unmarked", spy)
@@ -49,7 +51,7 @@ def test_a_parallel_blocks_sigstops_are_reverted_at_once_for_real(tmp_path, monk
         result = rollback(ledger)
         assert result.complete and len(result.reverted) == 4 and ledger.read().closed
         assert all(proc_state(p.pid) in ("S", "R") for p in procs)
-        assert len(threads) > 1 and threading.main_thread().name not in threads  # in a pool, not one by one
+        assert len(threads) == 4 and threading.main_thread().name not in threads  # in a pool, not one by one
     finally:
         for p in procs:
             p.kill()
