@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -380,6 +381,9 @@ def version() -> None:
 
 
 def main() -> None:
+    # Ctrl-C (SIGINT) stops chaoskit also where it came in ignored: a job started with `&` by a non-interactive
+    # shell, as CI runners do, gets SIGINT ignored, and Python then installs no handler of its own
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         app()
     except ChaoskitError as e:  # pragma: no cover - commands catch their own

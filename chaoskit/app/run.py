@@ -175,9 +175,6 @@ def _deploy(deployed: ExitStack, own: Reference, loaded: Loaded, file: Path, arg
                     f"{describe(own)}")
         return load_experiment(file, args.cli_vars, strict=False, deployed=facts)
     signal.signal(signal.SIGTERM, _term_as_interrupt)  # a stop while it starts: stop what started
-    # Ctrl-C too, also where SIGINT came in ignored (a job started with `&` by a non-interactive shell, as CI
-    # runners do): Python then installs no handler of its own, and the run's own handler comes only later
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         _host_preflight(loaded)
         facts = deployed.enter_context(deployment_for(own, run_id, loaded.experiment.metadata.name, display.say))
