@@ -208,37 +208,41 @@ def netem_in_kernel() -> tuple[bool | None, str]:
 QUEUE_OPTIONS = ("CONFIG_NETFILTER_NETLINK_QUEUE", "CONFIG_NETFILTER_XT_TARGET_NFQUEUE", "CONFIG_NFT_COMPAT")
 
 
-def netem_queue_mode() -> str:
-    """Whether network.netem's queue mode (an NFQUEUE helper, no sch_netem) can run here, in words: the kernel
-    options it needs and the C compiler that builds its helper."""
+def netem_queue_mode() -> tuple[bool, str]:
+    """(whether network.netem's queue mode — an NFQUEUE helper, no sch_netem — can run here, in words: the
+    kernel options it needs and the C compiler that builds its helper)."""
     from chaoskit.injectors.netem_queue import compiler
 
     opts = {o: kernel_config(o) for o in QUEUE_OPTIONS}
     said = ", ".join(f"{o.removeprefix('CONFIG_')}={v or '?'}" for o, v in opts.items())
     off = [o.removeprefix("CONFIG_") for o, v in opts.items() if v == "n"]
     if off:
-        return f"queue mode cannot run either: the kernel lacks {', '.join(off)}"
+        return False, f"queue mode cannot run either: the kernel lacks {', '.join(off)}"
     if compiler() is None:
-        return "queue mode cannot run either: no C compiler ($CC, cc or gcc) to build its helper"
-    return f"mode queue (an NFQUEUE helper holds the packets; {said}, {compiler()} builds it)"
+        return False, "queue mode cannot run either: no C compiler ($CC, cc or gcc) to build its helper"
+    return True, f"mode queue (an NFQUEUE helper holds the packets; {said}, {compiler()} builds it)"
 
 
 def _netem() -> Check:
+    """network.netem runs where sch_netem does (mode qdisc) or, without it, in queue mode: the check passes
+    with either; sch_netem is listed as missing only where neither runs."""
     area, blocks = "network.netem (kernel)", ("network.netem",)
     has, why = netem_in_kernel()
+    queue_ok, queue = netem_queue_mode()
     if not _is_root():
-        mode = "mode qdisc" if has else netem_queue_mode()
+        mode = "mode qdisc" if has else queue
         return Check(area, False, f"needs root to create a test namespace; {why}; as root, network.netem would use "
-                                  f"{mode}", blocks, ("root",) if has is not False else ("root", "netem"))
+                                  f"{mode}", blocks, ("root",) if has is not False or queue_ok else ("root", "netem"))
     from chaoskit.targets.tc import netem_missing_reason
 
     reason = netem_missing_reason()
     if reason is None:
         return Check(area, True, "sch_netem available (checked in a throwaway netns); network.netem uses mode qdisc",
                      blocks)
-    absent = "sch_netem" in reason
-    return Check(area, False, f"{why if has is False else reason}; network.netem uses {netem_queue_mode()}", blocks,
-                 ("netem",) if absent else ())
+    said = why if has is False else reason
+    if queue_ok:
+        return Check(area, True, f"{said}; network.netem uses {queue} (mode: qdisc needs sch_netem)", blocks)
+    return Check(area, False, f"{said}; {queue}", blocks, ("netem",) if "sch_netem" in reason else ())
 
 
 def _nft() -> Check:

@@ -61,6 +61,16 @@ def has_netem() -> bool:
         return False
 
 
+def has_queue_mode() -> bool:
+    """network.netem's queue mode can run: the kernel config has the NFQUEUE options and a C compiler is here."""
+    try:
+        config = gzip.decompress(Path("/proc/config.gz").read_bytes()).decode()
+    except OSError:
+        return False
+    options = ("NETFILTER_NETLINK_QUEUE", "NETFILTER_XT_TARGET_NFQUEUE", "NFT_COMPAT")
+    return has_compiler() and all(f"CONFIG_{o}=y" in config or f"CONFIG_{o}=m" in config for o in options)
+
+
 def has_compiler() -> bool:
     return bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
 
@@ -92,7 +102,7 @@ def test_json_checks_agree_with_the_host():
     p = cli("doctor", "--json")
     assert p.returncode == 0, p.stderr
     checks = {c["area"]: c for c in json.loads(p.stdout)}
-    truth = {"root": os.geteuid() == 0, "network.netem (kernel)": has_netem(),
+    truth = {"root": os.geteuid() == 0, "network.netem (kernel)": has_netem() or has_queue_mode(),
              "load sender (native)": has_compiler(), "nftables (network.drop/partition)": has_nft(),
              "eBPF probes (bcc)": has_ebpf(), "GPU memory pressure (CUDA driver)": has_cuda(),
              "Kubernetes": has_kubeconfig()}
@@ -128,7 +138,16 @@ def test_the_remedy_table_names_both_package_families():
 
 
 @root_only
-@pytest.mark.skipif(has_netem(), reason="this kernel has sch_netem")
+@pytest.mark.skipif(has_netem() or not has_queue_mode(), reason="for a kernel without sch_netem but with NFQUEUE")
+def test_without_sch_netem_the_table_says_network_netem_uses_queue_mode():
+    p = cli("doctor", "--json")
+    (netem,) = [c for c in json.loads(p.stdout) if c["area"] == "network.netem (kernel)"]
+    assert netem["ok"] and netem["missing"] == [], netem
+    assert "built without sch_netem" in netem["detail"] and "network.netem uses mode queue" in netem["detail"]
+
+
+@root_only
+@pytest.mark.skipif(has_netem() or has_queue_mode(), reason="network.netem runs here (sch_netem or queue mode)")
 def test_the_table_says_what_provides_sch_netem_and_what_it_blocks():
     p = cli("doctor")
     assert p.returncode == 0, p.stderr
@@ -205,7 +224,7 @@ def test_fix_as_root_installs_nothing_when_no_package_can_help():
     p = cli("doctor", "--fix")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "doctor --fix: nothing for it to install here" in p.stdout and "$ " not in p.stdout
-    if not has_netem():
+    if not (has_netem() or has_queue_mode()):
         assert (f"the sch_netem qdisc (network.netem (kernel)): no Debian/Ubuntu package provides it for kernel "
                 f"{KERNEL}") in p.stdout
     assert apt_state() == before
