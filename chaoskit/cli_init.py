@@ -115,10 +115,10 @@ def _processes(pid: int | None, process_name: str | None) -> list[str]:
 
 def free_port(avoid: int | None = None) -> int:
     """A port free on 127.0.0.1 now, from PROXY_PORTS if one is (else any the kernel gives)."""
-    from chaoskit.reference.deploy import _port_free  # lazily: every command imports this module
+    from chaoskit.reference.deploy import port_free  # lazily: every command imports this module
 
     for port in PROXY_PORTS:
-        if port != avoid and _port_free("127.0.0.1", port):
+        if port != avoid and port_free("127.0.0.1", port):
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

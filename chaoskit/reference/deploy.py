@@ -54,7 +54,7 @@ class RefOptions:
         return {"health_mode": self.health, "latency_threshold_ms": round(self.latency_threshold_ms, 3)}
 
 
-def _port_free(host: str, port: int) -> bool:
+def port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -189,7 +189,7 @@ class Deployment:
         if not 1 <= opts.replicas <= 8:
             raise ChaoskitError("--replicas must be between 1 and 8")
         ports = [opts.port] + [opts.port + 1 + k for k in range(3 * opts.replicas)]
-        busy = [p for p in ports if not _port_free("127.0.0.1", p)]
+        busy = [p for p in ports if not port_free("127.0.0.1", p)]
         if busy:
             raise PreflightError(f"ports in use: {', '.join(map(str, busy))}; choose another --port "
                                  f"(uses {ports[0]}..{ports[-1]})")

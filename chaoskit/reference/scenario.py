@@ -16,7 +16,7 @@ from chaoskit.engine.ledger import Ledger
 from chaoskit.engine.rollback import rollback
 from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.experiment.models import Reference
-from chaoskit.reference.deploy import Deployment, RefOptions, _port_free, ref_dir
+from chaoskit.reference.deploy import Deployment, RefOptions, port_free, ref_dir
 
 FIRST_PORT, PORT_STRIDE = 18000, 40
 
@@ -83,7 +83,7 @@ def _reused(d: Path, facts: dict[str, Any], opts: RefOptions, ledger: Ledger,
 def _free_port(replicas: int) -> int:
     for k in range(100):
         base = FIRST_PORT + PORT_STRIDE * k
-        if all(_port_free("127.0.0.1", p) for p in range(base, base + 1 + 3 * replicas)):
+        if all(port_free("127.0.0.1", p) for p in range(base, base + 1 + 3 * replicas)):
             return base
     raise PreflightError(f"no free block of {1 + 3 * replicas} ports from {FIRST_PORT}; set target.reference.port")
 

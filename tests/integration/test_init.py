@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.reference.deploy import Deployment, RefOptions, _port_free
+from chaoskit.reference.deploy import Deployment, RefOptions, port_free
 from tests.conftest import ROOT, chaoskit, free_port, requires_triton
 
 MODEL = "org/tiny-chat:v1"
@@ -68,7 +68,7 @@ def openai_server() -> Iterator[str]:
 def free_block(n: int, start: int = 18640) -> int:
     """The first port p from `start` (in steps of 8) with p..p+n-1 all free on 127.0.0.1."""
     for base in range(start, 19000, 8):
-        if all(_port_free("127.0.0.1", p) for p in range(base, base + n)):
+        if all(port_free("127.0.0.1", p) for p in range(base, base + n)):
             return base
     raise AssertionError("no free port block")
 
