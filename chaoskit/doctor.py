@@ -250,7 +250,7 @@ def _nft() -> Check:
 
     area, blocks = "nftables (network.drop/partition)", ("network.drop", "network.partition")
     try:
-        nftables._lib()
+        nftables.libnftables()
     except nftables.NftError as e:
         return Check(area, False, str(e), blocks, ("nftables",))
     try:
@@ -295,10 +295,10 @@ def system_bcc() -> Path | None:
 def bcc_state() -> tuple[str | None, str]:
     """(the requirement bcc misses: None, "bcc" or "bcc-site", what was found)."""
     from chaoskit.errors import PreflightError
-    from chaoskit.probes.ebpf import _load_bcc
+    from chaoskit.probes.ebpf import load_bcc
 
     try:
-        _load_bcc()
+        load_bcc()
     except PreflightError as e:
         found = system_bcc()
         if found is None:

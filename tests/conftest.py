@@ -96,7 +96,7 @@ def bcc_missing(program: str) -> str | None:
     if not (ebpf.bpf_dir() / f"{program}.c").is_file():
         raise AssertionError(f"no eBPF program {program!r} in {ebpf.bpf_dir()}")
     try:
-        ebpf._load_bcc()
+        ebpf.load_bcc()
     except PreflightError as e:
         return str(e)
     return None

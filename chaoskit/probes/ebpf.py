@@ -216,7 +216,7 @@ def process_tree(pid: int) -> set[int]:
     return tids | tree
 
 
-def _load_bcc():
+def load_bcc():
     if BCC_PATH not in sys.path:
         sys.path.append(BCC_PATH)
     try:
@@ -285,7 +285,7 @@ class EbpfProbe(Probe):
 
     def _compile(self, source: Path, btf: KernelBtf | None) -> None:
         """bcc compiles the program, creates its maps and attaches its classic tracepoint functions."""
-        BPF = _load_bcc()
+        BPF = load_bcc()
         with tempfile.TemporaryFile() as errors:  # clang writes its diagnostics to fd 2: capture them
             saved = os.dup(2)
             os.dup2(errors.fileno(), 2)

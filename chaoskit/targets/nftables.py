@@ -31,7 +31,7 @@ class NftError(RuntimeError):
     """libnftables refused a command; the message is nft's own."""
 
 
-def _lib() -> ctypes.CDLL:
+def libnftables() -> ctypes.CDLL:
     name = ctypes.util.find_library("nftables") or "libnftables.so.1"
     try:
         lib = ctypes.CDLL(name)
@@ -53,7 +53,7 @@ def _lib() -> ctypes.CDLL:
 
 
 def _run_here(commands: list[dict[str, Any]]) -> dict[str, Any]:
-    lib = _lib()
+    lib = libnftables()
     ctx = lib.nft_ctx_new(NFT_CTX_DEFAULT)
     try:
         lib.nft_ctx_output_set_flags(ctx, NFT_CTX_OUTPUT_JSON)
