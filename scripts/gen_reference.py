@@ -27,6 +27,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Callable
@@ -493,6 +494,37 @@ def run_states_page() -> str:
             "Read with [the architecture](../architecture.md#the-run) and [the exit codes](exit-codes.md).\n")
 
 
+def _annotation(annotation: Any) -> str:
+    """A field's type as written, without module paths (`list[DoctorCheck]`, `str | None`)."""
+    text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    return re.sub(r"\b(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)", r"\1", text).replace("typing.", "")
+
+
+def _default(field: Any) -> str:
+    if field.is_required():
+        return "required"
+    value = field.default_factory() if field.default_factory is not None else field.default
+    return code(json.dumps(value) if value == "" else value)
+
+
+def journal_events_page() -> str:
+    from chaoskit.model import events
+
+    parts = []
+    for name, cls in events.CATALOGUE.items():
+        rows = [f"| `{f}` | `{cell(_annotation(info.annotation))}` | {_default(info)} |"
+                for f, info in cls.model_fields.items() if f not in ("t", "event")]
+        table = ("| field | type | default |\n|---|---|---|\n" + "\n".join(rows)) if rows else "No fields of its own."
+        doc = own_doc(cls)
+        parts.append(f"## `{name}`\n\n" + (f"{doc}\n\n" if doc else "") + f"Model: `{cls.__name__}`.\n\n{table}\n")
+    return (HEADER + "# Journal events\n\nFrom `chaoskit/model/events.py`: the versioned catalogue of what a run "
+            "writes to its `journal.jsonl`, one JSON object a line: `t` (Unix time), `event` (the name below) and the "
+            f"event's own fields. This is journal version {events.JOURNAL_VERSION}, named in the `run` event "
+            "(`journal`); a journal without it is version 1 and reads the same. A line the catalogue does not know "
+            "(a newer chaoskit's) is kept as it was written. Every report (summary.json, report.html, summary.md, "
+            "junit.xml, the live view) is built from these events alone.\n\n" + "\n".join(parts))
+
+
 def _event_comment(event: Any) -> str:
     """The comment on the event's line in states.py (empty if none)."""
     from chaoskit.engine import states
@@ -615,6 +647,7 @@ def generate() -> dict[str, str]:
         "cli.md": cli_page,
         "exit-codes.md": exit_codes_page,
         "run-states.md": run_states_page,
+        "journal-events.md": journal_events_page,
         "layers.md": layers_page,
         "experiments.md": experiments_page,
     }
@@ -637,7 +670,8 @@ NAV_END = "      # END generated\n"
 def nav_block(pages: dict[str, str]) -> str:
     """The site's nav entries for the generated pages (between the markers in mkdocs.yml's Reference section)."""
     titles = {"index.md": "Overview", "cli.md": "Command line", "exit-codes.md": "Exit codes",
-              "run-states.md": "Run states", "layers.md": "Layers", "experiments.md": "Bundled experiments"}
+              "run-states.md": "Run states",
+              "journal-events.md": "Journal events", "layers.md": "Layers", "experiments.md": "Bundled experiments"}
     lines = [f"      - {titles[p]}: reference/{p}\n" for p in titles if p in pages]
     missing = sorted(p for p in pages if "/" not in p and p not in titles)
     if missing:

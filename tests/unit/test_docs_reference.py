@@ -103,3 +103,15 @@ def test_every_exit_code_is_on_its_page():
     for name in dir(errors):
         if name.startswith("EXIT_"):
             assert f"| {getattr(errors, name)} | `errors.{name}` |" in text, f"{name}: run `make docs`"
+
+
+def test_every_journal_event_and_its_fields_are_on_its_page():
+    from chaoskit.model.events import CATALOGUE, JOURNAL_VERSION
+
+    text = (REF / "journal-events.md").read_text()
+    assert f"journal version {JOURNAL_VERSION}" in text
+    for name, cls in CATALOGUE.items():
+        section = text.split(f"\n## `{name}`\n", 1)[1].split("\n## ", 1)[0]
+        for field in cls.model_fields:
+            if field not in ("t", "event"):
+                assert f"| `{field}` |" in section, f"journal-events.md: {name}.{field} missing (make docs)"
