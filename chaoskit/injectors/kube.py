@@ -57,8 +57,32 @@ class PodKillSpec(StrictModel):
     target: KubeTargetSpec = Field(description="kubernetes: namespace, selector, mode, value")
 
 
+class DeletedPod(RevertRecord):
+    """One pod a deletion chose (after apply: one it deleted), as Placement.to_json writes it."""
+
+    namespace: str = Field(min_length=1)
+    pod: str = Field(min_length=1)
+    uid: str = Field(min_length=1)
+    node: str = ""
+    container: str = ""
+    container_id: str = ""
+
+
+class PodDeletionRecord(RevertRecord):
+    """pod.delete's and pod.kill's record: the cluster, the grace period, the pods. Revert does nothing with it (a
+    deleted pod is an event: its controller recreates it); it reads back only so that revert and observe name
+    the pods they report, and a foreign record is refused like any other family's."""
+
+    cluster: dict[str, Any]
+    grace_period_s: int | None = Field(None, ge=0)
+    pods: list[DeletedPod] = Field(default_factory=list)
+    deleted_at: float | None = None
+
+
 class _PodDeletion(Injector):
     """Delete the chosen pods (UID precondition: a pod recreated under the same name is never deleted)."""
+
+    Record = PodDeletionRecord
 
     def __init__(self, spec: Any, ctx: FaultContext | None = None):
         super().__init__(spec, ctx)
@@ -111,13 +135,20 @@ class _PodDeletion(Injector):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
+        r: PodDeletionRecord = cls.read_record(record)
         log.info("%s: nothing to revert; deleted %s (their controllers recreate them)", cls.type,
-                 ", ".join(p["pod"] for p in record.get("pods", [])))
+                 ", ".join(p.pod for p in r.pods))
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        cls.read_record(record)
+        return False  # an event, not a state
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
-        return {"in_effect": False, "deleted": [f"{p['namespace']}/{p['pod']}" for p in record.get("pods", [])],
-                "grace_period_s": record.get("grace_period_s")}
+        r: PodDeletionRecord = cls.read_record(record)
+        return {"in_effect": False, "deleted": [f"{p.namespace}/{p.pod}" for p in r.pods],
+                "grace_period_s": r.grace_period_s}
 
 
 def _delete_pod(core: Any, pod: dict[str, Any], grace: int | None) -> bool:

@@ -51,6 +51,7 @@ def test_pod_delete_deletes_the_chosen_pod_gracefully_with_its_uid(api):
     (req,) = api.calls("DELETE", "/pods/")
     assert req.body["preconditions"] == {"uid": uid} and req.query["gracePeriodSeconds"] == "30"
     assert ("prod", chosen["pod"]) not in api.state.pods and final["pods"] == [chosen]
+    assert PodDelete.read_record(final).pods[0].uid == uid  # the record as apply writes it reads back
     PodDelete.revert(final)  # nothing to take back: no request at all
     assert len(api.requests) == len(api.calls("GET")) + 1
     assert PodDelete.observe(final) is False

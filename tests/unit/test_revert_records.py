@@ -16,7 +16,7 @@ from chaoskit.injectors.diskfill import DiskFill
 from chaoskit.injectors.exec import Exec
 from chaoskit.injectors.firewall import Drop, Partition
 from chaoskit.injectors.helper_proc import TOKEN
-from chaoskit.injectors.kube import DeploymentScale
+from chaoskit.injectors.kube import DeploymentScale, PodDelete, PodKill
 from chaoskit.injectors.memlimit import MemoryLimit
 from chaoskit.injectors.memory import MemoryPressure
 from chaoskit.injectors.mig import MigReconfigure
@@ -32,7 +32,7 @@ def test_the_typed_families():
     assert {c.type for c in INJECTORS if c.Record is not None} == {
         "process.signal", "network.proxy", "llm.proxy", "network.drop", "network.partition", "host.cpu_stress",
         "load.flood", "host.memory_pressure", "gpu.memory_pressure", "disk.fill", "process.cpu_throttle",
-        "process.memory_limit", "disk.throttle", "exec", "deployment.scale", "gpu.mig"}
+        "process.memory_limit", "disk.throttle", "exec", "deployment.scale", "gpu.mig", "pod.delete", "pod.kill"}
 
 
 def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
@@ -73,6 +73,10 @@ def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
      "'^[0-9a-f]{32}$')"),
     (DeploymentScale, {"cluster": {}, "namespace": "default", "deployment": "web", "replicas": -1},
      "(previous_replicas: Field required; replicas: Input should be greater than or equal to 0)"),
+    (PodDelete, {"cluster": {}, "grace_period_s": -1, "pods": [{"pod": "web-0"}]},
+     "(grace_period_s: Input should be greater than or equal to 0; pods.0.namespace: Field required; "
+     "pods.0.uid: Field required)"),
+    (PodKill, {"grace_period_s": 0, "pods": []}, "(cluster: Field required)"),
     (MigReconfigure, {"device": 0, "checkpoint": "MIG 1g.18gb x7"}, "(checkpoint: Input should be a valid dictionary)"),
     (DiskFill, {"file": "/etc/passwd", "bytes": 0},  # revert deletes it: only a fill file of chaoskit's
      "(file: String should match pattern '/\\.chaoskit-fill-[0-9a-f]{12}$')"),
