@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import FaultContext, Injector
+from chaoskit.injectors.base import FaultContext, Injector, RevertRecord
 from chaoskit.model.types import Duration, StrictModel
 from chaoskit.probes.kernel_log import KmsgTail
 from chaoskit.targets.local import GpuTarget
@@ -180,8 +180,30 @@ def write_kmsg(line: str, level: int) -> None:
         raise OSError(f"short write to {KMSG}: {n} of {len(data)} bytes")
 
 
+class WrittenLine(RevertRecord):
+    """One XID line apply wrote: when, and its kmsg sequence number (None where /dev/kmsg was unreadable)."""
+
+    line: str
+    at: float
+    seq: int | None = None
+
+
+class XidRecord(RevertRecord):
+    """gpu.xid's record: an event, so revert does nothing with it; it reads back so that a foreign record is
+    refused, and observe_details reports the lines written."""
+
+    event: Literal[True]
+    note: str = ""
+    pci_bus_id: str = Field(pattern=r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+    xid: int = Field(ge=1, le=255)
+    level: int = Field(ge=0, le=7)
+    lines: list[str] = Field(default_factory=list)
+    written: list[WrittenLine] = Field(default_factory=list)
+
+
 class XidEvent(Injector):
     type: ClassVar[str] = "gpu.xid"
+    Record = XidRecord
     summary: ClassVar[str] = "write NVIDIA driver XID lines for a GPU to the kernel log (an event: nothing to revert)"
     Spec = XidSpec
     spec: XidSpec
@@ -242,16 +264,18 @@ class XidEvent(Injector):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        """An event cannot be taken back: nothing to do."""
+        """An event cannot be taken back: nothing to do (but a record that is not gpu.xid's is refused)."""
+        cls.read_record(record)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
+        cls.read_record(record)
         return False  # an event, not a state
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
-        return {"in_effect": False, "event": True, "lines_written": len(record.get("written", [])),
-                "seq": [w.get("seq") for w in record.get("written", [])]}
+        r: XidRecord = cls.read_record(record)
+        return {"in_effect": False, "event": True, "lines_written": len(r.written), "seq": [w.seq for w in r.written]}
 
 
 def _tail_or_none() -> KmsgTail | None:

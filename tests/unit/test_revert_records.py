@@ -22,6 +22,7 @@ from chaoskit.injectors.memory import MemoryPressure
 from chaoskit.injectors.mig import MigReconfigure
 from chaoskit.injectors.process import ProcessSignal, SignalRecord
 from chaoskit.injectors.proxy import Proxy, ProxyRecord
+from chaoskit.injectors.xid import XidEvent
 from chaoskit.targets.process import ProcessRef, proc_ref
 from tests.conftest import proc_state, wait_for
 
@@ -32,7 +33,8 @@ def test_the_typed_families():
     assert {c.type for c in INJECTORS if c.Record is not None} == {
         "process.signal", "network.proxy", "llm.proxy", "network.drop", "network.partition", "host.cpu_stress",
         "load.flood", "host.memory_pressure", "gpu.memory_pressure", "disk.fill", "process.cpu_throttle",
-        "process.memory_limit", "disk.throttle", "exec", "deployment.scale", "gpu.mig", "pod.delete", "pod.kill"}
+        "process.memory_limit", "disk.throttle", "exec", "deployment.scale", "gpu.mig", "pod.delete", "pod.kill",
+        "gpu.xid"}
 
 
 def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
@@ -77,6 +79,10 @@ def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
      "(grace_period_s: Input should be greater than or equal to 0; pods.0.namespace: Field required; "
      "pods.0.uid: Field required)"),
     (PodKill, {"grace_period_s": 0, "pods": []}, "(cluster: Field required)"),
+    (XidEvent, {"event": True, "pci_bus_id": "PCI:3b", "xid": 0, "level": 4, "written": [{"line": "x"}]},
+     "(pci_bus_id: String should match pattern '^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]$'; xid: Input should "
+     "be greater than or equal to 1; written.0.at: Field required)"),
+    (XidEvent, {"pci_bus_id": "0000:3b:00.0", "xid": 79, "level": 4}, "(event: Field required)"),
     (MigReconfigure, {"device": 0, "checkpoint": "MIG 1g.18gb x7"}, "(checkpoint: Input should be a valid dictionary)"),
     (DiskFill, {"file": "/etc/passwd", "bytes": 0},  # revert deletes it: only a fill file of chaoskit's
      "(file: String should match pattern '/\\.chaoskit-fill-[0-9a-f]{12}$')"),
