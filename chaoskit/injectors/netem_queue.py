@@ -15,12 +15,15 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
 
 from chaoskit import paths
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors import netem_queue_nft as nft
+from chaoskit.injectors.base import RevertRecord
 from chaoskit.targets import nftables
 from chaoskit.targets.local import NetnsTarget
 from chaoskit.targets.netns import same_namespace
@@ -31,6 +34,41 @@ SOURCE = Path(__file__).with_name("netem_queue.c")
 CFLAGS = ("-O2", "-Wall")
 QUEUE_BASE = 20000  # the helper binds the first free queue number from a random start above this
 TOKEN_PREFIX, TABLE_PREFIX = "chaoskit-netemq-", "chaoskit_nq_"
+IFNAME = r"^[^/:\s]{1,15}$"  # what the kernel takes as an interface name (dev_valid_name)
+
+
+class InterfaceRecord(RevertRecord):
+    """The part of a network.netem / network.bandwidth record that says where: the namespace (its path and inode:
+    a namespace reused under that path is not touched), the interface by index and name, the direction."""
+
+    ns: str = Field(min_length=1)
+    ns_inode: int = Field(gt=0)
+    ifindex: int = Field(gt=0)
+    ifname: str = Field(pattern=IFNAME)
+    direction: Literal["egress", "ingress"]
+
+    def same_namespace(self) -> bool:
+        return same_namespace({"ns": self.ns, "ns_inode": self.ns_inode})
+
+
+class QueueRecord(InterfaceRecord):
+    """network.netem's record in queue mode: the table, always one of chaoskit's netem queue tables; the helper's
+    token, of chaoskit's shape (revert stops the process carrying it); its stats file, named after the token
+    (revert deletes it); once applied, the helper and the queue it bound."""
+
+    mode: Literal["queue"]
+    mode_reason: str = ""
+    table: str = Field(pattern=rf"^{TABLE_PREFIX}[0-9a-f]{{12}}$")
+    token: str = Field(pattern=rf"^{TOKEN_PREFIX}[0-9a-f]{{32}}$")
+    stats: str = Field(min_length=1)
+    helper: ProcessRef | None = None
+    queue: int | None = Field(None, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _own_stats(self) -> QueueRecord:
+        if Path(self.stats).name != f"{self.token}.json":
+            raise ValueError(f"{self.stats} is not the stats file of helper {self.token}")
+        return self
 
 
 def compiler() -> str | None:
@@ -150,28 +188,31 @@ def apply(spec: Any, record: dict[str, Any], dist_file: str | None, lifetime_s: 
     return record
 
 
-def revert(record: dict[str, Any]) -> None:
+def _helper_ref(r: QueueRecord) -> dict[str, Any] | None:
+    return r.helper.to_json() if r.helper is not None else None
+
+
+def revert(r: QueueRecord) -> None:
     """The rule first (new packets pass untouched), then the helper (SIGTERM: what it holds goes at once), then
     the rest of the table (only now: unregistering its hook would drop the packets still held)."""
-    here = same_namespace(record)
+    here = r.same_namespace()
     if here:
-        nft.withdraw(record["ns"], record["table"], record["direction"])
-    helper_proc.stop(record.get("token"), ref=record.get("helper"))
+        nft.withdraw(r.ns, r.table, r.direction)
+    helper_proc.stop(r.token, ref=_helper_ref(r))
     if here:
-        nft.remove(record["ns"], record["table"])
-    Path(record["stats"]).unlink(missing_ok=True)
-    Path(record["stats"] + ".tmp").unlink(missing_ok=True)
+        nft.remove(r.ns, r.table)
+    Path(r.stats).unlink(missing_ok=True)
+    Path(r.stats + ".tmp").unlink(missing_ok=True)
 
 
-def observe(record: dict[str, Any]) -> bool:
+def observe(r: QueueRecord) -> bool:
     """In effect: the table is there and its helper is running."""
-    return (same_namespace(record) and nft.present(record["ns"], record["table"])
-            and helper_proc.running(record.get("token"), record.get("helper")))
+    return r.same_namespace() and nft.present(r.ns, r.table) and helper_proc.running(r.token, _helper_ref(r))
 
 
-def stats(record: dict[str, Any]) -> dict[str, Any] | None:
+def stats(r: QueueRecord) -> dict[str, Any] | None:
     """The helper's counters (written every 0.5 s): packets seen, delayed, dropped, ... and its release lateness."""
     try:
-        return json.loads(Path(record["stats"]).read_text())
+        return json.loads(Path(r.stats).read_text())
     except (OSError, ValueError):
         return None

@@ -11,18 +11,18 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, nla
 from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 from pyroute2.netlink.rtnl.tcmsg import sched_netem, tcmsg
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import netem_queue
-from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper
+from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper, RecordError, RevertRecord
 from chaoskit.model.types import Duration, Percent, Port, StrictModel
 from chaoskit.targets import tc
 from chaoskit.targets.local import NetnsTarget
-from chaoskit.targets.netns import NetTargetSpec, resolve, same_namespace, with_iproute
+from chaoskit.targets.netns import NetTargetSpec, resolve, with_iproute
 from chaoskit.units import format_size, parse_rate, parse_size
 
 ROOT_HANDLE = 0x00CE0000  # "ce:" - chaoskit's root qdisc (or htb when a filter is given)
@@ -239,6 +239,44 @@ def netem_message(spec: NetemSpec, ifindex: int, parent: int, handle: int) -> Ne
     return msg
 
 
+# ---------------------------------------------------------------- the revert records
+
+
+class QdiscOptions(RevertRecord):
+    type: int = Field(ge=0)
+    hex: str = Field(pattern=r"^(?:[0-9a-f]{2})*$")
+
+
+class QdiscSnapshot(RevertRecord):
+    """A root qdisc as tc.find snapshots it, which revert puts back byte-exactly."""
+
+    handle: int = Field(ge=0)
+    parent: int
+    kind: str
+    options: QdiscOptions | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
+class QdiscRecord(netem_queue.InterfaceRecord):
+    """A qdisc fault's record (network.bandwidth; network.netem in qdisc mode): where, and on egress the root
+    qdisc it replaced (None: the kernel's default), on ingress its IFB device, always one named ck<10 hex>
+    (revert deletes the link of that name), and whether an ingress qdisc was there before."""
+
+    mode: Literal["qdisc"] = "qdisc"  # network.netem's (network.bandwidth writes none)
+    mode_reason: str = ""
+    previous: QdiscSnapshot | None = None
+    ifb: str | None = Field(None, pattern=r"^ck[0-9a-f]{10}$")
+    had_ingress: bool = False
+
+    @model_validator(mode="after")
+    def _ingress_has_ifb(self) -> QdiscRecord:
+        if self.direction == "ingress" and self.ifb is None:
+            raise ValueError("an ingress record names its IFB device (ifb)")
+        return self
+
+
 # ---------------------------------------------------------------- the injectors
 
 
@@ -248,6 +286,7 @@ class _TcFault(Injector):
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "target.kubernetes"
     node_helper: ClassVar[NodeHelper] = NETNS_HELPER
+    Record = QdiscRecord
 
     spec: NetemSpec | BandwidthSpec
 
@@ -351,36 +390,42 @@ class _TcFault(Injector):
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        if not same_namespace(record):
+        cls.revert_qdisc(cls.read_record(record))
+
+    @staticmethod
+    def revert_qdisc(r: QdiscRecord) -> None:
+        if not r.same_namespace():
             return
-        ns, index = record["ns"], record["ifindex"]
-        if record["direction"] == "ingress":
+        if r.direction == "ingress":
             # ours only if our IFB exists (apply creates it before the ingress qdisc) and none was there before
-            if _ifb_exists(record) and not record.get("had_ingress", False):
-                tc.delete(ns, index, tc.TC_H_INGRESS)
-            with_iproute(ns, lambda ipr: [ipr.link("del", index=i) for i in ipr.link_lookup(ifname=record["ifb"])])
+            if _ifb_exists(r) and not r.had_ingress:
+                tc.delete(r.ns, r.ifindex, tc.TC_H_INGRESS)
+            with_iproute(r.ns, lambda ipr: [ipr.link("del", index=i) for i in ipr.link_lookup(ifname=r.ifb)])
             return
-        current = tc.find(ns, index, tc.TC_H_ROOT)
+        current = tc.find(r.ns, r.ifindex, tc.TC_H_ROOT)
         if current is None or current["handle"] != ROOT_HANDLE:
             return  # ours is not there (never applied, or already reverted)
-        prev = record.get("previous")
-        if tc.is_default(prev):
-            tc.delete(ns, index, tc.TC_H_ROOT)
+        if r.previous is None or tc.is_default(r.previous.to_json()):
+            tc.delete(r.ns, r.ifindex, tc.TC_H_ROOT)
         else:
-            tc.restore(ns, index, prev)
+            tc.restore(r.ns, r.ifindex, r.previous.to_json())
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        if not same_namespace(record):
+        return cls.observe_qdisc(cls.read_record(record))
+
+    @staticmethod
+    def observe_qdisc(r: QdiscRecord) -> bool:
+        if not r.same_namespace():
             return False
-        if record["direction"] == "ingress":
-            return _ifb_exists(record) and tc.find(record["ns"], record["ifindex"], tc.TC_H_INGRESS) is not None
-        current = tc.find(record["ns"], record["ifindex"], tc.TC_H_ROOT)
+        if r.direction == "ingress":
+            return _ifb_exists(r) and tc.find(r.ns, r.ifindex, tc.TC_H_INGRESS) is not None
+        current = tc.find(r.ns, r.ifindex, tc.TC_H_ROOT)
         return current is not None and current["handle"] == ROOT_HANDLE
 
 
-def _ifb_exists(record: dict[str, Any]) -> bool:
-    return bool(with_iproute(record["ns"], lambda ipr: ipr.link_lookup(ifname=record["ifb"])))
+def _ifb_exists(r: QdiscRecord) -> bool:
+    return bool(with_iproute(r.ns, lambda ipr: ipr.link_lookup(ifname=r.ifb)))
 
 
 def netem_mode(asked: str) -> tuple[str, str]:
@@ -448,23 +493,37 @@ class Netem(_TcFault):
         return super().apply(record)
 
     @classmethod
+    def read_record(cls, record: dict[str, Any]) -> Any:
+        """A QdiscRecord, or in queue mode a netem_queue.QueueRecord (RecordError naming each wrong field)."""
+        if not (isinstance(record, dict) and record.get("mode") == "queue"):
+            return super().read_record(record)
+        try:
+            return netem_queue.QueueRecord.model_validate(record)
+        except ValidationError as e:
+            wrong = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']}" for err in e.errors())
+            raise RecordError(f"{cls.type}: its revert record does not read back ({wrong})") from None
+
+    @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
-        if record.get("mode") == "queue":
-            netem_queue.revert(record)
+        r = cls.read_record(record)
+        if isinstance(r, netem_queue.QueueRecord):
+            netem_queue.revert(r)
         else:
-            super().revert(record)
+            cls.revert_qdisc(r)
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        if record.get("mode") == "queue":
-            return netem_queue.observe(record)
-        return super().observe(record)
+        r = cls.read_record(record)
+        if isinstance(r, netem_queue.QueueRecord):
+            return netem_queue.observe(r)
+        return cls.observe_qdisc(r)
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
-        details: dict[str, Any] = {"in_effect": cls.observe(record), "mode": record.get("mode", "qdisc")}
-        if record.get("mode") == "queue":
-            details["helper"] = netem_queue.stats(record)
+        r = cls.read_record(record)
+        details: dict[str, Any] = {"in_effect": cls.observe(record), "mode": r.mode}
+        if isinstance(r, netem_queue.QueueRecord):
+            details["helper"] = netem_queue.stats(r)
         return details
 
     def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:

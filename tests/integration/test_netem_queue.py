@@ -239,9 +239,9 @@ def kernel_queue(ns_path: str, queue: int) -> dict[str, int]:
 
 def helper_stats(rec: dict, seen: int) -> dict:
     """The helper's counters once it has seen `seen` packets (written every 0.5 s)."""
-    wait_for(lambda: (netem_queue.stats(rec) or {}).get("seen", 0) >= seen, timeout=5)
+    wait_for(lambda: (netem_queue.stats(Netem.read_record(rec)) or {}).get("seen", 0) >= seen, timeout=5)
     time.sleep(0.6)  # one more write: what it did after seeing the last one
-    return netem_queue.stats(rec) or {}
+    return netem_queue.stats(Netem.read_record(rec)) or {}
 
 
 # ------------------------------------------------------------------ delay and jitter
@@ -553,7 +553,7 @@ def test_revert_removes_the_rule_then_stops_the_helper_which_lets_held_packets_g
     try:
         rec = netem(pair.cli, delay="2s", filter={"ports": [PORT]})
         send(tx, (SERVER_IP, PORT), 50, every=0.001)
-        wait_for(lambda: (netem_queue.stats(rec) or {}).get("held") == 50, timeout=2)
+        wait_for(lambda: (netem_queue.stats(Netem.read_record(rec)) or {}).get("held") == 50, timeout=2)
         assert not got.got
         t0 = time.monotonic()
         Netem.revert(rec)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -210,6 +213,28 @@ def test_previous_root_qdisc_is_restored_byte_exactly(pair):
     assert pair.qdiscs(pair.srv) != before
     Bandwidth.revert(rec)
     assert pair.qdiscs(pair.srv) == before
+
+
+REVERT_IN_A_FRESH_PROCESS = """\
+import json, sys
+from chaoskit.injectors.network import Bandwidth
+Bandwidth.revert(json.loads(sys.argv[1]))
+"""
+
+
+def test_a_ledger_record_is_read_back_and_reverted_in_a_fresh_process(pair):
+    """The record as the ledger keeps it (plain JSON), reverted by another process (as the watchdog and
+    `chaoskit rollback` do): it reads back into QdiscRecord and the previous root qdisc comes back byte-exactly."""
+    sh("ip", "netns", "exec", pair.srv, "tc", "qdisc", "add", "dev", "eth0", "root", "handle", "5:", "tbf",
+       "rate", "3mbit", "burst", "20k", "latency", "70ms")
+    before = pair.qdiscs(pair.srv)
+    inj = _bandwidth(pair)
+    line = json.dumps(inj.apply(inj.prepare()))
+    r = Bandwidth.read_record(json.loads(line))
+    assert r.previous is not None and r.previous.kind == "tbf" and r.previous.options is not None
+    assert pair.qdiscs(pair.srv) != before and Bandwidth.observe(json.loads(line))
+    subprocess.run([sys.executable, "-c", REVERT_IN_A_FRESH_PROCESS, line], check=True, timeout=60)
+    assert pair.qdiscs(pair.srv) == before and not Bandwidth.observe(json.loads(line))
 
 
 def test_guards(pair):
