@@ -156,10 +156,14 @@ class Injector(ABC):
     def read_record(cls, record: dict[str, Any]) -> Any:
         """The record the ledger gave back as the family's Record (RecordError naming each wrong field); the
         dict itself for a family that declares no Record."""
-        if cls.Record is None:
-            return record
+        return record if cls.Record is None else cls.read_record_as(cls.Record, record)
+
+    @classmethod
+    def read_record_as(cls, model: type[BaseModel], record: dict[str, Any]) -> Any:
+        """The record as `model` (a family with more than one record shape picks it), or RecordError naming each
+        wrong field."""
         try:
-            return cls.Record.model_validate(record)
+            return model.model_validate(record)
         except ValidationError as e:
             wrong = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']}" for err in e.errors())
             raise RecordError(f"{cls.type}: its revert record does not read back ({wrong})") from None

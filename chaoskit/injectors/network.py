@@ -11,14 +11,14 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, nla
 from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 from pyroute2.netlink.rtnl.tcmsg import sched_netem, tcmsg
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import netem_queue
-from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper, RecordError, RevertRecord
+from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper, RevertRecord
 from chaoskit.model.types import Duration, Percent, Port, StrictModel
 from chaoskit.targets import tc
 from chaoskit.targets.local import NetnsTarget
@@ -497,11 +497,7 @@ class Netem(_TcFault):
         """A QdiscRecord, or in queue mode a netem_queue.QueueRecord (RecordError naming each wrong field)."""
         if not (isinstance(record, dict) and record.get("mode") == "queue"):
             return super().read_record(record)
-        try:
-            return netem_queue.QueueRecord.model_validate(record)
-        except ValidationError as e:
-            wrong = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']}" for err in e.errors())
-            raise RecordError(f"{cls.type}: its revert record does not read back ({wrong})") from None
+        return cls.read_record_as(netem_queue.QueueRecord, record)
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
