@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import socket
-import struct
 import uuid
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, nla
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
-from pyroute2.netlink.rtnl.tcmsg import sched_netem, tcmsg
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import netem_queue
 from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper, RevertRecord
+from chaoskit.injectors.netem_netlink import dist_file, netem_message
 from chaoskit.model.types import Duration, Percent, Port, StrictModel
 from chaoskit.targets import tc
 from chaoskit.targets.local import NetnsTarget
@@ -30,8 +27,6 @@ LEAF_HANDLE = 0x00CF0000  # "cf:" - the netem/tbf leaf under the htb class that 
 PASS_CLASS, FAULT_CLASS = ROOT_HANDLE | 1, ROOT_HANDLE | 2
 PASS_RATE = 1_250_000_000  # 10 Gbit/s: the htb classes must not shape traffic themselves
 ETH_P_IP, ETH_P_ALL = 0x0800, 0x0003
-DIST_DIRS = ("/usr/lib/x86_64-linux-gnu/tc", "/usr/lib/aarch64-linux-gnu/tc", "/usr/lib64/tc", "/usr/lib/tc",
-             "/usr/share/tc")
 
 
 class TrafficFilter(StrictModel):
@@ -172,71 +167,6 @@ class BandwidthSpec(_TcSpec):
     def describe(self) -> str:
         return (f"tbf rate {self.rate} ({format_size(parse_rate(self.rate))}/s) burst {format_size(parse_size(self.burst))} "
                 f"latency {self.latency * 1e3:g}ms")
-
-
-# ---------------------------------------------------------------- netlink messages
-
-
-class _NetemOptions(nla):
-    """pyroute2's netem options plus the delay-distribution table (pyroute2 leaves it out). Not a subclass of
-    sched_netem.options: pyroute2 caches compiled attribute tables on the class, and a subclass would inherit them."""
-
-    _base = sched_netem.options
-    fields = _base.fields
-    nla_map = tuple((n, "cdata") if n == "TCA_NETEM_DELAY_DIST" else (n, t) for n, t in _base.nla_map)
-    netem_corr, netem_reorder = _base.netem_corr, _base.netem_reorder
-    netem_corrupt, netem_rate = _base.netem_corrupt, _base.netem_rate
-
-
-class NetemMessage(tcmsg):
-    """tcmsg whose TCA_OPTIONS encode with _NetemOptions. pyroute2 caches the compiled attribute table on the
-    class (name-mangled attributes of nlmsg_base); reset them so this subclass compiles its own."""
-
-    _nlmsg_base__compiled_nla = False
-    _nlmsg_base__t_nla_map = None
-    _nlmsg_base__r_nla_map = None
-
-    @staticmethod
-    def get_options(self, *argv, **kwarg):
-        return _NetemOptions
-
-
-def dist_file(name: str) -> Path:
-    """Where iproute2 keeps the distribution table `name`."""
-    for d in DIST_DIRS:
-        f = Path(d) / f"{name}.dist"
-        if f.exists():
-            return f
-    raise PreflightError(f"network.netem: distribution table {name}.dist not found in {', '.join(DIST_DIRS)} "
-                         "(install iproute2)")
-
-
-def dist_table(name: str) -> bytes:
-    """iproute2's distribution table (NETEM_DIST_SCALE units) as the s16 array the kernel expects."""
-    text = dist_file(name).read_text()
-    vals = [int(x) for line in text.splitlines() if not line.startswith("#") for x in line.split()]
-    return struct.pack(f"={len(vals)}h", *vals)
-
-
-def netem_message(spec: NetemSpec, ifindex: int, parent: int, handle: int) -> NetemMessage:
-    """The RTM_NEWQDISC message for `spec` (built with pyroute2's encoders)."""
-    pct = 100.0  # pyroute2 takes percentages
-    opts = sched_netem.get_parameters({
-        "delay": round(spec.delay * 1e6), "jitter": round(spec.jitter * 1e6), "limit": spec.limit,
-        "loss": spec.loss * pct, "duplicate": spec.duplicate * pct, "gap": spec.gap,
-        "delay_corr": spec.correlation * pct, "loss_corr": spec.loss_correlation * pct,
-        "dup_corr": spec.duplicate_correlation * pct,
-        "prob_reorder": spec.reorder * pct, "corr_reorder": spec.reorder_correlation * pct,
-        "prob_corrupt": spec.corrupt * pct, "corr_corrupt": spec.corrupt_correlation * pct,
-        "rate": parse_rate(spec.rate) if spec.rate is not None else None,
-    })
-    if spec.distribution != "uniform":
-        opts["attrs"].append(["TCA_NETEM_DELAY_DIST", dist_table(spec.distribution)])
-    msg = NetemMessage()
-    msg["family"] = socket.AF_UNSPEC
-    msg["index"], msg["handle"], msg["parent"], msg["info"] = ifindex, handle, parent, 0
-    msg["attrs"] = [["TCA_KIND", "netem"], ["TCA_OPTIONS", opts]]
-    return msg
 
 
 # ---------------------------------------------------------------- the revert records

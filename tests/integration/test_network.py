@@ -15,7 +15,8 @@ import pytest
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.firewall import Drop, Partition
-from chaoskit.injectors.network import Bandwidth, Netem, dist_table, netem_message
+from chaoskit.injectors.netem_netlink import dist_table, netem_message
+from chaoskit.injectors.network import Bandwidth, Netem
 from chaoskit.targets import nftables
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.tc import netem_missing_reason
