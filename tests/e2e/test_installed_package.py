@@ -181,7 +181,7 @@ def test_a_bundled_scenario_runs_by_name(user, tmp_path):
 
     engine = user.run("ref", "install", "triton", timeout=600)  # as a user does; "already installed" after once
     assert engine.returncode == 0 and "installed (tritonserver " in engine.stdout, engine.stdout + engine.stderr
-    p = user.run("run", "sits2026/health-check-blindspot", "--var", "fix=true", "--plain", "--out",
+    p = user.run("run", "sits2026/health-check-blindspot", "--var", "fix=true", "--var", "duration=10s", "--plain", "--out",
                  str(tmp_path / "o"), cwd=tmp_path, timeout=180)
     deployments = sorted((tmp_path / ".chaoskit").glob("ref-*"))
     alive = [x for d in deployments for x in Deployment(d).processes() if is_alive(ProcessRef.from_json(x))]

@@ -184,7 +184,8 @@ def test_vllm_engine_stall_blindspot_flips_with_latency_health(vllm_pair, tmp_pa
 @needs_vllm
 @requires_triton
 def test_two_tenants_flooding_vllm_moves_the_triton_tenants_p99(vllm_pair, tmp_path, state_dir):
-    code, s, out = run_scenario("two-tenants-one-host", tmp_path, state_dir, ref_root=vllm_pair, shared=True)
+    code, s, out = run_scenario("two-tenants-one-host", tmp_path, state_dir, "duration=10s", ref_root=vllm_pair,
+                                shared=True)
     before, during = (values(s, "triton-tenant", ph, "p99_ms") for ph in ("before", "during"))
     print(f"\ntriton tenant p99 ms: before {before}, while the vLLM tenant is flooded {during}")
     assert code == 1, out
