@@ -211,7 +211,7 @@ QUEUE_OPTIONS = ("CONFIG_NETFILTER_NETLINK_QUEUE", "CONFIG_NETFILTER_XT_TARGET_N
 def netem_queue_mode() -> tuple[bool, str]:
     """(whether network.netem's queue mode — an NFQUEUE helper, no sch_netem — can run here, in words: the
     kernel options it needs and the C compiler that builds its helper)."""
-    from chaoskit.injectors.netem_queue import compiler
+    from chaoskit.cbuild import compiler
 
     opts = {o: kernel_config(o) for o in QUEUE_OPTIONS}
     said = ", ".join(f"{o.removeprefix('CONFIG_')}={v or '?'}" for o, v in opts.items())
@@ -352,12 +352,13 @@ def _ebpf_missing() -> tuple[list[str], list[str]]:
 
 def _load_sender() -> Check:
     """Whether the native sender compiles here (a real compile of sender.c in a scratch directory)."""
+    from chaoskit import cbuild
     from chaoskit.errors import ChaoskitError
     from chaoskit.load import native
 
     area = "load sender (native)"
     blocks = ("slo probe and load.flood with load.sender: native (sender: auto falls back to the python sender)",)
-    cc = native.compiler()
+    cc = cbuild.compiler()
     failed = compile_error(cc, native) if cc else "no C compiler ($CC, cc or gcc on PATH)"
     try:
         lib = native.build()  # the cached build when there is one

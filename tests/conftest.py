@@ -194,9 +194,10 @@ def mounted(loopdev, tmp_path):
 
 def native_sender_or_skip() -> None:
     """Skip where the host has no C compiler; a sender.c that does not compile fails the test (ChaoskitError)."""
+    from chaoskit import cbuild
     from chaoskit.load import native
 
-    if native.compiler() is None:
+    if cbuild.compiler() is None:
         pytest.skip("no C compiler ($CC, cc or gcc) to build the native sender")
     native.build()
 

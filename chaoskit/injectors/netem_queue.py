@@ -5,11 +5,8 @@ table; the queue rule's bypass flag lets packets through whenever no helper is b
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import random
-import shutil
 import subprocess
 import tempfile
 import time
@@ -19,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from chaoskit import paths
+from chaoskit import cbuild
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors import netem_queue_nft as nft
@@ -71,36 +68,15 @@ class QueueRecord(InterfaceRecord):
         return self
 
 
-def compiler() -> str | None:
-    """$CC, else cc, else gcc on PATH."""
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
 def build() -> Path:
     """The helper executable for this netem_queue.c (compiled into the cache on first use)."""
-    cc = compiler()
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    exe = paths.cache_dir() / f"netemq-{key}"
-    if exe.exists():
-        return exe
-    if not cc:
-        raise PreflightError("network.netem (queue mode) builds its helper with a C compiler: apt install gcc libc6-dev")
-    exe.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=exe.parent, prefix=".netemq-")
-    os.close(fd)
     try:
-        r = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
-        if r.returncode:
-            raise PreflightError(f"network.netem: compiling {SOURCE.name} failed ({cc}): {r.stderr.strip()[-600:]}")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, exe)  # atomic: concurrent builders agree
-        for old in exe.parent.glob("netemq-*"):
-            if old != exe:
-                old.unlink(missing_ok=True)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return exe
+        return cbuild.build(SOURCE, "netemq", CFLAGS)
+    except cbuild.NoCompiler:
+        raise PreflightError("network.netem (queue mode) builds its helper with a C compiler: "
+                             "apt install gcc libc6-dev") from None
+    except cbuild.CompileFailed as e:
+        raise PreflightError(f"network.netem: {e}") from None
 
 
 def helper_args(spec: Any, ifname: str, dist_file: str | None, stats: str, until: float) -> list[str]:

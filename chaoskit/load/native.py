@@ -4,13 +4,8 @@ driven in slices from a worker process: Python feeds the schedule and reports, C
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import resource
-import shutil
 import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import cache
@@ -18,7 +13,7 @@ from itertools import islice
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from chaoskit import paths
+from chaoskit import cbuild
 from chaoskit.errors import ChaoskitError
 from chaoskit.load.recorder import METRICS, Recorder, layout
 from chaoskit.load.spec import LoadSpec
@@ -49,40 +44,14 @@ class _Stats(ctypes.Structure):
                [("errors", ctypes.c_int64 * len(ERRORS)), ("max_late", ctypes.c_double)]
 
 
-def cache_dir() -> Path:
-    return paths.cache_dir()
-
-
-def compiler() -> str | None:
-    """The C compiler build() uses: $CC, else cc, else gcc on PATH."""
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
 def build() -> Path:
     """The shared library for this sender.c (compiled on first use); ChaoskitError when it cannot be."""
-    cc = compiler()
-    src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    lib = cache_dir() / f"sender-{key}.so"
-    if lib.exists():
-        return lib
-    if not cc:
-        raise ChaoskitError("the native sender needs a C compiler (apt install gcc), or use --sender python")
-    lib.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=lib.parent, suffix=".so")
-    os.close(fd)
     try:
-        r = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
-        if r.returncode:
-            raise ChaoskitError(f"compiling the native sender failed ({cc}): {r.stderr.strip()[-600:]}")
-        os.replace(tmp, lib)  # atomic: concurrent builders agree
-        for old in lib.parent.glob("sender-*.so"):  # builds of earlier sources (a mapped one stays usable)
-            if old != lib:
-                old.unlink(missing_ok=True)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
+        return cbuild.build(SOURCE, "sender", CFLAGS, suffix=".so", libs=("-lm",))
+    except cbuild.NoCompiler:
+        raise ChaoskitError("the native sender needs a C compiler (apt install gcc), or use --sender python") from None
+    except cbuild.CompileFailed as e:
+        raise ChaoskitError(f"the native sender: {e}") from None
 
 
 @cache

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from chaoskit import doctor
+from chaoskit import cbuild, doctor
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import netem_queue
 from chaoskit.injectors.network import Netem
@@ -38,7 +38,7 @@ def _missing() -> str | None:
     off = [o for o in doctor.QUEUE_OPTIONS if doctor.kernel_config(o) == "n"]
     if off:
         return f"this kernel lacks {', '.join(off)}"
-    if netem_queue.compiler() is None:
+    if cbuild.compiler() is None:
         return "no C compiler ($CC, cc or gcc) to build the netemq helper"
     return None
 
