@@ -1,7 +1,8 @@
 """llm.proxy: a chaoskit-run HTTP reverse proxy in front of an OpenAI-compatible or Triton generate endpoint
 that breaks LLM traffic the way serving stacks break: aborts (503/429 + Retry-After), time to first byte,
-inter-token gaps, mid-stream stalls, truncated streams, malformed events, rate limits. One typed spec per fault;
-the server is chaoskit.injectors.llm_proxy_server; what each fault did is in observe_details and /chaoskit/metrics."""
+inter-token gaps, mid-stream stalls, truncated streams (cut, or ended cleanly), malformed events, corrupted
+token text, rate limits. One typed spec per fault; the server is chaoskit.injectors.llm_proxy_server; what each
+fault did is in observe_details and /chaoskit/metrics."""
 
 from __future__ import annotations
 
@@ -124,6 +125,18 @@ class TruncateFault(_Fault):
     type: Literal["truncate"]
     after_tokens: int = Field(ge=0, description="forward this many token events, then close the connection: no "
                               "further event, no [DONE], no final chunk")
+    clean: bool = Field(False, description="true: end the HTTP body properly instead (the last chunk of a "
+                        "chunked body; the connection stays open), still with no further event, no final event "
+                        "(finish_reason) and no [DONE]: a stream that looks complete to a client that does not "
+                        "check for them")
+
+
+class CorruptTokensFault(_Fault):
+    type: Literal["corrupt_tokens"]
+    token_share: Share = Field(1.0, description="fraction of the token events of a selected stream whose text is "
+                               "replaced (seeded draws); the SSE framing and each event's JSON stay valid")
+    text: str = Field("\ufffd", min_length=1, description="the text put in place of a token's (twice where the "
+                      "token's text is this already, so it always differs)")
 
 
 class MalformedFault(_Fault):
@@ -155,7 +168,7 @@ class RateLimitFault(_Fault):
 
 
 LlmFault = Annotated[AbortFault | DelayFault | TokenDelayFault | StallFault | TruncateFault | MalformedFault
-                     | RateLimitFault, Field(discriminator="type")]
+                     | RateLimitFault | CorruptTokensFault, Field(discriminator="type")]
 
 
 class LlmProxySpec(StrictModel):
@@ -215,7 +228,9 @@ def _describe(f: Any) -> str:
                                + (f", jitter {f.jitter * 1e3:g} ms" if f.jitter else "") + ") between tokens",
         "stall": lambda: f"stop after {f.after_tokens} tokens for "
                          + (f"{f.duration:g}s" if f.duration else "as long as the client waits"),
-        "truncate": lambda: f"close the connection after {f.after_tokens} tokens",
+        "truncate": lambda: (f"end the stream cleanly (no final event, no [DONE]) after {f.after_tokens} tokens"
+                             if f.clean else f"close the connection after {f.after_tokens} tokens"),
+        "corrupt_tokens": lambda: f"replace the text of {f.token_share * 100:g}% of token events with {f.text!r}",
         "malformed": lambda: f"{f.corrupt} after {f.after_tokens} tokens",
         "rate_limit": lambda: f"429 beyond {f.requests_per_s or f.tokens_per_s:g} "
                               f"{'requests' if f.requests_per_s else 'tokens'}/s per {f.key}",
@@ -229,7 +244,7 @@ class LlmProxy(ProxyHelper):
     what: ClassVar[str] = "LLM proxy"
     token_prefix: ClassVar[str] = "chaoskit-llm-proxy-"
     summary: ClassVar[str] = ("LLM-aware HTTP proxy: abort (503/429 + Retry-After), delay, token_delay, stall, "
-                              "truncate, malformed SSE, rate_limit")
+                              "truncate (cut or clean), malformed SSE, corrupt_tokens, rate_limit")
     Spec = LlmProxySpec
     spec: LlmProxySpec
 

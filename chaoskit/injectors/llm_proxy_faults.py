@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fnmatch import translate
 from typing import Any
 
-LOCAL, RESPONSE = ("abort", "rate_limit"), ("token_delay", "stall", "truncate", "malformed")
+LOCAL, RESPONSE = ("abort", "rate_limit"), ("token_delay", "stall", "truncate", "malformed", "corrupt_tokens")
 MAX_KEYS = 10_000  # rate_limit buckets kept per fault (a per-request key would otherwise grow without end)
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"]*)"')
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
@@ -113,6 +113,11 @@ class Fault:
         g = self.gaps.uniform(d - j, d + j) if dist == "uniform" else self.gaps.gauss(d, j)
         return max(0.0, g)
 
+    def corrupts(self) -> bool:
+        """corrupt_tokens: whether this token event's text is replaced (its own seeded stream, like the gaps)."""
+        share = self.params.get("token_share", 1.0)
+        return share >= 1.0 or (share > 0.0 and self.gaps.random() < share)
+
     def bucket(self, req: Request) -> Bucket:
         key = req.client if self.params["key"] == "client" else (req.header(self.params["key"][7:]) or "")
         b = self.buckets.get(key)
@@ -146,10 +151,12 @@ class Plan:
     stall: Fault | None = None
     truncate: Fault | None = None
     malformed: Fault | None = None  # in-stream corruption (error_object of a non-streaming request is `local`)
+    corrupt_tokens: Fault | None = None  # token text replaced (SSE streams only; a JSON answer passes unchanged)
     tokens: Bucket | None = None  # rate_limit tokens_per_s: the bucket each forwarded token is taken from
 
     def on_events(self) -> bool:
-        return bool(self.token_delay or self.stall or self.truncate or self.malformed or self.tokens)
+        return bool(self.token_delay or self.stall or self.truncate or self.malformed or self.corrupt_tokens
+                    or self.tokens)
 
 
 def error_body(path: str, message: str, code: int) -> bytes:

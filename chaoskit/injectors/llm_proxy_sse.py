@@ -96,6 +96,7 @@ class EventStream:
         self.ended = False  # the upstream's response is complete
         self.frozen = False  # stall until the client gives up: nothing more leaves
         self.scheduled = False
+        self.corrupted = False  # corrupt_tokens replaced a token's text in this stream
         self.out: list[bytes] = []
 
     def start(self, head: bytes) -> None:
@@ -142,7 +143,7 @@ class EventStream:
         p, now = self.plan, time.monotonic()
         if p.truncate is not None and self.tokens >= p.truncate.params["after_tokens"]:
             p.truncate.applied += 1
-            self._stop(now, CUT)
+            self._stop(now, END if p.truncate.params.get("clean") else CUT)
             return
         token = TOKEN.search(ev) is not None
         if token:
@@ -150,6 +151,8 @@ class EventStream:
             if p.tokens is not None:
                 p.tokens.refill(now)
                 p.tokens.level -= 1.0
+            if p.corrupt_tokens is not None and p.corrupt_tokens.corrupts():
+                ev = self._corrupt(ev, p.corrupt_tokens)
             if p.malformed is not None and self.tokens == p.malformed.params["after_tokens"] + 1:
                 p.malformed.applied += 1
                 corrupt = p.malformed.params["corrupt"]
@@ -167,6 +170,15 @@ class EventStream:
         self._push(now + self.shift, ev)
         if token and p.stall is not None and self.tokens == p.stall.params["after_tokens"]:
             self._stall(p.stall)
+
+    def _corrupt(self, ev: bytes, f: Any) -> bytes:
+        out = replace_text(ev, f.params["text"])
+        if out is None:
+            return ev
+        if not self.corrupted:  # applied: once per stream
+            self.corrupted = True
+            f.applied += 1
+        return out
 
     def _stall(self, f: Any) -> None:
         f.applied += 1
@@ -186,7 +198,7 @@ class EventStream:
         t = self.plan.truncate
         if t is not None and self.tokens >= t.params["after_tokens"]:  # the final chunk is what gets cut
             t.applied += 1
-            self._stop(time.monotonic(), CUT)
+            self._stop(time.monotonic(), END if t.params.get("clean") else CUT)
         else:
             self._push(time.monotonic() + self.shift, END)
 
@@ -248,6 +260,34 @@ class EventStream:
 def error_event() -> bytes:
     return json.dumps({"error": {"message": "llm.proxy: injected error", "type": "chaoskit_fault",
                                  "code": 500}}).encode()
+
+
+def replace_text(ev: bytes, text: str) -> bytes | None:
+    """corrupt_tokens: the event with each non-empty token text (a choice's text or delta.content, Triton's
+    text_output) replaced by `text` (twice where it is that already), its JSON re-encoded; None if it has none."""
+    lines, hit = ev.split(b"\n"), False
+    for i, line in enumerate(lines):
+        if not line.startswith(b"data:"):
+            continue
+        try:
+            doc = json.loads(line[5:])
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and _replace_in(doc, text):
+            lines[i], hit = b"data: " + json.dumps(doc).encode(), True
+    return b"\n".join(lines) if hit else None
+
+
+def _replace_in(doc: dict[str, Any], text: str) -> bool:
+    holders = [doc] + [c for c in doc.get("choices") or () if isinstance(c, dict)]
+    holders += [c["delta"] for c in holders[1:] if isinstance(c.get("delta"), dict)]
+    hit = False
+    for h in holders:
+        for key in ("text", "content", "text_output"):
+            old = h.get(key)
+            if isinstance(old, str) and old:
+                h[key], hit = text * 2 if old == text else text, True
+    return hit
 
 
 def corrupt_event(ev: bytes, how: str) -> bytes:

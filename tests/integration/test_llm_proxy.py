@@ -90,6 +90,9 @@ FAULTS = by_header({
     "stall": {"type": "stall", "after_tokens": 3, "duration": "600ms"},
     "hang": {"type": "stall", "after_tokens": 2},
     "cut": {"type": "truncate", "after_tokens": 4},
+    "clean_cut": {"type": "truncate", "after_tokens": 4, "clean": True},
+    "garble": {"type": "corrupt_tokens", "text": "#"},
+    "garble_some": {"type": "corrupt_tokens", "token_share": 0.5},
     "bad_json": {"type": "malformed", "corrupt": "bad_json", "after_tokens": 2},
     "missing_data": {"type": "malformed", "corrupt": "missing_data", "after_tokens": 2},
     "error_object": {"type": "malformed", "corrupt": "error_object", "after_tokens": 2},
@@ -190,6 +193,29 @@ def test_truncate_closes_after_n_tokens_without_the_final_chunk(px):
     assert a.status == 200 and len(a.tokens()) == 4 and a.closed and not a.complete
     exact = via(px, "cut", body=prompt(4))  # exactly N tokens: the end itself is cut
     assert len(exact.tokens()) == 4 and exact.closed and not exact.complete
+
+
+def test_truncate_clean_ends_the_body_properly_after_n_tokens(triton, px):
+    direct = call(triton["gateway_port"], STREAM, prompt(8))
+    with socket.create_connection(("127.0.0.1", px)) as s:  # kept alive: the next request goes on it
+        a = via(px, "clean_cut", body=prompt(8), sock=s)
+        after = via(px, None, body=prompt(2), sock=s)
+    assert a.status == 200 and a.complete and not a.closed  # the final chunk: a body that ended properly
+    assert a.events == direct.events[:4] and len(a.tokens()) == 4  # the first 4 token events, nothing after
+    assert after.status == 200 and after.complete and len(after.tokens()) == 2
+
+
+def test_corrupt_tokens_replaces_token_text_and_keeps_events_valid(triton, px):
+    direct = call(triton["gateway_port"], STREAM, prompt(8))
+    a = via(px, "garble", body=prompt(8))
+    assert a.status == 200 and a.complete and len(a.events) == len(direct.events) == 8
+    texts = [json.loads(e[len(b"data: "):])["text_output"] for e in a.events]  # every event is valid JSON
+    assert texts == ["#"] * 8 and [json.loads(e[6:])["text_output"] for e in direct.events] != texts
+    before = stats_of(f"127.0.0.1:{px}")["faults"]["garble_some"]["applied"]
+    some = via(px, "garble_some", body=prompt(12))
+    replaced = sum(json.loads(e[6:])["text_output"] == "\ufffd" for e in some.events)
+    assert some.complete and len(some.events) == 12 and 1 <= replaced <= 11, replaced  # seed 0: a share of them
+    assert stats_of(f"127.0.0.1:{px}")["faults"]["garble_some"]["applied"] == before + 1  # once per stream
 
 
 @pytest.mark.parametrize("corrupt", ["bad_json", "missing_data", "error_object"])

@@ -16,7 +16,7 @@ from chaoskit.experiment.loader import load_experiment
 from chaoskit.experiment.schema import experiment_schema
 from chaoskit.injectors.llm_proxy import GENERATE_PATHS, LlmProxy, LlmProxySpec
 from chaoskit.injectors.llm_proxy_faults import FaultTable, Request
-from chaoskit.injectors.llm_proxy_sse import Chunked, corrupt_event
+from chaoskit.injectors.llm_proxy_sse import Chunked, corrupt_event, replace_text
 from chaoskit.load import native
 from chaoskit.load.clients import MalformedEvent, error_body, scan_stream, status_error
 from chaoskit.load.recorder import ERROR_KINDS, PYTHON_ONLY_KINDS
@@ -50,6 +50,9 @@ def spec(faults: list[dict] | None = None, **kw) -> LlmProxySpec:
     ([{"type": "stall", "after_tokens": -1, "duration": "1s"}], {}, "greater than or equal to 0"),
     ([{"type": "truncate", "after_tokens": 2, "duration": "1s"}], {}, "Extra inputs are not permitted"),
     ([{"type": "malformed", "corrupt": "garbled"}], {}, "'bad_json', 'missing_data' or 'error_object'"),
+    ([{"type": "truncate", "after_tokens": 2, "clean": "maybe"}], {}, "valid boolean"),
+    ([{"type": "corrupt_tokens", "token_share": "101%"}], {}, "share is a fraction 0..1"),
+    ([{"type": "corrupt_tokens", "text": ""}], {}, "at least 1 character"),
     ([{"type": "rate_limit"}], {}, "exactly one of requests_per_s or tokens_per_s"),
     ([{"type": "rate_limit", "requests_per_s": 5, "tokens_per_s": 50}], {}, "exactly one of requests_per_s"),
     ([{"type": "rate_limit", "requests_per_s": 0}], {}, "greater than 0"),
@@ -169,6 +172,22 @@ def test_corruptions_are_what_the_client_calls_malformed():
             scan_stream("triton", corrupt_event(ev, how))
     assert corrupt_event(ev, "bad_json") == b'data: {"text_output":"t"\n\n'
     assert corrupt_event(ev, "missing_data") == b'{"text_output":"t"}\n\n'
+
+
+def test_corrupt_tokens_replaces_each_api_s_token_text_and_keeps_the_json_valid():
+    events = {b'data: {"choices":[{"index":0,"text":"Par","finish_reason":null}]}\n\n': ("choices", 0, "text"),
+              b'data: {"choices":[{"delta":{"content":"is"}}]}\n\n': ("choices", 0, "delta", "content"),
+              b'data: {"text_output":"#","model_name":"tiny_lm_stream"}\n\n': ("text_output",)}
+    for ev, path in events.items():
+        out = replace_text(ev, "#")
+        assert out is not None and out.startswith(b"data: ") and out.endswith(b"\n\n")
+        doc = json.loads(out[6:])
+        for key in path:
+            doc = doc[key]
+        assert doc == ("##" if b'"#"' in ev else "#")  # always different from the token's own text
+    assert replace_text(b"data: [DONE]\n\n", "#") is None  # no token: left as it is
+    assert replace_text(b'data: {"choices":[{"text":""}]}\n\n', "#") is None
+    assert replace_text(b"data: {bad\n\n", "#") is None
 
 
 # ---------------------------------------------------------------- the load side
