@@ -1,5 +1,6 @@
 """A small OpenAI-compatible server on 127.0.0.1: /v1/models lists MODEL, /v1/completions answers max_tokens
-tokens (JSON, or SSE when stream is true), /health answers 200. Run as a subprocess; prints `ready`.
+tokens t0 t1 ... (JSON, or SSE when stream is true: the same text), /health answers 200. Run as a subprocess;
+prints `ready`.
 
     python -m tests.helpers.openai_standin PORT MODEL
 """
@@ -25,13 +26,14 @@ def app(model: str) -> web.Application:
         n = int(body.get("max_tokens", 16))
         if not body.get("stream"):
             return web.json_response({"id": "cmpl-1", "object": "text_completion", "created": int(time.time()),
-                                      "model": model, "choices": [{"index": 0, "text": "t" * n,
+                                      "model": model, "choices": [{"index": 0, "text": "".join(f"t{i}" for i in range(n)),
                                                                    "finish_reason": "length"}],
                                       "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for i in range(n):
-            await resp.write(b"data: " + json.dumps({"choices": [{"text": f"t{i}"}]}).encode() + b"\n\n")
+        for i in range(n):  # the last token's event says why it ended, as OpenAI's and vLLM's do
+            choice = {"index": 0, "text": f"t{i}", "finish_reason": "length" if i == n - 1 else None}
+            await resp.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

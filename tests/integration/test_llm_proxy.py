@@ -18,6 +18,7 @@ import pytest
 from chaoskit.injectors.llm_proxy import LlmProxy, stats_of
 from chaoskit.load.runner import run_load
 from chaoskit.load.spec import LoadSpec
+from chaoskit.probes.correctness import CorrectnessProbe, CorrectnessProbeSpec
 from chaoskit.reference import vllm
 from chaoskit.reference.deploy import Deployment, RefOptions
 from chaoskit.targets.process import all_pids, cmdline
@@ -308,6 +309,43 @@ def test_load_generator_classifies_what_the_proxy_did(triton, proxies):
         assert s["sender"] == "python" and s["sent"] == 50
         assert s["errors"] == {kinds[k]: n for k, n in applied.items() if n}
         assert s["ok"] == 50 - sum(applied.values()) and s["ok"] > 0 and all(applied.values())
+
+
+# ---------------------------------------------------------------- the correctness probe (its OpenAI side:
+# tests/integration/test_correctness_probe.py)
+
+PROMPTS = ["The capital of France is", "chaos engineering", "hello", "a b c d", "inference under faults"]
+
+
+def answers(url: str, samples: int = 2, **kw) -> list[dict]:
+    """Samples of a correctness probe on tiny_lm_stream (50 requests of 16 tokens): the first records the answers
+    (from record_url when given), the others are judged against them."""
+    p = CorrectnessProbe(CorrectnessProbeSpec(type="correctness", name="answers", url=url, api="triton",
+                                              model="tiny_lm_stream", prompts=PROMPTS, requests=50, max_tokens=16,
+                                              **kw))
+
+    async def run() -> list[dict]:
+        try:
+            return [await p.measure() for _ in range(samples)]
+        finally:
+            await p.close()
+
+    return asyncio.run(run())
+
+
+def test_correctness_probe_catches_corrupt_tokens_at_1_percent_within_one_sample_of_50(triton, proxies):
+    (port,) = proxies(triton["url"], [([{"type": "corrupt_tokens", "name": "garble", "token_share": "1%"}], 1)])
+    recorded, judged = answers(f"http://127.0.0.1:{port}", record_url=triton["url"])
+    garbled = stats_of(f"127.0.0.1:{port}")["faults"]["garble"]["applied"]
+    print(f"\ncorrupt_tokens 1% of 50 x 16 tokens: {garbled} streams garbled; the probe: {judged['first_failure']}")
+    assert recorded["failed"] == 0 and recorded["recorded"] == len(PROMPTS)
+    assert judged["failed"] == judged["failures.mismatch"] == garbled >= 1  # each garbled stream, nothing else
+
+
+def test_correctness_probe_passes_a_healthy_deployment_3_runs_of_3(triton):
+    runs = [answers(triton["url"]) for _ in range(3)]
+    print(f"\nhealthy: failed {[s['failed'] for r in runs for s in r]} of 50 each")
+    assert all(s["failed"] == 0 and s["recorded"] == len(PROMPTS) for r in runs for s in r)
 
 
 def test_revert_stops_the_proxy_from_its_record_alone(triton):
