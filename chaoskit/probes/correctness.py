@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import aiohttp
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.model.types import Duration, StrictModel
@@ -92,8 +92,10 @@ def read_prompts(path: str) -> list[GoldenPrompt]:
             continue
         try:
             out.append(GoldenPrompt.model_validate_json(line))
-        except ValueError as e:
-            raise PreflightError(f"prompts file {path}, line {n}: {str(e).splitlines()[-1].strip()}") from None
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in err["loc"])
+            raise PreflightError(f"prompts file {path}, line {n}: {where + ': ' if where else ''}{err['msg']}") from None
     if not out:
         raise PreflightError(f"prompts file {path}: no prompts")
     return out

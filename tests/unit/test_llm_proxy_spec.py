@@ -117,7 +117,7 @@ method:
 def test_every_field_of_the_published_schema_has_a_description():
     defs = experiment_schema()["$defs"]
     for name in ("LlmProxySpec", "Match", "AbortFault", "DelayFault", "TokenDelayFault", "StallFault",
-                 "TruncateFault", "MalformedFault", "RateLimitFault"):
+                 "TruncateFault", "MalformedFault", "RateLimitFault", "CorruptTokensFault"):
         missing = [k for k, v in defs[name]["properties"].items() if k != "type" and not v.get("description")]
         assert not missing, f"{name}: fields without a description: {missing}"
 
