@@ -1,5 +1,6 @@
 """The bundled llm/ experiments through the CLI against the reference Triton, each with the verdict its header
-documents: truncated-stream, mid-stream-stall and retry-storm hold (exit 0), token-delay-tpot deviates (exit 1);
+documents: truncated-stream, mid-stream-stall and retry-storm hold (exit 0), token-delay-tpot and
+silent-wrong-answers deviate (exit 1);
 each fault was in effect before revert (the proxy's own counters), and no run leaves a proxy behind."""
 
 from __future__ import annotations
@@ -107,3 +108,19 @@ def test_token_delay_tpot_experiment_deviates_on_tpot_alone(ref, tmp_path, state
     assert during and all(s["values"]["tpot_p50_ms"] >= 25 and s["values"]["ttft_p50_ms"] < 200 for s in during)
     assert no_proxy_left(port)
 
+
+def test_silent_wrong_answers_experiment_deviates_on_the_correctness_probe_alone(ref, tmp_path, state_dir,
+                                                                                 monkeypatch):
+    monkeypatch.setenv("CHAOSKIT_REF_DIR", str(ref))
+    port = free_port()
+    code, summary, out = run_llm("silent-wrong-answers", tmp_path, state_dir, port, "duration=4s")
+    assert code == 1, out  # deviated, as documented in the experiment's header
+    assert summary["verdict"] == "deviated" and summary["rollback_complete"]
+    # every request a 200 in time (the slo probe holds); only the answers' content fails, during the fault alone
+    assert failing(summary) == {"answers-through-proxy": {"during"}}
+    assert applied(summary, "garble")["applied"] > 0 and applied(summary, "clean-cut")["applied"] > 0
+    during = [s["values"] for s in summary["samples"] if s["probe"] == "answers-through-proxy"
+              and s["phase"] == "during"]
+    assert sum(v["failures.mismatch"] for v in during) > 0 and sum(v["failures.truncated"] for v in during) > 0
+    assert all(v["failures.error"] == v["failures.empty"] == 0 for v in during), during
+    assert no_proxy_left(port)
