@@ -31,6 +31,7 @@ err = console(stderr=True)
 
 
 def _add_subcommands() -> None:
+    from chaoskit.cli_cuda import cuda_wrap
     from chaoskit.cli_init import init
     from chaoskit.cli_load import load
     from chaoskit.cli_ref import ref_app
@@ -38,6 +39,7 @@ def _add_subcommands() -> None:
 
     app.add_typer(ref_app, name="ref")
     app.command()(init)
+    app.command("cuda-wrap")(cuda_wrap)
     app.command()(load)
     app.command()(report)
 

@@ -144,6 +144,31 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
     return ERR_INVALID_VALUE;
 }
 
+/* Kernels and synchronisation: nothing runs, every call succeeds (the interposer test counts what comes back). */
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shmem, void *stream, void **params, void **extra) {
+    (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)stream; (void)params; (void)extra;
+    return g_init && f ? OK : ERR_INVALID_VALUE;
+}
+CUresult cuCtxSynchronize(void) { return g_init ? OK : ERR_NOT_INITIALIZED; }
+CUresult cuStreamSynchronize(void *stream) { (void)stream; return g_init ? OK : ERR_NOT_INITIALIZED; }
+
+/* The CUDA runtime's way in (11.3+): entry points by base name; "cuMemAlloc" is cuMemAlloc_v2, as in the driver. */
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status) {
+    static const struct { const char *name; void *fn; } table[] = {
+        {"cuInit", (void *)cuInit}, {"cuMemAlloc", (void *)cuMemAlloc_v2}, {"cuMemFree", (void *)cuMemFree_v2},
+        {"cuLaunchKernel", (void *)cuLaunchKernel}, {"cuCtxSynchronize", (void *)cuCtxSynchronize},
+        {"cuStreamSynchronize", (void *)cuStreamSynchronize}, {"cuGetProcAddress", (void *)cuGetProcAddress_v2},
+    };
+    (void)version; (void)flags;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (!strcmp(table[i].name, symbol)) { *pfn = table[i].fn; if (status) *status = 0; return OK; }
+    }
+    *pfn = NULL;
+    if (status) *status = 1; /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
+    return 500; /* CUDA_ERROR_NOT_FOUND */
+}
+
 CUresult cuGetErrorName(CUresult e, const char **s) {
     switch (e) {
     case OK: *s = "CUDA_SUCCESS"; break;

@@ -1,0 +1,125 @@
+"""The CUDA fault interposer (cuda_fault.c): its build, the environment that loads it, and its control file.
+
+Standard library only (a bare GPU machine runs bench/gpu_check.py with it). The control file is a fixed layout
+both sides map: a header, one rule per call kind (share in parts per million, the CUresult to return, a delay in
+microseconds), then the counters the interposer adds to on every call.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaoskit import cbuild
+
+ENV = "CHAOSKIT_CUDA_FAULT"
+SOURCE = Path(__file__).with_name("cuda_fault.c")
+MAGIC, VERSION = 0x43464B43, 1
+KINDS = ("alloc", "launch", "sync")
+_HEADER = struct.Struct("<4I")
+_RULE = struct.Struct("<IiII")
+_COUNTS = struct.Struct("<4Q")
+SIZE = _HEADER.size + len(KINDS) * (_RULE.size + _COUNTS.size)
+_ARMED_AT = 8  # offset of the header's `armed` word
+_RULES_AT = _HEADER.size
+_COUNTS_AT = _RULES_AT + len(KINDS) * _RULE.size
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What the interposer does to one kind of call while armed: fail `share` of them with `error`, delay each."""
+
+    share: float = 0.0
+    error: int = 0
+    delay_s: float = 0.0
+
+    def packed(self) -> bytes:
+        return _RULE.pack(round(self.share * 1_000_000), self.error, round(self.delay_s * 1_000_000), 0)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Calls of one kind the process(es) made since the control file was created, failed and delayed ones."""
+
+    calls: int
+    failed: int
+    delayed: int
+
+
+def build() -> Path:
+    """The interposer library, compiled into the cache on first use (cbuild.NoCompiler / CompileFailed)."""
+    return cbuild.build(SOURCE, "libchaoskit-cudafault", ("-shared", "-fPIC", "-O2"), ".so", ("-ldl",))
+
+
+def create(path: Path) -> None:
+    """A disarmed control file (an existing one is left as it is: processes may have it mapped)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, _HEADER.pack(MAGIC, VERSION, 0, 0) + bytes(SIZE - _HEADER.size))
+    finally:
+        os.close(fd)
+
+
+def environment(library: Path, control: Path, env: dict[str, str]) -> dict[str, str]:
+    """`env` with the interposer preloaded (ahead of any LD_PRELOAD already there) and its control file named."""
+    preload = " ".join(p for p in (str(library), env.get("LD_PRELOAD", "")) if p)
+    return {**env, "LD_PRELOAD": preload, ENV: str(control)}
+
+
+class Control:
+    """An open control file; arm() and disarm() take effect at the interposed process's next call."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with open(path, "r+b") as f:
+            if os.fstat(f.fileno()).st_size < SIZE:
+                raise ValueError(f"{path}: not a CUDA fault control file (too short)")
+            self._map = mmap.mmap(f.fileno(), SIZE)
+        magic, version, _, _ = _HEADER.unpack_from(self._map, 0)
+        if (magic, version) != (MAGIC, VERSION):
+            self.close()
+            raise ValueError(f"{path}: not a CUDA fault control file of version {VERSION}")
+
+    def __enter__(self) -> Control:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._map.close()
+
+    @property
+    def armed(self) -> bool:
+        return struct.unpack_from("<I", self._map, _ARMED_AT)[0] != 0
+
+    def arm(self, rules: dict[str, Rule]) -> None:
+        """Write every kind's rule (kinds not named: none), then the switch."""
+        for i, kind in enumerate(KINDS):
+            self._map[_RULES_AT + i * _RULE.size:_RULES_AT + (i + 1) * _RULE.size] = rules.get(kind, Rule()).packed()
+        struct.pack_into("<I", self._map, _ARMED_AT, 1)
+        self._map.flush()
+
+    def disarm(self) -> None:
+        """The switch first (calls go through from the next one on), then the rules."""
+        struct.pack_into("<I", self._map, _ARMED_AT, 0)
+        self._map[_RULES_AT:_COUNTS_AT] = bytes(_COUNTS_AT - _RULES_AT)
+        self._map.flush()
+
+    def rules(self) -> dict[str, Rule]:
+        out = {}
+        for i, kind in enumerate(KINDS):
+            ppm, error, delay_us, _ = _RULE.unpack_from(self._map, _RULES_AT + i * _RULE.size)
+            out[kind] = Rule(ppm / 1_000_000, error, delay_us / 1_000_000)
+        return out
+
+    def counts(self) -> dict[str, Counts]:
+        out = {}
+        for i, kind in enumerate(KINDS):
+            calls, failed, delayed, _ = _COUNTS.unpack_from(self._map, _COUNTS_AT + i * _COUNTS.size)
+            out[kind] = Counts(calls, failed, delayed)
+        return out

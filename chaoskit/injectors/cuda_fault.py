@@ -1,0 +1,218 @@
+"""gpu.cuda_fault: CUDA driver calls of a running process fail or stall (allocation, kernel launch, synchronisation)
+through chaoskit's interposer, armed and disarmed through its control file: the process is not restarted.
+
+The process must have been started with the interposer (`chaoskit cuda-wrap -- CMD`, or the environment that
+`chaoskit cuda-wrap --print-env` prints); every process started from it inherits the same control file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal, Self
+
+from pydantic import Field, field_validator, model_validator
+
+from chaoskit.errors import PreflightError
+from chaoskit.gpu.cuda_fault_ctl import ENV, KINDS, Control, Rule
+from chaoskit.injectors.base import Injector, RevertRecord
+from chaoskit.injectors.process import ProcessTargets, check_targets
+from chaoskit.model.types import Duration, StrictModel
+from chaoskit.targets.local import ProcessTarget
+from chaoskit.targets.process import ProcessRef
+
+# The CUresult values a rule may return, by the names of cuda.h.
+CUDA_ERRORS: MappingProxyType[str, int] = MappingProxyType({
+    "CUDA_ERROR_INVALID_VALUE": 1,
+    "CUDA_ERROR_OUT_OF_MEMORY": 2,
+    "CUDA_ERROR_ECC_UNCORRECTABLE": 214,
+    "CUDA_ERROR_NVLINK_UNCORRECTABLE": 220,
+    "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": 701,
+    "CUDA_ERROR_LAUNCH_TIMEOUT": 702,
+    "CUDA_ERROR_HARDWARE_STACK_ERROR": 714,
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION": 715,
+    "CUDA_ERROR_LAUNCH_FAILED": 719,
+    "CUDA_ERROR_UNKNOWN": 999,
+})
+DEFAULT_ERRORS = MappingProxyType({"alloc": "CUDA_ERROR_OUT_OF_MEMORY", "launch": "CUDA_ERROR_LAUNCH_FAILED",
+                                   "sync": "CUDA_ERROR_ILLEGAL_ADDRESS"})
+CALLS = MappingProxyType({
+    "alloc": "cuMemAlloc_v2, cuMemAllocManaged, cuMemAllocPitch_v2, cuMemAllocAsync, cuMemCreate",
+    "launch": "cuLaunchKernel, cuLaunchKernelEx, cuGraphLaunch",
+    "sync": "cuCtxSynchronize, cuStreamSynchronize, cuEventSynchronize",
+})
+
+
+class CallRule(StrictModel):
+    """What happens to one kind of driver call while the fault is in effect."""
+
+    share: float = Field(0.0, ge=0, le=1, description="share of the calls that fail with `error` instead of "
+                                                      "running (0 to 1; drawn per call)")
+    error: str | None = Field(None, description="the CUresult they return, by name (default: OUT_OF_MEMORY for "
+                                                "alloc, LAUNCH_FAILED for launch, ILLEGAL_ADDRESS for sync)")
+    delay: Duration = Field(0.0, ge=0, le=10, description="added before every call of this kind (e.g. '5ms')")
+
+    @field_validator("error")
+    @classmethod
+    def _error(cls, v: str | None) -> str | None:
+        if v is not None and v.upper() not in CUDA_ERRORS:
+            raise ValueError(f"unknown CUDA error {v!r}; one of {', '.join(CUDA_ERRORS)}")
+        return v if v is None else v.upper()
+
+    @model_validator(mode="after")
+    def _something(self) -> Self:
+        if self.share == 0 and self.delay == 0:
+            raise ValueError("give share > 0 (calls fail) or delay > 0 (calls stall), or both")
+        return self
+
+    def rule(self, kind: str) -> Rule:
+        return Rule(self.share, CUDA_ERRORS[self.error or DEFAULT_ERRORS[kind]], self.delay)
+
+    def words(self, kind: str) -> str:
+        parts = [f"{self.share:.4g} of calls fail with {self.error or DEFAULT_ERRORS[kind]}"] if self.share else []
+        return " and ".join(parts + ([f"each call {self.delay * 1000:g} ms later"] if self.delay else []))
+
+
+class CudaFaultSpec(ProcessTargets):
+    type: Literal["gpu.cuda_fault"]
+    alloc: CallRule | None = Field(None, description=f"device memory allocations ({CALLS['alloc']})")
+    launch: CallRule | None = Field(None, description=f"kernel and graph launches ({CALLS['launch']})")
+    sync: CallRule | None = Field(None, description=f"synchronisation ({CALLS['sync']})")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Self:
+        if not self.rules():
+            raise ValueError("give at least one of alloc, launch, sync")
+        return self
+
+    def rules(self) -> dict[str, CallRule]:
+        return {k: r for k in KINDS if (r := getattr(self, k)) is not None}
+
+
+class CudaFaultRecord(RevertRecord):
+    controls: list[str]  # the control files armed (each may serve several processes)
+    pids: list[int] = []
+    baseline: dict[str, dict[str, int]] = {}  # per control file: calls/failed/delayed per kind when armed
+
+
+def control_of(pid: int) -> str | None:
+    """The control file a process was started with ($CHAOSKIT_CUDA_FAULT in its initial environment)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    prefix = ENV.encode() + b"="
+    return next((e[len(prefix):].decode() for e in env if e.startswith(prefix)), None)
+
+
+def interposed(pid: int) -> bool:
+    """Whether the interposer library is mapped into the process."""
+    try:
+        return "libchaoskit-cudafault" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+class CudaFault(Injector):
+    type: ClassVar[str] = "gpu.cuda_fault"
+    summary: ClassVar[str] = "CUDA driver calls fail or stall in processes started with the interposer"
+    Spec = CudaFaultSpec
+    spec: CudaFaultSpec
+    Record = CudaFaultRecord
+    independent_revert: ClassVar[bool] = True  # its own control files
+
+    def resolve_target(self) -> ProcessTarget:
+        return ProcessTarget(self.spec.describe(), tuple(self.spec.select()))
+
+    def _refs(self) -> list[ProcessRef]:
+        return list(self.target_as(ProcessTarget).processes)
+
+    def _controls(self) -> dict[str, list[int]]:
+        """Each control file and the selected PIDs that use it (PreflightError for a process without one)."""
+        out: dict[str, list[int]] = {}
+        for ref in self._refs():
+            path = control_of(ref.pid)
+            if path is None or not interposed(ref.pid):
+                raise PreflightError(f"gpu.cuda_fault: PID {ref.pid} ({ref.comm}) was not started with the CUDA "
+                                     "interposer; start it with `chaoskit cuda-wrap -- CMD` (or the environment "
+                                     "`chaoskit cuda-wrap --print-env` prints)")
+            out.setdefault(path, []).append(ref.pid)
+        return out
+
+    def preflight(self) -> None:
+        check_targets(self.type, self.spec, self._refs(), self.spec.describe(), "interpose")
+        for path in self._controls():
+            try:
+                with Control(Path(path)) as c:
+                    if c.armed:
+                        raise PreflightError(f"gpu.cuda_fault: control file {path} is already armed (another "
+                                             "gpu.cuda_fault in effect on these processes?)")
+            except (OSError, ValueError) as e:
+                raise PreflightError(f"gpu.cuda_fault: control file {path}: {e}") from None
+
+    def plan(self) -> list[str]:
+        rules = "; ".join(f"{k}: {r.words(k)}" for k, r in self.spec.rules().items())
+        try:
+            controls = self._controls()
+        except PreflightError as e:
+            return [f"{self.spec.describe()}: {rules} ({e})"]
+        return [f"arm {path} (PIDs {', '.join(map(str, pids))}): {rules}; revert: disarm (calls go through)"
+                for path, pids in controls.items()]
+
+    def prepare(self) -> dict[str, Any]:
+        controls = self._controls()
+        return CudaFaultRecord(controls=list(controls), pids=[p for ps in controls.values() for p in ps]).model_dump()
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        r: CudaFaultRecord = self.read_record(record)
+        rules = {k: cr.rule(k) for k, cr in self.spec.rules().items()}
+        baseline = {}
+        for path in r.controls:
+            with Control(Path(path)) as c:
+                baseline[path] = {k: n.calls for k, n in c.counts().items()} | {
+                    f"{k}_failed": n.failed for k, n in c.counts().items()}
+                c.arm(rules)
+        return r.model_copy(update={"baseline": baseline}).model_dump()
+
+    @classmethod
+    def revert(cls, record: dict[str, Any]) -> None:
+        r: CudaFaultRecord = cls.read_record(record)
+        for path in r.controls:
+            try:
+                with Control(Path(path)) as c:
+                    c.disarm()
+            except FileNotFoundError:
+                continue  # gone with its processes: nothing is armed
+
+    @classmethod
+    def observe(cls, record: dict[str, Any]) -> bool:
+        r: CudaFaultRecord = cls.read_record(record)
+        return any(_armed(Path(p)) for p in r.controls)
+
+    @classmethod
+    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
+        """Per kind, the calls made since apply and how many failed (summed over the control files)."""
+        r: CudaFaultRecord = cls.read_record(record)
+        out: dict[str, Any] = {}
+        for path in r.controls:
+            base = r.baseline.get(path, {})
+            try:
+                with Control(Path(path)) as c:
+                    counts = c.counts()
+            except (OSError, ValueError):
+                continue
+            for k, n in counts.items():
+                out[f"{k}_calls"] = out.get(f"{k}_calls", 0) + n.calls - base.get(k, 0)
+                out[f"{k}_failed"] = out.get(f"{k}_failed", 0) + n.failed - base.get(f"{k}_failed", 0)
+        out["alive"] = sum(1 for p in r.pids if os.path.exists(f"/proc/{p}"))
+        return out
+
+
+def _armed(path: Path) -> bool:
+    try:
+        with Control(path) as c:
+            return c.armed
+    except (OSError, ValueError):
+        return False

@@ -1,0 +1,179 @@
+"""gpu.cuda_fault: the interposer (chaoskit/gpu/cuda_fault.c) in a real process, started with `chaoskit cuda-wrap`.
+
+This machine has no GPU: the process calls the simulated CUDA driver (tests/helpers/fake_libcuda.c, a TEST DOUBLE)
+through ctypes, both ways a program reaches the driver (symbol lookup, and cuGetProcAddress as the CUDA runtime
+does). The interposer, its control file, the injector and the run are real. bench/gpu_check.py runs the same
+against the real driver, PyTorch included, on a machine with a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from chaoskit.errors import PreflightError
+from chaoskit.gpu import cuda_fault_ctl as ctl
+from chaoskit.injectors.cuda_fault import CudaFault, CudaFaultSpec
+from tests.conftest import ROOT, chaoskit, ledger_ops, ledgers
+
+ARMED = "from chaoskit.gpu.cuda_fault_ctl import Control; print(int(Control(__import__('pathlib').Path('{}')).armed))"
+WORKLOAD = str(ROOT / "tests" / "helpers" / "cuda_workload.py")
+
+
+class Workload:
+    """The workload process: `calls(n)` makes n calls of each kind and returns the errors seen, per kind."""
+
+    def __init__(self, control: Path, way: str, state: Path):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "chaoskit", "cuda-wrap", "--control", str(control), "--", sys.executable,
+             WORKLOAD, way], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+            env={**os.environ, "CHAOSKIT_STATE_DIR": str(state)})
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def calls(self, n: int) -> dict[str, dict[str, int]]:
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def control(tmp_path: Path) -> Path:
+    return tmp_path / "svc.ctl"
+
+
+def _fault(pid: int, **rules: object) -> CudaFault:
+    return CudaFault(CudaFaultSpec.model_validate({"type": "gpu.cuda_fault", "pid": pid, **rules}))
+
+
+@pytest.mark.parametrize("way", ["dlsym", "procaddress"])
+def test_failures_at_the_asked_share_and_none_after_revert(tmp_path, state_dir, fake_cuda, control, way):
+    w = Workload(control, way, state_dir)
+    try:
+        assert w.calls(200) == {"alloc": {}, "launch": {}, "sync": {}}  # loaded, disarmed: every call goes through
+        f = _fault(w.proc.pid, alloc={"share": 0.2}, launch={"share": 0.05, "error": "cuda_error_ecc_uncorrectable"})
+        f.preflight()
+        assert f.plan() == [f"arm {control} (PIDs {w.proc.pid}): alloc: 0.2 of calls fail with "
+                            "CUDA_ERROR_OUT_OF_MEMORY; launch: 0.05 of calls fail with CUDA_ERROR_ECC_UNCORRECTABLE; "
+                            "revert: disarm (calls go through)"]
+        record = f.apply(f.prepare())
+        assert CudaFault.observe(record)
+        seen = w.calls(2000)
+        details = CudaFault.observe_details(json.loads(json.dumps(record)))  # the record as the ledger keeps it
+        CudaFault.revert(record)
+        after = w.calls(1000)
+        CudaFault.revert(record)  # idempotent
+    finally:
+        w.stop()
+    assert set(seen["alloc"]) == {"2"} and abs(seen["alloc"]["2"] / 2000 - 0.2) <= 0.03, seen
+    assert set(seen["launch"]) == {"214"} and abs(seen["launch"]["214"] / 2000 - 0.05) <= 0.03, seen
+    assert seen["sync"] == {}
+    assert details["alloc_calls"] == 2000 and details["alloc_failed"] == seen["alloc"]["2"]
+    assert details["launch_failed"] == seen["launch"]["214"] and details["sync_failed"] == 0
+    assert after == {"alloc": {}, "launch": {}, "sync": {}} and not CudaFault.observe(record)
+
+
+def test_a_delay_stalls_each_call_and_an_armed_control_is_refused(tmp_path, state_dir, fake_cuda, control):
+    w = Workload(control, "procaddress", state_dir)
+    try:
+        f = _fault(w.proc.pid, sync={"delay": "2ms"})
+        record = f.apply(f.prepare())
+        with pytest.raises(PreflightError, match="already armed"):
+            _fault(w.proc.pid, alloc={"share": 1}).preflight()
+        t = time.monotonic()
+        seen = w.calls(100)
+        took = time.monotonic() - t
+        CudaFault.revert(record)
+        t = time.monotonic()
+        w.calls(100)
+        took_after = time.monotonic() - t
+    finally:
+        w.stop()
+    assert seen == {"alloc": {}, "launch": {}, "sync": {}}
+    assert took >= 0.2 > took_after  # 100 synchronisations, 2 ms each
+
+
+def test_a_process_started_without_the_interposer_is_refused(fake_cuda):
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(PreflightError, match=f"PID {p.pid} .* was not started with the CUDA interposer; start "
+                                                 "it with `chaoskit cuda-wrap -- CMD`"):
+            _fault(p.pid, alloc={"share": 0.5}).preflight()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_spec_errors_name_the_field(tmp_path, state_dir):
+    exp = tmp_path / "bad.yaml"
+    exp.write_text(textwrap.dedent("""\
+        apiVersion: chaoskit/v1
+        kind: Experiment
+        metadata: {name: cuda}
+        method:
+          - inject: {type: gpu.cuda_fault, pid: 1234, alloc: {share: 0.5, error: CUDA_ERROR_NOPE}}
+            duration: 1s
+        """))
+    run = chaoskit("validate", str(exp), state=state_dir)
+    out, err = run.communicate(timeout=30)
+    assert run.returncode == 2, out + err
+    assert "bad.yaml:5" in out + err and "alloc.error" in out + err and "unknown CUDA error 'CUDA_ERROR_NOPE'" in out + err
+
+
+def test_a_run_arms_it_for_its_duration_and_reverts(tmp_path, state_dir, fake_cuda, control):
+    w = Workload(control, "dlsym", state_dir)
+    exp = tmp_path / "cuda.yaml"
+    exp.write_text(textwrap.dedent("""\
+        apiVersion: chaoskit/v1
+        kind: Experiment
+        metadata: {name: cuda-alloc-failures}
+        steadyState:
+          probes:
+            - name: armed
+              type: command
+              argv: ["%s", "-c", "%s"]
+              phases: [during]
+              expect: {stdout_number: "1"}
+          during: {every: 500ms}
+        method:
+          - inject: {type: gpu.cuda_fault, pid: "{var.pid}", alloc: {share: 0.5}}
+            duration: 1500ms
+        """) % (sys.executable, ARMED.format(control)))
+    batches: list[tuple[float, int]] = []
+    done = threading.Event()
+
+    def drive() -> None:
+        while not done.is_set():
+            batches.append((time.monotonic(), w.calls(50)["alloc"].get("2", 0)))
+            time.sleep(0.02)
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    try:
+        run = chaoskit("run", str(exp), "--var", f"pid={w.proc.pid}", "--out", str(tmp_path / "o"), state=state_dir)
+        out, err = run.communicate(timeout=60)
+        ended = time.monotonic()
+        time.sleep(0.3)
+    finally:
+        done.set()
+        driver.join()
+        w.stop()
+    assert run.returncode == 0, out + err
+    assert sum(n for _, n in batches) > 0 and all(n == 0 for t, n in batches if t > ended)
+    fault = json.loads((tmp_path / "o" / "summary.json").read_text())["faults"][0]
+    seen = fault["observed_before_revert"]
+    assert seen["alloc_calls"] > 0 and 0.3 < seen["alloc_failed"] / seen["alloc_calls"] < 0.7, seen
+    with ctl.Control(control) as c:
+        assert not c.armed
+    assert all(ledger_ops(p)[-1] == "closed" for p in ledgers(state_dir))
