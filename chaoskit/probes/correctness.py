@@ -20,6 +20,9 @@ from chaoskit.probes.base import Probe, ProbeSpecBase
 KINDS = ("mismatch", "empty", "truncated", "error")  # what a failed answer is, most specific last checked
 _KEYS = ("requests", "ok", "failed", "failed_share", "recorded", "failures.", "failure_share.")
 _TEXT = {"openai": ("text",), "openai-chat": ("delta", "content"), "triton": ()}
+EXAMPLE = {"name": "answers", "type": "correctness", "url": "http://127.0.0.1:8000", "api": "openai-chat",
+           "model": "my-model", "prompts": ["What is the capital of France?", {"prompt": "2 + 2 =", "answer": " 4"}],
+           "stream": "both", "expect": {"failed": "== 0"}}
 
 
 class GoldenPrompt(StrictModel):
@@ -30,6 +33,8 @@ class GoldenPrompt(StrictModel):
 
 
 class CorrectnessProbeSpec(ProbeSpecBase):
+    model_config = {"json_schema_extra": {"examples": [EXAMPLE]}}
+
     type: Literal["correctness"]
     url: str = Field(pattern=r"^https?://", description="base URL of the endpoint (http://host:port)")
     record_url: str | None = Field(None, pattern=r"^https?://", description="where the answers are recorded "
