@@ -1,10 +1,15 @@
-"""Before a command starts work: finish the ledgers of runs that died together with their watchdog."""
+"""Runs known from this host's ledgers: finish those that died together with their watchdog, list those in progress."""
 
 from __future__ import annotations
 
+import json
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 
+from chaoskit.engine.ledger import LedgerState, open_ledgers
 from chaoskit.engine.rollback import replay_orphans as replay_ledgers
+from chaoskit.paths import state_dir
 
 
 @dataclass(frozen=True)
@@ -20,3 +25,46 @@ def replay_orphans() -> list[OrphanReplay]:
     return [OrphanReplay(state.run_id, tuple((e.id, e.type) for e in result.reverted),
                          tuple((e.id, e.type, why) for e, why in result.failed))
             for state, result in replay_ledgers()]
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    """A run whose ledger is not closed: who runs it, since when (epoch), the faults that may be in effect."""
+
+    host: str
+    run_id: str
+    experiment: str
+    pid: int | None
+    since: float | None
+    faults: tuple[str, ...]  # `TYPE` applied, `TYPE (applying)` only intended
+    state: str  # running | the owner is gone and what reverts its faults
+
+
+def runs_in_progress() -> list[LiveRun]:
+    """Every run of this host's state directory whose ledger is open, oldest first."""
+    host, directory = socket.gethostname(), state_dir() / "ledgers"
+    runs = []
+    for ledger in open_ledgers(directory) if directory.is_dir() else []:  # a look: nothing is created
+        st = ledger.read()
+        faults = tuple(e.type if e.applied else f"{e.type} (applying)" for e in reversed(st.pending()))
+        runs.append(LiveRun(host, st.run_id, st.experiment, st.owner.pid if st.owner else None,
+                            _opened_at(ledger.path), faults, _liveness(st)))
+    return sorted(runs, key=lambda r: r.since or 0.0)
+
+
+def _liveness(st: LedgerState) -> str:
+    if st.owner_alive():
+        return "running"
+    if st.watchdog_alive():
+        return "its process is gone; its watchdog reverts"
+    return "its process and watchdog are gone: chaoskit rollback --all"
+
+
+def _opened_at(path: Path) -> float | None:
+    """The time of the ledger's `open` line (every line carries `t`)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            t = json.loads(f.readline()).get("t")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(t) if isinstance(t, (int, float)) else None

@@ -1,5 +1,6 @@
-"""One experiment, start to end: load it, bring up the deployment it declares, run it with the display the
-caller gives, write its outputs; what it came to is an Outcome (never an exception the caller must catch)."""
+"""One experiment, start to end: load it, refuse it while a halt lever is pulled, bring up the deployment it
+declares, run it (halted when a lever is pulled) with the display the caller gives, write its outputs; what it
+came to is an Outcome (never an exception the caller must catch)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from chaoskit import errors
+from chaoskit.app.halt import Levers
 from chaoskit.app.orphans import OrphanReplay, replay_orphans
 from chaoskit.app.outputs import RunFiles, write_outputs
 from chaoskit.engine.journal import Journal, Listener
@@ -106,6 +108,7 @@ def _run(file: Path, args: RunArgs, display: Display, rec: Outcome) -> None:
     from chaoskit.experiment.loader import load_experiment
 
     loaded = load_experiment(file, args.cli_vars, strict=not args.dry_run)
+    levers = _levers(loaded, args, display)
     if not args.dry_run:
         display.replayed(replay_orphans())
     exp = loaded.experiment
@@ -117,7 +120,7 @@ def _run(file: Path, args: RunArgs, display: Display, rec: Outcome) -> None:
     with ExitStack() as deployed:
         if own is not None:
             loaded = _deploy(deployed, own, loaded, file, args, run_id, display)
-        rec.result = _execute(loaded, args, journal_path, run_id, display)
+        rec.result = _execute(loaded, args, journal_path, run_id, display, levers)
         if own is not None and not args.dry_run:
             for sig in (signal.SIGINT, signal.SIGTERM):  # the deployment is stopping: let it finish (≤ 15 s)
                 signal.signal(sig, signal.SIG_IGN)
@@ -128,6 +131,17 @@ def _run(file: Path, args: RunArgs, display: Display, rec: Outcome) -> None:
         rec.verdict = rec.view.verdict
     elif rec.code != 0:
         rec.message = rec.result.status.reason
+
+
+def _levers(loaded: Loaded, args: RunArgs, display: Display) -> Levers | None:
+    """The halt levers the run obeys (none for a dry run); PreflightError (exit 4) while one is pulled."""
+    from chaoskit.app.halt import clusters_of, refuse_if_halted
+
+    if args.dry_run:
+        return None
+    levers = Levers(clusters_of(loaded.experiment))
+    refuse_if_halted(levers, lambda text: display.say(f"[yellow]note:[/] {text}"))
+    return levers
 
 
 def _dry_verdict(result: RunResult) -> RunVerdict | NotRun:
@@ -187,12 +201,16 @@ def _deploy(deployed: ExitStack, own: Reference, loaded: Loaded, file: Path, arg
         raise
 
 
-def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, display: Display) -> RunResult:
-    """Journal, view, runner: run the experiment. A dry run plans the steps whose target needs facts not known
-    yet as "at run time", never with a stand-in that could select more."""
+def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, display: Display,
+             levers: Levers | None) -> RunResult:
+    """Journal, view, runner: run the experiment, watching the halt levers (not in a dry run). A dry run plans
+    the steps whose target needs facts not known yet as "at run time", never with a stand-in that could select
+    more."""
+    from chaoskit.app.halt_watch import HaltableRunner, watch
     from chaoskit.engine.plan import deferred_paths
     from chaoskit.engine.runinfo import experiment_record, host_facts
-    from chaoskit.engine.runner import Runner, RunOptions
+    from chaoskit.engine.runner import RunOptions
+    from chaoskit.engine.safeguards import halt_interval
     from chaoskit.observe.exporters import Exporters
     from chaoskit.observe.fault_feed import FaultFeed
 
@@ -204,8 +222,8 @@ def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, dis
     jr = Journal(None if args.dry_run else journal_path, [view])
     unresolved = deferred_paths(loaded.deferred) if args.dry_run else frozenset()
     stepper = display.stepper(jr, view) if args.step else None
-    runner = Runner(loaded.experiment, jr, RunOptions(dry_run=args.dry_run, unresolved_steps=unresolved,
-                                                      before_step=stepper), run_id=run_id)
+    runner = HaltableRunner(loaded.experiment, jr, RunOptions(dry_run=args.dry_run, unresolved_steps=unresolved,
+                                                              before_step=stepper), run_id=run_id)
     jr.sinks.append(FaultFeed(lambda: [*runner.probes.values(), *(p for _, p in runner.safeguard_probes)]))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
 
@@ -213,7 +231,16 @@ def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, dis
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, runner.interrupt, sig)
-        await runner.execute()
+        if levers is None:
+            await runner.execute()
+            return
+        every = halt_interval(loaded.experiment)
+        watching = asyncio.create_task(watch(runner, levers, every, lambda t: display.say(f"[yellow]note:[/] {t}")))
+        try:
+            await runner.execute()
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
 
     observe = ObserveOptions() if args.dry_run else args.observe
     with Exporters(observe, loaded.experiment.metadata.name, run_id, jr, display.say):

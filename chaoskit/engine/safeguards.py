@@ -1,17 +1,28 @@
-"""Safeguards: when a sample trips one, and latency rules that trip as soon as their threshold passes.
-Rules compare with fixed numbers (parse_rule refuses `baseline`); the sample's own tolerances may use it."""
+"""Safeguards: when a sample trips one, latency rules that trip as soon as their threshold passes, and how often a
+run looks at the halt levers (`chaoskit halt`). Rules compare with fixed numbers (parse_rule refuses `baseline`);
+the sample's own tolerances may use it."""
 
 from __future__ import annotations
 
 import asyncio
 
 from chaoskit.engine.steady_state import Baselines, take_sample
-from chaoskit.experiment.models import Safeguard
+from chaoskit.experiment.models import Experiment, Safeguard
 from chaoskit.model.enums import Phase, Verdict
 from chaoskit.model.events import Sample
 from chaoskit.probes import Probe
 
 LATENCY_METRICS = ("latency_ms", "duration_ms")  # what a probe answer's own lateness already decides
+HALT_EVERY_S = (0.25, 1.0)  # the halt levers are looked at every safeguard interval, within these bounds
+
+
+def halt_interval(exp: Experiment) -> float:
+    """How often a run looks at the halt levers: its shortest safeguard or `during` interval, at least every
+    second (a run without safeguards still stops within one) and at most four times a second (each look at a
+    cluster's lever is one API call)."""
+    during = exp.steady_state.during
+    every = [g.every for g in exp.safeguards if g.every] + ([during.every] if during else [])
+    return max(HALT_EVERY_S[0], min([HALT_EVERY_S[1], *every]))
 
 
 def latency_bound(guards: list[Safeguard]) -> tuple[float, str] | None:

@@ -34,7 +34,7 @@ TRANSITIONS: dict[State, set[State]] = {
     S.HYPOTHESIS_BEFORE: {S.METHOD, S.ROLLBACK},  # ROLLBACK: did not hold / interrupted (nothing applied)
     S.METHOD: {S.ROLLBACK},
     S.ROLLBACK: {S.HYPOTHESIS_AFTER, S.DONE, S.ABORTED, S.INTERRUPTED, S.FAILED},
-    S.HYPOTHESIS_AFTER: {S.DONE, S.INTERRUPTED, S.FAILED},
+    S.HYPOTHESIS_AFTER: {S.DONE, S.ABORTED, S.INTERRUPTED, S.FAILED},  # ABORTED: halted (nothing left applied)
 }
 
 
@@ -76,6 +76,7 @@ class RunStatus:
     rollback_incomplete: bool = False
     dry_run: bool = False
     aborted: str = ""  # the safeguard's reason, once one tripped
+    halted: str = ""  # `halted: WHY`, once a halt lever (chaoskit halt) was seen: stop, roll back, exit 3
     method_ran: bool = False  # faults may have been applied (the after-check and its recovery time apply)
     history: list[tuple[str, float]] = field(default_factory=lambda: [(State.PENDING.value, time.time())])
     on_change: Callable[[State, State, str], None] | None = None
@@ -98,7 +99,7 @@ class RunStatus:
         return new
 
     def _decide(self, event: Event, reason: str) -> tuple[State, str]:
-        s, stopped = self.state, self.signal is not None
+        s, stopped = self.state, self.stopped
         if event is Event.ENGINE_ERROR:
             self.fail(FailureKind.INTERNAL, reason)
             return (S.ROLLBACK, reason) if s in (S.HYPOTHESIS_BEFORE, S.METHOD, S.ROLLBACK) else (S.FAILED, reason)
@@ -111,6 +112,9 @@ class RunStatus:
         if event is Event.PREFLIGHT_OK:
             if self.dry_run:
                 return S.DONE, "dry run: nothing applied"
+            if self.halted:  # nothing applied yet: refused like a run started while halted (exit 4)
+                self.fail(FailureKind.PREFLIGHT, self.halted)
+                return S.FAILED, self.halted
             return (S.INTERRUPTED, "interrupted before anything was applied") if stopped else (S.HYPOTHESIS_BEFORE, "")
         if event is Event.BEFORE_CHECKED:
             if stopped or self.deviated:
@@ -120,6 +124,8 @@ class RunStatus:
         if event is Event.ROLLBACK_DONE:
             return self._after_rollback()
         if event is Event.AFTER_DONE:
+            if self.halted:
+                return S.ABORTED, self.halted
             return (S.INTERRUPTED, INTERRUPTED_AFTER) if stopped else (S.DONE, "")
         simple = {Event.BEGIN: S.VALIDATING, Event.VALIDATED: S.PREFLIGHT, Event.METHOD_DONE: S.ROLLBACK}
         return simple[event], reason
@@ -129,6 +135,8 @@ class RunStatus:
             return S.ABORTED, self.aborted
         if self.failure is not None:
             return S.FAILED, self.reason
+        if self.halted:
+            return S.ABORTED, self.halted
         if self.signal is not None:
             return S.INTERRUPTED, INTERRUPTED_AFTER
         return (S.HYPOTHESIS_AFTER, "") if self.method_ran else (S.DONE, "")
@@ -146,6 +154,18 @@ class RunStatus:
     def interrupt(self, signum: int) -> None:
         if self.signal is None:
             self.signal = signum
+
+    def halt(self, reason: str) -> bool:
+        """A halt lever was seen (`reason`: `halted: WHY`); the caller stops the method. False if already halted."""
+        if self.halted:
+            return False
+        self.halted = reason
+        return True
+
+    @property
+    def stopped(self) -> bool:
+        """Interrupted by a signal or halted: no further phase starts; the rollback still runs in full."""
+        return self.signal is not None or bool(self.halted)
 
     @property
     def terminal(self) -> bool:

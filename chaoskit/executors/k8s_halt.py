@@ -1,0 +1,135 @@
+"""The cluster's halt lever (ConfigMap `chaoskit-halt`), and the runs its revert records say are in progress.
+
+`chaoskit halt --cluster` creates the ConfigMap (who, when, why); every run that reaches the cluster looks at it
+at each safeguard interval and aborts while it exists; `--release` deletes it. It carries no
+`app.kubernetes.io/managed-by` label: that label marks a run's revert records (revert_store), which a rollback
+replays.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from chaoskit.executors.revert_store import MANAGED_LABEL
+
+HALT_CONFIGMAP = "chaoskit-halt"
+HALT_NAMESPACE = "chaoskit"
+ROLE_LABEL = "chaoskit.io/role"
+READ_TIMEOUT_S = 2.0  # one look at the lever: a slow API server must not hold up a run's safeguard loop
+
+
+@dataclass(frozen=True)
+class HaltLever:
+    """A pulled lever: who pulled it (user@host), when (epoch seconds), why; `where` is filled in on reading."""
+
+    by: str
+    at: float
+    reason: str
+    where: str = ""
+
+    def to_data(self) -> dict[str, str]:
+        return {"by": self.by, "at": repr(self.at), "reason": self.reason}
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any], where: str) -> HaltLever:
+        try:
+            at = float(data.get("at", 0))
+        except (TypeError, ValueError):
+            at = 0.0  # a hand-made lever still halts; only its time is unknown
+        return cls(str(data.get("by") or "unknown"), at, str(data.get("reason") or "no reason given"), where)
+
+    def when(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.at)) if self.at else "an unknown time"
+
+    def describe(self) -> str:
+        """`on host H by user@host at TIME: WHY` (or `in cluster C namespace N ...`)."""
+        return f"{self.where} by {self.by} at {self.when()}: {self.reason}"
+
+
+def read_lever(core: Any, namespace: str = HALT_NAMESPACE, where: str = "") -> HaltLever | None:
+    """The cluster's lever, or None when it is not pulled. API errors other than 404 propagate."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        cm = core.read_namespaced_config_map(HALT_CONFIGMAP, namespace, _request_timeout=READ_TIMEOUT_S)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return HaltLever.from_data(dict(cm.data or {}), where or f"in namespace {namespace}")
+
+
+def pull_lever(core: Any, lever: HaltLever, namespace: str = HALT_NAMESPACE) -> None:
+    """Create the lever (or overwrite who/when/why of one already pulled)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=HALT_CONFIGMAP, labels={ROLE_LABEL: "halt"}),
+                              data=lever.to_data())
+    try:
+        core.create_namespaced_config_map(namespace, body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        core.patch_namespaced_config_map(HALT_CONFIGMAP, namespace, {"data": lever.to_data()},
+                                         _content_type="application/merge-patch+json")
+
+
+def release_lever(core: Any, namespace: str = HALT_NAMESPACE) -> bool:
+    """Delete the lever; False if it was not pulled."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        core.delete_namespaced_config_map(HALT_CONFIGMAP, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return True
+
+
+@dataclass(frozen=True)
+class ClusterFault:
+    """One fault a run keeps recorded in the cluster (a key of its revert ConfigMap)."""
+
+    type: str
+    node: str
+    pod: str
+    state: str  # applying | applied
+
+
+@dataclass(frozen=True)
+class ClusterRun:
+    """A run with faults recorded in the cluster: its id, the host that applied them, since when (epoch)."""
+
+    run_id: str
+    host: str
+    since: float | None
+    faults: tuple[ClusterFault, ...]
+
+
+def cluster_runs(core: Any, namespace: str = HALT_NAMESPACE) -> list[ClusterRun]:
+    """Every run whose revert records are in `namespace` (faults that may be in effect on the cluster's nodes)."""
+    import json
+
+    cms = core.list_namespaced_config_map(namespace, label_selector=f"{MANAGED_LABEL}=chaoskit").items
+    runs = []
+    for cm in cms:
+        requests = []
+        for raw in (cm.data or {}).values():
+            try:
+                requests.append(json.loads(raw))
+            except ValueError:
+                continue  # a torn record: rollback --cluster reports it
+        faults = tuple(ClusterFault(str(r.get("type", "?")), str((r.get("placement") or {}).get("node", "?")),
+                                    str(((r.get("placement") or {}).get("target") or {}).get("pod", "")),
+                                    str(r.get("state", "?"))) for r in requests)
+        times = [r["applied_at"] for r in requests if isinstance(r.get("applied_at"), (int, float))]
+        created = cm.metadata.creation_timestamp
+        since = min(times) if times else (created.timestamp() if created is not None else None)
+        hosts = sorted({str(r["host"]) for r in requests if r.get("host")})
+        runs.append(ClusterRun((cm.metadata.annotations or {}).get("chaoskit.io/run-id", cm.metadata.name),
+                               ", ".join(hosts) or "unknown", since, faults))
+    return runs

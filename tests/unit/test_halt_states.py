@@ -1,0 +1,73 @@
+"""A halt lever through the run state machine: before anything is applied the run is refused (exit 4), from the
+before-check on it is aborted after its rollback (exit 3, `halted: WHY`); how often a run looks at the levers."""
+
+from __future__ import annotations
+
+import pytest
+
+from chaoskit.engine.safeguards import halt_interval
+from chaoskit.engine.states import Event, RunStatus, State
+from chaoskit.experiment.models import Experiment
+
+WHY = "halted: game day over"
+
+
+def started() -> RunStatus:
+    st = RunStatus()
+    st.on(Event.BEGIN)
+    st.on(Event.VALIDATED)
+    return st
+
+
+def test_halted_during_preflight_is_refused_like_a_run_started_while_halted():
+    st = started()
+    assert st.halt(WHY) and not st.halt("halted: again")  # the first lever's reason stays
+    assert st.on(Event.PREFLIGHT_OK) is State.FAILED
+    assert (st.exit_code(), st.reason) == (4, WHY)
+
+
+@pytest.mark.parametrize("where", ["before", "method", "rollback", "after"])
+def test_halted_from_the_before_check_on_aborts_after_the_rollback(where):
+    st = started()
+    st.on(Event.PREFLIGHT_OK)
+    if where == "before":
+        st.halt(WHY)
+    assert st.on(Event.BEFORE_CHECKED) is (State.ROLLBACK if where == "before" else State.METHOD)
+    if where == "method":
+        st.halt(WHY)
+    if where != "before":
+        st.on(Event.METHOD_DONE)
+    if where == "rollback":
+        st.halt(WHY)
+    after = st.on(Event.ROLLBACK_DONE)
+    if where == "after":
+        assert after is State.HYPOTHESIS_AFTER and not st.stopped
+        st.halt(WHY)
+        assert st.stopped
+        st.on(Event.AFTER_DONE)
+    assert (st.state, st.exit_code(), st.reason, st.verdict) == (State.ABORTED, 3, WHY, "aborted")
+
+
+def test_a_safeguard_that_tripped_first_keeps_its_reason():
+    st = started()
+    st.on(Event.PREFLIGHT_OK)
+    st.on(Event.BEFORE_CHECKED)
+    st.aborted = "safeguard p: error_rate > 0.5"
+    st.halt(WHY)
+    st.on(Event.METHOD_DONE)
+    assert st.on(Event.ROLLBACK_DONE) is State.ABORTED and st.reason == "safeguard p: error_rate > 0.5"
+
+
+def experiment(**extra) -> Experiment:
+    return Experiment.model_validate({
+        "apiVersion": "chaoskit/v1", "kind": "Experiment", "metadata": {"name": "x"},
+        "steadyState": {"probes": [{"name": "t", "type": "command", "argv": ["true"]}], **extra.pop("ss", {})},
+        "method": [{"pause": 1}], **extra})
+
+
+def test_the_levers_are_looked_at_each_safeguard_interval_within_a_quarter_and_one_second():
+    assert halt_interval(experiment()) == 1.0  # no safeguard, no during: still every second
+    assert halt_interval(experiment(ss={"during": {"every": "0.5s"}})) == 0.5
+    guard = {"probe": "t", "abort_when": "exit_code != 0", "every": "0.1s"}
+    assert halt_interval(experiment(safeguards=[guard])) == 0.25
+    assert halt_interval(experiment(ss={"during": {"every": "5s"}})) == 1.0
