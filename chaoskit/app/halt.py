@@ -110,7 +110,7 @@ def clusters_of(exp: Experiment) -> list[ClusterLevers]:
     """The clusters the experiment's faults act on (a `kubernetes:` target), each with its lever namespaces. A
     cluster that cannot be resolved here is left out: the run's preflight fails on it anyway (exit 4)."""
     found: dict[ClusterRef, set[str]] = {}
-    for target in _kube_targets([s.inject for s in exp.method] + [s.parallel for s in exp.method if s.parallel]):
+    for target in _kube_targets(exp.method):  # inject, fallback and parallel steps alike
         try:
             ref = resolve_cluster(target)
         except PreflightError:
