@@ -71,3 +71,18 @@ def test_the_levers_are_looked_at_each_safeguard_interval_within_a_quarter_and_o
     guard = {"probe": "t", "abort_when": "exit_code != 0", "every": "0.1s"}
     assert halt_interval(experiment(safeguards=[guard])) == 0.25
     assert halt_interval(experiment(ss={"during": {"every": "5s"}})) == 1.0
+
+
+def test_a_lever_file_that_cannot_be_read_still_halts(tmp_path, monkeypatch):
+    from chaoskit.app.halt import new_lever, pull_host_lever, read_host_lever, release_host_lever
+
+    monkeypatch.setenv("CHAOSKIT_STATE_DIR", str(tmp_path))
+    assert read_host_lever() is None and release_host_lever() is False
+    pulled = new_lever("  two\nlines ")
+    assert pull_host_lever(pulled) == tmp_path / "halt.json"
+    lever = read_host_lever()
+    assert (lever.by, lever.at, lever.reason) == (pulled.by, pulled.at, "two lines") and "@" in lever.by
+    (tmp_path / "halt.json").write_text("{torn")
+    torn = read_host_lever()
+    assert torn is not None and "unreadable" in torn.reason and torn.when() == "an unknown time"
+    assert release_host_lever() is True and read_host_lever() is None
