@@ -6,23 +6,29 @@ it ends); an SSE response that one does is taken apart into events and re-framed
 event leaving at its own time on a timerfd (asyncio's timers round to 1 ms): chaoskit.injectors.llm_proxy_sse.
 
 Started by chaoskit.injectors.proxy_proc (`proxy_proc.py TOKEN chaoskit.injectors.llm_proxy_server LISTEN UPSTREAM
-CONFIG_JSON UNTIL_EPOCH`), which listens, says `ready` and calls helper_main with the socket. `GET /chaoskit/metrics` (Prometheus text) and `/chaoskit/stats` (JSON) are its own."""
+CONFIG_JSON UNTIL_EPOCH`), which listens, says `ready` and calls helper_main with the socket. `GET /chaoskit/metrics` (Prometheus text) and `/chaoskit/stats` (JSON) are its own.
+In a traced run (CHAOSKIT_OTLP_ENDPOINT set) a request with faults drawn and a sampled traceparent gets a child
+span per fault (chaoskit.injectors.llm_proxy_trace, imported only then; the SDK in a thread of its own)."""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import json
+import os
 import re
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chaoskit.injectors.llm_proxy_faults import FaultTable, Local, Plan, Request
 from chaoskit.injectors.llm_proxy_sse import Chunked, EventStream
 from chaoskit.injectors.proxy_server import serve_helper, serve_until, split_addr
 from chaoskit.load.timer import Alarm
+
+if TYPE_CHECKING:
+    from chaoskit.injectors.llm_proxy_trace import LlmTracer, RequestTrace
 
 MAX_HEAD, MAX_BODY = 64 * 1024, 64 << 20
 _CL = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*(\d+)")
@@ -69,9 +75,10 @@ class Scheduler:
 class Proxy:
     """Process-wide state: the upstream, the faults, the scheduler, counters."""
 
-    def __init__(self, upstream: str, faults: FaultTable, loop: asyncio.AbstractEventLoop):
+    def __init__(self, upstream: str, faults: FaultTable, loop: asyncio.AbstractEventLoop,
+                 tracer: LlmTracer | None = None):
         self.host, self.port = split_addr(upstream)
-        self.faults, self.loop = faults, loop
+        self.faults, self.loop, self.tracer = faults, loop, tracer
         self.any_faults = bool(faults.faults)
         self.sched = Scheduler(loop)
         self.requests = self.upstream_errors = self.connections = 0
@@ -100,6 +107,8 @@ class Downstream(asyncio.Protocol):
         if self.up is not None:
             self.up.t.close()
             self.up = None
+        if self.ex is not None and self.ex.trace is not None:
+            self.ex.traced_end(client_gone=True)
         self.ex = None
 
     def pause_writing(self) -> None:
@@ -175,6 +184,8 @@ class Downstream(asyncio.Protocol):
         plan = px.faults.plan(req) if px.any_faults else None
         ex = self.ex = Exchange(self, req, raw, keep, plan)
         if plan is not None:
+            if px.tracer is not None:
+                ex.trace = px.tracer.begin(req, plan)
             if plan.local is not None:
                 ex.local(plan.local)
                 return
@@ -197,6 +208,8 @@ class Downstream(asyncio.Protocol):
 
     def done(self, close: bool, drop_upstream: bool) -> None:
         """The current exchange is over: take the next request, or close."""
+        if self.ex is not None and self.ex.trace is not None:
+            self.ex.traced_end(client_gone=False)
         self.ex = None
         if drop_upstream and self.up is not None:
             self.up.t.close()
@@ -236,7 +249,7 @@ class Exchange:
     """One request and its response."""
 
     __slots__ = ("down", "req", "raw", "keep", "plan", "up", "hbuf", "head_done", "framing", "left", "chunks",
-                 "events", "up_close", "sent_any", "retried")
+                 "events", "up_close", "sent_any", "retried", "trace")
 
     def __init__(self, down: Downstream, req: Request, raw: bytes, keep: bool, plan: Plan | None):
         self.down, self.req, self.raw, self.keep, self.plan = down, req, raw, keep, plan
@@ -247,6 +260,16 @@ class Exchange:
         self.left = 0
         self.chunks: Chunked | None = None
         self.events: EventStream | None = None
+        self.trace: RequestTrace | None = None  # a traced request's (llm_proxy_trace): its fault spans at the end
+
+    def traced_end(self, client_gone: bool) -> None:
+        trace, self.trace = self.trace, None
+        tracer = self.down.px.tracer
+        if trace is not None and tracer is not None and self.plan is not None:
+            try:
+                tracer.end(trace, self.req, self.plan, self.events, client_gone)
+            except Exception:  # a span is never worth a broken answer
+                pass
 
     # ---------------------------------------------------------------- request side
 
@@ -397,9 +420,15 @@ def _nodelay(t: asyncio.BaseTransport) -> None:
 
 async def serve(sock: socket.socket, upstream: str, config: dict[str, Any], until: float) -> None:
     loop = asyncio.get_running_loop()
-    px = Proxy(upstream, FaultTable(config["faults"], config.get("seed", 0)), loop)
+    faults = FaultTable(config["faults"], config.get("seed", 0))
+    tracer = None
+    if os.environ.get("CHAOSKIT_OTLP_ENDPOINT"):  # a traced run: the fault spans' module, only now
+        from chaoskit.injectors.llm_proxy_trace import LlmTracer
+
+        tracer = LlmTracer.from_env(faults)
+    px = Proxy(upstream, faults, loop, tracer)
     server = await loop.create_server(lambda: Downstream(px), sock=sock, backlog=1024)
-    await serve_until(server, until)
+    await serve_until(server, until, tracer.sink.close if tracer is not None else None)
 
 
 def helper_main(sock: socket.socket, argv: list[str]) -> int:

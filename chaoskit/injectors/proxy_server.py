@@ -4,6 +4,11 @@ Started by chaoskit.injectors.proxy_proc (which listens, says `ready`, then call
 `proxy_proc.py TOKEN chaoskit.injectors.proxy_server LISTEN UPSTREAM TOXICS_JSON UNTIL_EPOCH`. Standard library only,
 and uvloop when installed. Toxics (each with `stream` upstream|downstream and `toxicity`, the chance a connection
 gets it): latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data.
+
+In a traced run (CHAOSKIT_OTLP_ENDPOINT set; chaoskit.injectors.proxy_trace imported only then) a connection with
+toxics drawn whose first bytes from the client are an HTTP/1 request head with a sampled traceparent gets a
+child span per toxic on that trace, from the connection's start to its end. It does not parse further: later
+requests on a kept-alive connection, TLS and other protocols are not looked into, and get no span.
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chaoskit.injectors.proxy_trace import ConnTrace, NetTracer
 
 CHUNK = 64 * 1024
 
@@ -36,6 +44,7 @@ class Pipe:
         self.toxics = {t["type"]: t for t in toxics}
         self.sent = 0
         self.next_free = 0.0  # bandwidth pacing
+        self.first: Callable[[bytes], None] | None = None  # told the first bytes read (a traced connection's)
 
     async def run(self) -> None:
         try:
@@ -51,6 +60,9 @@ class Pipe:
     async def _plain(self) -> None:
         read, write, drain = self.reader.read, self.writer.write, self.writer.drain
         while data := await read(CHUNK):
+            if self.first is not None:
+                self.first(data)
+                self.first = None
             write(data)
             await drain()
 
@@ -93,6 +105,9 @@ class Pipe:
     async def _feed(self, queue: asyncio.Queue) -> None:
         try:
             while data := await self.reader.read(CHUNK):
+                if self.first is not None:
+                    self.first(data)
+                    self.first = None
                 await queue.put((time.monotonic(), data))
         except (ConnectionError, OSError):
             pass
@@ -131,18 +146,32 @@ class Connection:
     """A client connection and its upstream connection, with the toxics drawn for it."""
 
     def __init__(self, client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-                 upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter], toxics: list[dict[str, Any]]):
+                 upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter], toxics: list[dict[str, Any]],
+                 tracer: NetTracer | None = None):
         self.client, self.upstream = client, upstream
         drawn = [t for t in toxics if random.random() < t.get("toxicity", 1.0)]
+        self.tracer = tracer if drawn else None
+        self.trace: ConnTrace | None = None
         self.slow_close = next((t["delay"] for t in drawn if t["type"] == "slow_close"), 0.0)
         self.pipes = [
             Pipe(client[0], upstream[1], [t for t in drawn if t.get("stream") == "upstream"], self),
             Pipe(upstream[0], client[1], [t for t in drawn if t.get("stream", "downstream") == "downstream"], self),
         ]
         self.closed = False
+        if self.tracer is not None:
+            self.trace = self.tracer.begin(drawn)
+            self.pipes[0].first = self._first
+
+    def _first(self, data: bytes) -> None:
+        if self.tracer is not None and self.trace is not None:
+            self.tracer.first(self.trace, data)
 
     async def run(self) -> None:
-        await asyncio.gather(*(p.run() for p in self.pipes))
+        try:
+            await asyncio.gather(*(p.run() for p in self.pipes))
+        finally:
+            if self.tracer is not None and self.trace is not None:
+                self.tracer.end(self.trace)
 
     async def half_closed(self, pipe: Pipe) -> None:
         """The source of `pipe` hit EOF: pass the EOF on (after slow_close's delay)."""
@@ -160,6 +189,8 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        if self.trace is not None:
+            self.trace.aborted = True
         for _, w in (self.client, self.upstream):
             sock = w.get_extra_info("socket")
             if reset and sock is not None:  # SO_LINGER 0: close sends RST, as a crashed peer would
@@ -171,6 +202,11 @@ class Connection:
 
 async def serve(sock: socket.socket, upstream: str, toxics: list[dict[str, Any]], until: float) -> None:
     up_host, up_port = split_addr(upstream)
+    tracer = None
+    if os.environ.get("CHAOSKIT_OTLP_ENDPOINT"):  # a traced run: the span module, only now
+        from chaoskit.injectors.proxy_trace import NetTracer
+
+        tracer = NetTracer.from_env(os.environ)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         _nodelay(writer)
@@ -180,26 +216,32 @@ async def serve(sock: socket.socket, upstream: str, toxics: list[dict[str, Any]]
             writer.close()
             return
         _nodelay(up[1])
-        await Connection((reader, writer), up, toxics).run()
+        await Connection((reader, writer), up, toxics, tracer).run()
         for w in (writer, up[1]):
             w.close()
 
-    await serve_until(await asyncio.start_server(handle, sock=sock, backlog=1024), until)
+    await serve_until(await asyncio.start_server(handle, sock=sock, backlog=1024), until,
+                      tracer.close if tracer is not None else None)
 
 
-async def serve_until(server: asyncio.Server, until: float) -> None:
-    """Serve until SIGTERM or the epoch `until` (a helper outliving its run ends by itself)."""
+async def serve_until(server: asyncio.Server, until: float, before_exit: Callable[[], None] | None = None) -> None:
+    """Serve until SIGTERM or the epoch `until` (a helper outliving its run ends by itself); `before_exit` runs
+    either way once it stops listening (a traced run's last spans: bounded)."""
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, _exit_now, server)
+    loop.add_signal_handler(signal.SIGTERM, _exit_now, server, before_exit)
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # Ctrl-C at the terminal is the engine's to handle
     async with server:
         await asyncio.sleep(max(0.0, until - time.time()))
+    if before_exit is not None:
+        before_exit()
 
 
-def _exit_now(server: asyncio.Server) -> None:
+def _exit_now(server: asyncio.Server, before_exit: Callable[[], None] | None = None) -> None:
     """SIGTERM (the revert): stop listening and end the process at once. The kernel closes every connection as
     a clean exit would; skipping the interpreter's teardown makes the exit a few ms of CPU instead of ~40."""
     server.close()
+    if before_exit is not None:
+        before_exit()
     os._exit(0)
 
 

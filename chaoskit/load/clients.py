@@ -156,14 +156,15 @@ def event_tokens(api: str, event: dict[str, Any]) -> int:
 
 
 async def send(session: aiohttp.ClientSession, api: str, method: str, url: str, body: Any, stream: bool,
-               timeout: float, group_by: str | None = None, stall_timeout: float | None = None) -> Outcome:
+               timeout: float, group_by: str | None = None, stall_timeout: float | None = None,
+               headers: dict[str, str] | None = None) -> Outcome:
     """One request; stall_timeout: a stream with no token for this long after the response head or the previous
-    token is given up as stream_stalled."""
+    token is given up as stream_stalled; `headers` are added (a traceparent)."""
     out = Outcome()
     streamed = stream and api != "http"
     try:
         async with asyncio.timeout(timeout):
-            async with session.request(method, url, json=body) as resp:
+            async with session.request(method, url, json=body, headers=headers) as resp:
                 out.status = resp.status
                 if group_by is not None:
                     out.group = resp.headers.get(group_by)

@@ -8,7 +8,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 from chaoskit.load.clients import (
@@ -196,12 +196,13 @@ class _Conn(asyncio.Protocol):
         self._complete()
 
 
-def request_bytes(method: str, url: str, body: object) -> bytes:
-    """One whole HTTP/1.1 request (keep-alive), JSON body when given."""
+def request_bytes(method: str, url: str, body: object, headers: Mapping[str, str] | None = None) -> bytes:
+    """One whole HTTP/1.1 request (keep-alive), JSON body when given, `headers` added (a traceparent)."""
     parts = urlsplit(url)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     data = json.dumps(body).encode() if body is not None else b""
     head = f"{method} {path} HTTP/1.1\r\nHost: {parts.hostname}:{parts.port or 80}\r\nAccept: */*\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     if body is not None:
         head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
     return head.encode() + b"\r\n" + data

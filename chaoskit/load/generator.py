@@ -34,6 +34,11 @@ def requests(spec: LoadSpec) -> list[tuple[str, str, Any]]:
             for p in _prompts(spec)]
 
 
+def trace_headers(traceparent: str | None) -> dict[str, str] | None:
+    """The headers every request carries when the run is traced (None: none, the requests are as before)."""
+    return {"traceparent": traceparent} if traceparent else None
+
+
 def warm_count(spec: LoadSpec) -> int:
     return min(WARM_MAX, 1 + int(spec.rate / spec.workers * WARM_S))
 
@@ -53,15 +58,17 @@ def _good(spec: LoadSpec, e2e: float, ttft: float | None, itls: list[float], tok
 
 async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec: Recorder,
               progress: Callable[[Recorder, int], None] | None = None, group_by: str | None = None,
-              stopped: Callable[[], bool] | None = None) -> None:
+              stopped: Callable[[], bool] | None = None, traceparent: str | None = None) -> None:
     """Send at start_epoch + offset for each offset; record into `rec` (and, with group_by, also into the
     recorder of the group named by that response header). Once `stopped()` holds nothing more is sent; what is
-    in flight still completes (or times out) before this returns."""
+    in flight still completes (or times out) before this returns. `traceparent`: sent on every request (built
+    into the prebuilt request bytes: no cost per request)."""
     t0 = time.monotonic() + (start_epoch - time.time())  # monotonic, not loop.time(): uvloop's is in ms
     cap = asyncio.Semaphore(spec.concurrency_cap) if spec.concurrency_cap else None
     conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=False)
     fast = Pool(spec.url, group_by) if spec.url.startswith("http://") else None  # https goes through aiohttp
-    payloads = [(method, url, body, request_bytes(method, url, body) if fast else None)
+    headers = trace_headers(traceparent)
+    payloads = [(method, url, body, request_bytes(method, url, body, headers) if fast else None)
                 for method, url, body in requests(spec)]
     tasks: set[asyncio.Task] = set()
     in_flight = 0
@@ -156,7 +163,7 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
                 out = await fast.send(raw, spec.api, spec.stream, spec.timeout, spec.stall_timeout)
             else:
                 out = await send(session, spec.api, method, url, body, spec.stream, spec.timeout, group_by,
-                                 spec.stall_timeout)
+                                 spec.stall_timeout, headers)
         finally:
             in_flight -= 1
             if cap is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from chaoskit.load import native
 from chaoskit.load.recorder import Recorder
 from chaoskit.load.schedule import ScheduleClock, schedule
 from chaoskit.load.spec import LoadSpec
+from chaoskit.load.traceparent import from_env
 
 SPAWN_LEAD_S = 1.0  # workers start sending this long after launch (python start-up and imports)
 
@@ -38,6 +40,7 @@ class _Workers:
         self.spec = self.spec.model_copy(update={"sender": sender})
         self.start = time.time() + SPAWN_LEAD_S
         n = self.spec.workers
+        traceparent = from_env(os.environ)  # a traced run's (chaoskit run --otlp-endpoint sets it): on every request
         for k in range(n):
             p = await asyncio.create_subprocess_exec(sys.executable, "-m", "chaoskit.load.worker",
                                                      stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -45,7 +48,8 @@ class _Workers:
             assert p.stdin is not None
             p.stdin.write(json.dumps({"spec": self.spec.model_dump(mode="json"), "start_epoch": self.start,
                                       "worker": k, "workers": n, "window_s": self.window_s,
-                                      "open_ended": self.open_ended, "group_by": self.group_by}).encode() + b"\n")
+                                      "open_ended": self.open_ended, "group_by": self.group_by,
+                                      "traceparent": traceparent}).encode() + b"\n")
             await p.stdin.drain()
             if not self.open_ended:  # an open-ended one takes commands (worker.py) on stdin
                 p.stdin.close()

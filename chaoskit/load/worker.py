@@ -1,5 +1,6 @@
 """A sender process: `python -m chaoskit.load.worker` reads {"spec", "start_epoch", "worker", "workers",
-"window_s", "open_ended", "group_by"} as one JSON line on stdin; sends every `workers`-th arrival of the schedule
+"window_s", "open_ended", "group_by", "traceparent"} as one JSON line on stdin (traceparent: a header value every
+request carries, or null); sends every `workers`-th arrival of the schedule
 starting at `worker` (with the native sender or the asyncio one, as spec.sender says); prints progress `P {...}`,
 per-window recorders `W {...}` (when window_s is set) and finally `R {recorder}` on stdout. An open-ended one
 then reads commands, one JSON line each: {"cut": N} prints `C {"cut": N, recorder}` (what completed since the last
@@ -20,7 +21,7 @@ from itertools import islice
 from chaoskit.aio import run_fast
 from chaoskit.errors import ChaoskitError
 from chaoskit.load.fastclient import request_bytes
-from chaoskit.load.generator import PROGRESS_S, requests, run, warm_count
+from chaoskit.load.generator import PROGRESS_S, requests, run, trace_headers, warm_count
 from chaoskit.load.recorder import Recorder
 from chaoskit.load.schedule import schedule
 from chaoskit.load.spec import LoadSpec
@@ -65,22 +66,24 @@ def main() -> int:
         try:
             if group_by is not None:
                 raise ChaoskitError("group_by needs the python sender: the native one does not read headers")
-            _native(spec, mine, job["start_epoch"], job.get("window_s"), rec, bool(job.get("open_ended")))
+            _native(spec, mine, job["start_epoch"], job.get("window_s"), rec, bool(job.get("open_ended")),
+                    job.get("traceparent"))
         except ChaoskitError as e:
             print(e, file=sys.stderr)  # the parent reports it: no traceback for what the user can fix
             return 2
     else:
         run_fast(_asyncio(spec, mine, job["start_epoch"], job.get("window_s"), rec, group_by,
-                          bool(job.get("open_ended"))))
+                          bool(job.get("open_ended")), job.get("traceparent")))
     print("R " + json.dumps(rec.to_json()), flush=True)
     return 0
 
 
 def _native(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, window: float | None,
-            rec: Recorder, commands: bool = False) -> None:
+            rec: Recorder, commands: bool = False, traceparent: str | None = None) -> None:
     from chaoskit.load.native import Sender
 
-    sender = Sender(spec, [request_bytes(*r) for r in requests(spec)], rec)
+    headers = trace_headers(traceparent)  # in the payloads sender.c sends as they are
+    sender = Sender(spec, [request_bytes(*r, headers) for r in requests(spec)], rec)
     todo: queue.SimpleQueue[dict] = queue.SimpleQueue()
     stopped = False
     if commands:
@@ -120,7 +123,8 @@ def _native(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, window
 
 
 async def _asyncio(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, window: float | None,
-                   rec: Recorder, group_by: str | None = None, commands: bool = False) -> None:
+                   rec: Recorder, group_by: str | None = None, commands: bool = False,
+                   traceparent: str | None = None) -> None:
     reporter = asyncio.create_task(_windows(rec, start_epoch, window)) if window else None
     stop = asyncio.Event()
 
@@ -135,7 +139,7 @@ async def _asyncio(spec: LoadSpec, offsets: Iterable[float], start_epoch: float,
     if commands:
         loop = asyncio.get_running_loop()
         _read_commands(lambda cmd: loop.call_soon_threadsafe(on, cmd))
-    await run(spec, offsets, start_epoch, rec, _progress, group_by, stop.is_set)
+    await run(spec, offsets, start_epoch, rec, _progress, group_by, stop.is_set, traceparent)
     if reporter:
         reporter.cancel()
 

@@ -1,10 +1,14 @@
-"""A run as OpenTelemetry traces over OTLP/HTTP (the official SDK, its own TracerProvider: no global state): a
-span for the run, one per phase and one per fault (apply to revert), each probe sample an event on its phase."""
+"""A run as OpenTelemetry traces over OTLP/HTTP (the official SDK, its own TracerProvider): a span for the run,
+one per phase and one per fault (apply to revert), each probe sample an event on its phase. While the run lasts
+its processes' environment carries the run span's context (TRACEPARENT, OpenTelemetry's environment carrier) and
+the endpoint (CHAOSKIT_OTLP_ENDPOINT): the load generator sends that traceparent on every request and the proxy
+helpers export their fault spans there (EnvCarrier; restored when the run ends)."""
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
@@ -14,6 +18,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Span, Status, StatusCode
 
+from chaoskit.load.traceparent import ENV as TRACEPARENT_ENV
+from chaoskit.load.traceparent import format_header
 from chaoskit.model.enums import RunVerdict
 from chaoskit.model.events import (
     Event,
@@ -58,13 +64,40 @@ class _Recording(SpanExporter):
         return self.inner.force_flush(timeout_millis)
 
 
+ENDPOINT_ENV = "CHAOSKIT_OTLP_ENDPOINT"  # the /v1/traces URL the proxy helpers export to (injectors.proxy_trace)
+
+
+class EnvCarrier:
+    """Puts variables into an environment (os.environ: what the run's subprocesses and helpers inherit) and puts
+    back what was there before."""
+
+    def __init__(self, environ: MutableMapping[str, str]):
+        self.environ = environ
+        self._saved: dict[str, str | None] = {}
+
+    def set(self, values: dict[str, str]) -> None:
+        for k, v in values.items():
+            self._saved.setdefault(k, self.environ.get(k))
+            self.environ[k] = v
+
+    def restore(self) -> None:
+        for k, v in self._saved.items():
+            if v is None:
+                self.environ.pop(k, None)
+            else:
+                self.environ[k] = v
+        self._saved.clear()
+
+
 class RunTracer:
     """A Journal sink; close() flushes within the timeout and says why the export failed (None: exported)."""
 
-    def __init__(self, endpoint: str, experiment: str, run_id: str, timeout_s: float):
+    def __init__(self, endpoint: str, experiment: str, run_id: str, timeout_s: float,
+                 environ: MutableMapping[str, str] | None = None):
         url = endpoint.rstrip("/")
         url = url if url.endswith("/v1/traces") else url + "/v1/traces"
-        self.timeout_s = timeout_s
+        self.url, self.timeout_s = url, timeout_s
+        self.carrier = EnvCarrier(os.environ if environ is None else environ)
         self.exporter = _Recording(OTLPSpanExporter(endpoint=url, timeout=timeout_s))
         resource = Resource.create({"service.name": "chaoskit", "chaoskit.experiment": experiment,
                                     "chaoskit.run_id": run_id})
@@ -94,6 +127,7 @@ class RunTracer:
                 self._names.plan = list(ev.steps)
             elif isinstance(ev, RunStarted):
                 self._run = self._child(f"chaoskit run {ev.experiment}", ev.t, None, {})
+                self._propagate(self._run)
             elif isinstance(ev, StateChanged) and self._run is not None:
                 if self._phase is not None:
                     self._phase.end(end_time=ns(ev.t))
@@ -104,6 +138,11 @@ class RunTracer:
                 self._sample(ev)
             elif isinstance(ev, RunEnded):
                 self._ended(ev)
+
+    def _propagate(self, span: Span) -> None:
+        """The run span's context to what the run starts from now on (load workers, helpers, commands)."""
+        ctx = span.get_span_context()
+        self.carrier.set({TRACEPARENT_ENV: format_header(ctx.trace_id, ctx.span_id), ENDPOINT_ENV: self.url})
 
     def _fault(self, ev: FaultApplied | FaultReverted | RevertFailed) -> None:
         if isinstance(ev, FaultApplied):
@@ -130,6 +169,7 @@ class RunTracer:
         span.add_event(f"sample {s.probe}", timestamp=ns(s.t), attributes=attrs)
 
     def _ended(self, ev: RunEnded) -> None:
+        self.carrier.restore()
         for span in [*self._faults.values(), self._phase]:
             if span is not None:
                 span.end(end_time=ns(ev.t))
@@ -155,6 +195,8 @@ class RunTracer:
 
     def close(self) -> str | None:
         """Wait for the flush (at most the timeout and a second): why the export failed, None if it did not."""
+        with self._lock:
+            self.carrier.restore()  # a run that never ended (its start failed) leaves nothing behind either
         self.flush()
         if not self._done.wait(self.timeout_s + 1.0):
             return self.exporter.error or f"no answer within {self.timeout_s:g}s"

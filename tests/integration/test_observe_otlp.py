@@ -1,8 +1,10 @@
 """`chaoskit run --otlp-endpoint`: an in-test OTLP/HTTP receiver decodes what the run exported (opentelemetry-proto):
-one trace, a span for the run, each phase and the fault (its window exactly the journal's), samples as events."""
+one trace, a span for the run, each phase and the fault (its window exactly the journal's), samples as events; the
+load generator's traceparent on the wire (native and python senders) and llm.proxy's fault spans under it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -12,7 +14,10 @@ import pytest
 
 pb = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
 
-from tests.conftest import chaoskit, write  # noqa: E402
+from chaoskit.load.runner import run_load  # noqa: E402
+from chaoskit.load.spec import LoadSpec  # noqa: E402
+from chaoskit.load.traceparent import parse  # noqa: E402
+from tests.conftest import chaoskit, free_port, write  # noqa: E402
 
 EXPERIMENT = """\
 apiVersion: chaoskit/v1
@@ -97,3 +102,124 @@ def test_the_run_its_phases_and_its_fault_are_spans_with_the_journal_times(recei
     assert len(events) == len(s["samples"])
     run_attrs = {a.key: a.value for a in run.attributes}
     assert run_attrs["chaoskit.verdict"].string_value == "held" and run_attrs["chaoskit.exit_code"].int_value == 0
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    """An OpenAI-like completions server (4 SSE tokens) that keeps each request's traceparent."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[str | None] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.seen.append(self.headers.get("traceparent"))
+        body = b"".join(b'data: {"choices": [{"text": "t%d"}]}\n\n' % i for i in range(4)) + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def upstream() -> Iterator[str]:
+    _Upstream.seen = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+    thread.join(2)
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"  # not sampled: the load sends it sampled
+
+
+@pytest.mark.parametrize("sender", ["native", "python"])
+def test_the_load_generator_sends_the_environments_traceparent_on_every_request(upstream, sender, monkeypatch):
+    monkeypatch.setenv("TRACEPARENT", TRACEPARENT)
+    spec = LoadSpec(url=upstream, api="openai", model="m", rate=20, duration=0.5, arrival="constant", sender=sender)
+    s = asyncio.run(run_load(spec))
+    assert s["sender"] == sender and s["requests"] == len(_Upstream.seen) == 10
+    assert set(_Upstream.seen) == {TRACEPARENT[:-2] + "01"}
+    monkeypatch.delenv("TRACEPARENT")
+    _Upstream.seen = []
+    asyncio.run(run_load(spec.model_copy(update={"duration": 0.1})))
+    assert _Upstream.seen == [None, None]  # tracing off: no header
+
+
+PROXIED = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {{name: otlp-proxy}}
+steadyState:
+  probes:
+    - name: through-proxy
+      type: slo
+      phases: [during]
+      load: {{url: "http://127.0.0.1:{l4}", api: openai, model: m, rate: 20, duration: 1s, arrival: constant,
+             timeout: 5s, sender: native}}
+      expect: {{error_rate: "<= 1"}}
+  during: {{every: 10s, grace: 0s}}   # one sample: its 20 requests, all while the proxies are there
+method:
+  - parallel:
+    - name: chaos
+      inject:
+        type: llm.proxy
+        listen: "127.0.0.1:{port}"
+        upstream: "{upstream}"
+        seed: 1
+        faults:
+          - {{type: abort, status: 503, share: 30%}}
+          - {{type: truncate, after_tokens: 2, share: 50%}}
+      duration: 3s
+    - name: slow
+      inject:
+        type: network.proxy
+        listen: "127.0.0.1:{l4}"
+        upstream: "127.0.0.1:{port}"
+        toxics: [{{type: latency, latency: 20ms}}]
+      duration: 3s
+"""
+
+
+def test_the_proxies_record_their_faults_as_children_of_the_load_requests_traceparent(receiver, upstream, tmp_path,
+                                                                                      state_dir):
+    exp = write(tmp_path / "e.yaml", PROXIED.format(port=free_port(), l4=free_port(), upstream=upstream))
+    proc = chaoskit("run", str(exp), "--out", str(tmp_path / "o"), "--plain", "--otlp-endpoint", receiver,
+                    state=state_dir)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    spans = _spans()
+    run = next(sp for sp in spans if sp.name == "chaoskit run otlp-proxy")
+    sent = {parse(h) for h in _Upstream.seen}  # what the proxy forwarded: the load generator's header
+    assert sent == {(int.from_bytes(run.trace_id, "big"), int.from_bytes(run.span_id, "big"), 1)}
+    proxied = [sp for sp in spans if sp.name.startswith("llm.proxy ")]
+    assert proxied and all(sp.trace_id == run.trace_id and sp.parent_span_id == run.span_id for sp in proxied)
+    attrs = [{a.key: a.value for a in sp.attributes} for sp in proxied]
+    aborts = [a for a in attrs if a["chaoskit.fault.type"].string_value == "abort"]
+    cuts = [a for a in attrs if a["chaoskit.fault.type"].string_value == "truncate"]
+    assert aborts and cuts, [sp.name for sp in proxied]
+    assert all(a["chaoskit.fault.applied"].bool_value and a["chaoskit.proxy.answered_status"].int_value == 503
+               and a["chaoskit.fault.share"].double_value == 0.3 for a in aborts)
+    applied = [a for a in cuts if a["chaoskit.fault.applied"].bool_value]
+    assert applied and all(a["chaoskit.proxy.tokens_forwarded"].int_value == 2 and a["chaoskit.proxy.cut"].bool_value
+                           for a in applied)
+    # network.proxy: a span per connection (its first request's traceparent), per toxic drawn for it
+    l4 = [sp for sp in spans if sp.name == "network.proxy latency"]
+    assert l4 and all(sp.trace_id == run.trace_id and sp.parent_span_id == run.span_id for sp in l4)
+    l4_attrs = {a.key: a.value for a in l4[0].attributes}
+    assert l4_attrs["chaoskit.toxic.param.latency"].double_value == 0.02
+    assert l4_attrs["chaoskit.toxic.stream"].string_value == "downstream"
+    # every request the probe saw fail was cut or aborted by the proxy, each on the run's trace
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    (v,) = [x["values"] for x in s["samples"] if x["probe"] == "through-proxy"]
+    print(f"\nllm.proxy spans: {len(aborts)} abort, {len(applied)} of {len(cuts)} truncate applied; "
+          f"network.proxy spans: {len(l4)}; the probe: "
+          f"{v['requests']} requests, {v['ok']} ok, {v['errors.http_status']} http_status")
+    assert v["requests"] == 20 and v["errors.connect"] == 0
+    assert len(aborts) == v["errors.http_status"] and len(applied) == v["requests"] - v["ok"] - len(aborts)
