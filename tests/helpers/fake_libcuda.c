@@ -150,6 +150,10 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
     (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)stream; (void)params; (void)extra;
     return g_init && f ? OK : ERR_INVALID_VALUE;
 }
+CUresult cuModuleLoadData(void **module, const void *image) { *module = (void *)0x2; return g_init && image ? OK : ERR_INVALID_VALUE; }
+CUresult cuModuleGetFunction(void **fn, void *module, const char *name) {
+    *fn = (void *)0x3; return module && name ? OK : ERR_INVALID_VALUE;
+}
 CUresult cuCtxSynchronize(void) { return g_init ? OK : ERR_NOT_INITIALIZED; }
 CUresult cuStreamSynchronize(void *stream) { (void)stream; return g_init ? OK : ERR_NOT_INITIALIZED; }
 
