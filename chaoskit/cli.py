@@ -404,7 +404,8 @@ def status(
     pulled = [lv for lv in levers if lv is not None]
     if as_json:
         print(json.dumps({"halted": [asdict(lv) for lv in pulled], "runs": [asdict(r) for r in runs],
-                          "cluster_runs": [asdict(r) for r in remote] if cluster else None}, indent=2))
+                          "cluster_runs": [{**asdict(r), "experiment": r.experiment} for r in remote] if cluster
+                          else None}, indent=2))
         raise typer.Exit(0)
     for lv in pulled:
         out.print(f"[bold red]HALTED[/] {escape(lv.describe())}", highlight=False)
@@ -414,8 +415,8 @@ def status(
         (r.host, r.run_id, r.experiment, ", ".join(r.faults) or "none yet", r.since, r.state) for r in runs])
     if cluster:
         _runs_table(f"runs with faults recorded in the cluster (namespace {namespace})", [
-            (r.host, r.run_id, "", ", ".join(f"{f.type} on {f.node}/{f.pod} ({f.state})" for f in r.faults),
-             r.since, "") for r in remote])
+            (r.host, r.run_id, r.experiment, ", ".join(f"{f.type} on {f.node}/{f.pod} ({f.state})" for f in r.faults),
+             r.since, "recorded in the cluster") for r in remote])
 
 
 def _runs_table(title: str, rows: list[tuple[str, str, str, str, float | None, str]]) -> None:

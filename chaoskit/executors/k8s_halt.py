@@ -109,6 +109,12 @@ class ClusterRun:
     since: float | None
     faults: tuple[ClusterFault, ...]
 
+    @property
+    def experiment(self) -> str:
+        """The experiment's name, as the run id carries it (`YYYYmmddTHHMMSS-NAME-xxxxxx`); "" for another id."""
+        parts = self.run_id.split("-")
+        return "-".join(parts[1:-1]) if len(parts) >= 3 else ""
+
 
 def cluster_runs(core: Any, namespace: str = HALT_NAMESPACE) -> list[ClusterRun]:
     """Every run whose revert records are in `namespace` (faults that may be in effect on the cluster's nodes)."""
