@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from chaoskit import errors
-from chaoskit.app.halt import Levers
+from chaoskit.app.halt import Levers, refuse_if_halted
 from chaoskit.app.orphans import OrphanReplay, replay_orphans
 from chaoskit.app.outputs import RunFiles, write_outputs
 from chaoskit.engine.journal import Journal, Listener
@@ -120,6 +120,8 @@ def _run(file: Path, args: RunArgs, display: Display, rec: Outcome) -> None:
     with ExitStack() as deployed:
         if own is not None:
             loaded = _deploy(deployed, own, loaded, file, args, run_id, display)
+            if levers is not None:  # pulled while the deployment started: refused, the deployment stopped
+                refuse_if_halted(levers, lambda text: display.say(f"[yellow]note:[/] {text}"))
         rec.result = _execute(loaded, args, journal_path, run_id, display, levers)
         if own is not None and not args.dry_run:
             for sig in (signal.SIGINT, signal.SIGTERM):  # the deployment is stopping: let it finish (≤ 15 s)
@@ -135,7 +137,7 @@ def _run(file: Path, args: RunArgs, display: Display, rec: Outcome) -> None:
 
 def _levers(loaded: Loaded, args: RunArgs, display: Display) -> Levers | None:
     """The halt levers the run obeys (none for a dry run); PreflightError (exit 4) while one is pulled."""
-    from chaoskit.app.halt import clusters_of, refuse_if_halted
+    from chaoskit.app.halt import clusters_of
 
     if args.dry_run:
         return None
