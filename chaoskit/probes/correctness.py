@@ -17,9 +17,8 @@ from chaoskit.errors import PreflightError
 from chaoskit.model.types import Duration, StrictModel
 from chaoskit.probes.base import Probe, ProbeSpecBase
 
-KINDS = ("mismatch", "empty", "truncated", "error")  # what a failed answer is, most specific last checked
+KINDS = ("mismatch", "empty", "truncated", "error")  # a failed answer's kind (classify: error, empty, truncated, mismatch)
 _KEYS = ("requests", "ok", "failed", "failed_share", "recorded", "failures.", "failure_share.")
-_TEXT = {"openai": ("text",), "openai-chat": ("delta", "content"), "triton": ()}
 EXAMPLE = {"name": "answers", "type": "correctness", "url": "http://127.0.0.1:8000", "api": "openai-chat",
            "model": "my-model", "prompts": ["What is the capital of France?", {"prompt": "2 + 2 =", "answer": " 4"}],
            "stream": "both", "expect": {"failed": "== 0"}}
@@ -167,10 +166,12 @@ class _Reader:
         usage = doc.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             self.tokens = usage["completion_tokens"]
+        path = ("text",) if self.api == "openai" else ("delta" if stream else "message", "content")
         for choice in doc.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
             part: Any = choice
-            for key in _TEXT[self.api] if stream else (("message", "content") if self.api == "openai-chat"
-                                                      else ("text",)):
+            for key in path:
                 part = part.get(key) if isinstance(part, dict) else None
             self.text += part if isinstance(part, str) else ""
             self.finish = choice.get("finish_reason") or self.finish
