@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import json
 import logging
@@ -21,6 +22,7 @@ from chaoskit.paths import state_dir
 from chaoskit.targets.kube import ClusterRef, KubeCluster, KubeNodeSelector, resolve_cluster
 
 if TYPE_CHECKING:
+    from chaoskit.engine.runner import Runner
     from chaoskit.experiment.models import Experiment
 
 log = logging.getLogger(__name__)
@@ -162,6 +164,20 @@ def refuse_if_halted(levers: Levers, note: Callable[[str], None]) -> None:
         raise PreflightError(f"chaoskit is halted {lever.describe()}; no run starts until it is released "
                              f"({release})")
 
+
+
+async def watch(runner: Runner, levers: Levers, every: float, note: Callable[[str], None]) -> None:
+    """Look at the levers every `every` seconds until the run ends; halt it (Runner.halt) at the first pulled one."""
+    while not runner.status.terminal:
+        try:
+            lever = await asyncio.to_thread(levers.check, note)
+        except Exception as e:  # never let a bad look end the watch: the next one may succeed
+            log.warning("looking at the halt levers: %s: %s", type(e).__name__, e)
+            lever = None
+        if lever is not None:
+            runner.halt(f"halted: {lever.reason}", lever.describe())
+            return
+        await asyncio.sleep(every)
 
 @dataclass(frozen=True)
 class Cluster:

@@ -208,10 +208,10 @@ def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, dis
     """Journal, view, runner: run the experiment, watching the halt levers (not in a dry run). A dry run plans
     the steps whose target needs facts not known yet as "at run time", never with a stand-in that could select
     more."""
-    from chaoskit.app.halt_watch import HaltableRunner, watch
+    from chaoskit.app.halt import watch
     from chaoskit.engine.plan import deferred_paths
     from chaoskit.engine.runinfo import experiment_record, host_facts
-    from chaoskit.engine.runner import RunOptions
+    from chaoskit.engine.runner import Runner, RunOptions
     from chaoskit.engine.safeguards import halt_interval
     from chaoskit.observe.exporters import Exporters
     from chaoskit.observe.fault_feed import FaultFeed
@@ -224,8 +224,8 @@ def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, dis
     jr = Journal(None if args.dry_run else journal_path, [view])
     unresolved = deferred_paths(loaded.deferred) if args.dry_run else frozenset()
     stepper = display.stepper(jr, view) if args.step else None
-    runner = HaltableRunner(loaded.experiment, jr, RunOptions(dry_run=args.dry_run, unresolved_steps=unresolved,
-                                                              before_step=stepper), run_id=run_id)
+    runner = Runner(loaded.experiment, jr, RunOptions(dry_run=args.dry_run, unresolved_steps=unresolved,
+                                                      before_step=stepper), run_id=run_id)
     jr.sinks.append(FaultFeed(lambda: [*runner.probes.values(), *(p for _, p in runner.safeguard_probes)]))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
 

@@ -105,13 +105,22 @@ class Runner:
     def _record(self, sample: Sample) -> None:
         self.journal.emit(sample)  # kept only there: summary.json reads it back
 
-    # -- signals --------------------------------------------------------------------------------------
+    # -- signals and halt levers ----------------------------------------------------------------------
     def interrupt(self, signum: int) -> None:
         """SIGINT/SIGTERM: stop the method; rollback still runs in full."""
         first = self.status.signal is None
         self.status.interrupt(signum)
         if first:
             self.journal.emit(Interrupted(signal=signal.Signals(signum).name))
+        if self._method_task is not None and not self._method_task.done():
+            self._method_task.cancel()
+
+    def halt(self, reason: str, pulled: str = "") -> None:
+        """A halt lever was seen (`reason`: `halted: WHY`; `pulled`: by whom, where, when): the state machine
+        records it, the method stops like a tripped safeguard's, the rollback runs in full, the run ends aborted."""
+        if self.status.terminal or not self.status.halt(reason):
+            return
+        self.journal.emit(SafeguardTripped(probe="halt", reason=f"{reason} (pulled {pulled})" if pulled else reason))
         if self._method_task is not None and not self._method_task.done():
             self._method_task.cancel()
 
@@ -141,9 +150,6 @@ class Runner:
                                    recovery_s=r.recovery_s))
         return r
 
-    def _stopped(self) -> bool:
-        return self.status.signal is not None
-
     async def _execute(self) -> None:
         """Report each phase's outcome to the state machine; it decides what comes next."""
         st = self.status
@@ -158,9 +164,9 @@ class Runner:
         if st.on(Event.PREFLIGHT_OK) is not State.HYPOTHESIS_BEFORE:
             return
         held = bool(await self._cancellable(self._check_once(Phase.BEFORE)))
-        if not held and not self._stopped():
+        if not held and not self.status.stopped:
             st.deviate("steady state did not hold before the method; nothing was injected")
-        if held and not self._stopped():
+        if held and not self.status.stopped:
             ledger = Ledger.create(self.result.run_id, self.exp.metadata.name, self.opts.ledger_dir)
             self.result.ledger_path = str(ledger.path)
             self.faults = Faults(self.journal, ledger)
@@ -260,7 +266,7 @@ class Runner:
     async def _cancellable(self, coro: Any) -> Any:
         """Run `coro` as the task that interrupts and safeguards cancel; a cancel returns None."""
         self._method_task = asyncio.create_task(coro)
-        if self._stopped():
+        if self.status.stopped:
             self._method_task.cancel()
         try:
             return await self._method_task
@@ -399,7 +405,7 @@ class Runner:
                 self.result.recovery_s = round(time.monotonic() - start, 3)
                 self.journal.emit(Recovered(seconds=self.result.recovery_s))
                 break
-            if self._stopped():
+            if self.status.stopped:
                 break
             if time.monotonic() - start >= after.within:
                 self.status.deviate(f"steady state did not hold again within {after.within:g}s after rollback")

@@ -1,5 +1,6 @@
 """A halt lever through the run state machine: before anything is applied the run is refused (exit 4), from the
-before-check on it is aborted after its rollback (exit 3, `halted: WHY`); how often a run looks at the levers."""
+before-check on it is aborted after its rollback (exit 3, `halted: WHY`); Runner.halt stops a run's method; how
+often a run looks at the levers."""
 
 from __future__ import annotations
 
@@ -86,3 +87,43 @@ def test_a_lever_file_that_cannot_be_read_still_halts(tmp_path, monkeypatch):
     torn = read_host_lever()
     assert torn is not None and "unreadable" in torn.reason and torn.when() == "an unknown time"
     assert release_host_lever() is True and read_host_lever() is None
+
+
+PAUSED = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {name: paused}
+steadyState:
+  probes: [{name: t, type: command, argv: ["true"]}]
+method:
+  - pause: 30s
+"""
+
+
+def test_runner_halt_stops_the_method_and_ends_the_run_aborted_once(tmp_path):
+    import asyncio
+
+    from chaoskit.engine.journal import Journal, read_journal
+    from chaoskit.engine.runner import Runner, RunOptions
+    from chaoskit.experiment.loader import load_experiment
+    from chaoskit.model.events import SafeguardTripped
+
+    f = tmp_path / "e.yaml"
+    f.write_text(PAUSED)
+    runner = Runner(load_experiment(f).experiment, Journal(tmp_path / "journal.jsonl"),
+                    RunOptions(ledger_dir=tmp_path, use_watchdog=False))
+
+    async def main() -> None:
+        run = asyncio.create_task(runner.execute())
+        while runner.status.state is not State.METHOD:
+            await asyncio.sleep(0.01)
+        runner.halt(WHY, "by op@host at noon")
+        runner.halt("halted: again")  # the first lever's reason stays, journaled once
+        await asyncio.wait_for(run, 10)
+
+    asyncio.run(main())
+    assert (runner.status.state, runner.result.exit_code, runner.status.reason) == (State.ABORTED, 3, WHY)
+    trips = [e for e in read_journal(tmp_path / "journal.jsonl") if isinstance(e, SafeguardTripped)]
+    assert [(e.probe, e.reason) for e in trips] == [("halt", f"{WHY} (pulled by op@host at noon)")]
+    runner.halt(WHY)  # a finished run ignores a lever
+    assert runner.status.state is State.ABORTED
