@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from chaoskit.model.events import Event, FaultApplied, FaultReverted
-from chaoskit.probes.alert import AlertProbe
+from chaoskit.probes.base import Probe
 
 
 class FaultFeed:
@@ -17,5 +17,5 @@ class FaultFeed:
     def __call__(self, ev: Event) -> None:
         if isinstance(ev, (FaultApplied, FaultReverted)):
             for probe in self.probes():
-                if isinstance(probe, AlertProbe):
+                if isinstance(probe, Probe):
                     probe.note_fault(ev)

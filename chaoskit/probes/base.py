@@ -88,5 +88,9 @@ class Probe(ABC):
         """Why an expected key is absent from a measurement (probes that know say more)."""
         return "not measured"
 
+    def note_fault(self, ev: Any) -> None:
+        """A fault applied or reverted (a model.events FaultApplied / FaultReverted, as the journal gets it):
+        probes that judge fault windows (alert, kube.nodes) start or stop their clocks here."""
+
     async def close(self) -> None:
         """Release what the probe holds (sessions, BPF programs)."""

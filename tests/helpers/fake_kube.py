@@ -47,6 +47,10 @@ ROUTES: list[tuple[str, str, str]] = [  # (method, path pattern, handler name)
     ("DELETE", CORE + r"/configmaps/(?P<name>[^/]+)", "delete_configmap"),
     ("GET", CORE + r"/events", "list_events"),
     ("GET", APPS + r"/deployments/(?P<name>[^/]+)/scale", "get_scale"),
+    ("GET", r"/api/v1/nodes", "list_nodes"),
+    ("GET", r"/api/v1/nodes/(?P<name>[^/]+)", "get_node"),
+    ("GET", r"/api/v1/pods", "list_all_pods"),
+    ("GET", r"/apis/resource.k8s.io/v1/resourceslices", "list_resourceslices"),
     ("PATCH", APPS + r"/deployments/(?P<name>[^/]+)/scale", "patch_scale"),
 ]
 TOKEN = "fake-kube-token"
@@ -80,6 +84,8 @@ class FakeState:
     events: list[Obj] = field(default_factory=list)
     logs: dict[tuple[str, str], str] = field(default_factory=dict)
     deleted: list[tuple[str, str, int | None]] = field(default_factory=list)  # (namespace, pod, grace period)
+    nodes: dict[str, Obj] = field(default_factory=dict)
+    resourceslices: list[Obj] | None = None  # None: the cluster serves no DRA API (404)
 
 
 def _matches(labels: dict[str, str], selector: str) -> bool:
@@ -144,7 +150,7 @@ class FakeKubeApi:
     # -- seeding ------------------------------------------------------------------------------------------
     def add_pod(self, namespace: str, name: str, labels: dict[str, str], node: str = "node-a",
                 phase: str = "Running", containers: tuple[str, ...] = ("app",), ready: bool = True,
-                restarts: int = 0, container_ids: tuple[str, ...] | None = None) -> Obj:
+                restarts: int = 0, container_ids: tuple[str, ...] | None = None, gpus: int = 0) -> Obj:
         n = next(self._serial)
         ids = container_ids or tuple(f"containerd://{n:04d}{i:04d}{c}" for i, c in enumerate(containers))
         statuses = [{"name": c, "ready": ready, "restartCount": restarts, "image": f"{c}:1", "imageID": "",
@@ -152,13 +158,28 @@ class FakeKubeApi:
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "labels": dict(labels),
                             "resourceVersion": str(n)},
-               "spec": {"nodeName": node, "containers": [{"name": c, "image": f"{c}:1"} for c in containers]},
+               "spec": {"nodeName": node, "containers": [
+                   {"name": c, "image": f"{c}:1", **({"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}
+                                                     if gpus and i == 0 else {})} for i, c in enumerate(containers)]},
                "status": {"phase": phase, "containerStatuses": statuses,
                           "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
         with self._lock:
             self.state.pods[(namespace, name)] = pod
             self.seeded.add((namespace, name))
         return pod
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None, gpus: int = 0, ready: bool = True) -> Obj:
+        """A node with a Ready condition and `gpus` allocatable nvidia.com/gpu; tests change it in state.nodes."""
+        node = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": dict(labels or {}), "uid": str(uuid.uuid4()),
+                             "resourceVersion": str(next(self._serial))},
+                "spec": {}, "status": {
+                    "allocatable": {"cpu": "8", **({"nvidia.com/gpu": str(gpus)} if gpus else {})},
+                    "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                    "lastTransitionTime": "2026-12-01T00:00:00Z", "reason": "KubeletReady"}]}}
+        with self._lock:
+            self.state.nodes[name] = node
+        return node
 
     def add_deployment(self, namespace: str, name: str, replicas: int) -> None:
         with self._lock:
@@ -185,6 +206,33 @@ class FakeKubeApi:
         items = [pod for (ns, _), pod in sorted(self.state.pods.items())
                  if ns == p["ns"] and _matches(pod["metadata"].get("labels", {}), sel)]
         return {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items}
+
+    def list_all_pods(self, p: dict, q: dict, body: Any) -> Obj:
+        """Every namespace's pods; fieldSelector spec.nodeName=NODE only (what kube.nodes asks)."""
+        field_sel = q.get("fieldSelector", "")
+        node = field_sel.removeprefix("spec.nodeName=") if field_sel.startswith("spec.nodeName=") else None
+        if field_sel and node is None:
+            raise ApiError(400, "BadRequest", f"the fake only supports fieldSelector spec.nodeName=, got {field_sel}")
+        items = [pod for _, pod in sorted(self.state.pods.items())
+                 if node is None or pod["spec"].get("nodeName") == node]
+        return {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items}
+
+    def list_nodes(self, p: dict, q: dict, body: Any) -> Obj:
+        sel = q.get("labelSelector", "")
+        items = [n for _, n in sorted(self.state.nodes.items()) if _matches(n["metadata"].get("labels", {}), sel)]
+        return {"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": "1"}, "items": items}
+
+    def get_node(self, p: dict, q: dict, body: Any) -> Obj:
+        node = self.state.nodes.get(p["name"])
+        if node is None:
+            raise _not_found("nodes", p["name"])
+        return node
+
+    def list_resourceslices(self, p: dict, q: dict, body: Any) -> Obj:
+        if self.state.resourceslices is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {},
+                "items": self.state.resourceslices}
 
     def get_pod(self, p: dict, q: dict, body: Any) -> Obj:
         pod = self.state.pods.get((p["ns"], p["name"]))
