@@ -45,6 +45,8 @@ ROUTES: list[tuple[str, str, str]] = [  # (method, path pattern, handler name)
     ("GET", CORE + r"/configmaps/(?P<name>[^/]+)", "get_configmap"),
     ("PATCH", CORE + r"/configmaps/(?P<name>[^/]+)", "patch_configmap"),
     ("DELETE", CORE + r"/configmaps/(?P<name>[^/]+)", "delete_configmap"),
+    ("POST", CORE + r"/secrets", "create_secret"),
+    ("GET", CORE + r"/secrets/(?P<name>[^/]+)", "get_secret"),
     ("GET", CORE + r"/events", "list_events"),
     ("GET", APPS + r"/deployments/(?P<name>[^/]+)/scale", "get_scale"),
     ("GET", r"/api/v1/nodes", "list_nodes"),
@@ -86,6 +88,7 @@ class FakeState:
     deleted: list[tuple[str, str, int | None]] = field(default_factory=list)  # (namespace, pod, grace period)
     nodes: dict[str, Obj] = field(default_factory=dict)
     resourceslices: list[Obj] | None = None  # None: the cluster serves no DRA API (404)
+    secrets: dict[tuple[str, str], Obj] = field(default_factory=dict)  # data values base64, as the API has them
 
 
 def _matches(labels: dict[str, str], selector: str) -> bool:
@@ -336,6 +339,21 @@ class FakeKubeApi:
         self.get_configmap(p, q, body)
         del self.state.configmaps[(p["ns"], p["name"])]
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+
+    def create_secret(self, p: dict, q: dict, body: Any) -> Obj:
+        meta = body.setdefault("metadata", {})
+        key = (p["ns"], meta.get("name", ""))
+        if key in self.state.secrets:
+            raise ApiError(409, "AlreadyExists", f'secrets "{key[1]}" already exists')
+        meta.update(namespace=p["ns"], uid=str(uuid.uuid4()), resourceVersion=str(next(self._serial)))
+        self.state.secrets[key] = body
+        return body
+
+    def get_secret(self, p: dict, q: dict, body: Any) -> Obj:
+        secret = self.state.secrets.get((p["ns"], p["name"]))
+        if secret is None:
+            raise _not_found("secrets", p["name"])
+        return secret
 
     def list_events(self, p: dict, q: dict, body: Any) -> Obj:
         items = [e for e in self.state.events if e["metadata"]["namespace"] == p["ns"]]
