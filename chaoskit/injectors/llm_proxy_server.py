@@ -199,7 +199,10 @@ class Downstream(asyncio.Protocol):
         if req.path == "/chaoskit/metrics":
             body, ctype = px.faults.metrics(px.requests, px.upstream_errors, px.connections), "text/plain"
         elif req.path == "/chaoskit/stats":
-            body, ctype = json.dumps(px.faults.stats(px.requests, px.upstream_errors)).encode(), "application/json"
+            stats = px.faults.stats(px.requests, px.upstream_errors)
+            if px.tracer is not None:  # a traced run: what its spans did
+                stats["otlp"] = px.tracer.sink.stats()
+            body, ctype = json.dumps(stats).encode(), "application/json"
         else:
             status, body, ctype = 404, b'{"error": "llm.proxy: /chaoskit/metrics or /chaoskit/stats"}', "application/json"
         self.t.write(answer(status, [], body, not keep, ctype))

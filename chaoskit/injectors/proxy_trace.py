@@ -4,6 +4,7 @@ traced run (CHAOSKIT_OTLP_ENDPOINT set), after they said `ready`."""
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -51,6 +52,7 @@ class SpanSink:
         self.url, self.service, self.timeout_s = url, service, timeout_s
         self.pending: deque[SpanRecord] = deque(maxlen=KEEP)
         self.error: str | None = None  # why the latest export failed (None: it did not)
+        self.exported = self.lost = 0  # spans accepted by the endpoint / dropped (export failed, queue full)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,16 +69,25 @@ class SpanSink:
         return self
 
     def add(self, rec: SpanRecord) -> None:
+        if len(self.pending) == KEEP:
+            self.lost += 1  # the oldest goes
         self.pending.append(rec)
+        if not self.exported:  # until the endpoint has accepted one, each goes at once: close() waits for none
+            self._wake.set()
+
+    def stats(self) -> dict[str, Any]:
+        """For the proxy's /chaoskit/stats (so the journal's fault_observed details): what reached the endpoint."""
+        return {"endpoint": self.url, "spans_exported": self.exported, "spans_lost": self.lost, "error": self.error}
 
     def close(self, timeout_s: float = 0.5) -> None:
-        """Export what is left, waiting at most timeout_s (not at all once an export failed: a dead endpoint
-        never holds up the helper's exit, the fault's revert)."""
+        """Export what is left, waiting at most timeout_s, and only when the endpoint has accepted spans and its
+        latest export did not fail (the SDK's exporter retries a refused connection until its own timeout: an
+        endpoint that is down must not hold up the helper's exit, the fault's revert)."""
         if self._thread is None:
             return
         self._stop.set()
         self._wake.set()
-        self._thread.join(0.0 if self.error else timeout_s)
+        self._thread.join(timeout_s if self.exported and self.error is None else 0.0)
 
     def _run(self) -> None:
         try:
@@ -89,6 +100,10 @@ class SpanSink:
             batch = [self.pending.popleft() for _ in range(len(self.pending))]
             if batch:
                 self.error = export(batch)
+                if self.error is None:
+                    self.exported += len(batch)
+                else:
+                    self.lost += len(batch)
             if stopping:
                 return
             self._wake.wait(EVERY_S)
@@ -96,7 +111,9 @@ class SpanSink:
 
 
 def _exporter(url: str, service: str, timeout_s: float):  # noqa: ANN202 (the SDK's types are imported here)
-    """A function exporting records as SDK spans (None when accepted, else why not)."""
+    """A function exporting records as SDK spans (None when accepted, else why not). The SDK's log lines are
+    off: nobody reads the helper's stderr after `ready` (its stats say why an export failed)."""
+    logging.getLogger("opentelemetry").setLevel(logging.CRITICAL + 1)
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource

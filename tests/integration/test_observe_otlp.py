@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -14,6 +18,7 @@ import pytest
 
 pb = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
 
+from chaoskit.injectors.llm_proxy import LlmProxy, stats_of  # noqa: E402
 from chaoskit.load.runner import run_load  # noqa: E402
 from chaoskit.load.spec import LoadSpec  # noqa: E402
 from chaoskit.load.traceparent import parse  # noqa: E402
@@ -59,7 +64,7 @@ class _Receiver(BaseHTTPRequestHandler):
 def receiver() -> Iterator[str]:
     _Receiver.got = []
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
@@ -128,7 +133,7 @@ class _Upstream(BaseHTTPRequestHandler):
 def upstream() -> Iterator[str]:
     _Upstream.seen = []
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
@@ -215,6 +220,10 @@ def test_the_proxies_record_their_faults_as_children_of_the_load_requests_tracep
     l4_attrs = {a.key: a.value for a in l4[0].attributes}
     assert l4_attrs["chaoskit.toxic.param.latency"].double_value == 0.02
     assert l4_attrs["chaoskit.toxic.stream"].string_value == "downstream"
+    observed = [json.loads(line) for line in (tmp_path / "o" / "journal.jsonl").read_text().splitlines()
+                if '"fault_observed"' in line]
+    otlp = next(e["details"]["otlp"] for e in observed if "otlp" in e.get("details", {}))
+    assert otlp["error"] is None and otlp["spans_lost"] == 0 and otlp["endpoint"] == receiver + "/v1/traces"
     # every request the probe saw fail was cut or aborted by the proxy, each on the run's trace
     s = json.loads((tmp_path / "o" / "summary.json").read_text())
     (v,) = [x["values"] for x in s["samples"] if x["probe"] == "through-proxy"]
@@ -223,3 +232,42 @@ def test_the_proxies_record_their_faults_as_children_of_the_load_requests_tracep
           f"{v['requests']} requests, {v['ok']} ok, {v['errors.http_status']} http_status")
     assert v["requests"] == 20 and v["errors.connect"] == 0
     assert len(aborts) == v["errors.http_status"] and len(applied) == v["requests"] - v["ok"] - len(aborts)
+
+
+def _abort_one_traced_request(port: int) -> None:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=b"{}", method="POST",
+                                 headers={"traceparent": TRACEPARENT[:-2] + "01"})
+    with pytest.raises(urllib.error.HTTPError, match="503"):
+        urllib.request.urlopen(req, timeout=5)
+
+
+@pytest.mark.parametrize("endpoint", ["closed", "silent"])
+def test_a_dead_endpoint_neither_breaks_the_proxy_nor_holds_up_its_revert(endpoint, upstream, monkeypatch):
+    """closed: the export is refused (the proxy says why in its stats once the exporter gave up retrying);
+    silent: a port that accepts and never answers. Neither has accepted a span, so the revert waits for none."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    if endpoint == "silent":
+        sock.listen(16)
+    monkeypatch.setenv("CHAOSKIT_OTLP_ENDPOINT", f"http://127.0.0.1:{sock.getsockname()[1]}/v1/traces")
+    port = free_port()
+    inj = LlmProxy(LlmProxy.Spec(type="llm.proxy", listen=f"127.0.0.1:{port}", upstream=upstream[7:],
+                                 faults=[{"type": "abort", "status": 503}]))
+    inj.ctx.lifetime_s = 60
+    rec = inj.apply(inj.prepare())
+    try:
+        _abort_one_traced_request(port)
+        if endpoint == "closed":
+            deadline = time.monotonic() + 5
+            while (otlp := (stats_of(f"127.0.0.1:{port}") or {}).get("otlp", {})).get("error") is None:
+                assert time.monotonic() < deadline, otlp
+                time.sleep(0.05)
+            assert otlp["spans_lost"] == 1 and otlp["spans_exported"] == 0, otlp
+            _abort_one_traced_request(port)  # still serving
+        t = time.monotonic()
+    finally:
+        LlmProxy.revert(rec)
+        sock.close()
+    took = time.monotonic() - t
+    print(f"\nrevert with a {endpoint} OTLP endpoint: {took * 1000:.0f} ms")
+    assert not LlmProxy.observe(rec) and took < 0.3
