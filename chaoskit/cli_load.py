@@ -42,8 +42,10 @@ def final_table(s: dict) -> Table:
     t.add_column("metric")
     for q in ("p50", "p90", "p99", "p999"):
         t.add_column(q + " ms", justify="right")
-    for label, prefix in (("latency (from intended send)", ""), ("service (from actual send)", "service_"),
-                          ("TTFT", "ttft_"), ("inter-token", "itl_"), ("TPOT", "tpot_")):
+    for label, prefix in (("latency, all requests (failed at timeout)", "all_"),
+                          ("latency (successes, from intended send)", ""), ("service (from actual send)", "service_"),
+                          ("TTFT, all requests", "all_ttft_"), ("TTFT", "ttft_"), ("inter-token", "itl_"),
+                          ("TPOT", "tpot_")):
         if f"{prefix}p50_ms" in s:
             t.add_row(label, *(f"{s[f'{prefix}{q}_ms']:.2f}" for q in ("p50", "p90", "p99", "p999")))
     t.caption = (f"errors {s['errors'] or 0} (rate {s['error_rate']:.4f}) · goodput {s['goodput_rps']:.1f}/s · "

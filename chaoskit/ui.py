@@ -35,6 +35,7 @@ from chaoskit.report.view import RunView
 HISTORY = 30  # samples per probe the live view keeps
 VERDICT_STYLE = {"ok": "green", "fail": "red", "error": "magenta"}
 LIVE_NOTES = ("safeguard", "interrupt", "revert_failed", "error", "operator")
+ALL_REQUESTS = "all_p99_ms"  # the slo probe's p99 over every request (failures at their timeout): always followed
 
 
 def _values(sample: Sample) -> str:
@@ -78,8 +79,8 @@ def _line(ev: Event) -> str:
 
 class LiveView:
     """A rendering of the run's RunView as events arrive: phase; each probe's recent history (a sparkline of the
-    value its tolerances judge, failed samples per phase, the last value); safeguards and whether one tripped;
-    active faults with time left."""
+    value its tolerances judge, and of the all-requests p99 where the probe measures one, failed samples per
+    phase, the last value); safeguards and whether one tripped; active faults with time left."""
 
     def __init__(self, console: Console, name: str, watch: dict[str, list[str]] | None = None,
                  safeguards: list[SafeguardRecord] | None = None):
@@ -126,9 +127,10 @@ class LiveView:
         return [_exit_line(e) for e in sorted((e for f in self.view.faults for e in f.exits), key=lambda e: e.seen_at)]
 
     def _key(self, probe: str) -> str | None:
-        """The value the sparkline follows: the first judged key that is a number, else the first number."""
+        """The value the sparkline follows: the first judged key that is a number, else the all-requests p99,
+        else the first number."""
         for s in reversed(self.history(probe)):
-            for k in [*self.watch.get(probe, []), *s.values]:
+            for k in [*self.watch.get(probe, []), ALL_REQUESTS, *s.values]:
                 if _num(s.values.get(k)) is not None:
                     return k
         return None
@@ -158,12 +160,11 @@ class LiveView:
             probes.add_column(col)
         for name, phases in self.view.counts.items():
             history = self.history(name)
-            s, key, trend = history[-1], self._key(name), Text("")
-            if key is not None:
-                values = [_num(h.values.get(key)) for h in history]
-                last = next((x for x in reversed(values) if x is not None), None)
-                trend = Text.assemble((key + " ", "dim"), sparkline(values, HISTORY),
-                                      f" {last:g}" if last is not None else "")
+            s, key = history[-1], self._key(name)
+            keys = [key] if key is not None else []
+            if key != ALL_REQUESTS and any(ALL_REQUESTS in h.values for h in history):
+                keys.append(ALL_REQUESTS)  # the all-requests p99 too, when the judged key is another
+            trend = Text("\n").join(_trend(k, [_num(h.values.get(k)) for h in history]) for k in keys)
             counts = Text()
             for phase, (n, bad) in phases.items():
                 style = "red" if bad and Phase(phase).judged else ("yellow" if bad else "green")
@@ -188,6 +189,12 @@ class LiveView:
             guards.add_row(g.probe, " or ".join(r.text for r in g.rules), state,
                            shown or ((last.error or "") if last else ""))
         return guards
+
+
+def _trend(key: str, values: list[float | None]) -> Text:
+    """`key ▁▂▇ last`: one history line of the live view."""
+    last = next((x for x in reversed(values) if x is not None), None)
+    return Text.assemble((key + " ", "dim"), sparkline(values, HISTORY), f" {last:g}" if last is not None else "")
 
 
 def _left(f: AppliedFault) -> str:

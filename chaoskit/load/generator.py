@@ -13,7 +13,7 @@ import aiohttp
 from chaoskit.load.clients import Outcome, request_for, send
 from chaoskit.load.fastclient import Pool, request_bytes
 from chaoskit.load.prompts import exact_bytes, from_file, synthetic
-from chaoskit.load.recorder import Recorder
+from chaoskit.load.recorder import Recorder, failed_at
 from chaoskit.load.spec import LoadSpec
 from chaoskit.load.timer import Alarm
 
@@ -76,14 +76,16 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
     def request(i: int) -> tuple[str, str, Any, bytes | None]:
         return payloads[i % len(payloads)]
 
+    streamed = spec.stream and spec.api != "http"
+
     def record(out: Outcome, intended: float, sent: float) -> None:
         if out.error:
-            rec.failure(out.error)
+            waited = failed_at(spec.timeout, time.monotonic() - intended)
+            rec.failure(out.error, waited, streamed)
             if group_by is not None:
-                rec.group(out.group).failure(out.error)
+                rec.group(out.group).failure(out.error, waited, streamed)
             return
         end = out.token_times[-1] if out.token_times else time.monotonic()
-        streamed = spec.stream and spec.api != "http"
         ttft = out.token_times[0] - intended if streamed and out.token_times else None
         itls = [b - a for a, b in zip(out.token_times, out.token_times[1:], strict=False)]
         e2e = end - intended

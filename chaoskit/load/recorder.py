@@ -1,7 +1,11 @@
 """HDR histograms of one load run (microseconds), mergeable across worker processes, and the summary.
 The hot path adds to a histogram's counts directly (~0.5 us a value, no pauses); totals and min/max are
 derived from the counts when the histograms are read, as hdrh itself does after a merge. With group_by, each
-response is also recorded in the recorder of its group (a response header's value, e.g. the replica)."""
+response is also recorded in the recorder of its group (a response header's value, e.g. the replica).
+Two views of latency: the successes-only histograms (e2e, ttft ... -> p99_ms, ttft_p99_ms) and the all-requests
+ones (all_e2e, all_ttft -> all_p99_ms, all_ttft_p99_ms), where a failed or timed-out request counts at its
+timeout, or at the time it failed if later (failed_at): half the requests failing shows as a p99 at the timeout,
+not as a fast service."""
 
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ from typing import Any
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-METRICS = ("e2e", "service", "ttft", "itl", "tpot")  # e2e/ttft from the intended send; service from the actual
+METRICS = ("e2e", "service", "ttft", "itl", "tpot", "all_e2e", "all_ttft")  # e2e/ttft from the intended send;
+# service from the actual; all_*: every request that ended, a failure at failed_at() (its time, at least the timeout)
 # How a request can fail (Recorder.errors keys): no answer in time, no connection, an HTTP error status (429
 # without / with Retry-After, 503 with Retry-After, any other >= 400), a stream cut before its end (no final
 # chunk, no data: [DONE]), a stream with no token for longer than stall_timeout, an event that is no SSE or no
@@ -108,9 +113,11 @@ class Recorder:
         self.tokens += tokens
         h = self._hists
         add(h["e2e"].counts, e2e)
+        add(h["all_e2e"].counts, e2e)
         add(h["service"].counts, service)
         if ttft is not None:
             add(h["ttft"].counts, ttft)
+            add(h["all_ttft"].counts, ttft)
             if tokens > 1:
                 add(h["tpot"].counts, (e2e - ttft) / (tokens - 1))
         if itls:
@@ -122,8 +129,14 @@ class Recorder:
     def hists(self) -> dict[str, HdrHistogram]:
         return {m: _sync(h) for m, h in self._hists.items()}
 
-    def failure(self, kind: str) -> None:
+    def failure(self, kind: str, waited: float | None = None, streamed: bool = False) -> None:
+        """One failed request of `kind`; `waited`: what it counts as in the all-requests histograms (failed_at:
+        its timeout, or the time it failed if later), also as its TTFT when the run streams (no answer came)."""
         self.errors[kind] = self.errors.get(kind, 0) + 1
+        if waited is not None:
+            add(self._hists["all_e2e"].counts, waited)
+            if streamed:
+                add(self._hists["all_ttft"].counts, waited)
 
     def counts(self, metric: str) -> ctypes.Array:
         """The bucket counts of one metric's histogram (the native sender adds to them in place)."""
@@ -198,8 +211,21 @@ class Recorder:
             for name, q in (("p50", 50), ("p90", 90), ("p99", 99), ("p999", 99.9)):
                 v = self.percentile_ms(m, q)
                 if v is not None:
-                    out[f"{name}_ms" if m == "e2e" else f"{m}_{name}_ms"] = round(v, 3)
+                    out[f"{key_prefix(m)}{name}_ms"] = round(v, 3)
         return out
+
+
+def key_prefix(metric: str) -> str:
+    """What a metric's percentile keys start with: e2e '' (p99_ms), all_e2e 'all_' (all_p99_ms), ttft 'ttft_',
+    all_ttft 'all_ttft_'."""
+    if metric in ("e2e", "all_e2e"):
+        return metric.removesuffix("e2e")
+    return f"{metric}_"
+
+
+def failed_at(timeout: float, since_intended: float) -> float:
+    """What a failed request counts as in the all-requests histograms: its timeout, or its time if later."""
+    return max(timeout, since_intended)
 
 
 def _share(n: int, scheduled: int) -> float:

@@ -22,7 +22,7 @@
 
 enum { API_HTTP, API_OPENAI, API_CHAT, API_TRITON };
 enum { E_TIMEOUT, E_CONNECT, E_HTTP, E_STREAM, E_OTHER, E_N };  /* the order of native.ERRORS */
-enum { M_E2E, M_SERVICE, M_TTFT, M_ITL, M_TPOT, M_N };           /* the order of recorder.METRICS */
+enum { M_E2E, M_SERVICE, M_TTFT, M_ITL, M_TPOT, M_ALL_E2E, M_ALL_TTFT, M_N }; /* the order of recorder.METRICS */
 enum { S_DEAD, S_IDLE, S_BUSY };
 enum { C_SIZE, C_DATA, C_CRLF, C_TRAILER };
 
@@ -179,8 +179,17 @@ static conn *take(ck *c) { /* an idle (or reconnecting) connection; NULL when no
     return k;
 }
 
-static void fail(ck *c, conn *k, int err) {
+/* a failed request in the all-requests histograms: at its timeout, or its time if later (recorder.failed_at) */
+static void count_failure(ck *c, int err, double intended) {
+    double waited = mono() - intended;
+    if (waited < c->cfg.timeout) waited = c->cfg.timeout;
     c->st.errors[err]++;
+    add(c, M_ALL_E2E, waited);
+    if (c->cfg.stream && c->cfg.api != API_HTTP) add(c, M_ALL_TTFT, waited);
+}
+
+static void fail(ck *c, conn *k, int err) {
+    count_failure(c, err, k->intended);
     drop(c, k);
 }
 
@@ -211,7 +220,7 @@ static int send_one(ck *c, double intended) {
     if (late > LATE_S) c->st.late++;
     if (late > c->st.max_late) c->st.max_late = late;
     if (k->state == S_DEAD && dial(c, k) < 0) {
-        c->st.errors[E_CONNECT]++;
+        count_failure(c, E_CONNECT, intended);
         c->idle[c->n_idle++] = k;
         return 1;
     }
@@ -368,11 +377,13 @@ static void finish(ck *c, conn *k, double now) {
     if (!sse && tokens < 1) tokens = 1;
     double end = sse && k->events ? k->last : now, e2e = end - k->intended, ttft = -1, max_gap = 0;
     add(c, M_E2E, e2e);
+    add(c, M_ALL_E2E, e2e);
     add(c, M_SERVICE, end - k->sent);
     int good = !(f->slo[0] > 0 && e2e > f->slo[0]);
     if (sse && k->events) {
         ttft = k->first - k->intended;
         add(c, M_TTFT, ttft);
+        add(c, M_ALL_TTFT, ttft);
         if (tokens > 1) {
             double tpot = (e2e - ttft) / (double)(tokens - 1);
             add(c, M_TPOT, tpot);

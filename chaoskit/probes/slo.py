@@ -8,7 +8,11 @@ response header's value (e.g. the replica a gateway picked): `p99_ms[triton-0]`,
 Each error kind (recorder.ERROR_KINDS) is measured as `errors.KIND` (count) and `error_share.KIND` (of the
 requests answered or failed), e.g. `expect: {error_share: {stream_truncated: "0.2..0.4"}}`.
 Rates and shares divide by what the schedule held for the sample (`scheduled`): `completed_ratio` (ok answers),
-`sent_on_time_ratio` (sends within 1 ms of their intended time), `completed_rps` (ok answers per second)."""
+`sent_on_time_ratio` (sends within 1 ms of their intended time), `completed_rps` (ok answers per second).
+Percentiles come two ways: `p99_ms`, `ttft_p99_ms` ... over the successful requests only (a service failing
+half its requests fast can look fast there), and `all_p99_ms`, `all_ttft_p99_ms` over every request that
+ended, a failed or timed-out one counting at `load.timeout` (or the time it failed, if later): the key for
+"users waited less than", since a failure never answers sooner than the user gives up."""
 
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ from chaoskit.probes.base import Probe, ProbeSpecBase
 from chaoskit.probes.continuous import Continuous
 
 _PCT = ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
-_PCTS = (*_PCT, *(f"{m}_{p}" for m in ("service", "ttft", "itl", "tpot") for p in _PCT))
+_OK_PCTS = (*_PCT, *(f"{m}_{p}" for m in ("service", "ttft", "itl", "tpot") for p in _PCT))  # successes only
+_ALL_PCTS = tuple(f"all_{p}" for p in (*_PCT, *(f"ttft_{q}" for q in _PCT)))  # every request, failures at timeout
+_PCTS = (*_OK_PCTS, *_ALL_PCTS)
 _GROUP_KEYS = (*_PCTS, "requests", "ok", "error_rate", "goodput_rps", "output_tokens")  # known of each answer
 _KEYS = (*_GROUP_KEYS, "scheduled", "sent", "sent_on_time", "sent_on_time_ratio", "completed_ratio", "completed_rps",
          "achieved_rps", "requested_rps", "late_sends", "late_share", "errors.", "error_share.")
@@ -233,6 +239,9 @@ class SloProbe(Probe, Continuous):
         if name not in _PCTS:
             return "not measured"
         at = f"[{group}]" if group else ""
+        if name in _ALL_PCTS:
+            return (f"not measured: no request{f' to {group}' if group else ''} ended in this sample "
+                    f"(requests{at} {values.get(f'requests{at}', 0)})")
         return (f"not measured: no answer{f' from {group}' if group else ''} completed successfully in this sample "
                 f"(requests{at} {values.get(f'requests{at}', 0)}, ok{at} {values.get(f'ok{at}', 0)})")
 

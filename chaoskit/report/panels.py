@@ -15,10 +15,12 @@ from chaoskit.report.view import RunView
 
 PHASE_LABEL = {"hypothesis_before": "before", "method": "method", "rollback": "rollback",
                "hypothesis_after": "after", "preflight": "preflight"}
-HEADLINE = ("percentiles (ms)", "error_rate", "goodput_rps", "latency_ms", "value", "rate", "count",
+ALL_PCT, OK_PCT = "percentiles (ms, all requests)", "percentiles (ms)"  # all_p99_ms ...; p99_ms ... (successes only)
+HEADLINE = (ALL_PCT, OK_PCT, "error_rate", "goodput_rps", "latency_ms", "value", "rate", "count",
             "memory_used_share", "exit_code", "duration_ms")
 MAX_EXTRA_PANELS = 24
-_PCT = re.compile(r"^(?P<prefix>(?:[a-z]+_)?)p(?:50|90|99|999)_(?P<unit>ms|us)$")
+_PCT = re.compile(r"^(?P<all>all_)?(?P<prefix>(?:[a-z]+_)?)p(?:50|90|99|999)_(?P<unit>ms|us)$")
+SUCCESSES_ONLY = ", successes only"  # the title of a successes-only percentile panel beside an all-requests one
 _GROUP = re.compile(r"^(?P<key>[^\[\]]+)\[(?P<group>[^\[\]]+)\]$")
 
 
@@ -37,12 +39,26 @@ def number(value: Any) -> float | None:
 
 
 def family(key: str) -> str:
-    """Keys drawn in one panel: p50/p90/p99/p999 of one kind together, each group_by key across its groups."""
+    """Keys drawn in one panel: p50/p90/p99/p999 of one kind together (all_p99_ms, the all-requests view, apart
+    from p99_ms, the successes-only one), each group_by key across its groups."""
     if m := _GROUP.match(key):
         return f"{m.group('key')} by group"
     if m := _PCT.match(key):
-        return f"{m.group('prefix')}percentiles ({m.group('unit')})"
+        return f"{m.group('prefix')}percentiles ({m.group('unit')}{', all requests' if m.group('all') else ''})"
     return key
+
+
+def headline(families: dict[str, list[str]]) -> list[str]:
+    """The panels shown without being expected: the all-requests percentiles take the place of the
+    successes-only ones (those move to the other panels; a journal without all_* keys still heads with them)."""
+    return [f for f in HEADLINE if f in families and not (f == OK_PCT and ALL_PCT in families)]
+
+
+def panel_title(fam: str, families: dict[str, list[str]]) -> str:
+    """A successes-only percentile panel says so when its all-requests counterpart is measured too."""
+    if fam.endswith(")") and fam.replace(")", ", all requests)") in families:
+        return fam[:-1] + SUCCESSES_ONLY + ")"
+    return fam
 
 
 def baseline_of(view: RunView, probe: str, key: str) -> float | None:
@@ -78,11 +94,11 @@ def panels_for(view: RunView, probe: str) -> tuple[list[Panel], list[Panel]]:
     for k in keys:
         families.setdefault(family(k), []).append(k)
     main = [f for f in families if any(k in expect for k in families[f])]
-    main += [f for f in HEADLINE if f in families and f not in main]
+    main += [f for f in headline(families) if f not in main]
     extra = [f for f in families if f not in main][:MAX_EXTRA_PANELS]
     guards = [rule for g in view.safeguards if g.probe == probe for rule in g.rules]
-    return ([_panel(view, probe, f, families[f], samples, expect, guards) for f in main],
-            [_panel(view, probe, f, families[f], samples, expect, guards) for f in extra])
+    return ([_panel(view, probe, f, families, samples, expect, guards) for f in main],
+            [_panel(view, probe, f, families, samples, expect, guards) for f in extra])
 
 
 def mark_state(sample: Sample, key: str, tol: Tolerance | None, baseline: float | None) -> str:
@@ -94,9 +110,9 @@ def mark_state(sample: Sample, key: str, tol: Tolerance | None, baseline: float 
     return "ok" if tol.check(sample.values[key], baseline)[0] else "fail"
 
 
-def _panel(view: RunView, probe: str, fam: str, keys: list[str], samples: list[Sample],
+def _panel(view: RunView, probe: str, fam: str, families: dict[str, list[str]], samples: list[Sample],
            expect: dict[str, Tolerance], guards: list[RuleRecord]) -> Panel:
-    t0 = view.started
+    t0, keys = view.started, families[fam]
     series, lines = [], []
     for key in keys:
         tol, base = expect.get(key), baseline_of(view, probe, key)
@@ -113,8 +129,7 @@ def _panel(view: RunView, probe: str, fam: str, keys: list[str], samples: list[S
     for rule in guards:
         if rule.metric in keys and rule.value is not None:
             lines.append(Line(rule.value, f"abort if {rule.text}", "safeguard"))
-    title = fam if len(keys) > 1 or fam != keys[0] else keys[0]
-    return Panel(title, series, lines)
+    return Panel(panel_title(fam, families), series, lines)
 
 
 def _title(s: Sample, t0: float, key: str, value: float | None) -> str:

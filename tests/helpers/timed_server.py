@@ -4,6 +4,7 @@ stall PORT S T      every request that arrives while (now - start) mod T < S wai
 sse PORT TTFT ITL N an OpenAI streaming completion: first token after TTFT ms, then one every ITL ms, N tokens
 errors PORT EVERY   every EVERY-th request is answered 500, the others 200 at once; GET /_stats (not counted)
                     answers {"requests": N, "errors": E} so far
+hang PORT EVERY     every EVERY-th request is never answered (the client times out), the others 200 at once
 """
 
 from __future__ import annotations
@@ -76,10 +77,24 @@ def errors_app(every: int) -> web.Application:
     return app
 
 
+def hang_app(every: int) -> web.Application:
+    seen = [0]
+
+    async def handle(_: web.Request) -> web.Response:
+        seen[0] += 1
+        if seen[0] % every == 0:
+            await asyncio.Event().wait()
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
 def main(argv: list[str]) -> None:
     mode, port = argv[0], int(argv[1])
     app = stall_app(float(argv[2]), float(argv[3])) if mode == "stall" else \
-        errors_app(int(argv[2])) if mode == "errors" else sse_app(float(argv[2]), float(argv[3]), int(argv[4]))
+        errors_app(int(argv[2])) if mode == "errors" else hang_app(int(argv[2])) if mode == "hang" else sse_app(float(argv[2]), float(argv[3]), int(argv[4]))
 
     async def serve() -> None:
         runner = web.AppRunner(app, access_log=None)

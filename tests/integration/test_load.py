@@ -125,3 +125,16 @@ def test_a_server_that_hangs_up_before_answering_is_counted_not_crashed(load_sen
     finally:
         stop()
     assert s["ok"] == 0 and s["errors"] == {"other": 50}
+
+
+def test_all_requests_percentiles_count_timeouts_at_the_timeout(server, load_sender):
+    """Every 2nd request is never answered: the successes-only p99 stays that of a fast server, the
+    all-requests p99 (all_p99_ms) is at least the 0.3 s timeout, so the failures cannot hide."""
+    port = server("hang", "2")
+    s = asyncio.run(run_load(LoadSpec(url=f"http://127.0.0.1:{port}/", rate=100, duration=1, arrival="constant",
+                                      timeout=0.3, sender=load_sender)))
+    print(f"\n{load_sender}: error_rate {s['error_rate']:.2f}, p99_ms {s['p99_ms']}, all_p99_ms {s['all_p99_ms']}, "
+          f"all_p50_ms {s['all_p50_ms']}")
+    assert 0.45 <= s["error_rate"] <= 0.55 and set(s["errors"]) == {"timeout"}
+    assert s["p99_ms"] < 100 and s["all_p99_ms"] >= 300 and s["all_p90_ms"] >= 300
+    assert "all_ttft_p99_ms" not in s  # nothing streamed: no TTFT of any request

@@ -137,6 +137,8 @@ def test_sparkline():
 def test_families_and_thresholds():
     assert family("p99_ms") == family("p50_ms") == "percentiles (ms)"
     assert family("ttft_p99_ms") == "ttft_percentiles (ms)"
+    assert family("all_p99_ms") == "percentiles (ms, all requests)"
+    assert family("all_ttft_p50_ms") == "ttft_percentiles (ms, all requests)"
     assert family("p99_ms[triton-0]") == family("p99_ms[triton-1]") == "p99_ms by group"
     assert family("error_rate") == "error_rate"
     assert thresholds(parse_tolerance("< 950"), None) == [(950.0, "< 950")]
@@ -206,6 +208,19 @@ def test_report_panels_from_journal_events():
     pct = main[0]
     p99 = next(s for s in pct.series if s.key == "p99_ms")
     assert [m.state for m in p99.marks] == ["ok", "ok", "fail", "ok"]  # 800 < 950 holds; 990 (grace) does not
+
+
+def test_the_all_requests_percentiles_head_the_report():
+    """With all_* keys the headline percentile panel is the all-requests one; the successes-only one moves to
+    the other panels and says what it is."""
+    lines = _journal()
+    for line in lines:
+        if line["event"] == "sample":
+            line["values"].update(all_p50_ms=12.0, all_p99_ms=800.0)
+    lines[0]["expect"] = {"sla": {"error_rate": {"kind": "cmp", "op": "<", "value": 0.01}}}
+    main, extra = panels_for(run_view(_events(lines)), "sla")
+    assert [p.title for p in main][:2] == ["error_rate", "percentiles (ms, all requests)"]
+    assert "percentiles (ms, successes only)" in [p.title for p in extra]
 
 
 def test_the_last_run_of_a_journal_written_twice():

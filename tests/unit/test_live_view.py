@@ -58,3 +58,15 @@ def test_the_live_view_keeps_only_the_latest_samples_but_counts_all():
         view(_sample(float(i), "during", "fail" if i % 2 else "ok", float(i)))
     assert len(view.history("api")) == HISTORY and view.history("api")[-1].t == HISTORY + 9
     assert view.view.counts["api"]["during"] == (HISTORY + 10, (HISTORY + 10) // 2)
+
+
+def test_the_live_view_follows_the_all_requests_p99_beside_the_judged_key():
+    view = LiveView(Console(file=io.StringIO()), "exp", {"sla": ["error_rate"]})
+    for t, (p99, all_p99, rate) in enumerate(((12.0, 15.0, 0.0), (12.071, 800.0, 0.48))):
+        view(Sample(t=float(t), probe="sla", phase="during", verdict="ok", duration_ms=1.0,
+                    values={"p99_ms": p99, "all_p99_ms": all_p99, "error_rate": rate}))
+    text = _text(view)
+    assert "error_rate " in text and "all_p99_ms " in text and " 800" in text
+    alone = LiveView(Console(file=io.StringIO()), "exp")  # nothing judged: the all-requests p99 is the one
+    alone(Sample(t=1.0, probe="sla", phase="during", verdict="ok", values={"sent": 5, "all_p99_ms": 7.0}))
+    assert alone._key("sla") == "all_p99_ms" and _text(alone).count("all_p99_ms ") == 1

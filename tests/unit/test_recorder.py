@@ -102,3 +102,26 @@ def test_auto_picks_the_native_sender_for_http_where_a_compiler_exists():
     native_sender_or_skip()
     assert native.choose(LoadSpec(url="http://127.0.0.1:9", api="openai", model="m", rate=1, duration=1)) == "native"
     assert native.choose(LoadSpec(url="https://127.0.0.1:9", api="openai", model="m", rate=1, duration=1)) == "python"
+
+
+def test_all_requests_percentiles_count_a_failure_at_its_timeout_or_later():
+    """Successes go to both views; a failure only to all_* (and all_ttft when the run streams), at what
+    failed_at says: its timeout, or its time if later. Groups and merges carry them like the others."""
+    from chaoskit.load.recorder import failed_at
+
+    rec = Recorder()
+    for i in range(100):
+        if i % 2:
+            rec.failure("timeout", failed_at(2.0, 0.5 if i < 90 else 3.0), streamed=True)
+        else:
+            rec.success(0.01, 0.01, 0.005, [], 1, True)
+    merged = Recorder()
+    merged.merge(rec.to_json())
+    s = merged.summary(100, 1.0, scheduled=100)
+    assert s["p99_ms"] < 11 and s["ttft_p99_ms"] < 6 and s["error_rate"] == 0.5
+    assert s["all_p50_ms"] < 11 and 2000 <= s["all_p90_ms"] < 2010 and s["all_p99_ms"] >= 3000
+    assert s["all_ttft_p50_ms"] < 6 and s["all_ttft_p90_ms"] == s["all_p90_ms"] and s["all_ttft_p99_ms"] >= 3000
+    plain = Recorder()
+    plain.failure("connect", 1.0)  # not streamed: no TTFT for it; and a kind alone counts in no histogram
+    plain.failure("other")
+    assert "all_ttft_p50_ms" not in plain.summary(1, 1, 2) and plain.hists["all_e2e"].get_total_count() == 1
