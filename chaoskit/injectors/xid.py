@@ -12,9 +12,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.base import FaultContext, Injector, RevertRecord
+from chaoskit.injectors.base import NODE_EXECUTORS, FaultContext, Injector, NodeHelper, RevertRecord
 from chaoskit.model.types import Duration, StrictModel
 from chaoskit.probes.kernel_log import KmsgTail
+from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import GpuTarget
 
 KMSG = "/dev/kmsg"
@@ -97,6 +98,10 @@ class XidSpec(StrictModel):
     count: int = Field(1, ge=1, le=100, description="how many lines to write")
     interval: Duration = Field(0.0, ge=0, le=60, description="pause between repeated lines")
     level: int = Field(DRIVER_LEVEL, ge=0, le=7, description="kernel log priority (4 = warning, as the driver)")
+    kubernetes: KubeNodeSelector | None = Field(None, description="the node of each chosen pod: the line goes to "
+                                                "that node's kernel log, through a helper pod, naming the pod's GPU "
+                                                "(`device`: its index among the container's GPUs, default 0; or "
+                                                "pci_bus_id as the node sees it)")
 
     @field_validator("pci_bus_id")
     @classmethod
@@ -124,6 +129,8 @@ class XidSpec(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> XidSpec:
+        if self.kubernetes is not None and self.pci_bus_id is None and self.device is None:
+            self.device = 0  # the container's first GPU
         if (self.pci_bus_id is None) == (self.device is None):
             raise ValueError("give exactly one of pci_bus_id (e.g. 0000:3b:00.0) or device (index or UUID)")
         if self.message is None and self.xid not in XID_MESSAGES:
@@ -203,6 +210,10 @@ class XidRecord(RevertRecord):
 
 class XidEvent(Injector):
     type: ClassVar[str] = "gpu.xid"
+    executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
+    target_field: ClassVar[str | None] = "kubernetes"
+    # the node's kernel log: written through the host's /dev/kmsg, read back (CAP_SYSLOG) to confirm each line
+    node_helper: ClassVar[NodeHelper] = NodeHelper(capabilities=("SYSLOG",), host_paths=("/dev/kmsg",))
     Record = XidRecord
     summary: ClassVar[str] = "write NVIDIA driver XID lines for a GPU to the kernel log (an event: nothing to revert)"
     Spec = XidSpec
@@ -211,6 +222,16 @@ class XidEvent(Injector):
     def __init__(self, spec: XidSpec, ctx: FaultContext | None = None):
         super().__init__(spec, ctx)
         self._bus: str | None = None
+
+    @classmethod
+    def on_node(cls, spec: dict[str, Any], container_id: str) -> dict[str, Any]:
+        """The spec on a pod's node: a pci_bus_id as given; a `device` becomes the node's name for the container's
+        GPU (as gpu.memory_pressure does)."""
+        from chaoskit.injectors.gpu import GpuMemoryPressure
+
+        if spec.get("pci_bus_id") is not None:
+            return {k: v for k, v in spec.items() if k != "kubernetes"}
+        return GpuMemoryPressure.on_node(spec, container_id)
 
     def bus_id(self) -> str:
         """The GPU's bus id, `dddd:bb:dd.f`; a `device` is resolved through NVML once."""

@@ -20,8 +20,8 @@ from chaoskit.probes.base import Probe, ProbeSpecBase
 from chaoskit.probes.kube import pod_counts
 from chaoskit.targets.kube import KubeCluster, api_client, resolve_cluster
 
-NODE_KEYS = ("nodes", "ready", "not_ready", "cordoned", "tainted", "gpu_allocatable", "gpu_allocated", "gpu_free",
-             "device_taints", "pods", "pods_ready", "pods_on_nodes")
+NODE_KEYS = ("nodes", "ready", "not_ready", "cordoned", "tainted", "flagged", "gpu_allocatable", "gpu_allocated",
+             "gpu_free", "device_taints", "pods", "pods_ready", "pods_on_nodes")
 COUNTED = ("condition.", "taint.")  # a condition or taint named in expect or a stage but on no node counts 0
 SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")
 
@@ -34,6 +34,10 @@ class KubeNodes(KubeCluster):
     pods: dict[str, Any] | None = Field(None, description="{namespace, selector}: pods counted (pods, pods_ready) "
                                         "and where they run (pods_on_nodes: on the chosen nodes)")
     gpu_resource: str = Field("nvidia.com/gpu", min_length=1, description="the extended resource counted as GPUs")
+    problem_conditions: list[str] = Field(default_factory=list, description="node condition types that mean a GPU "
+                                          "problem (your health pipeline's): `flagged` counts nodes with one True")
+    problem_taints: list[str] = Field(default_factory=list, description="taint keys that mean a GPU problem: "
+                                      "`flagged` counts nodes carrying one too")
 
     @model_validator(mode="after")
     def _one(self) -> Self:
@@ -149,9 +153,17 @@ def _since(ts: Any, now: float) -> float | None:
     return None
 
 
-def node_values(nodes: list[Any], gpu: str, counted: set[str], now: float) -> dict[str, Any]:
-    """Counts over the nodes: ready, cordoned, tainted, per condition type and taint key, GPUs allocatable."""
-    out: dict[str, Any] = {"nodes": len(nodes), "ready": 0, "cordoned": 0, "tainted": 0, "gpu_allocatable": 0}
+def flagged(node: Any, target: KubeNodes) -> bool:
+    """A problem condition True or a problem taint on the node (the target's lists)."""
+    return any(c.type in target.problem_conditions and c.status == "True" for c in node.status.conditions or []) \
+        or any(t.key in target.problem_taints for t in node.spec.taints or [])
+
+
+def node_values(nodes: list[Any], target: KubeNodes, counted: set[str], now: float) -> dict[str, Any]:
+    """Counts over the nodes: ready, cordoned, tainted, flagged, per condition type and taint key, GPUs."""
+    gpu = target.gpu_resource
+    out: dict[str, Any] = {"nodes": len(nodes), "ready": 0, "cordoned": 0, "tainted": 0, "gpu_allocatable": 0,
+                           "flagged": sum(flagged(n, target) for n in nodes)}
     out.update({k: 0 for k in counted})
     for n in nodes:
         conds = n.status.conditions or []
@@ -238,7 +250,7 @@ class KubeNodesProbe(Probe):
         target, core, now = self.spec.target.kubernetes, client.CoreV1Api(self._api()), time.time()
         nodes = self._nodes(core)
         names = {n.metadata.name for n in nodes}
-        out = node_values(nodes, target.gpu_resource, self.spec.counted_keys(), now)
+        out = node_values(nodes, target, self.spec.counted_keys(), now)
         on_nodes = [p for name in sorted(names) for p in core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={name}").items if p.status.phase not in ("Succeeded", "Failed")]
         out["gpu_allocated"] = sum(gpus_requested(p, target.gpu_resource) for p in on_nodes)

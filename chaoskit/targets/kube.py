@@ -60,6 +60,8 @@ class KubeSelector(KubePods):
     mode: Mode = Field("one", description="one pod, all, a fixed number (value) or a percent (value) of them")
     value: float | None = Field(None, description="for fixed: how many pods; for percent: which share")
     seed: int = Field(0, description="the choice among matching pods is the same for the same seed")
+    node: str | None = Field(None, min_length=1, description="only the matching pods on this node (e.g. a GPU "
+                                                              "node whose health pipeline is under test)")
 
     @model_validator(mode="after")
     def _value_fits_mode(self) -> Self:
@@ -184,9 +186,10 @@ def running_pods(core: Any, target: KubePods) -> list[Any]:
 
 def choose(core: Any, target: KubeSelector) -> list[Placement]:
     """The placements the target means now; PreflightError if nothing (or too little) matches."""
-    pods = running_pods(core, target)
+    pods = [p for p in running_pods(core, target) if target.node is None or p.spec.node_name == target.node]
     if not pods:
-        raise PreflightError(f"kubernetes: no Running pod matches {target.describe()}")
+        on = f" on node {target.node}" if target.node else ""
+        raise PreflightError(f"kubernetes: no Running pod matches {target.describe()}{on}")
     k = how_many(target.mode, target.value, len(pods))
     if k > len(pods):
         raise PreflightError(f"kubernetes: mode fixed asks for {k} pods but only {len(pods)} Running pods match "

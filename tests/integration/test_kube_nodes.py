@@ -56,12 +56,13 @@ def test_counts_of_the_selected_nodes(api, tmp_path):
         {"name": "gpu-0", "taints": [{"key": "xid", "effect": "NoExecute"}]}, {"name": "gpu-1"}]}},
         {"spec": {"nodeName": "cpu-a", "devices": [{"name": "x", "taints": [{"key": "t", "effect": "NoSchedule"}]}]}}]
     cordon(api, "gpu-a", "GpuXid")
-    p = probe(tmp_path, target={"selector": {"pool": "gpu"}, "pods": {"namespace": "prod", "selector": {"app": "llm"}}},
+    p = probe(tmp_path, target={"selector": {"pool": "gpu"}, "pods": {"namespace": "prod", "selector": {"app": "llm"}},
+                                "problem_conditions": ["GpuXid"], "problem_taints": ["other/key"]},
               expect={"condition": {"GpuXid": "== 0", "NotThere": "== 0"}, "taint": {"absent.example/key": "== 0"}})
     v = measure(p)
     age = v.pop("condition_age_s.GpuXid")
     assert age > 0 and v.pop("condition_age_s.Ready") > age
-    assert v == {"nodes": 2, "ready": 2, "not_ready": 0, "cordoned": 1, "tainted": 1, "gpu_allocatable": 16,
+    assert v == {"nodes": 2, "ready": 2, "not_ready": 0, "cordoned": 1, "tainted": 1, "flagged": 1, "gpu_allocatable": 16,
                  "gpu_allocated": 3, "gpu_free": 13, "condition.Ready": 2, "condition.GpuXid": 1,
                  "condition.NotThere": 0, "taint.nvidia.com/gpu-xid": 1, "taint.absent.example/key": 0,
                  "pods": 2, "pods_ready": 2, "pods_on_nodes": 2, "device_taints": 1,
