@@ -18,6 +18,8 @@ import pytest
 
 pb = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
 
+from chaoskit.injectors.base import FaultContext  # noqa: E402
+from chaoskit.injectors.flood import Flood  # noqa: E402
 from chaoskit.injectors.llm_proxy import LlmProxy, stats_of  # noqa: E402
 from chaoskit.load.runner import run_load  # noqa: E402
 from chaoskit.load.spec import LoadSpec  # noqa: E402
@@ -155,6 +157,23 @@ def test_the_load_generator_sends_the_environments_traceparent_on_every_request(
     _Upstream.seen = []
     asyncio.run(run_load(spec.model_copy(update={"duration": 0.1})))
     assert _Upstream.seen == [None, None]  # tracing off: no header
+
+
+def test_load_flood_sends_the_runs_traceparent_from_its_helper(upstream, monkeypatch):
+    """The flood's helper and its senders inherit the environment a traced run set (native sender: auto)."""
+    monkeypatch.setenv("TRACEPARENT", TRACEPARENT)
+    spec = Flood.Spec.model_validate({"type": "load.flood", "load": {
+        "url": upstream, "api": "openai", "model": "m", "rate": 50, "arrival": "constant"}})
+    inj = Flood(spec, FaultContext(lifetime_s=60))
+    record = inj.apply(inj.prepare())
+    try:
+        deadline = time.monotonic() + 20
+        while len(_Upstream.seen) < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        Flood.revert(record)
+    assert set(_Upstream.seen) == {TRACEPARENT[:-2] + "01"}
 
 
 PROXIED = """\
