@@ -8,7 +8,8 @@ event leaving at its own time on a timerfd (asyncio's timers round to 1 ms): cha
 Started by chaoskit.injectors.proxy_proc (`proxy_proc.py TOKEN chaoskit.injectors.llm_proxy_server LISTEN UPSTREAM
 CONFIG_JSON UNTIL_EPOCH`), which listens, says `ready` and calls helper_main with the socket. `GET /chaoskit/metrics` (Prometheus text) and `/chaoskit/stats` (JSON) are its own.
 In a traced run (CHAOSKIT_OTLP_ENDPOINT set) a request with faults drawn and a sampled traceparent gets a child
-span per fault (chaoskit.injectors.llm_proxy_trace, imported only then; the SDK in a thread of its own)."""
+span with one per fault under it, and goes upstream with that span as its parent (chaoskit.injectors.
+llm_proxy_trace, imported only then; the SDK in a thread of its own)."""
 
 from __future__ import annotations
 
@@ -184,8 +185,8 @@ class Downstream(asyncio.Protocol):
         plan = px.faults.plan(req) if px.any_faults else None
         ex = self.ex = Exchange(self, req, raw, keep, plan)
         if plan is not None:
-            if px.tracer is not None:
-                ex.trace = px.tracer.begin(req, plan)
+            if px.tracer is not None and (trace := px.tracer.begin(req, plan)) is not None:
+                ex.trace, ex.raw = trace, trace.propagate(raw)
             if plan.local is not None:
                 ex.local(plan.local)
                 return

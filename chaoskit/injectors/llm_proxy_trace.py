@@ -1,15 +1,22 @@
-"""llm.proxy's fault spans: for a request whose traceparent asks for sampling, one child span per fault drawn for it
-(kind, share, whether its effect happened, what it cut or delayed); imported only when the run is traced."""
+"""llm.proxy's fault spans: a request with faults drawn whose traceparent asks for sampling gets a span (a child of
+that traceparent, and the parent the request goes upstream with: its traceparent is rewritten) and under it one
+span per fault drawn (kind, share, whether its effect happened, what it cut or delayed). Imported only when the
+run is traced."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import random
+import re
 import time
 from typing import Any
 
 from chaoskit.injectors.llm_proxy_faults import Fault, FaultTable, Plan, Request
 from chaoskit.injectors.proxy_trace import SpanRecord, SpanSink, incoming, scalar_params
+from chaoskit.load.traceparent import format_header
+
+_TRACEPARENT = re.compile(rb"(\r\ntraceparent[ \t]*:)[^\r\n]*", re.IGNORECASE)
 
 
 class Counted:
@@ -37,8 +44,15 @@ class RequestTrace:
 
     trace_id: int
     parent_id: int
+    span_id: int  # the request's span in the proxy: the parent it goes upstream with
     start_ns: int
     counted: dict[str, Counted]
+
+    def propagate(self, raw: bytes) -> bytes:
+        """The request as it goes upstream: its traceparent names the proxy's span (the upstream's spans of it
+        nest under it, beside the faults')."""
+        value = b" " + format_header(self.trace_id, self.span_id).encode()
+        return _TRACEPARENT.sub(lambda m: m.group(1) + value, raw, count=1)
 
 
 class LlmTracer:
@@ -47,6 +61,7 @@ class LlmTracer:
     def __init__(self, sink: SpanSink, faults: FaultTable):
         self.sink = sink
         self.by_name = {f.name: f for f in faults.faults}
+        self.ids = random.Random()  # seeded from the OS: span ids, not the faults' seeded draws
 
     @classmethod
     def from_env(cls, faults: FaultTable) -> LlmTracer | None:
@@ -68,10 +83,10 @@ class LlmTracer:
         if plan.local is not None and isinstance(plan.local.fault, Fault):
             counted[plan.local.fault.name] = Counted(plan.local.fault)
             plan.local.fault = counted[plan.local.fault.name]  # type: ignore[assignment]
-        return RequestTrace(ctx[0], ctx[1], time.time_ns(), counted)
+        return RequestTrace(ctx[0], ctx[1], self.ids.getrandbits(64) or 1, time.time_ns(), counted)
 
     def end(self, t: RequestTrace, req: Request, plan: Plan, events: Any, client_gone: bool) -> None:
-        """The exchange is over: a span per fault drawn for it."""
+        """The exchange is over: its span, with one per fault drawn under it."""
         end = time.time_ns()
         common: dict[str, Any] = {"chaoskit.proxy": "llm.proxy", "http.request.method": req.method.decode("latin-1"),
                                   "url.path": req.path, "chaoskit.proxy.client_gone": client_gone,
@@ -82,14 +97,18 @@ class LlmTracer:
             common.update({"chaoskit.proxy.tokens_forwarded": events.tokens,
                            "chaoskit.proxy.delay_added_s": round(events.shift, 6),
                            "chaoskit.proxy.cut": bool(events.stopped), "chaoskit.proxy.stalled": bool(events.frozen)})
+        children = []
         for name in plan.names:
             f = self.by_name.get(name)
             if f is None:
                 continue
             c = t.counted.get(name)
-            attrs = {**common, "chaoskit.fault.name": name, "chaoskit.fault.type": f.type,
-                     "chaoskit.fault.share": f.share, "chaoskit.fault.applied": bool(c and c.hits),
-                     **scalar_params("chaoskit.fault.param.", f.params)}
+            attrs = {"chaoskit.fault.name": name, "chaoskit.fault.type": f.type, "chaoskit.fault.share": f.share,
+                     "chaoskit.fault.applied": bool(c and c.hits), **scalar_params("chaoskit.fault.param.", f.params)}
             if f.type == "delay" and c and c.hits:
                 attrs["chaoskit.proxy.delay_s"] = round(plan.delay_s, 6)
-            self.sink.add(SpanRecord(f"llm.proxy {f.type}", t.trace_id, t.parent_id, t.start_ns, end, attrs))
+            children.append(SpanRecord(f"llm.proxy {f.type}", t.trace_id, t.span_id, t.start_ns, end, attrs))
+        common["chaoskit.proxy.applied"] = ",".join(r.attributes["chaoskit.fault.name"] for r in children
+                                                    if r.attributes["chaoskit.fault.applied"])
+        self.sink.add(SpanRecord("llm.proxy request", t.trace_id, t.parent_id, t.start_ns, end, common, t.span_id,
+                                 tuple(children)))

@@ -22,7 +22,8 @@ KEEP = 10_000  # records waiting at most (a dead endpoint drops the oldest, neve
 
 @dataclass(frozen=True)
 class SpanRecord:
-    """One span to export: a child of the request's traceparent (trace id, parent span id), times in ns."""
+    """One span to export: a child of the request's traceparent (trace id, parent span id), times in ns; its own
+    span id when one was chosen already (sent upstream), and its children (their trace and parent are its)."""
 
     name: str
     trace_id: int
@@ -30,6 +31,8 @@ class SpanRecord:
     start_ns: int
     end_ns: int
     attributes: dict[str, Any]
+    span_id: int | None = None
+    children: tuple[SpanRecord, ...] = ()
 
 
 def incoming(value: str | None) -> tuple[int, int] | None:
@@ -119,6 +122,17 @@ def _exporter(url: str, service: str, timeout_s: float):  # noqa: ANN202 (the SD
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import SpanExportResult
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class Preset(RandomIdGenerator):
+        """The span id a record chose (the one its request went upstream with), else a random one."""
+
+        def __init__(self) -> None:
+            self.next: int | None = None
+
+        def generate_span_id(self) -> int:
+            chosen, self.next = self.next, None
+            return chosen or super().generate_span_id()
 
     class Collect(SpanProcessor):
         def __init__(self) -> None:
@@ -127,20 +141,26 @@ def _exporter(url: str, service: str, timeout_s: float):  # noqa: ANN202 (the SD
         def on_end(self, span: ReadableSpan) -> None:
             self.spans.append(span)
 
-    collect = Collect()
-    provider = TracerProvider(resource=Resource.create({"service.name": service}), shutdown_on_exit=False)
+    collect, ids = Collect(), Preset()
+    provider = TracerProvider(resource=Resource.create({"service.name": service}), id_generator=ids,
+                              shutdown_on_exit=False)
     provider.add_span_processor(collect)
     tracer = provider.get_tracer("chaoskit.proxy")
     exporter = OTLPSpanExporter(endpoint=url, timeout=timeout_s)
     sampled = trace.TraceFlags(trace.TraceFlags.SAMPLED)
 
+    def emit(r: SpanRecord, context: Any) -> None:
+        ids.next = r.span_id
+        span = tracer.start_span(r.name, context=context, start_time=r.start_ns, attributes=r.attributes)
+        for child in r.children:
+            emit(child, trace.set_span_in_context(span))
+        span.end(end_time=r.end_ns)
+
     def export(batch: list[SpanRecord]) -> str | None:
         for r in batch:
             parent = trace.NonRecordingSpan(trace.SpanContext(r.trace_id, r.parent_id, is_remote=True,
                                                               trace_flags=sampled))
-            span = tracer.start_span(r.name, context=trace.set_span_in_context(parent), start_time=r.start_ns,
-                                     attributes=r.attributes)
-            span.end(end_time=r.end_ns)
+            emit(r, trace.set_span_in_context(parent))
         spans, collect.spans = collect.spans, []
         try:
             ok = exporter.export(spans) is SpanExportResult.SUCCESS

@@ -220,19 +220,29 @@ def test_the_proxies_record_their_faults_as_children_of_the_load_requests_tracep
     assert proc.returncode == 0, out + err
     spans = _spans()
     run = next(sp for sp in spans if sp.name == "chaoskit run otlp-proxy")
-    sent = {parse(h) for h in _Upstream.seen}  # what the proxy forwarded: the load generator's header
-    assert sent == {(int.from_bytes(run.trace_id, "big"), int.from_bytes(run.span_id, "big"), 1)}
-    proxied = [sp for sp in spans if sp.name.startswith("llm.proxy ")]
-    assert proxied and all(sp.trace_id == run.trace_id and sp.parent_span_id == run.span_id for sp in proxied)
+    requests = {sp.span_id: sp for sp in spans if sp.name == "llm.proxy request"}
+    assert requests and all(sp.trace_id == run.trace_id and sp.parent_span_id == run.span_id  # the load's header
+                            for sp in requests.values())
+    proxied = [sp for sp in spans if sp.name.startswith("llm.proxy ") and sp.name != "llm.proxy request"]
+    assert proxied and all(sp.trace_id == run.trace_id and sp.parent_span_id in requests for sp in proxied)
+    # upstream: the load's traceparent (the run span) as sent, or, for a request with faults, the proxy's span
+    sent = [parse(h) for h in _Upstream.seen]
+    ours = (int.from_bytes(run.trace_id, "big"), int.from_bytes(run.span_id, "big"), 1)
+    via_proxy = {(ours[0], int.from_bytes(i, "big"), 1) for i in requests}
+    assert set(sent) <= {ours} | via_proxy and ours in sent and set(sent) & via_proxy
     attrs = [{a.key: a.value for a in sp.attributes} for sp in proxied]
     aborts = [a for a in attrs if a["chaoskit.fault.type"].string_value == "abort"]
     cuts = [a for a in attrs if a["chaoskit.fault.type"].string_value == "truncate"]
     assert aborts and cuts, [sp.name for sp in proxied]
-    assert all(a["chaoskit.fault.applied"].bool_value and a["chaoskit.proxy.answered_status"].int_value == 503
-               and a["chaoskit.fault.share"].double_value == 0.3 for a in aborts)
+    req_attrs = {i: {a.key: a.value for a in sp.attributes} for i, sp in requests.items()}
+    assert all(a["chaoskit.fault.applied"].bool_value and a["chaoskit.fault.share"].double_value == 0.3
+               for a in aborts)
+    answered = [a for a in req_attrs.values() if "chaoskit.proxy.answered_status" in a]
+    assert len(answered) == len(aborts) and all(a["chaoskit.proxy.answered_status"].int_value == 503 for a in answered)
     applied = [a for a in cuts if a["chaoskit.fault.applied"].bool_value]
-    assert applied and all(a["chaoskit.proxy.tokens_forwarded"].int_value == 2 and a["chaoskit.proxy.cut"].bool_value
-                           for a in applied)
+    streams = [a for a in req_attrs.values() if a["chaoskit.proxy.applied"].string_value == "truncate-1"]
+    assert len(applied) == len(streams) and all(a["chaoskit.proxy.tokens_forwarded"].int_value == 2
+                                                and a["chaoskit.proxy.cut"].bool_value for a in streams)
     # network.proxy: a span per connection (its first request's traceparent), per toxic drawn for it
     l4 = [sp for sp in spans if sp.name == "network.proxy latency"]
     assert l4 and all(sp.trace_id == run.trace_id and sp.parent_span_id == run.span_id for sp in l4)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from chaoskit.injectors.llm_proxy_faults import FaultTable
-from chaoskit.injectors.llm_proxy_trace import Counted
+from chaoskit.injectors.llm_proxy_trace import Counted, RequestTrace
 from chaoskit.injectors.proxy_trace import http_traceparent, incoming
 from chaoskit.load.fastclient import request_bytes
 from chaoskit.load.traceparent import format_header, from_env, parse
@@ -67,3 +67,11 @@ def test_a_counted_fault_counts_one_requests_effects_and_the_shared_total():
     c = Counted(f)
     c.applied += 1
     assert (c.hits, f.applied, c.params["after_tokens"], c.name) == (1, 6, 2, "cut")
+
+
+def test_a_traced_request_goes_upstream_with_the_proxys_span_as_its_parent():
+    t = RequestTrace(TID, SID, 0xABC, 0, {})
+    raw = f"POST /v1/completions HTTP/1.1\r\nTraceparent:  {VALUE}\r\nContent-Length: 2\r\n\r\n{{}}".encode()
+    out = t.propagate(raw)
+    assert out == raw.replace(f"  {VALUE}".encode(), f" 00-{TID:032x}-{0xABC:016x}-01".encode())
+    assert parse(out.split(b"\r\n")[1].split(b":", 1)[1].decode()) == (TID, 0xABC, 1)
