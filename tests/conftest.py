@@ -54,8 +54,9 @@ def ledger_ops(path: Path) -> list[str]:
     return [json.loads(line)["op"] for line in path.read_text().splitlines() if line.strip()]
 
 
-def chaoskit(*args: str, state: Path, **kw) -> subprocess.Popen:
-    env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state)}
+def chaoskit(*args: str, state: Path, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    """`python -m chaoskit ARGS` with its own state directory (and `env` on top of this process's)."""
+    env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state), **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "chaoskit", *args], env=env, cwd=kw.pop("cwd", ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 

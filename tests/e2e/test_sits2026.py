@@ -59,15 +59,8 @@ def run_scenario(name: str, tmp_path: Path, state: Path, *variables: str, ref_ro
     args = ["run", str(SCENARIOS / f"{name}.yaml"), "--out", str(tmp_path / "o"), "--plain"]
     for v in variables:
         args += ["--var", v]
-    env_before = os.environ.get("CHAOSKIT_REF_DIR")
-    os.environ["CHAOSKIT_REF_DIR"] = str(ref_root)
-    try:
-        p = chaoskit(*args, state=state)
-        out, err = p.communicate(timeout=timeout)
-    finally:
-        os.environ.pop("CHAOSKIT_REF_DIR")
-        if env_before is not None:
-            os.environ["CHAOSKIT_REF_DIR"] = env_before
+    p = chaoskit(*args, state=state, env={"CHAOSKIT_REF_DIR": str(ref_root)})
+    out, err = p.communicate(timeout=timeout)
     summary_file = tmp_path / "o" / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     assert _leftovers(ref_root, keep=ref_root if shared else None) == [], out + err
@@ -143,15 +136,15 @@ def test_lora_hot_load_io_slows_the_reload(mounted, tmp_path, state_dir):
 
 
 @requires_triton
+def start_kv_cache_pollution(tmp_path, state_dir, ref_root) -> subprocess.Popen:
+    return chaoskit("run", str(SCENARIOS / "kv-cache-pollution.yaml"), "--out", str(tmp_path / "o"), "--plain",
+                    state=state_dir, env={"CHAOSKIT_REF_DIR": str(ref_root)})
+
+
 def test_a_killed_run_leaves_no_replica_behind(tmp_path, state_dir):
     """SIGKILL the run once its deployment serves: the deployment's watchdog takes it down."""
     ref_root = tmp_path / "ref"
-    os.environ["CHAOSKIT_REF_DIR"] = str(ref_root)
-    try:
-        p = chaoskit("run", str(SCENARIOS / "kv-cache-pollution.yaml"), "--out", str(tmp_path / "o"), "--plain",
-                     state=state_dir)
-    finally:
-        os.environ.pop("CHAOSKIT_REF_DIR")
+    p = start_kv_cache_pollution(tmp_path, state_dir, ref_root)
     try:
         wait_for(lambda: any(ref_root.parent.glob("ref-*/facts.json")), timeout=120, every=0.1)
         pids = [x["pid"] for d in ref_root.parent.glob("ref-*") for x in json.loads((d / "processes.json").read_text())]
@@ -215,12 +208,7 @@ def test_an_interrupt_while_the_deployment_starts_stops_it_and_says_so(tmp_path,
     """Ctrl-C while the experiment's own deployment starts: what started is stopped, the run says so, exit 130,
     nothing was applied (the app layer's Outcome, not an exception, carries it to the CLI)."""
     ref_root = tmp_path / "ref"
-    os.environ["CHAOSKIT_REF_DIR"] = str(ref_root)
-    try:
-        p = chaoskit("run", str(SCENARIOS / "kv-cache-pollution.yaml"), "--out", str(tmp_path / "o"), "--plain",
-                     state=state_dir)
-    finally:
-        os.environ.pop("CHAOSKIT_REF_DIR")
+    p = start_kv_cache_pollution(tmp_path, state_dir, ref_root)
     try:
         wait_for(lambda: any(ref_root.parent.glob("ref-*/processes.json")), timeout=120, every=0.05)
         assert not any(ref_root.parent.glob("ref-*/facts.json"))  # still starting
