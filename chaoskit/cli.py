@@ -304,7 +304,8 @@ def rollback(
 
 
 def _rollback_cluster(kubeconfig: Path | None, context: str | None, namespace: str) -> None:
-    """`rollback --cluster`: every fault a run left recorded in the cluster, reverted through helper pods."""
+    """`rollback --cluster`: every fault a run left recorded in the cluster, reverted through helper pods; a
+    record that fails its MAC check is refused (nothing runs on the node for it) and makes the exit 5."""
     from chaoskit.errors import PreflightError
     from chaoskit.executors.k8s_helper import replay_cluster
     from chaoskit.targets.kube import KubeCluster, resolve_cluster
@@ -314,18 +315,23 @@ def _rollback_cluster(kubeconfig: Path | None, context: str | None, namespace: s
         results = replay_cluster(ref, namespace)
     except PreflightError as e:
         _fail(e)
-    except Exception as e:  # the API server unreachable, RBAC ...: faults may still be in effect
+    except Exception as e:  # the API server unreachable, RBAC, the key Secret ...: faults may still be in effect
         err.print(f"[bold red]FAILED[/] reading the revert records in namespace {namespace}: "
                   f"{escape(f'{type(e).__name__}: {e}'[:500])}", highlight=False)
         raise typer.Exit(errors.EXIT_ROLLBACK_INCOMPLETE) from None
     if not results:
         out.print(f"nothing to roll back (no revert records in namespace {namespace})")
-    for key, why in results:
-        if why is None:
-            out.print(f"[green]reverted[/] {key}", highlight=False)
+    for r in results:
+        if r.error is None:
+            out.print(f"[green]reverted[/] {r.key}", highlight=False)
+        elif r.refused:
+            err.print(f"[bold red]REFUSED[/] {escape(r.error)}; nothing was run on the node\n  check who changed it "
+                      f"(kubectl -n {namespace} get configmap {r.configmap} -o yaml), revert by hand what it names "
+                      "if it is still in effect, then delete it (the docs' security model)", highlight=False,
+                      soft_wrap=True)
         else:
-            err.print(f"[bold red]FAILED[/] {key}: {escape(why)}", highlight=False)
-    raise typer.Exit(errors.EXIT_ROLLBACK_INCOMPLETE if any(why for _, why in results) else 0)
+            err.print(f"[bold red]FAILED[/] {r.key}: {escape(r.error)}", highlight=False)
+    raise typer.Exit(errors.EXIT_ROLLBACK_INCOMPLETE if any(r.error for r in results) else 0)
 
 
 @app.command()

@@ -3,7 +3,8 @@
 The pod (hostPID, pinned by nodeName, not privileged: all capabilities dropped but the few the fault type
 needs, activeDeadlineSeconds, the chaoskit image) runs `python -m chaoskit.agent VERB --env CHAOSKIT_REQUEST`
 and answers one JSON line in its log. The fault's revert record is also kept in the cluster (RevertStore), so a
-rollback from any machine finishes the run after a crash; it is removed once reverted.
+rollback from any machine finishes the run after a crash; it is removed once reverted. Records are signed and
+checked (k8s_records: an HMAC with the installation's key): one that does not check is refused, never executed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from chaoskit.executors.base import Placement, Record
-from chaoskit.executors.revert_store import RUN_LABEL, RevertStore, configmap_name, dns_label, stored_faults
+from chaoskit.executors.k8s_records import SignedRecords, checked_faults
+from chaoskit.executors.revert_store import RUN_LABEL, configmap_name, dns_label
 from chaoskit.injectors import Injector, injector_class
 from chaoskit.injectors.base import NodeHelper
 from chaoskit.targets.kube import ClusterRef, api_client
@@ -75,6 +77,11 @@ def grants(type_name: str) -> NodeHelper:
     return injector_class(type_name).node_helper
 
 
+def host_kind(path: str) -> str:
+    """The hostPath type the kubelet checks: a device under /dev (the kernel log /dev/kmsg), else a directory."""
+    return "CharDevice" if path.startswith("/dev/") else "Directory"
+
+
 def helper_pod(verb: str, type_name: str, request: dict[str, Any], hp: HelperPlacement) -> Any:
     """The V1Pod that runs `python -m chaoskit.agent VERB` for one fault on hp.node."""
     from kubernetes import client
@@ -84,7 +91,7 @@ def helper_pod(verb: str, type_name: str, request: dict[str, Any], hp: HelperPla
     mounts = [client.V1VolumeMount(name="state", mount_path=STATE_DIR),
               *(client.V1VolumeMount(name=f"host-{i}", mount_path=p) for i, p in enumerate(paths))]
     volumes = [client.V1Volume(name="state", empty_dir=client.V1EmptyDirVolumeSource(size_limit="64Mi")),
-               *(client.V1Volume(name=f"host-{i}", host_path=client.V1HostPathVolumeSource(path=p, type="Directory"))
+               *(client.V1Volume(name=f"host-{i}", host_path=client.V1HostPathVolumeSource(path=p, type=host_kind(p)))
                  for i, p in enumerate(paths))]
     security = client.V1SecurityContext(
         privileged=False, allow_privilege_escalation=False, read_only_root_filesystem=True, run_as_user=0,
@@ -142,20 +149,20 @@ class K8sHelperExecutor:
 
     def apply(self, injector: Injector, record: Record, placement: Placement) -> Record:
         hp, core = self._open(placement)
+        store = SignedRecords(core, hp.namespace, hp.run_id)
         if not hp.targets:  # one fault on one node, its record prepared by the caller
-            return self._apply_one(core, injector, record, hp)[0]
+            return self._apply_one(core, store, injector, record, hp)[0]
         pods = []
         for one in hp.per_pod():
-            final, holder = self._apply_one(core, injector, {}, one)
+            final, holder = self._apply_one(core, store, injector, {}, one)
             pods.append({"key": one.key, "node": one.node, "pod": (one.target or {}).get("pod"), "record": final,
                          "holder": holder})
         return {"pods": pods}
 
-    def _apply_one(self, core: Any, injector: Injector, record: Record, hp: HelperPlacement) -> tuple[
-            Record, str | None]:
+    def _apply_one(self, core: Any, store: SignedRecords, injector: Injector, record: Record,
+                   hp: HelperPlacement) -> tuple[Record, str | None]:
         request = {"type": injector.type, "spec": injector.spec.model_dump(mode="json", by_alias=True), "record": record,
                    "placement": hp.to_json(), "hold_s": hp.hold_s}
-        store = RevertStore(core, hp.namespace, hp.run_id)
         who = {"host": socket.gethostname(), "applied_at": time.time()}  # what `chaoskit status --cluster` shows
         store.put(hp.key, {**request, **who, "state": "applying"})  # in the cluster before anything is applied
         answer = run_helper(core, "apply", injector.type, request, hp)
@@ -165,8 +172,13 @@ class K8sHelperExecutor:
 
     def revert(self, type_name: str, record: Record, placement: Placement) -> None:
         hp, core = self._open(placement)
-        store = RevertStore(core, hp.namespace, hp.run_id)
-        for one, rec, holder in self._records(store, hp, record):
+        self.revert_from(core, hp, type_name, record, SignedRecords(core, hp.namespace, hp.run_id))
+
+    @classmethod
+    def revert_from(cls, core: Any, hp: HelperPlacement, type_name: str, record: Record,
+                    store: SignedRecords) -> None:
+        """Revert on each pod that has the fault; a record of the cluster's that does not check: RecordRefused."""
+        for one, rec, holder in cls._records(store, hp, record):
             if rec:  # an empty record: nothing was applied there
                 run_helper(core, "revert", type_name, {"type": type_name, "record": rec}, one)
             if holder:  # reverted: its own revert on SIGTERM finds nothing left to undo
@@ -178,7 +190,7 @@ class K8sHelperExecutor:
 
     def observe_details(self, type_name: str, record: Record, placement: Placement) -> dict[str, Any]:
         hp, core = self._open(placement)
-        store = RevertStore(core, hp.namespace, hp.run_id)
+        store = SignedRecords(core, hp.namespace, hp.run_id)
         per_pod = {}
         for one, rec, _ in self._records(store, hp, record):
             if rec:  # an empty record: nothing was applied there
@@ -190,10 +202,11 @@ class K8sHelperExecutor:
         return {"in_effect": any(d["in_effect"] for d in per_pod.values()), "pods": per_pod}
 
     @staticmethod
-    def _records(store: RevertStore, hp: HelperPlacement, record: Record) -> list[tuple[
+    def _records(store: SignedRecords, hp: HelperPlacement, record: Record) -> list[tuple[
             HelperPlacement, Record | None, str | None]]:
         """Each pod's placement, revert record and holding helper pod: the ledger's, else the cluster's copy of
-        an applied one, else None (never applied there: a helper whose apply failed reverted itself)."""
+        an applied one (RecordRefused if it does not check), else None (never applied there: a helper whose apply
+        failed reverted itself)."""
         if not hp.targets:  # one pod's entry (a rollback from the cluster's records): its holder is stored
             return [(hp, record, (store.get(hp.key) or {}).get("holder"))]
         known = {p["key"]: p for p in record.get("pods", [])}
@@ -280,18 +293,35 @@ def _delete_quietly(core: Any, name: str, namespace: str) -> None:
             raise
 
 
-def replay_cluster(cluster: ClusterRef, namespace: str = "chaoskit") -> list[tuple[str, str | None]]:
-    """Revert every fault recorded in the cluster's ConfigMaps (a run whose host is gone): (key, error or None)."""
+@dataclass(frozen=True)
+class Replayed:
+    """One fault recorded in the cluster, after `rollback --cluster`: reverted (error None), failed, or refused
+    (its record does not check: nothing was run for it)."""
+
+    key: str
+    configmap: str
+    error: str | None = None
+    refused: bool = False
+
+
+def replay_cluster(cluster: ClusterRef, namespace: str = "chaoskit") -> list[Replayed]:
+    """Revert every fault recorded in the cluster's ConfigMaps (a run whose host is gone) whose record checks;
+    refuse the others (k8s_records.RecordRefused). KeyUnavailable if the key Secret cannot be read."""
     from kubernetes import client
 
     core = client.CoreV1Api(api_client(cluster))
-    out: list[tuple[str, str | None]] = []
-    executor = K8sHelperExecutor()
-    for fault in stored_faults(core, namespace):
+    key, faults = checked_faults(core, namespace)
+    out: list[Replayed] = []
+    for fault in faults:
         req = fault.request
+        if req is None:  # refused: nothing runs on the node for it, and its ConfigMap is kept for a look
+            out.append(Replayed(fault.key, fault.configmap, fault.refused, refused=True))
+            continue
         try:
-            executor.revert(req["type"], req["record"], {**req["placement"], "cluster": cluster.to_json()})
-            out.append((fault.key, None))
+            hp = HelperPlacement.from_json({**req["placement"], "cluster": cluster.to_json()})
+            K8sHelperExecutor.revert_from(core, hp, req["type"], req["record"],
+                                          SignedRecords(core, namespace, hp.run_id, key))
+            out.append(Replayed(fault.key, fault.configmap))
         except Exception as e:  # one fault's failure never stops the others
-            out.append((fault.key, f"{type(e).__name__}: {e}"))
+            out.append(Replayed(fault.key, fault.configmap, f"{type(e).__name__}: {e}"))
     return out

@@ -71,7 +71,7 @@ def test_after_a_crash_the_cluster_alone_is_enough_to_roll_back(api, cluster, sl
     K8sHelperExecutor().apply(sigstop, sigstop.prepare(), helper_placement(cluster).to_json())
     wait_for(lambda: proc_state(sleeper.pid) == "T")
     # the run's host is gone with its ledger; from "another machine" with a kubeconfig:
-    assert replay_cluster(cluster) == [("k1", None)]
+    assert [(r.key, r.error) for r in replay_cluster(cluster)] == [("k1", None)]
     assert proc_state(sleeper.pid) in ("S", "R") and api.state.configmaps == {} and _helper_pods(api) == []
 
 
@@ -105,3 +105,29 @@ def test_rollback_cluster_command_finishes_the_job_from_another_machine(api, clu
     nowhere = subprocess.run(cli[:5], env={**env, "KUBECONFIG": str(tmp_path / "missing")}, cwd=ROOT,
                              capture_output=True, text=True, timeout=120)
     assert nowhere.returncode == 4 and "no kubeconfig found" in nowhere.stderr and "Traceback" not in nowhere.stderr
+
+
+def test_a_tampered_revert_record_is_refused_and_nothing_runs_on_the_node(api, cluster, sleeper, sigstop, tmp_path,
+                                                                          state_dir):
+    """One byte of the record changed (the node it names): `rollback --cluster` refuses it with exit 5, naming
+    the ConfigMap, creates no helper pod and keeps the ConfigMap; the byte put back, the same command reverts."""
+    K8sHelperExecutor().apply(sigstop, sigstop.prepare(), helper_placement(cluster).to_json())
+    wait_for(lambda: proc_state(sleeper.pid) == "T")
+    ((_, name), cm), = api.state.configmaps.items()
+    genuine = cm["data"]["k1.json"]
+    assert genuine.count('"node-7"') == 1 and '"mac": "hmac-sha256:' in genuine
+    cm["data"]["k1.json"] = genuine.replace('"node-7"', '"node-8"')  # where a revert would run
+    pods_before = len(api.calls("POST", "/pods$"))
+    cli = [sys.executable, "-m", "chaoskit", "rollback", "--cluster", "--kubeconfig", str(tmp_path / "kubeconfig")]
+    env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state_dir)}
+    done = subprocess.run(cli, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 5 and done.stdout == "", done.stdout + done.stderr
+    assert f"REFUSED revert record chaoskit/{name} key k1.json fails its MAC check" in said, said
+    assert "nothing was run on the node" in said and "Traceback" not in said
+    assert len(api.calls("POST", "/pods$")) == pods_before and _helper_pods(api) == []  # nothing ran on a node
+    assert proc_state(sleeper.pid) == "T" and api.state.configmaps[("chaoskit", name)]["data"]["k1.json"] != genuine
+    cm["data"]["k1.json"] = genuine
+    done = subprocess.run(cli, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.split()) == (0, ["reverted", "k1"]), done.stdout + done.stderr
+    assert proc_state(sleeper.pid) in ("S", "R") and api.state.configmaps == {}

@@ -305,7 +305,8 @@ def test_a_holding_helper_reverts_at_its_deadline_and_on_sigterm_without_chaoski
         executor.apply(inj, executor.prepare(inj), inj.ctx.placement)
         assert all(chaoskit_tables(pair, ns) for ns in (pair.srv, pair.cli))
         key = inj.ctx.placement["key"]
-        assert replay_cluster(resolve_cluster(spec.target.kubernetes)) == [(f"{key}-0", None), (f"{key}-1", None)]
+        replayed = replay_cluster(resolve_cluster(spec.target.kubernetes))
+        assert [(r.key, r.error) for r in replayed] == [(f"{key}-0", None), (f"{key}-1", None)]
         assert [chaoskit_tables(pair, ns) for ns in (pair.srv, pair.cli)] == [[], []]
         assert sorted(api.state.pods) == [("prod", "web-0"), ("prod", "web-1")]
         assert api.state.configmaps == {}

@@ -137,7 +137,15 @@ def test_the_roles_grant_exactly_the_verbs_the_code_sends(tmp_path, monkeypatch:
         executor = K8sHelperExecutor()
         final = executor.apply(sig, {"signal": "SIGSTOP", "targets": []}, hp.to_json())
         executor.observe("process.signal", final, hp.to_json())
-        assert replay_cluster(cluster) == [(hp.key, None)]  # list + revert + remove
+        assert [(r.key, r.error) for r in replay_cluster(cluster)] == [(hp.key, None)]  # list + revert + remove
         used = _request_verbs(api)
     assert used["target"] == _role_verbs("chaoskit-target")
-    assert used["helpers"] == _role_verbs("chaoskit-helpers")
+    assert used["helpers"] == _role_verbs("chaoskit-helpers")  # secrets: create the key on first use, then get
+
+
+def test_the_record_key_is_the_only_secret_chaoskit_may_read():
+    role = next(d for d in docs("role.yaml") if d["metadata"]["name"] == "chaoskit-helpers")
+    secrets = [r for r in role["rules"] if "secrets" in r["resources"]]
+    assert [(r["verbs"], r.get("resourceNames")) for r in secrets] == [(["get"], ["chaoskit-record-key"]),
+                                                                       (["create"], None)]
+    assert all(r["resources"] == ["secrets"] for r in secrets)
