@@ -8,10 +8,12 @@ replays.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from chaoskit.executors.k8s_records import KeyUnavailable, RecordRefused, read_key, verify
 from chaoskit.executors.revert_store import MANAGED_LABEL
 
 HALT_CONFIGMAP = "chaoskit-halt"
@@ -117,18 +119,17 @@ class ClusterRun:
 
 
 def cluster_runs(core: Any, namespace: str = HALT_NAMESPACE) -> list[ClusterRun]:
-    """Every run whose revert records are in `namespace` (faults that may be in effect on the cluster's nodes)."""
-    import json
-
+    """Every run whose revert records are in `namespace` (faults that may be in effect on the cluster's nodes).
+    A record that fails its MAC check is listed as it claims, its state saying that rollback --cluster refuses it."""
     cms = core.list_namespaced_config_map(namespace, label_selector=f"{MANAGED_LABEL}=chaoskit").items
+    try:
+        key, unchecked = (read_key(core, namespace) if any(cm.data for cm in cms) else None), ""
+    except KeyUnavailable as e:  # status still lists what the records claim
+        key, unchecked = None, f"unchecked: {e}"
     runs = []
     for cm in cms:
-        requests = []
-        for raw in (cm.data or {}).values():
-            try:
-                requests.append(json.loads(raw))
-            except ValueError:
-                continue  # a torn record: rollback --cluster reports it
+        requests = [_claimed(key, unchecked, namespace, cm.metadata.name, name.removesuffix(".json"), raw)
+                    for name, raw in sorted((cm.data or {}).items())]
         faults = tuple(ClusterFault(str(r.get("type", "?")), str((r.get("placement") or {}).get("node", "?")),
                                     str(((r.get("placement") or {}).get("target") or {}).get("pod", "")),
                                     str(r.get("state", "?"))) for r in requests)
@@ -139,3 +140,18 @@ def cluster_runs(core: Any, namespace: str = HALT_NAMESPACE) -> list[ClusterRun]
         runs.append(ClusterRun((cm.metadata.annotations or {}).get("chaoskit.io/run-id", cm.metadata.name),
                                ", ".join(hosts) or "unknown", since, faults))
     return runs
+
+
+def _claimed(key: bytes | None, unchecked: str, namespace: str, configmap: str, entry: str,
+             raw: str) -> dict[str, Any]:
+    """What one record says; its state REFUSED (or unchecked) when it does not check (k8s_records.verify)."""
+    try:
+        return verify(key, namespace, configmap, entry, raw)
+    except RecordRefused as e:
+        why = str(e).split(".json ", 1)[-1].split(":", 1)[0]  # fails its MAC check, carries no MAC, ...
+        refused = unchecked or f"REFUSED by rollback --cluster: {why}"
+    try:
+        claimed = json.loads(raw)
+    except ValueError:
+        claimed = None
+    return {**(claimed if isinstance(claimed, dict) else {}), "state": refused}

@@ -106,3 +106,17 @@ def test_a_key_chaoskit_may_not_read_is_a_clear_error(api, cluster, monkeypatch)
                                              r"key \(403 Forbidden\): the chaoskit Role must grant it"):
         replay_cluster(cluster)
     assert api.calls("POST", "/pods") == []
+
+
+def test_status_lists_a_record_that_does_not_check_as_refused(api, cluster):
+    from chaoskit.executors.k8s_halt import cluster_runs
+
+    core = client.CoreV1Api(api_client(cluster))
+    records(cluster).put("k1", {**request(cluster), "host": "ci-7"})
+    records(cluster).put("k2", request(cluster, node="node-9"))
+    assert [f.state for f in cluster_runs(core)[0].faults] == ["applied", "applied"]
+    _tamper(api, "one byte")
+    (run,) = cluster_runs(core)
+    assert [(f.node, f.state) for f in run.faults] == [
+        ("node-7", "REFUSED by rollback --cluster: fails its MAC check"), ("node-9", "applied")]
+    assert run.host == "ci-7"
