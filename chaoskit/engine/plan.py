@@ -8,10 +8,10 @@ from typing import Any
 
 from chaoskit.errors import PreflightError
 from chaoskit.executors import get_executor
-from chaoskit.executors.layer import place
+from chaoskit.executors.layer import node_selector, place
 from chaoskit.experiment.models import Step
 from chaoskit.injectors import Injector, injector_class
-from chaoskit.injectors.base import FaultContext
+from chaoskit.injectors.base import K8S_HELPER, FaultContext
 from chaoskit.model.events import PlanStep
 from chaoskit.targets.local import CgroupTarget
 
@@ -69,7 +69,7 @@ def plan_faults(method: list[Step], unresolved: frozenset[str] = frozenset(), ru
             inj, problem, passed_over = _choose(step, run_id)
             if problem:
                 problems.append(problem)
-            changes = _lines(inj)
+            changes = _lines(inj, problem)
             if passed_over:
                 changes.insert(0, f"variant {inj.type}: " + "; ".join(passed_over))
         injectors[path] = inj
@@ -119,8 +119,13 @@ def _choose(step: Step, run_id: str) -> tuple[Injector, str | None, list[str]]:
     raise AssertionError("unreachable")
 
 
-def _lines(inj: Injector) -> list[str]:
+def _lines(inj: Injector, problem: str | None = None) -> list[str]:
+    """The executor's plan of the fault; where there is none, why: a `kubernetes:` fault whose pods could not be
+    chosen (no cluster, no such pods) has no plan, and says the preflight reason rather than what its local
+    code makes of a target it cannot reach."""
+    if problem and node_selector(inj) is not None and inj.ctx.executor != K8S_HELPER:
+        return [f"(no plan: the pods could not be chosen: {problem})"]
     try:
         return get_executor(inj.ctx.executor).plan(inj)
     except Exception as e:
-        return [f"(no plan: {type(e).__name__}: {e})"]
+        return [f"(no plan: {problem})" if problem else f"(no plan: {type(e).__name__}: {e})"]

@@ -101,6 +101,18 @@ def test_without_a_kubeconfig_preflight_fails_with_exit_4_and_the_reason(no_kube
         resolve_cluster(KubeCluster(kubeconfig="/nonexistent/kc"))
 
 
+def test_a_fault_whose_pods_cannot_be_chosen_says_why_it_has_no_plan(no_kube_env):
+    """Not what its local code makes of a target it cannot reach (`ValueError: ... reached through a helper pod`)."""
+    from chaoskit.engine.plan import plan_faults
+    from chaoskit.experiment.loader import load_experiment
+    from chaoskit.paths import library
+
+    exp = load_experiment(library("experiments") / "kubernetes" / "pod-network-latency.yaml").experiment
+    _, (step,), (problem,) = plan_faults(exp.method)
+    assert problem.startswith("network.netem: kubernetes: no kubeconfig found")
+    assert step.changes == [f"(no plan: the pods could not be chosen: {problem})"]
+
+
 def test_kubeconfig_env_and_a_bad_context(api, tmp_path, monkeypatch: pytest.MonkeyPatch):
     kc = api.write_kubeconfig(tmp_path / "kc-env")
     monkeypatch.setenv("KUBECONFIG", str(kc))
