@@ -1,5 +1,6 @@
 """load.flood: a traffic flood as a fault (a noisy tenant, a burst of long contexts): open-loop load from a
-helper process for as long as the fault lasts; revert = the helper and its senders stop."""
+helper process for as long as the fault lasts; revert = the helper and its senders stop. `poison: {file, at}`
+also sends one request with that file's text as its prompt, once, `at` after the flood starts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from chaoskit.injectors import helper_proc
-from chaoskit.load.spec import LoadSpec
+from chaoskit.load.spec import LoadSpec, Poison
 from chaoskit.model.types import StrictModel
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -37,6 +38,8 @@ class FloodLoad(StrictModel):
     body: Any = None
     workers: int = Field(1, ge=1, le=16, description="sender processes")
     seed: int = 1
+    poison: Poison | None = Field(None, description="one request from a file at a chosen time in the flood (a "
+                                  "poison request: {file, at}); the flood then uses the python sender")
 
 
 class FloodSpec(StrictModel):
@@ -59,9 +62,10 @@ class Flood(helper_proc.HelperFault):
 
     def plan(self) -> list[str]:
         ld = self.spec.load
+        poison = f", and once, {ld.poison.at:g}s in, the request in {ld.poison.file}" if ld.poison else ""
         return [f"start a load helper sending {ld.rate:g} req/s ({ld.arrival}, {ld.api}, {ld.prompt_tokens} prompt "
-                f"tokens, {ld.max_tokens} max) to {ld.url}; revert: SIGTERM it (it also stops by itself after "
-                f"{self.ctx.lifetime_s:g}s)"]
+                f"tokens, {ld.max_tokens} max) to {ld.url}{poison}; revert: SIGTERM it (it also stops by itself "
+                f"after {self.ctx.lifetime_s:g}s)"]
 
     def prepare(self) -> dict[str, Any]:
         return {"token": f"chaoskit-flood-{uuid.uuid4().hex}"}

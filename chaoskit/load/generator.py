@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -34,9 +35,23 @@ def requests(spec: LoadSpec) -> list[tuple[str, str, Any]]:
             for p in _prompts(spec)]
 
 
+def poison_request(spec: LoadSpec) -> tuple[str, str, Any] | None:
+    """(method, URL, body) of the spec's poison request (its file's text as the prompt), or None."""
+    if spec.poison is None:
+        return None
+    prompt = Path(spec.poison.file).read_text().removesuffix("\n")
+    return request_for(spec.api, spec.url, spec.model, prompt, spec.max_tokens, spec.stream, spec.method, spec.body)
+
+
 def trace_headers(traceparent: str | None) -> dict[str, str] | None:
     """The headers every request carries when the run is traced (None: none, the requests are as before)."""
     return {"traceparent": traceparent} if traceparent else None
+
+
+async def _at(due: float, send: Coroutine[Any, Any, None]) -> None:
+    """Run `send` at monotonic time `due`."""
+    await asyncio.sleep(max(0.0, due - time.monotonic()))
+    await send
 
 
 def warm_count(spec: LoadSpec) -> int:
@@ -72,6 +87,8 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
                 for method, url, body in requests(spec)]
     tasks: set[asyncio.Task] = set()
     in_flight = 0
+    poisoned = poison_request(spec)
+    poison = (*poisoned, request_bytes(*poisoned, headers) if fast else None) if poisoned else None
 
     def request(i: int) -> tuple[str, str, Any, bytes | None]:
         return payloads[i % len(payloads)]
@@ -152,9 +169,9 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
         spin_pending = False
         pump()
 
-    async def one(i: int, intended: float) -> None:
+    async def one(i: int, intended: float, payload: tuple[str, str, Any, bytes | None] | None = None) -> None:
         nonlocal in_flight
-        method, url, body, raw = request(i)
+        method, url, body, raw = payload or request(i)
         if cap is not None:
             await cap.acquire()
         in_flight += 1
@@ -180,6 +197,10 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
             await fast.warm(warm_count(spec))
         loop = asyncio.get_running_loop()
         alarm = Alarm(loop, pump)
+        if poison is not None and spec.poison is not None:  # once, at its time (a task: waited for below)
+            task = asyncio.create_task(_at(t0 + spec.poison.at, one(-1, t0 + spec.poison.at, poison)))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
         next_report = time.monotonic()
         try:
             if due is not None:

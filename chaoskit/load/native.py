@@ -79,6 +79,8 @@ def choose(spec: LoadSpec, group_by: str | None = None) -> str:
             raise ChaoskitError(f"group_by {group_by} needs the python sender: the native sender (sender.c) does "
                                 "not read response headers; use sender: python or auto")
         return "python"
+    if spec.poison is not None:
+        return "python"  # LoadSpec refuses poison with sender native
     if spec.stall_timeout is not None:
         if spec.sender == "native":
             raise ChaoskitError("stall_timeout needs the python sender: the native sender (sender.c) does not "

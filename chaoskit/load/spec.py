@@ -9,6 +9,14 @@ from pydantic import Field, field_validator, model_validator
 from chaoskit.model.types import Duration, StrictModel
 
 
+class Poison(StrictModel):
+    """One extra request sent once at a chosen time (a poison request: a prompt that crashes the engine)."""
+
+    file: str = Field(min_length=1, description="the request's prompt: this file's whole text (a final newline "
+                      "dropped), sent with the load's api, model and max_tokens")
+    at: Duration = Field(0.0, ge=0, description="when, after the load's first intended send")
+
+
 class LoadSpec(StrictModel):
     url: str = Field(min_length=1, description="base URL (openai, triton) or full URL (http)")
     api: Literal["openai", "openai-chat", "triton", "http"] = "http"
@@ -38,6 +46,8 @@ class LoadSpec(StrictModel):
         "auto", description="native: the C sender (plain http://, built with the system C compiler on first use); "
                             "python: asyncio (and aiohttp for https); auto: native when it applies")
     seed: int = 0
+    poison: Poison | None = Field(None, description="send one request from a file at a chosen time, once (the "
+                                  "first sender process; needs the python sender, auto picks it)")
 
     @field_validator("url")
     @classmethod
@@ -52,6 +62,9 @@ class LoadSpec(StrictModel):
             raise ValueError("api openai needs model")
         if self.arrival == "replay" and not self.trace:
             raise ValueError("arrival replay needs trace")
+        if self.poison is not None and self.sender == "native":
+            raise ValueError("poison needs the python sender (the native sender sends the load's prompts only); "
+                             "use sender: python or auto")
         if self.stall_timeout is not None and self.sender == "native":
             raise ValueError("stall_timeout needs the python sender: the native sender (sender.c) does not tell "
                              "stalled, truncated or malformed streams apart; use sender: python or auto (auto "

@@ -59,6 +59,8 @@ def main() -> int:
     spec = LoadSpec.model_validate(job["spec"])
     rec = Recorder()
     k, n = job["worker"], job["workers"]
+    if k:
+        spec = spec.model_copy(update={"poison": None})  # the first sender process sends it, once
     duration = float("inf") if job.get("open_ended") else spec.duration
     mine = islice(schedule(spec, duration), k, None, n)
     group_by = job.get("group_by")

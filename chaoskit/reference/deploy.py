@@ -27,6 +27,8 @@ from chaoskit.targets.process import ProcessRef, group_members, is_alive, proc_r
 READY_TIMEOUT_S = 180.0
 CHECK_TIMEOUT_S = 5.0  # `ref status`: how long one replica's generate request may take
 GENERATE_PROBE = {"text_input": "ready?", "max_tokens": 1}
+GATEWAY_PARAMS = {"gateway_retry": "retry", "gateway_retry_on_death": "retry_on_death"}  # model_params the gateway
+# takes (GatewayConfig's retry settings, "true"/"false"), not the model: a scenario's `when: {fix: ...}` sets them
 
 
 def ref_dir() -> Path:
@@ -48,6 +50,15 @@ class RefOptions:
         one, switching the gateway's health settings where they differ)."""
         return {"engine": self.engine, "replicas": self.replicas, "netns": self.netns,
                 "model_params": dict(sorted(self.model_params.items()))}
+
+    def model_settings(self) -> dict[str, str]:
+        """The tiny_lm parameters: model_params less the gateway's (GATEWAY_PARAMS)."""
+        return {k: v for k, v in self.model_params.items() if k not in GATEWAY_PARAMS}
+
+    def gateway_settings(self) -> dict[str, bool]:
+        """The gateway's retry settings named in model_params (GATEWAY_PARAMS), as GatewayConfig fields."""
+        return {name: self.model_params[k].strip().lower() == "true" for k, name in GATEWAY_PARAMS.items()
+                if k in self.model_params}
 
     def health_settings(self) -> dict[str, Any]:
         """The gateway's health settings (POST /gateway/config takes the same)."""
@@ -248,7 +259,7 @@ class Deployment:
         return name, ns_ip
 
     def _start_triton(self, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
-        repo = triton.model_repository(self.root / "model_repository", opts.model_params)
+        repo = triton.model_repository(self.root / "model_repository", opts.model_settings())
         backends = triton.backend_dir(self.root / "backends")
         env = {**triton.env(), "CHAOSKIT_REF_DIR": str(self.root)}
         replicas = []
@@ -303,7 +314,7 @@ class Deployment:
             "latency_check": ({"method": "POST", "path": "/v2/models/tiny_lm/generate", "body": GENERATE_PROBE}
                               if triton_engine else
                               {"method": "POST", "path": "/v1/completions", "body": vllm_completion_probe()}),
-            "latency_threshold_ms": opts.latency_threshold_ms,
+            "latency_threshold_ms": opts.latency_threshold_ms, **opts.gateway_settings(),
         }
         self._save("gateway.json", cfg)
         p = self.spawn("gateway", [sys.executable, "-m", "chaoskit.reference.gateway", str(self.root / "gateway.json")])
@@ -332,8 +343,9 @@ class Deployment:
         procs = [(p, ProcessRef.from_json(p)) for p in self.processes()]
         live = [(p, r) for p, r in procs if is_alive(r) or _group_alive(r.pid)]  # orphaned stubs count too
         for _, r in live:
-            try:
-                os.killpg(r.pid, signal.SIGTERM)
+            try:  # a group whose leader died (a replica killed by a poison request) has only orphaned model
+                # stubs left, which ignore SIGTERM and have no server to unload them: SIGKILL at once
+                os.killpg(r.pid, signal.SIGTERM if is_alive(r) else signal.SIGKILL)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace_s

@@ -1,6 +1,10 @@
 """The reference gateway: round-robin reverse proxy over replicas that stamps X-Model-Latency, streams SSE
 unbuffered, ejects replicas by active health checks (`status` or `latency` mode; latency mode also ejects a
 replica whose real responses are slower than the threshold, for ejection_s x its ejections) and exports /metrics.
+With `retry` a failed request (connect error, the replica dying mid-request, a 5xx) is sent again to the next
+healthy replica, each replica once: a poison request then takes every replica down. `retry_on_death: false`
+keeps the retries but not for a request whose replica died while serving it (answered 502 at once): what
+killed one replica is not handed to the next.
 
 Run as `python -m chaoskit.reference.gateway CONFIG.json` (see GatewayConfig); prints `ready` once listening.
 """
@@ -50,6 +54,12 @@ class GatewayConfig:
     readmit_after: int = 2  # consecutive passing checks before an ejected replica gets traffic again
     ejection_s: float = 30.0  # latency mode: an ejected replica stays out at least ejection_s x its ejections
     upstream_timeout_s: float = 60.0
+    retry: bool = False  # a failed request (connect error, replica died, 5xx) again on the next healthy replica
+    retry_on_death: bool = True  # with retry: also a request whose replica died while serving it
+
+
+class ReplicaDied(Exception):
+    """The replica's connection broke after the request was sent (its engine died serving it)."""
 
 
 class Gateway:
@@ -67,36 +77,64 @@ class Gateway:
                                    buckets=(.005, .01, .025, .05, .1, .25, .5, .75, 1, 2.5, 5, 10, 30))
         self.m_no_replica = Counter("gateway_no_healthy_replica", "requests refused: no healthy replica",
                                     registry=reg)
+        self.m_retries = Counter("gateway_retries", "requests sent again to the next replica", registry=reg)
+        self.m_deaths = Counter("gateway_replica_died_mid_request", "requests whose replica's connection broke "
+                                "after they were sent (its engine died serving them)", ["replica"], registry=reg)
         for r in self.replicas:
             self.m_healthy.labels(r.name).set(1)
         self.session: aiohttp.ClientSession | None = None
 
     # ---------------------------------------------------------------- routing
 
-    def pick(self) -> Replica | None:
+    def pick(self, tried: frozenset[str] = frozenset()) -> Replica | None:
         for _ in range(len(self.replicas)):
             r = self.replicas[next(self._rr)]
-            if r.healthy:
+            if r.healthy and r.name not in tried:
                 return r
         return None
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
-        replica = self.pick()
-        if replica is None:
-            self.m_no_replica.inc()
-            return web.json_response({"error": "no healthy replica"}, status=503)
+        body = await request.read()
+        tried: set[str] = set()
+        while True:
+            replica = self.pick(frozenset(tried))
+            if replica is None:
+                self.m_no_replica.inc()
+                return web.json_response({"error": "no healthy replica"}, status=503)
+            tried.add(replica.name)
+            last = not self.cfg.retry or not any(r.healthy and r.name not in tried for r in self.replicas)
+            try:
+                upstream, latency = await self._send(replica, request, body)
+            except ReplicaDied as e:
+                self.m_deaths.labels(replica.name).inc()
+                if last or not self.cfg.retry_on_death:
+                    return self._failed(replica, e)
+            except (TimeoutError, aiohttp.ClientError) as e:
+                if last or isinstance(e, TimeoutError):
+                    return self._failed(replica, e)
+            else:
+                if upstream.status < 500 or last:
+                    return await self._relay(replica, request, upstream, latency)
+                upstream.release()
+            self.m_retries.inc()
+
+    async def _send(self, replica: Replica, request: web.Request,
+                    body: bytes) -> tuple[aiohttp.ClientResponse, float]:
+        """The request to one replica, up to its response head, and how long that took (ReplicaDied: the
+        connection broke after it was sent)."""
         assert self.session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        body = await request.read()
         self.m_requests.labels(replica.name).inc()
         t0 = time.perf_counter()
         try:
             upstream = await self.session.request(request.method, replica.url + request.rel_url.path_qs,
                                                   headers=headers, data=body, allow_redirects=False)
-        except (TimeoutError, aiohttp.ClientError) as e:
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as e:
             self.m_errors.labels(replica.name).inc()
-            return web.json_response({"error": f"upstream {replica.name}: {type(e).__name__}: {e}"}, status=502,
-                                     headers={"X-Upstream-Replica": replica.name})
+            raise ReplicaDied(f"{type(e).__name__}: {e}") from None
+        except (TimeoutError, aiohttp.ClientError):
+            self.m_errors.labels(replica.name).inc()
+            raise
         latency = time.perf_counter() - t0
         self.m_latency.labels(replica.name).observe(latency)
         slow = self.cfg.health_mode == "latency" and latency * 1e3 > self.cfg.latency_threshold_ms
@@ -104,6 +142,16 @@ class Gateway:
             self.eject(replica, f"served a request in {latency * 1e3:.0f} ms > {self.cfg.latency_threshold_ms:g} ms")
         if upstream.status >= 500:
             self.m_errors.labels(replica.name).inc()
+        return upstream, latency
+
+    @staticmethod
+    def _failed(replica: Replica, e: Exception) -> web.Response:
+        what = f"{type(e).__name__}: {e}" if not isinstance(e, ReplicaDied) else f"replica died: {e}"
+        return web.json_response({"error": f"upstream {replica.name}: {what}"}, status=502,
+                                 headers={"X-Upstream-Replica": replica.name})
+
+    async def _relay(self, replica: Replica, request: web.Request, upstream: aiohttp.ClientResponse,
+                     latency: float) -> web.StreamResponse:
         out = web.StreamResponse(status=upstream.status, headers={
             **{k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
             "X-Model-Latency": f"{latency * 1e3:.3f}", "X-Upstream-Replica": replica.name})

@@ -1,9 +1,13 @@
 """tiny_lm on Triton's python backend: batched requests in, generated text out (or one response per token
-when the model is decoupled), KV-pool metrics through the backend's metrics API."""
+when the model is decoupled), KV-pool metrics through the backend's metrics API. With `crash_pattern` set, a
+request whose prompt contains it kills the replica (the tritonserver process and so its stubs): a poison
+request, as the 2026 engine advisories describe."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,8 @@ class TritonPythonModel:
                          eviction=p.get("cache_eviction_policy", "lru"),
                          residue_ttl_s=float(p.get("residue_ttl_s", "5")),
                          batching_fallback_fragmentation=p.get("batching_fallback_fragmentation", ""))
+        crash = p.get("crash_pattern", "none")
+        self.crash = crash.encode() if crash and crash != "none" else None
         labels = {"model": args["model_name"], "version": args["model_version"]}
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         self.families: list[Any] = []  # a MetricFamily must outlive its Metrics
@@ -86,6 +92,12 @@ class TritonPythonModel:
             self.m_fallback.increment(self.lm.fallbacks - self.fallbacks_seen)
             self.fallbacks_seen = self.lm.fallbacks
 
+    def _crash_on_poison(self, inputs: list[Any]) -> None:
+        """A prompt with crash_pattern kills the replica: its tritonserver (the stub's parent), then the stub."""
+        if self.crash is not None and any(not isinstance(x, Exception) and self.crash in x[0] for x in inputs):
+            os.kill(os.getppid(), signal.SIGKILL)
+            os._exit(1)
+
     def execute(self, requests: list[Any]) -> list[Any] | None:
         inputs = []
         for r in requests:
@@ -93,6 +105,7 @@ class TritonPythonModel:
                 inputs.append(self._inputs(r))
             except Exception as e:  # a malformed request fails alone
                 inputs.append(e)
+        self._crash_on_poison(inputs)
         if self.decoupled:
             self._stream(requests, inputs)
             self._metrics()
