@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from chaoskit.injectors.proxy import ProxyHelper, check_host_port
+from chaoskit.injectors.proxy import ListenTls, ProxyHelper, UpstreamTls, check_host_port, https_upstream
 from chaoskit.injectors.proxy_server import split_addr
 from chaoskit.model.types import Duration, StrictModel
 
@@ -174,8 +174,12 @@ LlmFault = Annotated[AbortFault | DelayFault | TokenDelayFault | StallFault | Tr
 class LlmProxySpec(StrictModel):
     type: Literal["llm.proxy"]
     listen: str = Field(description="host:port clients connect to (127.0.0.1 when only ':port')")
-    upstream: str = Field(description="the real endpoint: http://host:port (no path: request paths are forwarded "
-                                      "as they are) or host:port")
+    upstream: str = Field(description="the real endpoint: http://host:port or https://host:port (no path: request "
+                                      "paths are forwarded as they are) or host:port (plain HTTP)")
+    upstream_tls: UpstreamTls | None = Field(None, description="with an https:// upstream (set by it, checked by "
+                                             "default): how the upstream's certificate is checked")
+    listen_tls: ListenTls | None = Field(None, description="clients connect with TLS (HTTPS) using this "
+                                         "certificate and key")
     seed: int = Field(0, description="seed of the share and gap draws: the same seed and requests, the same faults")
     faults: list[LlmFault] = Field(default_factory=list, description="each with match and share; on one request "
                                    "the first local answer (abort, rate_limit 429, error_object) wins, delays and "
@@ -186,15 +190,20 @@ class LlmProxySpec(StrictModel):
     def _url(cls, v: object) -> object:
         if isinstance(v, str) and "://" in v:
             url = urlsplit(v)
-            if url.scheme != "http" or not url.hostname:
-                raise ValueError(f"expected http://host:port or host:port (got {v!r}); the proxy speaks plain "
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError(f"expected http(s)://host:port or host:port (got {v!r}); the proxy speaks "
                                  "HTTP/1.1 to its upstream")
             if url.path not in ("", "/") or url.query:
                 raise ValueError(f"expected no path in the upstream URL (got {v!r}): the proxy forwards request "
                                  "paths unchanged, so give the server's root (http://host:port)")
             host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
-            return f"{host}:{url.port or 80}"
+            return f"{host}:{url.port or (443 if url.scheme == 'https' else 80)}"
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _https(cls, data: Any) -> Any:
+        return https_upstream(data)
 
     @field_validator("listen", "upstream")
     @classmethod
@@ -214,6 +223,7 @@ class LlmProxySpec(StrictModel):
         return self
 
     def wire(self) -> dict[str, Any]:
+        """The faults as the helper takes them (the TLS part is the injector's tls_wire)."""
         return {"seed": self.seed, "faults": [f.wire(i) for i, f in enumerate(self.faults)]}
 
 
@@ -252,11 +262,13 @@ class LlmProxy(ProxyHelper):
     def plan(self) -> list[str]:
         faults = "; ".join(f"{w['name']}: {_describe(f)}" for f, w in zip(self.spec.faults, self.spec.wire()["faults"],
                                                                           strict=True))
-        return [f"start an LLM proxy {self.spec.listen} -> {self.spec.upstream} (seed {self.spec.seed}) with faults: "
-                f"{faults or 'none'}; revert: stop it (it also exits by itself after {self.ctx.lifetime_s:g}s)"]
+        return [f"start an LLM proxy {self.spec.listen} -> {self.spec.upstream}{self.tls_plan()} (seed "
+                f"{self.spec.seed}) with faults: {faults or 'none'}; revert: stop it (it also exits by itself after "
+                f"{self.ctx.lifetime_s:g}s)"]
 
     def config(self) -> Any:
-        return self.spec.wire()
+        tls = self.tls_wire()
+        return self.spec.wire() if tls is None else {**self.spec.wire(), "tls": tls}
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
@@ -264,18 +276,26 @@ class LlmProxy(ProxyHelper):
         running = cls.observe(record)
         out: dict[str, Any] = {"in_effect": running}
         if running:
-            stats = stats_of(cls.read_record(record).listen)
+            rec = cls.read_record(record)
+            stats = stats_of(rec.listen, tls=rec.listen_tls)
             if stats is not None:
                 out.update(stats)
         return out
 
 
-def stats_of(listen: str, timeout: float = 2.0) -> dict[str, Any] | None:
-    """The proxy's own counters (GET /chaoskit/stats); None when it does not answer."""
+def stats_of(listen: str, timeout: float = 2.0, tls: bool = False) -> dict[str, Any] | None:
+    """The proxy's own counters (GET /chaoskit/stats; over HTTPS where it ends TLS: our own helper on the address
+    we gave it, so its certificate is not checked); None when it does not answer."""
     host, port = split_addr(listen)
     host = f"[{host}]" if ":" in host else host
+    ctx = None
+    if tls:
+        import ssl
+
+        ctx = ssl._create_unverified_context()
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/chaoskit/stats", timeout=timeout) as r:
+        with urllib.request.urlopen(f"{'https' if tls else 'http'}://{host}:{port}/chaoskit/stats", timeout=timeout,
+                                    context=ctx) as r:
             return json.loads(r.read())
     except (OSError, ValueError):
         return None

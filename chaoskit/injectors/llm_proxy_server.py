@@ -9,7 +9,9 @@ Started by chaoskit.injectors.proxy_proc (`proxy_proc.py TOKEN chaoskit.injector
 CONFIG_JSON UNTIL_EPOCH`), which listens, says `ready` and calls helper_main with the socket. `GET /chaoskit/metrics` (Prometheus text) and `/chaoskit/stats` (JSON) are its own.
 In a traced run (CHAOSKIT_OTLP_ENDPOINT set) a request with faults drawn and a sampled traceparent gets a child
 span with one per fault under it, and goes upstream with that span as its parent (chaoskit.injectors.
-llm_proxy_trace, imported only then; the SDK in a thread of its own)."""
+llm_proxy_trace, imported only then; the SDK in a thread of its own). With a `tls` configuration it speaks HTTPS
+to its clients and/or its upstream (chaoskit.injectors.proxy_tls, imported only then); a refused upstream
+certificate is a 502 naming the reason, and /chaoskit/stats' upstream_error."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from chaoskit.load.timer import Alarm
 
 if TYPE_CHECKING:
     from chaoskit.injectors.llm_proxy_trace import LlmTracer, RequestTrace
+    from chaoskit.injectors.proxy_tls import Tls
 
 MAX_HEAD, MAX_BODY = 64 * 1024, 64 << 20
 _CL = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*(\d+)")
@@ -77,12 +80,14 @@ class Proxy:
     """Process-wide state: the upstream, the faults, the scheduler, counters."""
 
     def __init__(self, upstream: str, faults: FaultTable, loop: asyncio.AbstractEventLoop,
-                 tracer: LlmTracer | None = None):
+                 tracer: LlmTracer | None = None, tls: Tls | None = None):
         self.host, self.port = split_addr(upstream)
         self.faults, self.loop, self.tracer = faults, loop, tracer
+        self.up_ssl, self.server_name = (tls.upstream, tls.server_name) if tls is not None else (None, None)
         self.any_faults = bool(faults.faults)
         self.sched = Scheduler(loop)
         self.requests = self.upstream_errors = self.connections = 0
+        self.upstream_error = ""  # the latest failure to reach the upstream, in words (a refused certificate ...)
 
 
 class Downstream(asyncio.Protocol):
@@ -201,6 +206,8 @@ class Downstream(asyncio.Protocol):
             body, ctype = px.faults.metrics(px.requests, px.upstream_errors, px.connections), "text/plain"
         elif req.path == "/chaoskit/stats":
             stats = px.faults.stats(px.requests, px.upstream_errors)
+            if px.upstream_error:
+                stats["upstream_error"] = px.upstream_error
             if px.tracer is not None:  # a traced run: what its spans did
                 stats["otlp"] = px.tracer.sink.stats()
             body, ctype = json.dumps(stats).encode(), "application/json"
@@ -303,11 +310,13 @@ class Exchange:
     async def _connect(self) -> None:
         d, px = self.down, self.down.px
         try:
-            _, up = await px.loop.create_connection(lambda: Upstream(d), px.host, px.port)
-        except OSError as e:
+            _, up = await px.loop.create_connection(lambda: Upstream(d), px.host, px.port, ssl=px.up_ssl,
+                                                    server_hostname=px.server_name if px.up_ssl else None)
+        except OSError as e:  # ssl.SSLError (a refused certificate) is one
             px.upstream_errors += 1
+            px.upstream_error = why = _why(e)
             if not d.closed and d.ex is self:
-                body = json.dumps({"error": f"llm.proxy: upstream {px.host}:{px.port}: {e.strerror or e}"}).encode()
+                body = json.dumps({"error": f"llm.proxy: upstream {px.host}:{px.port}: {why}"}).encode()
                 d.t.write(answer(502, [], body, not self.keep))
                 d.done(close=not self.keep, drop_upstream=False)
             return
@@ -413,6 +422,14 @@ class Exchange:
             self.down.done(close=True, drop_upstream=True)
 
 
+def _why(e: OSError) -> str:
+    if e.__class__.__module__ == "ssl":  # only a TLS upstream raises these: its module is loaded
+        from chaoskit.injectors.proxy_tls import why
+
+        return why(e)
+    return str(e.strerror or e)
+
+
 def _nodelay(t: asyncio.BaseTransport) -> None:
     sock = t.get_extra_info("socket")
     if sock is not None:
@@ -430,8 +447,15 @@ async def serve(sock: socket.socket, upstream: str, config: dict[str, Any], unti
         from chaoskit.injectors.llm_proxy_trace import LlmTracer
 
         tracer = LlmTracer.from_env(faults)
-    px = Proxy(upstream, faults, loop, tracer)
-    server = await loop.create_server(lambda: Downstream(px), sock=sock, backlog=1024)
+    tls = None
+    if config.get("tls"):  # HTTPS on either side: the ssl contexts' module, only now
+        from chaoskit.injectors.proxy_tls import Tls, quiet_handshakes
+
+        tls = Tls.of(config["tls"], alpn=["http/1.1"])
+        quiet_handshakes(loop)
+    px = Proxy(upstream, faults, loop, tracer, tls)
+    server = await loop.create_server(lambda: Downstream(px), sock=sock, backlog=1024,
+                                      ssl=tls.listen if tls is not None else None)
     await serve_until(server, until, tracer.sink.close if tracer is not None else None)
 
 

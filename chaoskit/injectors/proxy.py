@@ -6,10 +6,11 @@ import json
 import socket
 import time
 import uuid
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
@@ -91,12 +92,54 @@ def check_host_port(v: str) -> str:
     return v
 
 
+class UpstreamTls(StrictModel):
+    ca_file: str | None = Field(None, min_length=1, description="PEM file of the CA certificate(s) the upstream's "
+                                "certificate must chain to (default: the system's trusted CAs)")
+    insecure: bool = Field(False, description="true: do not verify the upstream's certificate or its name (anyone "
+                           "on the path could pose as the upstream; the plan says so)")
+    server_name: str | None = Field(None, min_length=1, description="the name the upstream's certificate is "
+                                    "checked against and sent as SNI (default: the upstream URL's host)")
+
+
+class ListenTls(StrictModel):
+    cert_file: str = Field(min_length=1, description="PEM certificate (chain) the proxy presents to its clients")
+    key_file: str = Field(min_length=1, description="PEM private key of cert_file")
+
+
+def https_upstream(data: Any) -> Any:
+    """Before validation: an https:// upstream turns upstream_tls on (by default verified against the system's
+    CAs, with the URL's host as the name); upstream_tls beside any other upstream is an error."""
+    if not isinstance(data, dict):
+        return data
+    up = data.get("upstream")
+    if isinstance(up, str) and up.lower().startswith("https://"):
+        tls = dict(data.get("upstream_tls") or {})
+        if not tls.get("server_name"):
+            tls["server_name"] = urlsplit(up).hostname
+        return {**data, "upstream_tls": tls}
+    if data.get("upstream_tls") is not None:
+        raise ValueError(f"upstream_tls goes with an https:// upstream (got {up!r})")
+    return data
+
+
 class ProxySpec(StrictModel):
     type: Literal["network.proxy"]
     listen: str = Field(description="host:port clients connect to (127.0.0.1 by default when only ':port')")
     upstream: str = Field(description="host:port of the real service (a URL such as http://host:8000/v1 gives "
-                                      "its host:port: the proxy works below HTTP)")
-    toxics: list[Toxic] = Field(default_factory=list, description="applied in order")
+                                      "its host:port: the proxy works below HTTP; a client's own TLS passes "
+                                      "through as bytes). https://host:port: the proxy itself speaks TLS to it "
+                                      "(see upstream_tls)")
+    toxics: list[Toxic] = Field(default_factory=list, description="applied in order (to the decrypted bytes "
+                                "where the proxy ends or starts TLS)")
+    upstream_tls: UpstreamTls | None = Field(None, description="with an https:// upstream (set by it, checked by "
+                                             "default): how the upstream's certificate is checked")
+    listen_tls: ListenTls | None = Field(None, description="end TLS from the clients with this certificate and key "
+                                         "(clients connect with TLS; the proxy decrypts and relays)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _https(cls, data: Any) -> Any:
+        return https_upstream(data)
 
     @field_validator("upstream", mode="before")
     @classmethod
@@ -121,6 +164,7 @@ class ProxyRecord(helper_proc.HelperRecord):
     listen: str
     upstream: str
     proxy: ProcessRef | None = None
+    listen_tls: bool = False  # clients speak TLS to it (its own /chaoskit/ endpoints too)
 
 
 class ProxyHelper(helper_proc.HelperFault):
@@ -146,10 +190,57 @@ class ProxyHelper(helper_proc.HelperFault):
                 s.bind((host, port))
             except OSError as e:
                 raise PreflightError(f"{self.type}: cannot listen on {self.spec.listen}: {e.strerror}") from None
+        if self.tls_wire() is not None:
+            self._preflight_tls()
+
+    def _preflight_tls(self) -> None:
+        """The TLS files load, and an upstream that answers now accepts the handshake (its certificate trusted)."""
+        from chaoskit.injectors import proxy_tls
+
+        tls = self.tls_wire() or {}
+        try:
+            proxy_tls.Tls.of(tls)
+        except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+            which = "listen_tls" if "listen" in tls and not isinstance(e, FileNotFoundError) else "a TLS file"
+            raise PreflightError(f"{self.type}: {which} cannot be loaded: {proxy_tls.why(e)}"
+                                 + (f" ({e.filename})" if getattr(e, "filename", None) else "")) from None
+        if "upstream" in tls:
+            why = proxy_tls.check_upstream(*split_addr(self.spec.upstream), tls["upstream"])
+            if why is not None:
+                ca = tls["upstream"].get("ca_file") or "the system's CAs"
+                raise PreflightError(f"{self.type}: upstream {self.spec.upstream}: {why} (checked against {ca}; "
+                                     "upstream_tls.ca_file names the CA to trust, insecure: true skips the check)")
+
+    def tls_wire(self) -> dict[str, Any] | None:
+        """The helper's `tls` configuration (absolute paths), None when the proxy speaks plain TCP both ways."""
+        out: dict[str, Any] = {}
+        up, down = self.spec.upstream_tls, self.spec.listen_tls
+        if up is not None:
+            out["upstream"] = {"ca_file": str(Path(up.ca_file).resolve()) if up.ca_file else None,
+                               "insecure": up.insecure, "server_name": up.server_name}
+        if down is not None:
+            out["listen"] = {"cert_file": str(Path(down.cert_file).resolve()),
+                             "key_file": str(Path(down.key_file).resolve())}
+        return out or None
+
+    def tls_plan(self) -> str:
+        """The plan's words on TLS ('' when there is none)."""
+        up, down = self.spec.upstream_tls, self.spec.listen_tls
+        parts = []
+        if down is not None:
+            parts.append(f"clients connect with TLS (certificate {down.cert_file})")
+        if up is not None:
+            if up.insecure:
+                parts.append("TLS to the upstream WITHOUT VERIFYING its certificate (insecure: true: anyone on the "
+                             "path could pose as the upstream)")
+            else:
+                parts.append(f"TLS to the upstream, its certificate verified against "
+                             f"{up.ca_file or 'the system CAs'} as {up.server_name}")
+        return f" [{'; '.join(parts)}]" if parts else ""
 
     def prepare(self) -> dict[str, Any]:
         return {"token": f"{self.token_prefix}{uuid.uuid4().hex}", "listen": self.spec.listen,
-                "upstream": self.spec.upstream}
+                "upstream": self.spec.upstream, "listen_tls": self.spec.listen_tls is not None}
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
@@ -188,8 +279,14 @@ class Proxy(ProxyHelper):
 
     def plan(self) -> list[str]:
         toxics = "; ".join(f"{t.type} ({t.stream}, {t.toxicity * 100:g}% of connections)" for t in self.spec.toxics)
-        return [f"start a proxy {self.spec.listen} -> {self.spec.upstream} with toxics: {toxics or 'none'}; "
+        tls = self.tls_plan()
+        if tls:
+            tls += (" (the proxy decrypts and re-encrypts: the toxics act on the plaintext bytes, and each side "
+                    "sees its own TLS records, not the other side's)")
+        return [f"start a proxy {self.spec.listen} -> {self.spec.upstream}{tls} with toxics: {toxics or 'none'}; "
                 f"revert: stop it (it also exits by itself after {self.ctx.lifetime_s:g}s)"]
 
     def config(self) -> Any:
-        return [t.wire() for t in self.spec.toxics]
+        toxics = [t.wire() for t in self.spec.toxics]
+        tls = self.tls_wire()
+        return toxics if tls is None else {"toxics": toxics, "tls": tls}

@@ -9,6 +9,9 @@ In a traced run (CHAOSKIT_OTLP_ENDPOINT set; chaoskit.injectors.proxy_trace impo
 toxics drawn whose first bytes from the client are an HTTP/1 request head with a sampled traceparent gets a
 child span per toxic on that trace, from the connection's start to its end. It does not parse further: later
 requests on a kept-alive connection, TLS and other protocols are not looked into, and get no span.
+
+With a `tls` configuration (chaoskit.injectors.proxy_tls, imported only then) it ends TLS from its clients and/or
+starts TLS to its upstream: the toxics then act on the decrypted bytes, and each side gets its own TLS records.
 """
 
 from __future__ import annotations
@@ -200,8 +203,18 @@ class Connection:
             p.reader.feed_eof()
 
 
-async def serve(sock: socket.socket, upstream: str, toxics: list[dict[str, Any]], until: float) -> None:
+async def serve(sock: socket.socket, upstream: str, config: list[dict[str, Any]] | dict[str, Any],
+                until: float) -> None:
+    """config: the toxics, or {"toxics": [...], "tls": {...}} where the proxy ends or starts TLS."""
     up_host, up_port = split_addr(upstream)
+    toxics, tls_cfg = (config, None) if isinstance(config, list) else (config.get("toxics", []), config.get("tls"))
+    listen_ssl = up_ssl = server_name = None
+    if tls_cfg:  # the ssl contexts' module, only now
+        from chaoskit.injectors.proxy_tls import Tls, quiet_handshakes
+
+        tls = Tls.of(tls_cfg)
+        listen_ssl, up_ssl, server_name = tls.listen, tls.upstream, tls.server_name
+        quiet_handshakes(asyncio.get_running_loop())
     tracer = None
     if os.environ.get("CHAOSKIT_OTLP_ENDPOINT"):  # a traced run: the span module, only now
         from chaoskit.injectors.proxy_trace import NetTracer
@@ -211,7 +224,8 @@ async def serve(sock: socket.socket, upstream: str, toxics: list[dict[str, Any]]
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         _nodelay(writer)
         try:
-            up = await asyncio.open_connection(up_host, up_port)
+            up = await asyncio.open_connection(up_host, up_port, ssl=up_ssl,
+                                               server_hostname=server_name if up_ssl is not None else None)
         except OSError:
             writer.close()
             return
@@ -220,7 +234,7 @@ async def serve(sock: socket.socket, upstream: str, toxics: list[dict[str, Any]]
         for w in (writer, up[1]):
             w.close()
 
-    await serve_until(await asyncio.start_server(handle, sock=sock, backlog=1024), until,
+    await serve_until(await asyncio.start_server(handle, sock=sock, backlog=1024, ssl=listen_ssl), until,
                       tracer.close if tracer is not None else None)
 
 
