@@ -4,9 +4,16 @@ reverts after chaoskit is SIGKILLed. Medians over N runs (default 20) on a real 
 Anchor: the raw cost of the same action without chaoskit (one os.kill + wait for the stopped state), measured
 in the same run, so the ratios hold on noisy machines.
 
+Exporters (issue 34): the same run with every exporter pointed where it cannot work (--metrics-port on a port
+another socket listens on, --pushgateway and --otlp-endpoint on closed ports) against the same run without them,
+N runs each, interleaved (none, exporters, none, ...) so both meet the same machine load.
+
 RESULT keys: apply_ms (median request->fault in effect, from the journal), rollback_ms (median rollback phase),
 watchdog_ms (median SIGKILL of chaoskit -> target running again), raw_apply_ms (anchor),
-apply_overhead_ratio (apply_ms / raw_apply_ms). Goals: apply <= 50 ms, rollback <= 1 s, watchdog <= 2 s.
+apply_overhead_ratio (apply_ms / raw_apply_ms), rollback_none_ms / rollback_exporters_ms (medians of the
+interleaved pair), run_none_ms / run_exporters_ms (median wall time of the whole `chaoskit run` process),
+rollback_exporters_ratio (exporters / none; goal: 1, within the spread). Goals: apply <= 50 ms, rollback <= 1 s,
+watchdog <= 2 s. BENCH_PARTS (default "latency,exporters") picks the parts.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -51,12 +59,14 @@ def raw_apply_ms(pid: int) -> float:
     return ms
 
 
-def one_run(tmp: Path, pid: int, env: dict, i: int) -> tuple[float, float]:
+def one_run(tmp: Path, pid: int, env: dict, i: int, extra: tuple[str, ...] = ()) -> tuple[float, float]:
     exp = tmp / f"e{i}.yaml"
     exp.write_text(EXP.format(pid=pid, duration=""))  # no duration: the rollback phase reverts it
     out = tmp / f"run{i}"
-    subprocess.run([sys.executable, "-m", "chaoskit", "run", str(exp), "--out", str(out), "--plain"], env=env,
-                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-m", "chaoskit", "run", str(exp), "--out", str(out), "--plain", *extra],
+                          env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:  # the exporters' warnings are expected; anything else is shown
+        raise RuntimeError(f"chaoskit run exited {done.returncode}: {done.stderr[-2000:]}")
     events = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()]
     apply_ms = next(e["apply_ms"] for e in events if e["event"] == "fault_applied")
     rollback = next(e for e in events if e["event"] == "rollback")
@@ -85,28 +95,82 @@ def watchdog_run(tmp: Path, pid: int, env: dict, i: int) -> float:
     return ms
 
 
+def dead_ports() -> tuple[socket.socket, socket.socket, tuple[str, ...]]:
+    """A port another socket listens on (for --metrics-port) and one bound but not listening (connections to it
+    are refused: the closed --pushgateway and --otlp-endpoint). Keep both sockets open while the runs use them."""
+    busy = socket.create_server(("127.0.0.1", 0))
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    return busy, closed, ("--metrics-port", str(busy.getsockname()[1]), "--pushgateway", url,
+                          "--otlp-endpoint", url)
+
+
+def exporter_runs(tmp: Path, pid: int, env: dict) -> dict[str, list[tuple[float, float]]]:
+    """N runs without exporters and N with every exporter dead, interleaved: (rollback ms, whole run ms) each."""
+    busy, closed, extra = dead_ports()
+    out: dict[str, list[tuple[float, float]]] = {"none": [], "exporters": []}
+    try:
+        for i in range(2 * N):
+            kind = "exporters" if i % 2 else "none"
+            t0 = time.perf_counter()
+            _, rollback = one_run(tmp, pid, env, 1000 + i, extra if i % 2 else ())
+            out[kind].append((rollback, (time.perf_counter() - t0) * 1000))
+    finally:
+        busy.close()
+        closed.close()
+    return out
+
+
+def spread(vals: list[float]) -> str:
+    vals = sorted(vals)
+    return f"{statistics.median(vals):>10.2f}{vals[int(0.1 * (len(vals) - 1))]:>10.2f}" \
+           f"{vals[int(0.9 * (len(vals) - 1))]:>10.2f}{vals[0]:>10.2f}{vals[-1]:>10.2f}"
+
+
 def main() -> None:
+    parts = os.environ.get("BENCH_PARTS", "latency,exporters").split(",")
     target = subprocess.Popen(["sleep", "3600"])
+    raw: list[float] = []
+    runs: list[tuple[float, float]] = []
+    wd: list[float] = []
+    exp: dict[str, list[tuple[float, float]]] = {}
     try:
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
             env = {**os.environ, "CHAOSKIT_STATE_DIR": str(tmp / "state")}
-            raw = [raw_apply_ms(target.pid) for _ in range(N)]
-            runs = [one_run(tmp, target.pid, env, i) for i in range(N)]
-            wd = [watchdog_run(tmp, target.pid, env, i) for i in range(N)]
+            env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)  # "none" means none
+            if "latency" in parts:
+                raw = [raw_apply_ms(target.pid) for _ in range(N)]
+                runs = [one_run(tmp, target.pid, env, i) for i in range(N)]
+                wd = [watchdog_run(tmp, target.pid, env, i) for i in range(N)]
+            if "exporters" in parts:
+                exp = exporter_runs(tmp, target.pid, env)
     finally:
         target.kill()
         target.wait()
     med = statistics.median
-    apply_ms, rollback_ms = med(r[0] for r in runs), med(r[1] for r in runs)
-    watchdog_ms, raw_ms = med(wd), med(raw)
-    print(f"{'measure':<28}{'median ms':>12}{'p90 ms':>10}{'goal':>10}")
-    for name, vals, goal in (("raw SIGSTOP (anchor)", raw, "-"), ("apply", [r[0] for r in runs], "50"),
-                             ("rollback", [r[1] for r in runs], "1000"), ("watchdog after SIGKILL", wd, "2000")):
-        vals = sorted(vals)
-        print(f"{name:<28}{med(vals):>12.2f}{vals[int(0.9 * (len(vals) - 1))]:>10.2f}{goal:>10}")
-    print(f"RESULT apply_ms={apply_ms:.3f} rollback_ms={rollback_ms:.3f} watchdog_ms={watchdog_ms:.3f} "
-          f"raw_apply_ms={raw_ms:.3f} apply_overhead_ratio={apply_ms / raw_ms:.2f}")
+    print(f"{'measure':<32}{'median':>10}{'p10':>10}{'p90':>10}{'min':>10}{'max':>10}  ms")
+    keys: list[str] = []
+    if runs:
+        for name, vals in (("raw SIGSTOP (anchor)", raw), ("apply (goal 50)", [r[0] for r in runs]),
+                           ("rollback (goal 1000)", [r[1] for r in runs]),
+                           ("watchdog after SIGKILL (goal 2000)", wd)):
+            print(f"{name:<32}{spread(vals)}")
+        apply_ms, raw_ms = med(r[0] for r in runs), med(raw)
+        keys += [f"apply_ms={apply_ms:.3f}", f"rollback_ms={med(r[1] for r in runs):.3f}",
+                 f"watchdog_ms={med(wd):.3f}", f"raw_apply_ms={raw_ms:.3f}",
+                 f"apply_overhead_ratio={apply_ms / raw_ms:.2f}"]
+    if exp:
+        for kind in ("none", "exporters"):
+            print(f"{'rollback, ' + kind:<32}{spread([r[0] for r in exp[kind]])}")
+            print(f"{'whole run, ' + kind:<32}{spread([r[1] for r in exp[kind]])}")
+        rb = {k: med(r[0] for r in v) for k, v in exp.items()}
+        wall = {k: med(r[1] for r in v) for k, v in exp.items()}
+        keys += [f"rollback_none_ms={rb['none']:.3f}", f"rollback_exporters_ms={rb['exporters']:.3f}",
+                 f"run_none_ms={wall['none']:.0f}", f"run_exporters_ms={wall['exporters']:.0f}",
+                 f"rollback_exporters_ratio={rb['exporters'] / rb['none']:.2f}"]
+    print("RESULT " + " ".join(keys))
 
 
 if __name__ == "__main__":
