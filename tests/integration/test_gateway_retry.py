@@ -1,0 +1,67 @@
+"""The reference gateway's retries: a request whose replica dies serving it (the connection breaks after the
+request was sent) goes on to the next replica with `retry`, and not with `retry_on_death: false`; a 5xx and a
+refused connection are retried either way; without `retry` nothing is (real sockets, in-process replicas)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from chaoskit.reference.gateway import Gateway, GatewayConfig
+from tests.conftest import free_port
+
+
+async def _replica(kind: str, hits: list[str]) -> tuple[web.AppRunner, str]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        hits.append(kind)
+        if kind == "dies":
+            assert request.transport is not None
+            request.transport.close()  # the engine died serving it: no answer, the connection breaks
+        return web.Response(status=500 if kind == "5xx" else 200, text=kind)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def _through(kinds: list[str], **cfg: bool) -> tuple[int, list[str]]:
+    """One request through a gateway over replicas of these kinds (the first one first): (status, hits)."""
+    hits: list[str] = []
+    replicas = [await _replica(k, hits) if k != "refused" else (None, f"http://127.0.0.1:{free_port()}")
+                for k in kinds]
+    gw = Gateway(GatewayConfig(replicas=[{"name": f"r{i}", "url": url} for i, (_, url) in enumerate(replicas)],
+                               **cfg))
+    gw.session = aiohttp.ClientSession()
+    runner = web.AppRunner(gw.app(), access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with aiohttp.ClientSession() as s, s.post(f"http://127.0.0.1:{port}/v2/x", data=b"poison") as r:
+            return r.status, hits
+    finally:
+        await gw.session.close()
+        await runner.cleanup()
+        for rep, _ in replicas:
+            if rep is not None:
+                await rep.cleanup()
+
+
+@pytest.mark.parametrize("kinds, cfg, status, hits", [
+    (["dies", "dies", "ok"], {"retry": True}, 200, ["dies", "dies", "ok"]),  # the poison reaches every replica
+    (["dies", "ok"], {"retry": True, "retry_on_death": False}, 502, ["dies"]),  # the fix: not handed on
+    (["5xx", "ok"], {"retry": True, "retry_on_death": False}, 200, ["5xx", "ok"]),
+    (["refused", "ok"], {"retry": True, "retry_on_death": False}, 200, ["ok"]),
+    (["dies", "ok"], {}, 502, ["dies"]),  # no retry: as before
+    (["5xx", "ok"], {}, 500, ["5xx"]),
+])
+def test_gateway_retries(kinds, cfg, status, hits):
+    assert asyncio.run(_through(kinds, **cfg)) == (status, hits)
