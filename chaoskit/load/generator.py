@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +48,10 @@ def trace_headers(traceparent: str | None) -> dict[str, str] | None:
     return {"traceparent": traceparent} if traceparent else None
 
 
-async def _at(due: float, send: Coroutine[Any, Any, None]) -> None:
-    """Run `send` at monotonic time `due`."""
+async def _at(due: float, send: Callable[[], Awaitable[None]]) -> None:
+    """Run `send()` at monotonic time `due`."""
     await asyncio.sleep(max(0.0, due - time.monotonic()))
-    await send
+    await send()
 
 
 def warm_count(spec: LoadSpec) -> int:
@@ -197,10 +197,11 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
             await fast.warm(warm_count(spec))
         loop = asyncio.get_running_loop()
         alarm = Alarm(loop, pump)
-        if poison is not None and spec.poison is not None:  # once, at its time (a task: waited for below)
-            task = asyncio.create_task(_at(t0 + spec.poison.at, one(-1, t0 + spec.poison.at, poison)))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+        poisoning, poison_at = None, t0 + (spec.poison.at if spec.poison is not None else 0.0)
+        if poison is not None:  # once, at its time (a task: waited for below)
+            poisoning = asyncio.create_task(_at(poison_at, lambda: one(-1, poison_at, poison)))
+            tasks.add(poisoning)
+            poisoning.add_done_callback(tasks.discard)
         next_report = time.monotonic()
         try:
             if due is not None:
@@ -214,6 +215,8 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
                     next_report = time.monotonic() + PROGRESS_S
         finally:
             alarm.close()
+        if poisoning is not None and stopped is not None and stopped() and time.monotonic() < poison_at:
+            poisoning.cancel()  # the load was stopped before the poison's time: it is not sent
         while tasks or in_flight:
             if tasks:
                 await asyncio.wait(set(tasks), timeout=0.5)
