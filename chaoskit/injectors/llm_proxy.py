@@ -13,7 +13,16 @@ from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from chaoskit.injectors.proxy import ListenTls, ProxyHelper, UpstreamTls, check_host_port, https_upstream
+from chaoskit.injectors.proxy import (
+    ListenTls,
+    ProxyHelper,
+    UpstreamTls,
+    check_host_port,
+    check_intercept,
+    https_upstream,
+    intercept_listen,
+)
+from chaoskit.injectors.proxy_intercept import Intercept
 from chaoskit.injectors.proxy_server import split_addr
 from chaoskit.model.types import Duration, StrictModel
 
@@ -173,13 +182,19 @@ LlmFault = Annotated[AbortFault | DelayFault | TokenDelayFault | StallFault | Tr
 
 class LlmProxySpec(StrictModel):
     type: Literal["llm.proxy"]
-    listen: str = Field(description="host:port clients connect to (127.0.0.1 when only ':port')")
-    upstream: str = Field(description="the real endpoint: http://host:port or https://host:port (no path: request "
-                                      "paths are forwarded as they are) or host:port (plain HTTP)")
+    listen: str = Field("", description="host:port clients connect to (127.0.0.1 when only ':port'); required "
+                        "unless intercept (then :PORT in the namespace, default a free port)")
+    upstream: str | None = Field(None, description="the real endpoint: http://host:port or https://host:port (no "
+                                 "path: request paths are forwarded as they are) or host:port (plain HTTP); "
+                                 "required unless intercept")
     upstream_tls: UpstreamTls | None = Field(None, description="with an https:// upstream (set by it, checked by "
                                              "default): how the upstream's certificate is checked")
     listen_tls: ListenTls | None = Field(None, description="clients connect with TLS (HTTPS) using this "
                                          "certificate and key")
+    intercept: Intercept | None = Field(None, description="transparent: the proxy runs in target's namespace and "
+                                        "an nftables redirect sends port's new incoming connections to it, each "
+                                        "forwarded to its original destination (no upstream; clients unchanged; "
+                                        "root)")
     seed: int = Field(0, description="seed of the share and gap draws: the same seed and requests, the same faults")
     faults: list[LlmFault] = Field(default_factory=list, description="each with match and share; on one request "
                                    "the first local answer (abort, rate_limit 429, error_object) wins, delays and "
@@ -203,16 +218,17 @@ class LlmProxySpec(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _https(cls, data: Any) -> Any:
-        return https_upstream(data)
+        return intercept_listen(https_upstream(data))
 
     @field_validator("listen", "upstream")
     @classmethod
-    def _addr(cls, v: str) -> str:
-        return check_host_port(v)
+    def _addr(cls, v: str | None) -> str | None:
+        return check_host_port(v, zero=True) if v else v
 
     @model_validator(mode="after")
     def _names(self) -> LlmProxySpec:
-        if split_addr(self.listen) == split_addr(self.upstream):
+        check_intercept(self)
+        if self.upstream and split_addr(self.listen) == split_addr(self.upstream):
             raise ValueError(f"listen and upstream are the same address ({self.listen}): the proxy would call itself")
         seen: set[str] = set()
         for i, f in enumerate(self.faults):
@@ -262,7 +278,8 @@ class LlmProxy(ProxyHelper):
     def plan(self) -> list[str]:
         faults = "; ".join(f"{w['name']}: {_describe(f)}" for f, w in zip(self.spec.faults, self.spec.wire()["faults"],
                                                                           strict=True))
-        return [f"start an LLM proxy {self.spec.listen} -> {self.spec.upstream}{self.tls_plan()} (seed "
+        where = self.intercept_plan() or f" {self.spec.listen} -> {self.spec.upstream}"
+        return [f"start an LLM proxy{where}{self.tls_plan()} (seed "
                 f"{self.spec.seed}) with faults: {faults or 'none'}; revert: stop it (it also exits by itself after "
                 f"{self.ctx.lifetime_s:g}s)"]
 
@@ -277,7 +294,12 @@ class LlmProxy(ProxyHelper):
         out: dict[str, Any] = {"in_effect": running}
         if running:
             rec = cls.read_record(record)
-            stats = stats_of(rec.listen, tls=rec.listen_tls)
+            if rec.ns:  # intercept: the proxy listens in the namespace
+                from chaoskit.targets.netns import run_in_netns
+
+                stats = run_in_netns(rec.ns, lambda: stats_of(rec.listen, tls=rec.listen_tls))
+            else:
+                stats = stats_of(rec.listen, tls=rec.listen_tls)
             if stats is not None:
                 out.update(stats)
         return out

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from chaoskit.injectors.llm_proxy_faults import FaultTable, Local, Plan, Request
 from chaoskit.injectors.llm_proxy_sse import Chunked, EventStream
-from chaoskit.injectors.proxy_server import serve_helper, serve_until, split_addr
+from chaoskit.injectors.proxy_server import ORIGINAL, original_dst, serve_helper, serve_until, split_addr
 from chaoskit.load.timer import Alarm
 
 if TYPE_CHECKING:
@@ -81,7 +81,8 @@ class Proxy:
 
     def __init__(self, upstream: str, faults: FaultTable, loop: asyncio.AbstractEventLoop,
                  tracer: LlmTracer | None = None, tls: Tls | None = None):
-        self.host, self.port = split_addr(upstream)
+        self.intercept = upstream == ORIGINAL  # each connection goes to its own original destination
+        self.host, self.port = ("", 0) if self.intercept else split_addr(upstream)
         self.faults, self.loop, self.tracer = faults, loop, tracer
         self.up_ssl, self.server_name = (tls.upstream, tls.server_name) if tls is not None else (None, None)
         self.any_faults = bool(faults.faults)
@@ -105,6 +106,8 @@ class Downstream(asyncio.Protocol):
         _nodelay(self.t)
         peer = self.t.get_extra_info("peername")
         self.client = str(peer[0]) if peer else ""
+        # intercept: where the client was going (None: it came to the proxy's port itself; /chaoskit/ only)
+        self.dst = original_dst(self.t.get_extra_info("socket")) if self.px.intercept else None
         self.px.connections += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -309,14 +312,17 @@ class Exchange:
 
     async def _connect(self) -> None:
         d, px = self.down, self.down.px
+        host, port = d.dst or (px.host, px.port)
         try:
-            _, up = await px.loop.create_connection(lambda: Upstream(d), px.host, px.port, ssl=px.up_ssl,
+            if px.intercept and d.dst is None:
+                raise OSError(0, "a connection to the intercepting proxy's own port has no upstream")
+            _, up = await px.loop.create_connection(lambda: Upstream(d), host, port, ssl=px.up_ssl,
                                                     server_hostname=px.server_name if px.up_ssl else None)
         except OSError as e:  # ssl.SSLError (a refused certificate) is one
             px.upstream_errors += 1
             px.upstream_error = why = _why(e)
             if not d.closed and d.ex is self:
-                body = json.dumps({"error": f"llm.proxy: upstream {px.host}:{px.port}: {why}"}).encode()
+                body = json.dumps({"error": f"llm.proxy: upstream {host}:{port}: {why}"}).encode()
                 d.t.write(answer(502, [], body, not self.keep))
                 d.done(close=not self.keep, drop_upstream=False)
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 import uuid
@@ -13,9 +14,13 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors import helper_proc
-from chaoskit.injectors.proxy_server import split_addr
+from chaoskit.injectors import helper_proc, proxy_intercept
+from chaoskit.injectors.proxy_intercept import TABLE_PATTERN, Intercept
+from chaoskit.injectors.proxy_server import ORIGINAL, split_addr
 from chaoskit.model.types import Duration, Percent, StrictModel
+from chaoskit.targets import nftables
+from chaoskit.targets.local import NetnsTarget
+from chaoskit.targets.netns import resolve_namespace
 from chaoskit.targets.process import ProcessRef
 from chaoskit.units import parse_rate
 
@@ -79,15 +84,16 @@ Toxic = Annotated[LatencyToxic | BandwidthToxic | SlowCloseToxic | TimeoutToxic 
                   | LimitDataToxic, Field(discriminator="type")]
 
 
-def check_host_port(v: str) -> str:
-    """A listen or upstream address: host:port with a port in range (a URL is turned into one before this)."""
+def check_host_port(v: str, zero: bool = False) -> str:
+    """A listen or upstream address: host:port with a port in range (a URL is turned into one before this;
+    `zero`: port 0 too, an intercepting proxy's free port)."""
     try:
         host, port = split_addr(v)
     except ValueError:
         raise ValueError(f"expected host:port (got {v!r})") from None
     if "/" in host:
         raise ValueError(f"expected host:port, not a URL (got {v!r})")
-    if not 0 < port < 65536:
+    if not (0 if zero else 1) <= port < 65536:
         raise ValueError(f"port {port} is out of range")
     return v
 
@@ -122,10 +128,40 @@ def https_upstream(data: Any) -> Any:
     return data
 
 
+def intercept_listen(data: Any) -> Any:
+    """Before validation: with intercept the proxy listens on 0.0.0.0 in the namespace (`:PORT`, or a free port
+    chosen at apply when listen is left out)."""
+    if not isinstance(data, dict) or not data.get("intercept"):
+        return data
+    listen = data.get("listen") or ":0"
+    if isinstance(listen, str) and listen.rpartition(":")[0] not in ("", "0.0.0.0"):
+        raise ValueError(f"with intercept the proxy listens on every address of the namespace (0.0.0.0): give "
+                         f"listen as :PORT or leave it out (got {listen!r})")
+    return {**data, "listen": f"0.0.0.0:{listen.rpartition(':')[2]}" if isinstance(listen, str) else listen}
+
+
+def check_intercept(spec: Any) -> None:
+    """After validation: with intercept no upstream (each connection goes where it was meant to) and not the
+    intercepted port as its own; without it, listen and upstream are both required."""
+    if spec.intercept is None:
+        missing = [f for f in ("listen", "upstream") if not getattr(spec, f)]
+        if missing:
+            raise ValueError(f"{' and '.join(missing)} required (or intercept: {{port, target}})")
+        for f in ("listen", "upstream"):
+            if split_addr(getattr(spec, f))[1] == 0:
+                raise ValueError(f"{f}: port 0 is out of range")
+        return
+    if spec.upstream:
+        raise ValueError("intercept forwards each connection to its original destination: drop upstream")
+    if split_addr(spec.listen)[1] == spec.intercept.port:
+        raise ValueError(f"listen port {spec.intercept.port} is the intercepted port itself")
+
+
 class ProxySpec(StrictModel):
     type: Literal["network.proxy"]
-    listen: str = Field(description="host:port clients connect to (127.0.0.1 by default when only ':port')")
-    upstream: str = Field(description="host:port of the real service (a URL such as http://host:8000/v1 gives "
+    listen: str = Field("", description="host:port clients connect to (127.0.0.1 by default when only ':port'); "
+                        "required unless intercept (then :PORT in the namespace, default a free port)")
+    upstream: str | None = Field(None, description="host:port of the real service (a URL such as http://host:8000/v1 gives "
                                       "its host:port: the proxy works below HTTP; a client's own TLS passes "
                                       "through as bytes). https://host:port: the proxy itself speaks TLS to it "
                                       "(see upstream_tls)")
@@ -135,11 +171,20 @@ class ProxySpec(StrictModel):
                                              "default): how the upstream's certificate is checked")
     listen_tls: ListenTls | None = Field(None, description="end TLS from the clients with this certificate and key "
                                          "(clients connect with TLS; the proxy decrypts and relays)")
+    intercept: Intercept | None = Field(None, description="transparent: the proxy runs in target's namespace and "
+                                        "an nftables redirect sends port's new incoming connections to it, each "
+                                        "forwarded to its original destination (no upstream; clients unchanged; "
+                                        "root)")
 
     @model_validator(mode="before")
     @classmethod
     def _https(cls, data: Any) -> Any:
-        return https_upstream(data)
+        return intercept_listen(https_upstream(data))
+
+    @model_validator(mode="after")
+    def _intercept(self) -> ProxySpec:
+        check_intercept(self)
+        return self
 
     @field_validator("upstream", mode="before")
     @classmethod
@@ -154,8 +199,8 @@ class ProxySpec(StrictModel):
 
     @field_validator("listen", "upstream")
     @classmethod
-    def _addr(cls, v: str) -> str:
-        return check_host_port(v)
+    def _addr(cls, v: str | None) -> str | None:
+        return check_host_port(v, zero=True) if v else v
 
 
 class ProxyRecord(helper_proc.HelperRecord):
@@ -165,6 +210,9 @@ class ProxyRecord(helper_proc.HelperRecord):
     upstream: str
     proxy: ProcessRef | None = None
     listen_tls: bool = False  # clients speak TLS to it (its own /chaoskit/ endpoints too)
+    ns: str | None = None  # intercept: the namespace the proxy and the redirect are in (its inode, the table)
+    ns_inode: int | None = None
+    table: str | None = Field(None, pattern=TABLE_PATTERN)
 
 
 class ProxyHelper(helper_proc.HelperFault):
@@ -182,7 +230,28 @@ class ProxyHelper(helper_proc.HelperFault):
         """What the helper server is started with (JSON)."""
         raise NotImplementedError
 
+    def resolve_target(self) -> NetnsTarget | None:
+        ic = self.spec.intercept
+        return None if ic is None else resolve_namespace(ic.target, False, f"{self.type} intercept")
+
     def preflight(self) -> None:
+        if self.spec.intercept is not None:
+            self._preflight_intercept()
+        else:
+            self._preflight_listen()
+        if self.tls_wire() is not None:
+            self._preflight_tls()
+
+    def _preflight_intercept(self) -> None:
+        if os.geteuid() != 0:
+            raise PreflightError(f"{self.type}: intercept needs root (CAP_NET_ADMIN, to join the namespace)")
+        t = self.target_as(NetnsTarget)
+        try:
+            nftables.tables(t.ns_path)
+        except (nftables.NftError, OSError) as e:
+            raise PreflightError(f"{self.type}: nftables unusable in {t.label}: {e}") from None
+
+    def _preflight_listen(self) -> None:
         host, port = split_addr(self.spec.listen)
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -190,8 +259,6 @@ class ProxyHelper(helper_proc.HelperFault):
                 s.bind((host, port))
             except OSError as e:
                 raise PreflightError(f"{self.type}: cannot listen on {self.spec.listen}: {e.strerror}") from None
-        if self.tls_wire() is not None:
-            self._preflight_tls()
 
     def _preflight_tls(self) -> None:
         """The TLS files load, and an upstream that answers now accepts the handshake (its certificate trusted)."""
@@ -238,9 +305,26 @@ class ProxyHelper(helper_proc.HelperFault):
                              f"{up.ca_file or 'the system CAs'} as {up.server_name}")
         return f" [{'; '.join(parts)}]" if parts else ""
 
+    def intercept_plan(self) -> str:
+        """The plan's words on interception ('' without it)."""
+        ic = self.spec.intercept
+        if ic is None:
+            return ""
+        return (f" in {ic.target.label()}, intercepting port {ic.port}: nft table {proxy_intercept.FAMILY} "
+                f"chaoskit_<id> redirects new incoming TCP connections to port {ic.port} (IPv4) to the proxy, "
+                "which forwards each to its original destination; connections already open are not touched. "
+                "Revert deletes the table first (new connections go straight to the service again), then stops "
+                "the proxy (the connections it carries are closed)")
+
     def prepare(self) -> dict[str, Any]:
-        return {"token": f"{self.token_prefix}{uuid.uuid4().hex}", "listen": self.spec.listen,
-                "upstream": self.spec.upstream, "listen_tls": self.spec.listen_tls is not None}
+        rec = {"token": f"{self.token_prefix}{uuid.uuid4().hex}", "listen": self.spec.listen,
+               "upstream": self.spec.upstream or ORIGINAL, "listen_tls": self.spec.listen_tls is not None}
+        if self.spec.intercept is not None:
+            t = self.target_as(NetnsTarget)
+            port = split_addr(self.spec.listen)[1] or proxy_intercept.free_port(t.ns_path)
+            rec |= {"listen": f"0.0.0.0:{port}", "ns": t.ns_path, "ns_inode": t.ns_inode,
+                    "table": f"chaoskit_{uuid.uuid4().hex[:12]}"}
+        return rec
 
     @classmethod
     def revert(cls, record: dict[str, Any]) -> None:
@@ -249,22 +333,38 @@ class ProxyHelper(helper_proc.HelperFault):
     @classmethod
     def revert_many(cls, records: list[dict[str, Any]]) -> None:
         """Stop the helpers of many proxies together: they exit side by side, one wait for all (revert is this for
-        one; the rollback still reverts and observes each after this)."""
-        helper_proc.stop_all([p for r in map(cls.read_record, records) for p in cls._helpers(r)])
+        one; the rollback still reverts and observes each after this). An intercepting proxy's redirect is
+        deleted first, so no new connection is sent to a proxy that is going away."""
+        recs = [cls.read_record(r) for r in records]
+        for r in recs:
+            if r.table and r.ns and r.ns_inode is not None:
+                proxy_intercept.remove(r.ns, r.ns_inode, r.table)
+        helper_proc.stop_all([p for r in recs for p in cls._helpers(r)])
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
-        return bool(cls._helpers(cls.read_record(record)))
+        """Anything of it left: the helper, or an intercepting proxy's redirect."""
+        r = cls.read_record(record)
+        if r.table and r.ns and r.ns_inode is not None and proxy_intercept.present(r.ns, r.ns_inode, r.table):
+            return True
+        return bool(cls._helpers(r))
 
     @staticmethod
     def _helpers(r: ProxyRecord) -> list[ProcessRef]:
         return helper_proc.marked(r.token, r.proxy.to_json() if r.proxy else None)
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Start the helper (in the namespace, for intercept), then, for intercept, the redirect to it."""
+        ns = record.get("ns")
         ref = helper_proc.spawn(self.helper, record["token"],
                                 [self.server, record["listen"], record["upstream"], json.dumps(self.config()),
-                                 f"{time.time() + self.ctx.lifetime_s:.3f}"], f"{self.what} on {record['listen']}")
-        return {**record, "proxy": ref.to_json()}
+                                 f"{time.time() + self.ctx.lifetime_s:.3f}"],
+                                f"{self.what} on {record['listen']}" + (f" in {ns}" if ns else ""),
+                                {"CHAOSKIT_PROXY_NETNS": ns} if ns else None)
+        out = {**record, "proxy": ref.to_json()}
+        if ns and self.spec.intercept is not None:
+            proxy_intercept.add(ns, record["table"], self.spec.intercept.port, split_addr(record["listen"])[1])
+        return out
 
 
 class Proxy(ProxyHelper):
@@ -283,7 +383,8 @@ class Proxy(ProxyHelper):
         if tls:
             tls += (" (the proxy decrypts and re-encrypts: the toxics act on the plaintext bytes, and each side "
                     "sees its own TLS records, not the other side's)")
-        return [f"start a proxy {self.spec.listen} -> {self.spec.upstream}{tls} with toxics: {toxics or 'none'}; "
+        where = self.intercept_plan() or f" {self.spec.listen} -> {self.spec.upstream}"
+        return [f"start a proxy{where}{tls} with toxics: {toxics or 'none'}; "
                 f"revert: stop it (it also exits by itself after {self.ctx.lifetime_s:g}s)"]
 
     def config(self) -> Any:

@@ -3,11 +3,13 @@
 Run as `python -S -P chaoskit/injectors/proxy_proc.py TOKEN SERVER LISTEN UPSTREAM CONFIG_JSON UNTIL_EPOCH`
 (helper_proc.spawn), SERVER the server's module (chaoskit.injectors.proxy_server or llm_proxy_server). From the
 moment it is listening the kernel completes and queues connections, so the fault is in effect at `ready`; the
-server (asyncio, ~50 ms to import) accepts them as soon as it runs."""
+server (asyncio, ~50 ms to import) accepts them as soon as it runs. With CHAOSKIT_PROXY_NETNS (intercept) it first
+joins that network namespace."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import socket
 import sys
@@ -29,10 +31,27 @@ def listen(addr: str) -> socket.socket:
     return sock
 
 
+def enter_netns(path: str) -> None:
+    """Move this (still single-threaded) process into the network namespace at `path`: every socket it makes,
+    the listening one and those to the upstream, is then the namespace's."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 def main(argv: list[str]) -> int:
     server, addr = argv[1], argv[2]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the terminal is the engine's to handle
     try:
+        if ns := os.environ.get("CHAOSKIT_PROXY_NETNS"):  # intercept: the proxy runs in the target's namespace
+            enter_netns(ns)
         sock = listen(addr)
     except OSError as e:
         print(f"cannot listen on {addr}: {e}", file=sys.stderr, flush=True)

@@ -10,6 +10,9 @@ toxics drawn whose first bytes from the client are an HTTP/1 request head with a
 child span per toxic on that trace, from the connection's start to its end. It does not parse further: later
 requests on a kept-alive connection, TLS and other protocols are not looked into, and get no span.
 
+With the upstream `original-destination` (intercept: an nftables redirect in its namespace sends it connections)
+each connection goes to its own original destination (SO_ORIGINAL_DST).
+
 With a `tls` configuration (chaoskit.injectors.proxy_tls, imported only then) it ends TLS from its clients and/or
 starts TLS to its upstream: the toxics then act on the decrypted bytes, and each side gets its own TLS records.
 """
@@ -31,11 +34,27 @@ if TYPE_CHECKING:
     from chaoskit.injectors.proxy_trace import ConnTrace, NetTracer
 
 CHUNK = 64 * 1024
+ORIGINAL = "original-destination"  # the upstream of an intercepting proxy: each connection's own
+SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
 
 
 def split_addr(addr: str) -> tuple[str, int]:
     host, _, port = addr.rpartition(":")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def original_dst(sock: socket.socket | None) -> tuple[str, int] | None:
+    """Where a redirected (intercepted) connection was going: conntrack's original destination; None for a
+    connection made to the proxy's own address (not redirected) or without conntrack."""
+    if sock is None:
+        return None
+    try:
+        port, ip = struct.unpack_from("!2xH4s", sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16))
+        here = sock.getsockname()
+    except OSError:
+        return None
+    dst = (socket.inet_ntoa(ip), port)
+    return None if dst == tuple(here[:2]) else dst
 
 
 class Pipe:
@@ -206,7 +225,8 @@ class Connection:
 async def serve(sock: socket.socket, upstream: str, config: list[dict[str, Any]] | dict[str, Any],
                 until: float) -> None:
     """config: the toxics, or {"toxics": [...], "tls": {...}} where the proxy ends or starts TLS."""
-    up_host, up_port = split_addr(upstream)
+    intercept = upstream == ORIGINAL
+    up_host, up_port = ("", 0) if intercept else split_addr(upstream)
     toxics, tls_cfg = (config, None) if isinstance(config, list) else (config.get("toxics", []), config.get("tls"))
     listen_ssl = up_ssl = server_name = None
     if tls_cfg:  # the ssl contexts' module, only now
@@ -223,8 +243,15 @@ async def serve(sock: socket.socket, upstream: str, config: list[dict[str, Any]]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         _nodelay(writer)
+        host, port = up_host, up_port
+        if intercept:  # where this connection was going before the redirect
+            dst = original_dst(writer.get_extra_info("socket"))
+            if dst is None:  # made to the proxy's port itself: it has nowhere to go
+                writer.close()
+                return
+            host, port = dst
         try:
-            up = await asyncio.open_connection(up_host, up_port, ssl=up_ssl,
+            up = await asyncio.open_connection(host, port, ssl=up_ssl,
                                                server_hostname=server_name if up_ssl is not None else None)
         except OSError:
             writer.close()

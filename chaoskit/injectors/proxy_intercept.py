@@ -1,0 +1,75 @@
+"""Transparent interception for the proxies: an nftables NAT redirect in the target's namespace sends a port's new
+incoming TCP connections to the proxy running in that namespace, which forwards each to its original destination."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from chaoskit.model.types import Port, StrictModel
+from chaoskit.targets import nftables
+from chaoskit.targets.netns import NetTargetSpec, run_in_netns, same_namespace
+
+FAMILY = "ip"  # IPv4: the proxy reads the original destination with SO_ORIGINAL_DST
+PRIORITY = -100  # dstnat
+TABLE_PATTERN = r"^chaoskit_[0-9a-f]{12}$"
+
+
+class Intercept(StrictModel):
+    port: Port = Field(description="the TCP port of the service in the namespace: its new incoming connections "
+                                   "(IPv4) are redirected to the proxy, which forwards each to the address it was "
+                                   "meant for")
+    target: NetTargetSpec = Field(description="the network namespace the service listens in (netns name or path, "
+                                              "or pid); the proxy runs in it")
+
+    @field_validator("target")
+    @classmethod
+    def _local(cls, v: NetTargetSpec) -> NetTargetSpec:
+        if v.kubernetes is not None:
+            raise ValueError("intercept in a Kubernetes pod's namespace is not supported yet: give netns or pid")
+        if v.netns is None and v.pid is None:
+            raise ValueError("intercept needs target.netns or target.pid (not the host's own namespace)")
+        return v
+
+
+def rules(table: str, port: int, to_port: int) -> list[dict[str, Any]]:
+    """One table, one NAT prerouting chain, one rule: a SYN (only: a connection already open, even one conntrack
+    first sees now, is never redirected mid-stream) to `port` goes to local `to_port`."""
+    return [
+        {"add": {"table": {"family": FAMILY, "name": table}}},
+        {"add": {"chain": {"family": FAMILY, "table": table, "name": "intercept", "type": "nat",
+                           "hook": "prerouting", "prio": PRIORITY, "policy": "accept"}}},
+        {"add": {"rule": {"family": FAMILY, "table": table, "chain": "intercept", "expr": [
+            {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": port}},
+            {"match": {"op": "==", "left": {"&": [{"payload": {"protocol": "tcp", "field": "flags"}},
+                                                  ["syn", "ack"]]}, "right": "syn"}},
+            {"redirect": {"port": to_port}}]}}},
+    ]
+
+
+def free_port(ns: str) -> int:
+    """A TCP port free on every address of the namespace now (the proxy listens on it there)."""
+
+    def pick() -> int:
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", 0))
+            return int(s.getsockname()[1])
+
+    return run_in_netns(ns, pick)
+
+
+def add(ns: str, table: str, port: int, to_port: int) -> None:
+    nftables.run(ns, rules(table, port, to_port))
+
+
+def present(ns: str, ns_inode: int, table: str) -> bool:
+    """Is the redirect still there (in the same namespace: one reused under that path is not ours)?"""
+    return same_namespace({"ns": ns, "ns_inode": ns_inode}) and nftables.has_table(ns, FAMILY, table)
+
+
+def remove(ns: str, ns_inode: int, table: str) -> None:
+    """Delete the redirect's table (idempotent: gone, or the namespace gone, is done)."""
+    if present(ns, ns_inode, table):
+        nftables.run(ns, [{"delete": {"table": {"family": FAMILY, "name": table}}}])

@@ -1,0 +1,151 @@
+"""Transparent interception (network.proxy / llm.proxy `intercept`): a client in one namespace, the service in
+another; the redirect and the proxy go into the service's namespace. Connections open before, during and after."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from threading import Thread
+
+import pytest
+
+from chaoskit.injectors.llm_proxy import LlmProxy
+from chaoskit.injectors.proxy import Proxy
+from chaoskit.targets.netns import run_in_netns
+from chaoskit.targets.process import all_pids, cmdline
+from tests.helpers.netpair import CLIENT_IP, SERVER_IP, Pair, serve_in_threads
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root")
+PORT = 8000
+
+
+class Echo:
+    """Echo server on SERVER_IP:PORT in the server namespace; answers each line with 'PEER-IP LINE'."""
+
+    def __init__(self, ns: str):
+        self.sock = run_in_netns(ns, lambda: socket.create_server(("0.0.0.0", PORT)))
+        self.close = serve_in_threads(self.sock, self._one)
+
+    def _one(self, conn: socket.socket) -> None:
+        peer = conn.getpeername()[0].encode()
+        with conn:
+            try:
+                while data := conn.recv(4096):
+                    conn.sendall(peer + b" " + data)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def net():
+    p = Pair()
+    echo = Echo(p.path(p.srv))
+    yield p
+    echo.close()
+    p.close()
+
+
+def connect(p: Pair) -> socket.socket:
+    s = run_in_netns(p.path(p.cli), lambda: socket.create_connection((SERVER_IP, PORT), timeout=5))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def ask(s: socket.socket) -> tuple[str, float]:
+    """(the peer address the server saw, round-trip seconds)."""
+    t0 = time.monotonic()
+    s.sendall(b"hi")
+    got = s.recv(4096)
+    return got.decode().split()[0], time.monotonic() - t0
+
+
+def closed(s: socket.socket) -> bool:
+    try:
+        s.sendall(b"hi")
+        return s.recv(4096) == b""
+    except OSError:
+        return True
+
+
+def test_intercept_redirects_new_connections_only_and_revert_restores_them(net):
+    before = net.ruleset(net.srv)
+    old = connect(net)
+    assert ask(old)[0] == CLIENT_IP
+    inj = Proxy(Proxy.Spec(type="network.proxy", intercept={"port": PORT, "target": {"netns": net.srv}},
+                           toxics=[{"type": "latency", "latency": "40ms"}]))
+    inj.preflight()
+    assert "intercepting port 8000" in inj.plan()[0] and "already open are not touched" in inj.plan()[0]
+    rec = inj.apply(inj.prepare())
+    try:
+        assert rec["table"] and rec["proxy"] and rec["ns"] == net.path(net.srv)  # the ledger's record: both
+        new = connect(net)
+        peer, rtt = ask(new)
+        assert peer == SERVER_IP and rtt >= 0.04  # through the proxy (it connects from inside the namespace)
+        peer, rtt = ask(old)
+        assert peer == CLIENT_IP and rtt < 0.03  # open before the rule: straight to the server, no toxic
+        assert Proxy.observe(rec)
+    finally:
+        Proxy.revert(rec)
+    assert not Proxy.observe(rec) and net.ruleset(net.srv) == before
+    assert not [p for p in all_pids() if rec["token"] in cmdline(p)]
+    assert closed(new)  # carried by the proxy: closed when it stopped
+    assert ask(old)[0] == CLIENT_IP  # untouched throughout
+    after = connect(net)
+    peer, rtt = ask(after)
+    assert peer == CLIENT_IP and rtt < 0.03  # straight to the server again
+    Proxy.revert(rec)  # idempotent
+
+
+class _Peer(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = self.client_address[0].encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def http_net():
+    """The pair with an HTTP server on SERVER_IP:PORT answering each GET with the peer address it saw."""
+    p = Pair()
+    srv = ThreadingHTTPServer(("0.0.0.0", PORT), _Peer, bind_and_activate=False)
+    srv.socket.close()
+    srv.socket = run_in_netns(p.path(p.srv), lambda: socket.create_server(("0.0.0.0", PORT)))
+    srv.daemon_threads = True
+    Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield p
+    srv.shutdown()
+    srv.server_close()
+    p.close()
+
+
+def test_llm_proxy_intercepts_http_and_answers_its_stats_in_the_namespace(http_net):
+    """llm.proxy on the service's port: a matching request aborted, another forwarded to where it was going."""
+    net = http_net
+    inj = LlmProxy(LlmProxy.Spec(type="llm.proxy", intercept={"port": PORT, "target": {"netns": net.srv}},
+                                 faults=[{"type": "abort", "status": 503, "match": {"path": "/v1/*"}}]))
+    inj.preflight()
+    rec = inj.apply(inj.prepare())
+    try:
+        s = connect(net)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        assert s.recv(4096).startswith(b"HTTP/1.1 503")
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = s.recv(4096)
+        assert got.startswith(b"HTTP/1.1 200") and got.endswith(SERVER_IP.encode())  # forwarded by the proxy
+        s.close()
+        details = LlmProxy.observe_details(rec)
+        assert details["in_effect"] and details["faults"]["abort-0"]["applied"] == 1
+        assert json.dumps(details)  # journal-able
+    finally:
+        LlmProxy.revert(rec)
+    assert not LlmProxy.observe(rec)
