@@ -42,9 +42,9 @@ def final_table(s: dict) -> Table:
     t.add_column("metric")
     for q in ("p50", "p90", "p99", "p999"):
         t.add_column(q + " ms", justify="right")
-    for label, prefix in (("latency, all requests (failed at timeout)", "all_"),
+    for label, prefix in (("latency, all requests (failures at timeout)", "all_"),
                           ("latency (successes, from intended send)", ""), ("service (from actual send)", "service_"),
-                          ("TTFT, all requests", "all_ttft_"), ("TTFT", "ttft_"), ("inter-token", "itl_"),
+                          ("TTFT, all requests", "all_ttft_"), ("TTFT (successes)", "ttft_"), ("inter-token", "itl_"),
                           ("TPOT", "tpot_")):
         if f"{prefix}p50_ms" in s:
             t.add_row(label, *(f"{s[f'{prefix}{q}_ms']:.2f}" for q in ("p50", "p90", "p99", "p999")))
