@@ -360,7 +360,7 @@ class ProxyHelper(helper_proc.HelperFault):
                                 [self.server, record["listen"], record["upstream"], json.dumps(self.config()),
                                  f"{time.time() + self.ctx.lifetime_s:.3f}"],
                                 f"{self.what} on {record['listen']}" + (f" in {ns}" if ns else ""),
-                                {"CHAOSKIT_PROXY_NETNS": ns} if ns else None)
+                                {"CHAOSKIT_PROXY_NETNS": ns, "CHAOSKIT_PROXY_TABLE": record["table"]} if ns else None)
         out = {**record, "proxy": ref.to_json()}
         if ns and self.spec.intercept is not None:
             proxy_intercept.add(ns, record["table"], self.spec.intercept.port, split_addr(record["listen"])[1])

@@ -73,3 +73,11 @@ def remove(ns: str, ns_inode: int, table: str) -> None:
     """Delete the redirect's table (idempotent: gone, or the namespace gone, is done)."""
     if present(ns, ns_inode, table):
         nftables.run(ns, [{"delete": {"table": {"family": FAMILY, "name": table}}}])
+
+
+def drop_own_table(table: str) -> None:
+    """In the proxy's own namespace (it runs there): delete its redirect if it is still there (the proxy's
+    lifetime ended before any revert)."""
+    here = "/proc/self/ns/net"
+    if nftables.has_table(here, FAMILY, table):
+        nftables.run(here, [{"delete": {"table": {"family": FAMILY, "name": table}}}])

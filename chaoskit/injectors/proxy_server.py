@@ -267,12 +267,18 @@ async def serve(sock: socket.socket, upstream: str, config: list[dict[str, Any]]
 
 async def serve_until(server: asyncio.Server, until: float, before_exit: Callable[[], None] | None = None) -> None:
     """Serve until SIGTERM or the epoch `until` (a helper outliving its run ends by itself); `before_exit` runs
-    either way once it stops listening (a traced run's last spans: bounded)."""
+    either way once it stops listening (a traced run's last spans: bounded). At `until` an intercepting proxy
+    (CHAOSKIT_PROXY_TABLE) first deletes its redirect, while still listening: the port it intercepts must not
+    be left sending new connections to a closed one (on SIGTERM the revert deleted it already)."""
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, _exit_now, server, before_exit)
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # Ctrl-C at the terminal is the engine's to handle
     async with server:
         await asyncio.sleep(max(0.0, until - time.time()))
+        if table := os.environ.get("CHAOSKIT_PROXY_TABLE"):
+            from chaoskit.injectors.proxy_intercept import drop_own_table
+
+            drop_own_table(table)
     if before_exit is not None:
         before_exit()
 

@@ -12,10 +12,12 @@ from threading import Thread
 
 import pytest
 
+from chaoskit.injectors.base import FaultContext
 from chaoskit.injectors.llm_proxy import LlmProxy
 from chaoskit.injectors.proxy import Proxy
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.process import all_pids, cmdline
+from tests.conftest import wait_for
 from tests.helpers.netpair import CLIENT_IP, SERVER_IP, Pair, serve_in_threads
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root")
@@ -149,3 +151,17 @@ def test_llm_proxy_intercepts_http_and_answers_its_stats_in_the_namespace(http_n
     finally:
         LlmProxy.revert(rec)
     assert not LlmProxy.observe(rec)
+
+
+def test_a_proxy_ending_by_itself_takes_its_redirect_with_it(net):
+    """Its lifetime over with no revert (the run and its watchdog gone): the redirect is deleted before the
+    proxy stops listening, so the port is never left redirecting to a closed one."""
+    inj = Proxy(Proxy.Spec(type="network.proxy", intercept={"port": PORT, "target": {"netns": net.srv}}),
+                FaultContext(lifetime_s=0.5))
+    rec = inj.apply(inj.prepare())
+    try:
+        assert ask(connect(net))[0] == SERVER_IP  # through the proxy
+        wait_for(lambda: not Proxy.observe(rec), timeout=10)  # neither the table nor the helper is left
+        assert net.ruleset(net.srv) == [] and ask(connect(net))[0] == CLIENT_IP
+    finally:
+        Proxy.revert(rec)
