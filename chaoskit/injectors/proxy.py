@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import time
 import uuid
@@ -213,6 +214,7 @@ class ProxyRecord(helper_proc.HelperRecord):
     ns: str | None = None  # intercept: the namespace the proxy and the redirect are in (its inode, the table)
     ns_inode: int | None = None
     table: str | None = Field(None, pattern=TABLE_PATTERN)
+    reset_connections: int | None = None  # intercept with existing: reset: how many open connections were reset
 
 
 class ProxyHelper(helper_proc.HelperFault):
@@ -250,6 +252,8 @@ class ProxyHelper(helper_proc.HelperFault):
             nftables.tables(t.ns_path)
         except (nftables.NftError, OSError) as e:
             raise PreflightError(f"{self.type}: nftables unusable in {t.label}: {e}") from None
+        if self.spec.intercept.existing == "reset" and shutil.which("ss") is None:
+            raise PreflightError(f"{self.type}: intercept existing: reset needs `ss` (iproute2)")
 
     def _preflight_listen(self) -> None:
         host, port = split_addr(self.spec.listen)
@@ -312,8 +316,10 @@ class ProxyHelper(helper_proc.HelperFault):
             return ""
         return (f" in {ic.target.label()}, intercepting port {ic.port}: nft table {proxy_intercept.FAMILY} "
                 f"chaoskit_<id> redirects new incoming TCP connections to port {ic.port} (IPv4) to the proxy, "
-                "which forwards each to its original destination; connections already open are not touched. "
-                "Revert deletes the table first (new connections go straight to the service again), then stops "
+                "which forwards each to its original destination; connections already open are "
+                + ("then reset (their clients reconnect through the proxy). " if ic.existing == "reset"
+                   else "not touched. ")
+                + "Revert deletes the table first (new connections go straight to the service again), then stops "
                 "the proxy (the connections it carries are closed)")
 
     def prepare(self) -> dict[str, Any]:
@@ -362,8 +368,11 @@ class ProxyHelper(helper_proc.HelperFault):
                                 f"{self.what} on {record['listen']}" + (f" in {ns}" if ns else ""),
                                 {"CHAOSKIT_PROXY_NETNS": ns, "CHAOSKIT_PROXY_TABLE": record["table"]} if ns else None)
         out = {**record, "proxy": ref.to_json()}
-        if ns and self.spec.intercept is not None:
-            proxy_intercept.add(ns, record["table"], self.spec.intercept.port, split_addr(record["listen"])[1])
+        ic = self.spec.intercept
+        if ns and ic is not None:
+            proxy_intercept.add(ns, record["table"], ic.port, split_addr(record["listen"])[1])
+            if ic.existing == "reset":  # after the redirect: their clients reconnect through the proxy
+                out["reset_connections"] = proxy_intercept.reset_open(ns, ic.port)
         return out
 
 

@@ -3,8 +3,10 @@ incoming TCP connections to the proxy running in that namespace, which forwards 
 
 from __future__ import annotations
 
+import shutil
 import socket
-from typing import Any
+import subprocess
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -23,6 +25,11 @@ class Intercept(StrictModel):
                                    "meant for")
     target: NetTargetSpec = Field(description="the network namespace the service listens in (netns name or path, "
                                               "or pid); the proxy runs in it")
+    existing: Literal["keep", "reset"] = Field("keep", description="connections to port already open at apply: "
+                                               "keep (they go on straight to the service until they close: a "
+                                               "client's keep-alive pool may never reach the proxy) or reset "
+                                               "(destroyed once the redirect is in, RST to their clients, which "
+                                               "reconnect through the proxy; a request in flight on one fails)")
 
     @field_validator("target")
     @classmethod
@@ -81,3 +88,34 @@ def drop_own_table(table: str) -> None:
     here = "/proc/self/ns/net"
     if nftables.has_table(here, FAMILY, table):
         nftables.run(here, [{"delete": {"table": {"family": FAMILY, "name": table}}}])
+
+
+def _addr(col: str) -> tuple[str, str]:
+    """ss's `ADDRESS:PORT` column (IPv6 in brackets) as (address, port)."""
+    host, _, port = col.rpartition(":")
+    return host.strip("[]"), port
+
+
+def reset_open(ns: str, port: int) -> int:
+    """Destroy (SOCK_DESTROY through `ss -K`: an RST to the peer) the established TCP connections to `port` in the
+    namespace, but for the proxy's own ones to the service (from the namespace's own address); how many."""
+
+    def go() -> int:
+        ss = shutil.which("ss") or "ss"
+        listed = subprocess.run([ss, "-tnH", "state", "established", f"( sport = :{port} )"], capture_output=True,
+                                text=True, timeout=10, check=True).stdout
+        done = 0
+        for line in listed.splitlines():
+            cols = line.split()
+            if len(cols) < 4:
+                continue
+            (here, _), (peer, peer_port) = _addr(cols[2]), _addr(cols[3])
+            if peer == here:
+                continue
+            subprocess.run([ss, "-K", "-tnH", "state", "established",
+                            f"( sport = :{port} and dst {peer} and dport = :{peer_port} )"], capture_output=True,
+                           timeout=10, check=True)
+            done += 1
+        return done
+
+    return run_in_netns(ns, go)

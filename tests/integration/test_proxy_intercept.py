@@ -3,6 +3,7 @@ another; the redirect and the proxy go into the service's namespace. Connections
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -15,10 +16,11 @@ import pytest
 from chaoskit.injectors.base import FaultContext
 from chaoskit.injectors.llm_proxy import LlmProxy
 from chaoskit.injectors.proxy import Proxy
+from chaoskit.reference.deploy import Deployment, RefOptions
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.process import all_pids, cmdline
-from tests.conftest import wait_for
-from tests.helpers.netpair import CLIENT_IP, SERVER_IP, Pair, serve_in_threads
+from tests.conftest import requires_triton, wait_for
+from tests.helpers.netpair import CLIENT_IP, SERVER_IP, Pair, serve_in_threads, sh
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root")
 PORT = 8000
@@ -165,3 +167,54 @@ def test_a_proxy_ending_by_itself_takes_its_redirect_with_it(net):
         assert net.ruleset(net.srv) == [] and ask(connect(net))[0] == CLIENT_IP
     finally:
         Proxy.revert(rec)
+
+
+@requires_triton
+def test_llm_proxy_on_replica_0_of_a_netns_reference_stalls_only_its_requests(tmp_path):
+    """The reference gateway round-robins over two --netns Triton replicas and keeps its connections to them
+    open: with existing: reset those to replica 0 are reset at apply, the gateway reconnects through the proxy;
+    a client that talks only to the gateway sees the stall on every request replica 0 serves, none on
+    replica 1's. After revert: no rule, no proxy, and requests flow (once the gateway has dropped the
+    connections the proxy carried, each failing the request it was reused for)."""
+    d = Deployment(tmp_path / "ref")
+    facts = d.up(RefOptions(port=18840, replicas=2, netns=True), say=lambda _m: None)
+    try:
+        ns = facts["netns"]
+        before = sh("ip", "netns", "exec", ns, "nft", "list", "ruleset")
+        inj = LlmProxy(LlmProxy.Spec(type="llm.proxy", faults=[{"type": "stall", "after_tokens": 2,
+                                                                   "duration": "300ms"}],
+                                     intercept={"port": facts["replica_port"], "target": {"netns": ns},
+                                                "existing": "reset"}))
+        inj.preflight()
+        rec = inj.apply(inj.prepare())
+        try:
+            assert rec["reset_connections"] >= 1  # the gateway's pooled connection(s) to replica 0
+            got = [_stream(facts["gateway_port"]) for _ in range(6)]
+        finally:
+            LlmProxy.revert(rec)
+        stalled = [g for g in got if g[1] == "stall-0"]
+        assert len(stalled) == 3 and all(g[2] >= 0.3 for g in stalled), got  # replica 0's, round robin
+        assert all(g[1] is None and g[2] < 0.25 for g in got if g not in stalled), got
+        assert all(g[0] == 200 and g[3] == 6 for g in got), got  # every token arrived
+        assert not LlmProxy.observe(rec) and sh("ip", "netns", "exec", ns, "nft", "list", "ruleset") == before
+        after = [_stream(facts["gateway_port"])[:2] for _ in range(8)]
+        # the gateway's pool reuses a connection the proxy carried without noticing it closed: one 502 on each
+        # (it had at most 2 to replica 0), then it connects afresh, straight to the replica
+        assert after.count((502, None)) <= 2 and after[-4:] == [(200, None)] * 4, after
+        assert set(after) <= {(200, None), (502, None)}, after
+    finally:
+        d.down(say=lambda _m: None)
+
+
+def _stream(port: int) -> tuple[int, str | None, float, int]:
+    """One streamed generate through the gateway: status, X-Chaoskit-Fault, seconds, token events."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        t0 = time.monotonic()
+        c.request("POST", "/v2/models/tiny_lm_stream/generate_stream",
+                  json.dumps({"text_input": "chaos", "max_tokens": 6}), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        body = r.read()
+        return r.status, r.getheader("X-Chaoskit-Fault"), time.monotonic() - t0, body.count(b"data:")
+    finally:
+        c.close()
