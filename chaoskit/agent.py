@@ -1,12 +1,15 @@
 """`python -m chaoskit.agent apply|revert|observe`: run one injector verb on this node (inside a helper pod).
 
-The request is JSON — `{"type": ..., "record": {...}, "spec": {...}, "placement": {...}}` (`spec` and
-`placement` for apply only; a placement naming a pod makes the spec's `kubernetes:` target that container's
-PIDs, or its cgroup for a cgroup limit) — read from a file (`--file PATH`), stdin (`--file -`, the default) or an environment variable (`--env NAME`, how the k8s-helper
-executor passes it). The answer is one JSON line on stdout: apply `{"record": final}`, revert `{"reverted": true}`,
-observe `{"in_effect": bool, "details": {...}}`; a failure is `{"error": "..."}` and exit status 1. An apply
-with `"hold_s": S` stays after answering and reverts the fault on SIGTERM or after S seconds (then prints
-`{"reverted": true, "why": "SIGTERM"|"deadline"}`).
+The request is JSON — `{"type": ..., "record": {...}, "spec": {...}, "placement": {...}}` (`spec` for apply
+only) — read from a file (`--file PATH`), stdin (`--file -`, the default) or an environment variable (`--env
+NAME`, how the k8s-helper executor passes it). A placement of one node's pods (`on_node`, `targets`: one helper
+per node) runs the verb for each of them: the spec's `kubernetes:` target becomes each container's PIDs, or its
+cgroup for a cgroup limit, and the record is `{"pods": [{"pod": NAME, "record": {...}}, ...]}`. The answer is one
+JSON line on stdout: apply `{"record": final}`, revert `{"reverted": true}` (with `pods`: NAME -> reverted, or
+skipped when the pod's container is gone from the node), observe `{"in_effect": bool, "details": {...}}` (with
+`pods`: NAME -> details); a failure is `{"error": "..."}` and exit status 1. An apply with `"hold_s": S` stays
+after answering and reverts the fault on SIGTERM or after S seconds (then prints `{"reverted": true, "why":
+"SIGTERM"|"deadline"}`).
 """
 
 from __future__ import annotations
@@ -26,16 +29,104 @@ from chaoskit.injectors import injector_class
 VERBS = ("apply", "revert", "observe")
 
 
+class PodFailed(RuntimeError):
+    """The verb failed on one of the node's pods (the others were reverted, or reverted anyway)."""
+
+
 def run(verb: str, request: dict[str, Any]) -> dict[str, Any]:
     """Do `verb` with the local injector code; the answer object."""
     local, type_name, record = LocalExecutor(), request["type"], request.get("record") or {}
+    placement = request.get("placement") or {}
+    if placement.get("on_node"):
+        return run_pods(verb, request, placement.get("targets") or [])
     if verb == "apply":
-        return {"record": apply(type_name, request["spec"], record, (request.get("placement") or {}).get("target"))}
+        return {"record": apply(type_name, request["spec"], record, placement.get("target"))}
     if verb == "revert":
         local.revert(type_name, record, None)
         return {"reverted": True}
     return {"in_effect": local.observe(type_name, record, None),
             "details": local.observe_details(type_name, record, None)}
+
+
+def run_pods(verb: str, request: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """`verb` for each chosen pod of this node (its share of the fault)."""
+    type_name, record = request["type"], request.get("record") or {}
+    if verb == "apply":
+        return {"record": apply_pods(type_name, request["spec"], pods)}
+    if verb == "revert":
+        return {"reverted": True, "pods": revert_pods(type_name, record, pods)}
+    return observe_pods(type_name, record)
+
+
+def apply_pods(type_name: str, spec: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """Apply to each pod in turn; the node's record lists each pod's. If one fails, those already applied here
+    are reverted (newest first) before PodFailed names it."""
+    done: list[dict[str, Any]] = []
+    for pod in pods:
+        try:
+            done.append({"pod": pod["pod"], "record": apply(type_name, spec, {}, pod)})
+        except Exception as e:
+            left = _undo(type_name, done)
+            raise PodFailed(f"pod {pod['namespace']}/{pod['pod']}: {type(e).__name__}: {e}" + (
+                f" (and reverting pod(s) {left} of this node failed: revert them by hand)" if left else "")) from e
+    return {"pods": done}
+
+
+def _undo(type_name: str, done: list[dict[str, Any]]) -> str:
+    """Revert the pods applied before a failure, newest first; the names of those whose revert failed."""
+    left = []
+    for entry in reversed(done):
+        try:
+            injector_class(type_name).revert(entry["record"])
+        except Exception as e:
+            left.append(f"{entry['pod']} ({type(e).__name__}: {e})")
+    return ", ".join(left)
+
+
+def revert_pods(type_name: str, record: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, str]:
+    """Revert each pod's record, every one even if another fails: pod -> `reverted`, or `skipped: ...` for one
+    whose revert failed because its container is gone from this node (the fault went with it). PodFailed naming
+    the others that failed."""
+    ids = {p["pod"]: p.get("container_id") or "" for p in pods}
+    out: dict[str, str] = {}
+    failed = []
+    for entry in record.get("pods", []):
+        try:
+            injector_class(type_name).revert(entry["record"])
+            out[entry["pod"]] = "reverted"
+        except Exception as e:
+            why = f"{type(e).__name__}: {e}"
+            if container_gone(ids.get(entry["pod"], "")):
+                out[entry["pod"]] = f"skipped: its container is gone from this node ({why})"
+            else:
+                failed.append(f"pod {entry['pod']}: {why}")
+    if failed:
+        raise PodFailed("; ".join(failed) + f" ({len(out)} other pod(s) of this node reverted)")
+    return out
+
+
+def container_gone(container_id: str) -> bool:
+    """No process of the container runs on this node (the pod was deleted or moved); False if unknown."""
+    from chaoskit.targets.container import ContainerNotFound, container_pids
+
+    if not container_id:
+        return False
+    try:
+        container_pids(container_id)
+    except ContainerNotFound:
+        return True
+    return False
+
+
+def observe_pods(type_name: str, record: dict[str, Any]) -> dict[str, Any]:
+    """Each pod's details and whether its fault is in effect (one that cannot be looked at: not, and why)."""
+    cls, pods = injector_class(type_name), {}
+    for entry in record.get("pods", []):
+        try:
+            pods[entry["pod"]] = {**cls.observe_details(entry["record"]), "in_effect": bool(cls.observe(entry["record"]))}
+        except Exception as e:
+            pods[entry["pod"]] = {"in_effect": False, "error": f"{type(e).__name__}: {e}"}
+    return {"in_effect": any(d["in_effect"] for d in pods.values()), "details": {"pods": pods}}
 
 
 def apply(type_name: str, spec: dict[str, Any], record: dict[str, Any], pod: dict[str, Any] | None) -> dict[str, Any]:
@@ -90,15 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(json.dumps(answer, separators=(",", ":"), default=str), flush=True)
     hold_s = float(request.get("hold_s") or 0)
-    return hold(request["type"], answer["record"], hold_s, stop) if args.verb == "apply" and hold_s > 0 else 0
+    return hold(request, answer["record"], hold_s, stop) if args.verb == "apply" and hold_s > 0 else 0
 
 
-def hold(type_name: str, record: dict[str, Any], seconds: float, stop: threading.Event) -> int:
+def hold(request: dict[str, Any], record: dict[str, Any], seconds: float, stop: threading.Event) -> int:
     """Stay with an applied fault and revert it on SIGTERM (the pod deleted, or past its activeDeadlineSeconds)
     or once `seconds` have passed, whichever comes first: a fault never outlives its lifetime on the node."""
     why = "SIGTERM" if stop.wait(seconds) else "deadline"
     try:
-        injector_class(type_name).revert(record)
+        run("revert", {**request, "record": record})
     except Exception as e:
         print(json.dumps({"error": f"revert at {why}: {type(e).__name__}: {e}"}), flush=True)
         return 1

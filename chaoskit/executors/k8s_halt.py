@@ -98,7 +98,7 @@ class ClusterFault:
 
     type: str
     node: str
-    pod: str
+    pod: str  # the pods of that node it acts on, comma-separated
     state: str  # applying | applied
 
 
@@ -131,8 +131,7 @@ def cluster_runs(core: Any, namespace: str = HALT_NAMESPACE) -> list[ClusterRun]
         requests = [_claimed(key, unchecked, namespace, cm.metadata.name, name.removesuffix(".json"), raw)
                     for name, raw in sorted((cm.data or {}).items())]
         faults = tuple(ClusterFault(str(r.get("type", "?")), str((r.get("placement") or {}).get("node", "?")),
-                                    str(((r.get("placement") or {}).get("target") or {}).get("pod", "")),
-                                    str(r.get("state", "?"))) for r in requests)
+                                    _pods(r.get("placement") or {}), str(r.get("state", "?"))) for r in requests)
         times = [r["applied_at"] for r in requests if isinstance(r.get("applied_at"), (int, float))]
         created = cm.metadata.creation_timestamp
         since = min(times) if times else (created.timestamp() if created is not None else None)
@@ -140,6 +139,12 @@ def cluster_runs(core: Any, namespace: str = HALT_NAMESPACE) -> list[ClusterRun]
         runs.append(ClusterRun((cm.metadata.annotations or {}).get("chaoskit.io/run-id", cm.metadata.name),
                                ", ".join(hosts) or "unknown", since, faults))
     return runs
+
+
+def _pods(placement: dict[str, Any]) -> str:
+    """The pods a record's share of a fault acts on (`web-0, web-3`), "" for none."""
+    pods = placement.get("targets") or ([placement["target"]] if placement.get("target") else [])
+    return ", ".join(str(p.get("pod", "?")) for p in pods if isinstance(p, dict))
 
 
 def _claimed(key: bytes | None, unchecked: str, namespace: str, configmap: str, entry: str,

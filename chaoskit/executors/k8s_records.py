@@ -135,29 +135,32 @@ class SignedRecords:
         self._key = key
 
     def put(self, entry: str, request: dict[str, Any]) -> None:
+        self.put_many({entry: request})
+
+    def put_many(self, entries: dict[str, dict[str, Any]]) -> None:
+        """Sign and write several entries in one merge patch."""
         if self._key is None:
             self._key = ensure_key(self.core, self.namespace)
-        self.store.put(entry, sign(self._key, self.store.name, entry, request))
+        key = self._key
+        self.store.put_many({e: sign(key, self.store.name, e, r) for e, r in entries.items()})
 
     def get(self, entry: str) -> dict[str, Any] | None:
         """The entry, or None if there is none; RecordRefused if it does not check."""
-        from kubernetes.client.exceptions import ApiException
+        return self.get_many([entry]).get(entry)
 
-        try:
-            cm = self.core.read_namespaced_config_map(self.store.name, self.namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        raw = (cm.data or {}).get(f"{entry}.json")
-        if not raw:
-            return None
-        if self._key is None:
+    def get_many(self, entries: list[str]) -> dict[str, dict[str, Any]]:
+        """Those of the entries there are, from one read of the ConfigMap; RecordRefused if one does not check."""
+        data = self.store.raw() or {}
+        raws = {e: data[f"{e}.json"] for e in entries if data.get(f"{e}.json")}
+        if raws and self._key is None:
             self._key = read_key(self.core, self.namespace)
-        return verify(self._key, self.namespace, self.store.name, entry, raw)
+        return {e: verify(self._key, self.namespace, self.store.name, e, raw) for e, raw in raws.items()}
 
     def remove(self, entry: str) -> None:
         self.store.remove(entry)
+
+    def remove_many(self, entries: list[str]) -> None:
+        self.store.remove_many(entries)
 
 
 @dataclass(frozen=True)

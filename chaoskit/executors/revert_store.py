@@ -43,22 +43,35 @@ class RevertStore:
 
     def put(self, key: str, request: dict[str, Any]) -> None:
         """Write (or overwrite) one fault's entry; creates the ConfigMap on first use."""
+        self.put_many({key: request})
+
+    def put_many(self, entries: dict[str, dict[str, Any]]) -> None:
+        """Write (or overwrite) several entries in one merge patch; creates the ConfigMap on first use (one
+        created meanwhile by another fault of the run: patched after all)."""
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
-        data = {f"{key}.json": json.dumps(request, sort_keys=True)}
-        try:
-            self.core.patch_namespaced_config_map(self.name, self.namespace, {"data": data},
-                                                  _content_type=MERGE_PATCH)
+        data = {f"{key}.json": json.dumps(request, sort_keys=True) for key, request in entries.items()}
+        if not data:
             return
-        except ApiException as e:
-            if e.status != 404:
-                raise
-        labels = {RUN_LABEL: dns_label(self.run_id), MANAGED_LABEL: "chaoskit"}
-        body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=self.name, labels=labels,
-                                                               annotations={"chaoskit.io/run-id": self.run_id}),
-                                  data=data)
-        self.core.create_namespaced_config_map(self.namespace, body)
+        for attempt in range(2):
+            try:
+                self.core.patch_namespaced_config_map(self.name, self.namespace, {"data": data},
+                                                      _content_type=MERGE_PATCH, _preload_content=False)
+                return  # the answer (the whole ConfigMap: every node's records) is not read into models
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+            labels = {RUN_LABEL: dns_label(self.run_id), MANAGED_LABEL: "chaoskit"}
+            body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=self.name, labels=labels,
+                                                                   annotations={"chaoskit.io/run-id": self.run_id}),
+                                      data=data)
+            try:
+                self.core.create_namespaced_config_map(self.namespace, body)
+                return
+            except ApiException as e:
+                if e.status != 409 or attempt:
+                    raise
 
     def get(self, key: str) -> dict[str, Any] | None:
         data = self._data()
@@ -67,21 +80,37 @@ class RevertStore:
 
     def remove(self, key: str) -> None:
         """Drop one entry (idempotent); delete the ConfigMap when it holds no more."""
+        self.remove_many([key])
+
+    def remove_many(self, keys: list[str]) -> None:
+        """Drop entries in one merge patch (idempotent); delete the ConfigMap when it holds no more — unless
+        another fault of the run wrote to it since (a resourceVersion precondition)."""
+        from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
-        data = self._data()
-        if data is None:
+        if not keys:
             return
-        if f"{key}.json" in data:
-            self.core.patch_namespaced_config_map(self.name, self.namespace, {"data": {f"{key}.json": None}},
-                                                  _content_type=MERGE_PATCH)
-            data.pop(f"{key}.json")
-        if not data:
-            try:
-                self.core.delete_namespaced_config_map(self.name, self.namespace)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+        try:
+            cm = self.core.patch_namespaced_config_map(self.name, self.namespace,
+                                                       {"data": {f"{k}.json": None for k in keys}},
+                                                       _content_type=MERGE_PATCH)
+        except ApiException as e:
+            if e.status == 404:
+                return
+            raise
+        if cm.data:
+            return
+        keep_newer = client.V1DeleteOptions(preconditions=client.V1Preconditions(
+            resource_version=cm.metadata.resource_version))
+        try:
+            self.core.delete_namespaced_config_map(self.name, self.namespace, body=keep_newer)
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
+
+    def raw(self) -> dict[str, str] | None:
+        """The ConfigMap's data (KEY.json -> JSON text), None if there is none."""
+        return self._data()
 
     def _data(self) -> dict[str, str] | None:
         from kubernetes.client.exceptions import ApiException

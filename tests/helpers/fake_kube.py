@@ -336,7 +336,11 @@ class FakeKubeApi:
         return cm
 
     def delete_configmap(self, p: dict, q: dict, body: Any) -> Obj:
-        self.get_configmap(p, q, body)
+        cm = self.get_configmap(p, q, body)
+        want_rv = ((body or {}).get("preconditions") or {}).get("resourceVersion")
+        if want_rv and want_rv != cm["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", f"Precondition failed: ResourceVersion in precondition: {want_rv}, "
+                                            f"ResourceVersion in object meta: {cm['metadata']['resourceVersion']}")
         del self.state.configmaps[(p["ns"], p["name"])]
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
 

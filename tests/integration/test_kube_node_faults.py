@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from chaoskit.injectors.cpu import CpuThrottle
 from chaoskit.injectors.disk import DiskThrottle
 from chaoskit.injectors.firewall import Partition
 from chaoskit.injectors.memlimit import MemoryLimit
+from chaoskit.injectors.process import ProcessSignal
 from chaoskit.targets.blockdev import resolve_path
 from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy, find_io_hierarchy, find_mem_hierarchy
 from chaoskit.targets.container import ContainerNotFound, bare_id, container_cgroup, container_pids
@@ -87,15 +89,16 @@ def pods():
 
 
 @contextmanager
-def web_pods(containers: list, tmp_path, run_helpers: bool = True) -> Iterator[tuple[FakeKubeApi, str]]:
-    """FakeKubeApi with pods web-0 (node-a) and web-1 (node-b) of app=web in prod, whose containers are the
-    stand-ins; the helper pods asked for run on this host (unless not run_helpers). Yields it and the path of
-    its kubeconfig."""
+def web_pods(containers: list, tmp_path, run_helpers: bool = True,
+             nodes: str = "ab") -> Iterator[tuple[FakeKubeApi, str]]:
+    """FakeKubeApi with pods web-0 (node-a) and web-1 (node-b; `nodes="aa"`: node-a too) of app=web in prod,
+    whose containers are the stand-ins; the helper pods asked for run on this host (unless not run_helpers).
+    Yields it and the path of its kubeconfig."""
     with FakeKubeApi() as api:
         if run_helpers:
             api.kubelet = run_pod_here
         for i, c in enumerate(containers):
-            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{'ab'[i]}", container_ids=(c.container_id,))
+            api.add_pod("prod", f"web-{i}", {"app": "web"}, node=f"node-{nodes[i]}", container_ids=(c.container_id,))
         yield api, str(api.write_kubeconfig(tmp_path / "kubeconfig"))
 
 
@@ -163,6 +166,39 @@ def test_partition_and_sigstop_of_pods_run_in_helper_pods_and_are_reverted(tmp_p
     assert observed["details"]["in_effect"] is True
     assert sorted(w.split("/")[1] for w in observed["details"]["pods"]) == pods_now
     assert ledgers(state_dir) == []  # everything reverted: the ledger is discarded
+
+
+def test_one_helper_per_node_stops_both_pods_of_its_node_and_a_vanished_pod_does_not_stop_the_rollback(tmp_path,
+                                                                                                      pods):
+    """Two pods on node-a: one helper pod per verb (the real agent) stops and observes both; one pod vanishes
+    (its container gone, the pod deleted); `rollback --cluster`'s replay, from the signed record alone, still
+    resumes the other with one revert helper, and removes the holder and the record."""
+    _, containers = pods
+    with web_pods(containers, tmp_path, nodes="aa") as (api, kubeconfig):
+        spec = ProcessSignal.Spec.model_validate({"type": "process.signal", "signal": "SIGSTOP", "kubernetes": {
+            "namespace": "prod", "selector": {"app": "web"}, "mode": "all", "kubeconfig": kubeconfig}})
+        inj, executor = ProcessSignal(spec, FaultContext(lifetime_s=600.0, run_id="node-test")), K8sHelperExecutor()
+        place(inj)
+        record = executor.apply(inj, executor.prepare(inj), inj.ctx.placement)
+        assert {proc_state(pid) for c in containers for pid in c.pids()} == {"T"}
+        (holder,) = {p["holder"] for p in record["pods"]}
+        assert [(p["node"], p["pod"]) for p in record["pods"]] == [("node-a", "web-0"), ("node-a", "web-1")]
+        details = executor.observe_details(inj.type, record, inj.ctx.placement)
+        assert details["in_effect"] is True and sorted(details["pods"]) == ["node-a/web-0", "node-a/web-1"]
+        os.killpg(containers[1].proc.pid, signal.SIGKILL)  # its container gone from the node (the fixture
+        containers[1].proc.wait(timeout=10)                  # removes its cgroups)
+        del api.state.pods[("prod", "web-1")]
+        key = inj.ctx.placement["key"]
+        replayed = replay_cluster(resolve_cluster(spec.kubernetes))  # the host is gone: the cluster's record alone
+        assert [(r.key, r.error) for r in replayed] == [(f"{key}-node-a", None)]
+        assert all(proc_state(pid) in ("S", "R") for pid in containers[0].pids())
+        made = [(r.body["metadata"]["labels"]["chaoskit.io/verb"], r.body["spec"]["nodeName"])
+                for r in api.calls("POST", "/namespaces/chaoskit/pods$")]
+        assert made == [("apply", "node-a"), ("observe", "node-a"), ("revert", "node-a")]
+        (reverter,) = [name for _, name in api.state.logs if name.startswith("chaoskit-revert-")]
+        said = json.loads(api.state.logs[("chaoskit", reverter)])
+        assert said["reverted"] is True and said["pods"]["web-0"] == "reverted" and "web-1" in said["pods"]
+        assert ("chaoskit", holder) not in api.state.pods and api.state.configmaps == {}
 
 
 def test_a_dry_run_plans_helper_pods_per_chosen_pod_and_creates_none(tmp_path, state_dir, pods, monkeypatch):
@@ -306,7 +342,7 @@ def test_a_holding_helper_reverts_at_its_deadline_and_on_sigterm_without_chaoski
         assert all(chaoskit_tables(pair, ns) for ns in (pair.srv, pair.cli))
         key = inj.ctx.placement["key"]
         replayed = replay_cluster(resolve_cluster(spec.target.kubernetes))
-        assert [(r.key, r.error) for r in replayed] == [(f"{key}-0", None), (f"{key}-1", None)]
+        assert [(r.key, r.error) for r in replayed] == [(f"{key}-node-a", None), (f"{key}-node-b", None)]  # per node
         assert [chaoskit_tables(pair, ns) for ns in (pair.srv, pair.cli)] == [[], []]
         assert sorted(api.state.pods) == [("prod", "web-0"), ("prod", "web-1")]
         assert api.state.configmaps == {}

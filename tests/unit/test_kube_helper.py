@@ -135,3 +135,131 @@ def test_the_containers_own_cgroup_is_told_from_its_monitors_and_mount_units():
     assert _in_container(f"0::/kubepods.slice/kubepods-pod1.slice/crio-{cid}.scope\n", cid)
     assert not _in_container(f"0::/kubepods.slice/kubepods-pod1.slice/crio-conmon-{cid}.scope\n", cid)
     assert _in_container(f"4:memory:/kubepods/besteffort/pod1/{cid}/init.scope\n", cid)  # a cgroup below it
+
+
+def _pods_on(nodes: dict[str, int]) -> list[dict]:
+    """targets.kube.Placement JSON of `count` pods per node (web-N), in name order."""
+    out, n = [], 0
+    for node, count in nodes.items():
+        for _ in range(count):
+            out.append({"namespace": "prod", "pod": f"web-{n}", "uid": f"u{n}", "node": node, "container": "app",
+                        "container_id": f"containerd://{n:064x}"})
+            n += 1
+    return out
+
+
+def _node_agent(fail_on: str = ""):
+    """A FAKE kubelet answering helper pods as the agent answers for a node's pods (apply fails on `fail_on`)."""
+    import json
+
+    def answer(pod: dict) -> tuple[str, str]:
+        (c,) = pod["spec"]["containers"]
+        request = json.loads(c["env"][0]["value"])
+        names = [t["pod"] for t in request["placement"]["targets"]]
+        verb = c["command"][3]
+        if verb == "apply" and pod["spec"]["nodeName"] == fail_on:
+            return "Failed", '{"error": "PodFailed: pod prod/web-9: ContainerNotFound: gone"}\n'
+        out = {"apply": {"record": {"pods": [{"pod": n, "record": {"n": n}} for n in names]}},
+               "revert": {"reverted": True, "pods": dict.fromkeys(names, "reverted")},
+               "observe": {"in_effect": True, "details": {"pods": {n: {"in_effect": True} for n in names}}}}[verb]
+        return "Succeeded", json.dumps(out) + "\n"
+
+    return answer
+
+
+def test_one_helper_per_node_applies_observes_and_reverts_every_pod_on_it(api, cluster):
+    """5 pods on 2 nodes: 2 helper pods per verb, each with its node's pods; the ledger record lists each pod's
+    record under its node's key; each node's share is signed in the cluster under KEY-NODE; the plan is a line
+    per node."""
+    import json
+
+    from chaoskit.executors.k8s_records import SignedRecords
+    from chaoskit.injectors.base import FaultContext
+    from chaoskit.injectors.process import ProcessSignal
+
+    api.kubelet = _node_agent()
+    hp = helper_placement(cluster, targets=_pods_on({"node-a": 3, "node-b": 2}))
+    assert [(one.node, one.key, [p["pod"] for p in one.targets]) for one in hp.per_node()] == [
+        ("node-a", "k1-node-a", ["web-0", "web-1", "web-2"]), ("node-b", "k1-node-b", ["web-3", "web-4"])]
+    inj = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "signal": "SIGSTOP",
+                                                           "kubernetes": {"namespace": "prod", "selector": {"app": "web"}}}),
+                        FaultContext(placement=hp.to_json(), executor="k8s-helper"))
+    executor = K8sHelperExecutor()
+    plan = executor.plan(inj)
+    assert len(plan) == 3 and plan[0].endswith("applies process.signal {} to 3 pods prod/web-0, prod/web-1, "
+                                               "prod/web-2 container app") and "(2)" in plan[2]
+    record = executor.apply(inj, executor.prepare(inj), hp.to_json())
+    assert [(p["key"], p["pod"], p["record"]) for p in record["pods"]] == [
+        (f"k1-node-{'aaabb'[i]}", f"web-{i}", {"n": f"web-{i}"}) for i in range(5)]
+    stored = SignedRecords(client.CoreV1Api(api_client(cluster)), "chaoskit", RUN).get("k1-node-a")
+    assert stored["state"] == "applied" and [p["pod"] for p in stored["record"]["pods"]] == ["web-0", "web-1", "web-2"]
+    assert '"mac": "hmac-sha256:' in api.state.configmaps[("chaoskit", configmap_name(RUN))]["data"]["k1-node-a.json"]
+    details = executor.observe_details("process.signal", record, hp.to_json())
+    assert details["in_effect"] is True and sorted(details["pods"]) == [
+        "node-a/web-0", "node-a/web-1", "node-a/web-2", "node-b/web-3", "node-b/web-4"]
+    executor.revert("process.signal", record, hp.to_json())
+    made = [(r.body["metadata"]["labels"]["chaoskit.io/verb"], r.body["spec"]["nodeName"],
+             len(json.loads(r.body["spec"]["containers"][0]["env"][0]["value"])["placement"]["targets"]))
+            for r in api.calls("POST", "/namespaces/chaoskit/pods$")]
+    assert made == [(verb, node, n) for verb in ("apply", "observe", "revert") for node, n in (("node-a", 3),
+                                                                                                 ("node-b", 2))]
+    assert api.state.configmaps == {} and not [k for k in api.state.pods if k[0] == "chaoskit"]
+
+
+def test_a_node_whose_apply_failed_is_named_and_the_others_are_reverted_from_the_cluster(api, cluster):
+    from chaoskit.injectors.base import FaultContext
+    from chaoskit.injectors.process import ProcessSignal
+
+    api.kubelet = _node_agent(fail_on="node-b")
+    hp = helper_placement(cluster, targets=_pods_on({"node-a": 2, "node-b": 2}))
+    inj = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "signal": "SIGSTOP",
+                                                           "kubernetes": {"namespace": "prod", "selector": {"app": "web"}}}),
+                        FaultContext(placement=hp.to_json(), executor="k8s-helper"))
+    executor = K8sHelperExecutor()
+    with pytest.raises(HelperFailed, match=r"apply failed on 1 of 2 node\(s\): helper pod chaoskit/chaoskit-apply-"
+                                           r"k1-node-b-\w+ on node node-b: .* pod prod/web-9: ContainerNotFound"):
+        executor.apply(inj, executor.prepare(inj), hp.to_json())
+    executor.revert("process.signal", executor.prepare(inj), hp.to_json())  # the ledger knows nothing yet
+    reverts = [r.body for r in api.calls("POST", "/namespaces/chaoskit/pods$")
+               if r.body["metadata"]["labels"]["chaoskit.io/verb"] == "revert"]
+    assert [b["spec"]["nodeName"] for b in reverts] == ["node-a"]  # node-b's helper reverted itself
+    assert api.state.configmaps == {}
+
+
+def test_the_agent_reverts_every_pod_of_its_node_and_skips_one_whose_container_is_gone(monkeypatch):
+    """A revert that fails on a pod whose container left the node is skipped (the fault went with it); one that
+    fails on a pod still there is named once the others were reverted; a failed apply undoes the node's pods."""
+    from chaoskit import agent
+
+    reverted = []
+
+    class Stub:
+        @classmethod
+        def revert(cls, record):
+            if record.get("fails"):
+                raise OSError(f"cannot revert {record['n']}")
+            reverted.append(record["n"])
+
+    monkeypatch.setattr(agent, "injector_class", lambda name: Stub)
+    here = {"containerd://" + "ab" * 32}  # no container of that ID runs on this host: "gone"
+    pods = [{"pod": p, "container_id": next(iter(here)) if p == "gone" else ""} for p in ("a", "gone", "b")]
+    record = {"pods": [{"pod": "a", "record": {"n": "a"}}, {"pod": "gone", "record": {"n": "gone", "fails": True}},
+                       {"pod": "b", "record": {"n": "b"}}]}
+    out = agent.revert_pods("x", record, pods)
+    assert reverted == ["a", "b"] and out["a"] == out["b"] == "reverted"
+    assert out["gone"].startswith("skipped: its container is gone from this node (OSError: cannot revert gone)")
+    record["pods"][0]["record"]["fails"] = True  # pod a's container is unknown: not known to be gone
+    reverted.clear()
+    with pytest.raises(agent.PodFailed, match=r"^pod a: OSError: cannot revert a \(2 other pod\(s\) of this node "
+                                              r"reverted\)$"):
+        agent.revert_pods("x", record, pods)
+    assert reverted == ["b"]
+
+    applied = []
+    monkeypatch.setattr(agent, "apply", lambda t, spec, rec, pod: (
+        applied.append(pod["pod"]) or {"n": pod["pod"]}) if pod["pod"] != "c" else (_ for _ in ()).throw(
+        RuntimeError("no such container")))
+    reverted.clear()
+    with pytest.raises(agent.PodFailed, match=r"^pod prod/c: RuntimeError: no such container$"):
+        agent.apply_pods("x", {}, [{"namespace": "prod", "pod": p} for p in ("a", "b", "c")])
+    assert applied == ["a", "b"] and reverted == ["b", "a"]  # newest first
