@@ -278,10 +278,10 @@ class LlmProxy(ProxyHelper):
     def plan(self) -> list[str]:
         faults = "; ".join(f"{w['name']}: {_describe(f)}" for f, w in zip(self.spec.faults, self.spec.wire()["faults"],
                                                                           strict=True))
-        where = self.intercept_plan() or f" {self.spec.listen} -> {self.spec.upstream}"
-        return [f"start an LLM proxy{where}{self.tls_plan()} (seed "
-                f"{self.spec.seed}) with faults: {faults or 'none'}; revert: stop it (it also exits by itself after "
-                f"{self.ctx.lifetime_s:g}s)"]
+        where, revert = self.intercept_plan()
+        return [f"start an LLM proxy{where or f' {self.spec.listen} -> {self.spec.upstream}'}{self.tls_plan()} "
+                f"(seed {self.spec.seed}) with faults: {faults or 'none'}; "
+                + (revert or f"revert: stop it (it also exits by itself after {self.ctx.lifetime_s:g}s)")]
 
     def config(self) -> Any:
         tls = self.tls_wire()

@@ -309,18 +309,20 @@ class ProxyHelper(helper_proc.HelperFault):
                              f"{up.ca_file or 'the system CAs'} as {up.server_name}")
         return f" [{'; '.join(parts)}]" if parts else ""
 
-    def intercept_plan(self) -> str:
-        """The plan's words on interception ('' without it)."""
+    def intercept_plan(self) -> tuple[str, str]:
+        """The plan's words on interception: where the proxy sits, and its revert ('' and '' without it)."""
         ic = self.spec.intercept
         if ic is None:
-            return ""
-        return (f" in {ic.target.label()}, intercepting port {ic.port}: nft table {proxy_intercept.FAMILY} "
-                f"chaoskit_<id> redirects new incoming TCP connections to port {ic.port} (IPv4) to the proxy, "
-                "which forwards each to its original destination; connections already open are "
-                + ("then reset (their clients reconnect through the proxy). " if ic.existing == "reset"
-                   else "not touched. ")
-                + "Revert deletes the table first (new connections go straight to the service again), then stops "
-                "the proxy (the connections it carries are closed)")
+            return "", ""
+        existing = ("then reset (their clients reconnect through the proxy)" if ic.existing == "reset"
+                    else "not touched")
+        return (f" in {ic.target.label()}, intercepting port {ic.port} (nft table {proxy_intercept.FAMILY} "
+                f"chaoskit_<id> there redirects new incoming TCP connections to port {ic.port} (IPv4) to the "
+                f"proxy, which forwards each to its original destination; connections already open are "
+                f"{existing})",
+                "revert: delete the table first (new connections go straight to the service again), then stop "
+                "the proxy (the connections it carries are closed; it also exits by itself after "
+                f"{self.ctx.lifetime_s:g}s, deleting the table first)")
 
     def prepare(self) -> dict[str, Any]:
         rec = {"token": f"{self.token_prefix}{uuid.uuid4().hex}", "listen": self.spec.listen,
@@ -392,9 +394,10 @@ class Proxy(ProxyHelper):
         if tls:
             tls += (" (the proxy decrypts and re-encrypts: the toxics act on the plaintext bytes, and each side "
                     "sees its own TLS records, not the other side's)")
-        where = self.intercept_plan() or f" {self.spec.listen} -> {self.spec.upstream}"
-        return [f"start a proxy{where}{tls} with toxics: {toxics or 'none'}; "
-                f"revert: stop it (it also exits by itself after {self.ctx.lifetime_s:g}s)"]
+        where, revert = self.intercept_plan()
+        return [f"start a proxy{where or f' {self.spec.listen} -> {self.spec.upstream}'}{tls} with toxics: "
+                f"{toxics or 'none'}; "
+                + (revert or f"revert: stop it (it also exits by itself after {self.ctx.lifetime_s:g}s)")]
 
     def config(self) -> Any:
         toxics = [t.wire() for t in self.spec.toxics]
