@@ -1,6 +1,7 @@
 """deploy/k8s/chaoskit: every manifest validates against the OpenAPI models shipped with the kubernetes client
 (unknown fields and missing required ones fail), the helper pod template is what the code builds, and the
-Roles grant exactly the verbs the code sends (measured from its requests to FakeKubeApi)."""
+Roles grant exactly the verbs the code sends (measured from its requests to FakeKubeApi), and the scheduled
+suite's CronJob runs one suite at a time as `chaoskit`, refuses while halted (exit 4) and keeps its results."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from tests.helpers.fake_kube import FakeKubeApi
 
 DIR = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "chaoskit"
 MODELS = {"Namespace": client.V1Namespace, "ServiceAccount": client.V1ServiceAccount, "Role": client.V1Role,
-          "RoleBinding": client.V1RoleBinding, "Pod": client.V1Pod}
+          "RoleBinding": client.V1RoleBinding, "Pod": client.V1Pod, "CronJob": client.V1CronJob,
+          "PersistentVolumeClaim": client.V1PersistentVolumeClaim}
 
 
 def docs(name: str) -> list[dict]:
@@ -37,8 +39,8 @@ def validate(doc: dict) -> object:
 
 
 def test_the_directory_holds_what_the_docs_name():
-    assert sorted(p.name for p in DIR.iterdir()) == ["Dockerfile", "helper-pod.yaml", "namespace.yaml", "role.yaml",
-                                                     "rolebinding.yaml", "serviceaccount.yaml"]
+    assert sorted(p.name for p in DIR.iterdir()) == ["Dockerfile", "cronjob.yaml", "helper-pod.yaml", "namespace.yaml",
+                                                     "role.yaml", "rolebinding.yaml", "serviceaccount.yaml"]
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in DIR.glob("*.yaml")))
@@ -149,3 +151,80 @@ def test_the_record_key_is_the_only_secret_chaoskit_may_read():
     assert [(r["verbs"], r.get("resourceNames")) for r in secrets] == [(["get"], ["chaoskit-record-key"]),
                                                                        (["create"], None)]
     assert all(r["resources"] == ["secrets"] for r in secrets)
+
+
+def _cronjob() -> tuple[dict, dict]:
+    pvc, cron = docs("cronjob.yaml")
+    return pvc, cron
+
+
+def test_the_cronjob_runs_one_suite_at_a_time_as_chaoskit_and_keeps_results_on_its_claim():
+    pvc, cron = _cronjob()
+    job = cron["spec"]["jobTemplate"]["spec"]
+    pod = job["template"]["spec"]
+    (c,) = pod["containers"]
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid" and pod["serviceAccountName"] == "chaoskit"
+    assert (job["backoffLimit"], pod["restartPolicy"]) == (0, "Never")  # a failed run is a failed Job, not retried
+    assert job["podFailurePolicy"]["rules"][0] == {"action": "FailJob", "onExitCodes": {
+        "containerName": c["name"], "operator": "In", "values": [4]}}
+    (claim,) = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    assert claim == pvc["metadata"]["name"] and pvc["metadata"]["namespace"] == cron["metadata"]["namespace"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    mounted = {m["mountPath"] for m in c["volumeMounts"] if m["name"] == "results"}
+    assert mounted == {env["CHAOSKIT_RESULTS"]} and env["CHAOSKIT_STATE_DIR"].startswith(env["CHAOSKIT_RESULTS"])
+    assert "--pushgateway" in c["command"][2] and env["CHAOSKIT_PUSHGATEWAY"] == ""
+
+
+def _cron_env(c: dict, tmp_path: Path, results: Path, **kw: str) -> dict[str, str]:
+    import os
+    import sys
+
+    return {**os.environ, "HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            **{e["name"]: e["value"] for e in c["env"] if e["name"] != "HOME"}, "CHAOSKIT_RESULTS": str(results),
+            "CHAOSKIT_STATE_DIR": str(results / "state"), **kw}
+
+
+def test_the_cronjobs_command_refuses_to_start_while_halted(tmp_path):
+    """The container's command as written, with the real chaoskit, against FakeKubeApi: the cluster's lever
+    pulled -> exit 4 (a failed Job) naming who pulled it and why, nothing run."""
+    import subprocess
+
+    from chaoskit.executors.k8s_halt import HaltLever, pull_lever
+    from chaoskit.targets.kube import api_client
+
+    c = _cronjob()[1]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    with FakeKubeApi() as api:
+        kc = api.write_kubeconfig(tmp_path / "kc")
+        pull_lever(client.CoreV1Api(api_client(ClusterRef(str(kc), None))), HaltLever("sre@ops", 1.0, "game day over"))
+        before = len(api.requests)
+        env = _cron_env(c, tmp_path, tmp_path / "results", KUBECONFIG=str(kc))
+        halted = subprocess.run([*c["command"], *c["args"]], env=env, capture_output=True, text=True, timeout=120)
+    assert halted.returncode == 4 and "Traceback" not in halted.stderr, halted.stdout + halted.stderr
+    said = " ".join(halted.stderr.split())
+    assert "refused: chaoskit is halted in cluster " in said and "by sre@ops: game day over" in said, said
+    assert not (tmp_path / "results").exists() and {r.method for r in api.requests[before:]} == {"GET"}  # read only
+
+
+def test_the_cronjobs_command_runs_the_suite_into_a_new_results_directory(tmp_path):
+    """Not halted: `chaoskit run SUITE... --pushgateway URL --ci --out RESULTS/runs/TIME`, the oldest results
+    beyond CHAOSKIT_KEEP_RUNS pruned first (chaoskit here a stand-in script recording its arguments)."""
+    import subprocess
+
+    c = _cronjob()[1]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    results, bin_dir = tmp_path / "results", tmp_path / "bin"
+    for old in ("20261201T030000Z", "20261202T030000Z", "20261203T030000Z"):
+        (results / "runs" / old).mkdir(parents=True)
+    bin_dir.mkdir()
+    (bin_dir / "chaoskit").write_text('#!/bin/sh\nif [ "$1" = status ]; then echo \'{"halted": []}\'; exit 0; fi\n'
+                                      'printf "%s\\n" "$@" > "$ARGS_FILE"\n')
+    (bin_dir / "chaoskit").chmod(0o755)
+    env = _cron_env(c, tmp_path, results, CHAOSKIT_KEEP_RUNS="2", CHAOSKIT_PUSHGATEWAY="http://pgw:9091",
+                    ARGS_FILE=str(tmp_path / "args"))
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    ran = subprocess.run([*c["command"], *c["args"]], env=env, capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    out = ran.stdout.split("results: ", 1)[1].split()[0]
+    assert Path(out).parent == results / "runs" and len(Path(out).name) == len("20261204T030000Z")
+    assert (tmp_path / "args").read_text().splitlines() == ["run", *c["args"], "--pushgateway", "http://pgw:9091",
+                                                            "--ci", "--out", out]
+    assert sorted(p.name for p in (results / "runs").iterdir()) == ["20261202T030000Z", "20261203T030000Z"]
