@@ -25,7 +25,6 @@ from chaoskit.executors.k8s_pods import (
     delete_quietly,
     grants,
     helper_pod,
-    run_helper,
     run_helpers,
 )
 from chaoskit.executors.k8s_records import SignedRecords, checked_faults
@@ -34,7 +33,7 @@ from chaoskit.injectors import Injector
 from chaoskit.targets.kube import ClusterRef, api_client
 
 __all__ = ["GPU_ENV", "REQUEST_ENV", "HelperFailed", "HelperPlacement", "K8sHelperExecutor", "NodePart", "Replayed",
-           "grants", "helper_pod", "replay_cluster", "revert_parts", "run_helper"]
+           "grants", "helper_pod", "replay_cluster", "revert_parts"]
 ERRORS_SHOWN = 3  # of the nodes whose helper failed, the first few are named in the error
 
 
@@ -135,9 +134,11 @@ class K8sHelperExecutor:
                  if p.record]  # an empty record: nothing was applied there
         jobs = [HelperJob(p.hp, {"type": type_name, "record": p.record, "placement": p.hp.to_json()}) for p in parts]
         per_pod: dict[str, dict[str, Any]] = {}
+        failed = []
         for job, out in run_helpers(core, "observe", jobs):
             if isinstance(out, HelperFailed):
-                raise out
+                failed.append(str(out))  # raised once every helper answered: none is left behind
+                continue
             one = job.hp
             if one.on_node:
                 for pod, details in (out.get("details") or {}).get("pods", {}).items():
@@ -145,6 +146,8 @@ class K8sHelperExecutor:
             else:
                 pod = (one.target or {}).get("pod", "")
                 per_pod[f"{one.node}/{pod}"] = {**out.get("details", {}), "in_effect": bool(out.get("in_effect"))}
+        if failed:
+            raise HelperFailed(_failures("observe", failed, len(jobs)))
         if not hp.targets:
             return next(iter(per_pod.values()), {"in_effect": False})
         return {"in_effect": any(d.get("in_effect") for d in per_pod.values()), "pods": per_pod}

@@ -138,14 +138,6 @@ class _Waiting:
     deadline: float
 
 
-def run_helper(core: Any, verb: str, request: dict[str, Any], hp: HelperPlacement) -> dict[str, Any]:
-    """One helper pod's answer (run_helpers of one job); HelperFailed if it failed."""
-    ((_, out),) = list(run_helpers(core, verb, [HelperJob(hp, request)]))
-    if isinstance(out, HelperFailed):
-        raise out
-    return out
-
-
 def run_helpers(core: Any, verb: str, jobs: list[HelperJob]) -> Iterator[tuple[HelperJob, dict[str, Any] | HelperFailed]]:
     """Create every job's helper pod at once, then yield each job's answer (or its HelperFailed) as it comes.
     A helper that answered is deleted — unless it holds the fault (apply with hold_s): that one stays on its node
