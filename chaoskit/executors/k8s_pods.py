@@ -29,7 +29,7 @@ POLL_S = (0.05, 0.2)  # helper pods are listed after 50 ms, then twice as late e
 # (the fault picks the target container's GPU itself), and room for a CUDA context
 GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
 LIMITS = {"cpu": "500m", "memory": "256Mi"}
-GPU_LIMITS = {"cpu": "1", "memory": "2Gi"}
+GPU_LIMITS = {"cpu": "1", "memory": "2Gi"}  # per pod of the node: each pod's holder has its own CUDA context
 STATE_DIR = "/var/lib/chaoskit"  # state_dir() of root: an emptyDir, as the root filesystem is read-only
 KEY_NODE_CHARS = 200  # of a node's name in its ConfigMap key (KEY-NODE.json stays within 253 characters)
 
@@ -109,7 +109,7 @@ def helper_pod(verb: str, type_name: str, request: dict[str, Any], hp: HelperPla
         env=[client.V1EnvVar(name=k, value=v) for k, v in env.items()],
         security_context=security, volume_mounts=mounts,
         resources=client.V1ResourceRequirements(requests={"cpu": "10m", "memory": "64Mi"},
-                                                limits=GPU_LIMITS if gpu else LIMITS))
+                                                limits=gpu_limits(len(hp.pods())) if gpu else LIMITS))
     labels = {RUN_LABEL: dns_label(hp.run_id), ROLE_LABEL: "helper", VERB_LABEL: verb,
               "app.kubernetes.io/managed-by": "chaoskit"}
     name = f"{dns_label(f'chaoskit-{verb}-{hp.key}', 56)}-{uuid.uuid4().hex[:6]}"
@@ -121,6 +121,12 @@ def helper_pod(verb: str, type_name: str, request: dict[str, Any], hp: HelperPla
         runtime_class_name=hp.runtime_class if gpu else None)
     return client.V1Pod(api_version="v1", kind="Pod", spec=spec,
                         metadata=client.V1ObjectMeta(name=name, namespace=hp.namespace, labels=labels))
+
+
+def gpu_limits(pods: int) -> dict[str, str]:
+    """A GPU helper's limits: GPU_LIMITS for each pod of its node it holds memory for (at least one)."""
+    n = max(1, pods)
+    return {"cpu": str(n), "memory": f"{2 * n}Gi"} if n > 1 else dict(GPU_LIMITS)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ round trip and cleanup, and loud failures (the agent really running: tests/integ
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from kubernetes import client
 
@@ -72,6 +74,9 @@ def test_a_gpu_fault_gets_the_nodes_gpus_through_the_container_toolkit(cluster):
                             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
     assert c["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
+    three = replace(hp, targets=_pods_on({"node-7": 3}), on_node=True)  # a holder (CUDA context) per pod
+    limits = helper_pod("apply", "gpu.memory_pressure", {}, three).spec.containers[0].resources.limits
+    assert limits == {"cpu": "3", "memory": "6Gi"}
     other = client.ApiClient().sanitize_for_serialization(helper_pod("apply", "network.netem", {}, hp))
     assert "runtimeClassName" not in other["spec"]
     assert [e["name"] for e in other["spec"]["containers"][0]["env"]] == [REQUEST_ENV]
