@@ -1,8 +1,8 @@
-"""Revert records kept in the cluster: one ConfigMap per run (label chaoskit.io/run), one key per fault.
+"""Revert records kept in the cluster: one ConfigMap per run (label chaoskit.io/run), one key per node of a fault.
 
 So `chaoskit rollback` from any machine with access to the cluster can finish a run whose host crashed: each
-key holds the fault's type, spec, revert record and placement as JSON; it is removed once the fault is
-reverted, and the ConfigMap is deleted with its last key.
+key holds the fault's type, spec, revert record (of each pod of that node) and placement as JSON; it is removed
+once reverted there, and the ConfigMap is deleted with its last key (unless written to since).
 """
 
 from __future__ import annotations
