@@ -76,6 +76,9 @@ class CallRule(StrictModel):
 
 
 class CudaFaultSpec(ProcessTargets):
+    model_config = {"json_schema_extra": {"examples": [
+        {"type": "gpu.cuda_fault", "name": "^vllm", "alloc": {"share": 0.2}, "sync": {"delay": "5ms"}}]}}
+
     type: Literal["gpu.cuda_fault"]
     alloc: CallRule | None = Field(None, description=f"device memory allocations ({CALLS['alloc']})")
     launch: CallRule | None = Field(None, description=f"kernel and graph launches ({CALLS['launch']})")

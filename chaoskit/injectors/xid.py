@@ -127,10 +127,17 @@ class XidSpec(StrictModel):
     def _name(cls, v: str | None) -> str | None:
         return _no_control(v, "process_name")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _pod_gpu(cls, data: Any) -> Any:
+        """On a pod's node, no GPU named means the container's first."""
+        if isinstance(data, dict) and data.get("kubernetes") is not None and data.get("pci_bus_id") is None \
+                and data.get("device") is None:
+            return {**data, "device": 0}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> XidSpec:
-        if self.kubernetes is not None and self.pci_bus_id is None and self.device is None:
-            self.device = 0  # the container's first GPU
         if (self.pci_bus_id is None) == (self.device is None):
             raise ValueError("give exactly one of pci_bus_id (e.g. 0000:3b:00.0) or device (index or UUID)")
         if self.message is None and self.xid not in XID_MESSAGES:

@@ -44,6 +44,7 @@ def test_node_level_faults_declare_their_target_field_and_helper_pod_grants():
         "disk.throttle": ("kubernetes", ("SYS_PTRACE",), False),
         "process.signal": ("kubernetes", ("KILL", "SYS_PTRACE"), False),
         "gpu.memory_pressure": ("kubernetes", ("SYS_PTRACE",), True),
+        "gpu.xid": ("kubernetes", ("SYSLOG",), False),
     }
 
 
