@@ -9,6 +9,11 @@ private tmux server (120x36), captures the live view with `tmux capture-pane -e`
 renders the captured text and colours to HTML and screenshots it with headless Chromium; then screenshots the
 report.html that run wrote. Needs tmux and chromium (scripts/setup.sh installs both as root).
 
+--report FILE --name NAME.png screenshots a report.html a run already wrote instead (the report with time to
+detect per fault: `CHAOSKIT_KEEP_REPORT=/tmp/ttd .venv/bin/python -m pytest -q
+tests/integration/test_observe_stack.py -k prometheus_has_the_fault_window`, then
+`--report /tmp/ttd/report.html --name report-detection.png --section Faults`).
+
 --src DIR runs chaoskit from another source tree (PYTHONPATH), e.g. a `git archive HEAD` copy while the
 checkout is half edited. Everything it starts is stopped and its temporary directory removed at the end.
 """
@@ -125,12 +130,35 @@ def chromium_screenshot(chromium: str, url: str, png: Path, size: tuple[int, int
         raise SystemExit(f"screenshots: chromium wrote no picture for {url}")
 
 
+def shoot_report(chromium: str | None, report: Path, png: Path, section: str | None) -> int:
+    """A screenshot of a report; `section`: its title, then the section with that heading on (a copy of the page
+    whose sections before it are left out)."""
+    if not chromium or not report.is_file():
+        raise SystemExit(f"screenshots: needs chromium and an existing report ({report})")
+    with tempfile.TemporaryDirectory(prefix="chaoskit-shots-") as tmp:
+        page = report.resolve()
+        if section:
+            page = Path(tmp) / "report.html"
+            scroll = ("<script>{const hs=[...document.querySelectorAll('h2')];"
+                      f"const t=hs.find(h=>h.textContent=={section!r});"
+                      "let n=t?hs[0]:null;while(n&&n!==t){const nx=n.nextElementSibling;n.remove();n=nx;}}</script>")
+            page.write_text(report.read_text().replace("</body>", scroll + "</body>"))
+        chromium_screenshot(chromium, page.as_uri(), png, (1280, 900), Path(tmp))
+    print(f"screenshots: {png} ({png.stat().st_size} bytes)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img", help="where the PNGs go (docs/img)")
     ap.add_argument("--src", type=Path, help="run chaoskit from this source tree instead of the checkout")
+    ap.add_argument("--report", type=Path, help="only screenshot this report.html (with --name)")
+    ap.add_argument("--name", default="report.png", help="the PNG's name for --report")
+    ap.add_argument("--section", help="with --report: scroll to the section with this heading (e.g. Faults)")
     args = ap.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if args.report:
+        return shoot_report(chromium, args.report, args.out / args.name, args.section)
     tmux = shutil.which("tmux")
     if not chromium or not tmux:
         raise SystemExit("screenshots: needs chromium and tmux (scripts/setup.sh installs them as root)")

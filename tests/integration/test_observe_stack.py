@@ -5,6 +5,7 @@ probe reads the alerts back (from Prometheus and from Alertmanager) and the repo
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -215,6 +216,8 @@ def test_an_alert_on_the_fault_fires_the_probe_holds_and_prometheus_has_the_faul
     assert f'experiment="{name}"' in held[0]
     md = (tmp_path / name / "report.html").read_text()
     assert "MTTD" in md and "ChaosFault (prom-alerts): detected in" in md
+    if keep := os.environ.get("CHAOSKIT_KEEP_REPORT"):  # the docs' picture: scripts/screenshots.py --report
+        shutil.copytree(tmp_path / name, keep, dirs_exist_ok=True)
 
 
 def test_a_rule_that_cannot_fire_deviates(stack, sleeper, tmp_path, state_dir):
