@@ -2,7 +2,10 @@
 through chaoskit's interposer, armed and disarmed through its control file: the process is not restarted.
 
 The process must have been started with the interposer (`chaoskit cuda-wrap -- CMD`, or the environment that
-`chaoskit cuda-wrap --print-env` prints); every process started from it inherits the same control file.
+`chaoskit cuda-wrap --print-env` prints); every process started from it inherits the same control file. On
+Kubernetes (`kubernetes:` pods of a Deployment prepared once with `chaoskit cuda-wrap --deployment NS/NAME`) a
+helper pod on each node arms the control file of each chosen pod's container, reached through its processes'
+/proc/PID/root, and revert finds it again after a container restart through the pod's cgroup.
 """
 
 from __future__ import annotations
@@ -12,14 +15,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.gpu.cuda_fault_ctl import ENV, KINDS, Control, Rule
-from chaoskit.injectors.base import Injector, RevertRecord
-from chaoskit.injectors.process import ProcessTargets, check_targets
+from chaoskit.injectors.base import NODE_EXECUTORS, Injector, NodeHelper, RevertRecord
+from chaoskit.injectors.process import ProcessTargets, check_selector, check_targets
 from chaoskit.model.types import Duration, StrictModel
+from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import ProcessTarget
+from chaoskit.targets.pod_procs import pod_pids, pod_uid_of
 from chaoskit.targets.process import ProcessRef
 
 # The CUresult values a rule may return, by the names of cuda.h.
@@ -83,6 +88,14 @@ class CudaFaultSpec(ProcessTargets):
     alloc: CallRule | None = Field(None, description=f"device memory allocations ({CALLS['alloc']})")
     launch: CallRule | None = Field(None, description=f"kernel and graph launches ({CALLS['launch']})")
     sync: CallRule | None = Field(None, description=f"synchronisation ({CALLS['sync']})")
+    kubernetes: KubeNodeSelector | None = Field(None, description="the chosen pods' container, whose Deployment "
+                                                "was prepared once with `chaoskit cuda-wrap --deployment NS/NAME` "
+                                                "(armed on each pod's node through a helper pod: no restart)")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Self:
+        check_selector(self.pid, self.name, self.child_of, self.kubernetes)
+        return self
 
     @model_validator(mode="after")
     def _one_kind(self) -> Self:
@@ -93,11 +106,25 @@ class CudaFaultSpec(ProcessTargets):
     def rules(self) -> dict[str, CallRule]:
         return {k: r for k in KINDS if (r := getattr(self, k)) is not None}
 
+    def describe(self) -> str:
+        return self.kubernetes.describe() if self.kubernetes is not None else super().describe()
+
+
+class InContainer(BaseModel):
+    """A control file reached through a container's process: the path the container knows it by, the process
+    and its pod (to find the file again through another process of the pod after a container restart)."""
+
+    model_config = ConfigDict(frozen=True)
+    path: str
+    pid: int
+    pod_uid: str | None = None
+
 
 class CudaFaultRecord(RevertRecord):
     controls: list[str]  # the control files armed (each may serve several processes)
     pids: list[int] = []
     baseline: dict[str, dict[str, int]] = {}  # per control file: calls/failed/delayed per kind when armed
+    inside: dict[str, InContainer] = {}  # of the controls, those reached through a container's /proc/PID/root
 
 
 def control_of(pid: int) -> str | None:
@@ -108,6 +135,18 @@ def control_of(pid: int) -> str | None:
         return None
     prefix = ENV.encode() + b"="
     return next((e[len(prefix):].decode() for e in env if e.startswith(prefix)), None)
+
+
+def reachable(pid: int, path: str) -> str:
+    """The control file a process names, as this process reaches it: the path itself when the process shares
+    our root, else through the process's /proc/PID/root (a container's)."""
+    try:
+        theirs, ours = os.stat(f"/proc/{pid}/root"), os.stat("/")
+    except OSError:
+        return path
+    if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
+        return path
+    return f"/proc/{pid}/root{path}" if path.startswith("/") else f"/proc/{pid}/cwd/{path}"
 
 
 def interposed(pid: int) -> bool:
@@ -125,6 +164,23 @@ class CudaFault(Injector):
     spec: CudaFaultSpec
     Record = CudaFaultRecord
     independent_revert: ClassVar[bool] = True  # its own control files
+    executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
+    target_field: ClassVar[str | None] = "kubernetes"
+    # another container's environment, maps and root (/proc/PID/environ, maps, root) need ptrace access; the
+    # control file is writable by every user (chaoskit.gpu.cuda_fault_install)
+    node_helper: ClassVar[NodeHelper] = NodeHelper(capabilities=("SYS_PTRACE",))
+
+    @classmethod
+    def on_node(cls, spec: dict[str, Any], container_id: str) -> dict[str, Any]:
+        """The spec on a pod's node: the container's processes that were started with the interposer."""
+        from chaoskit.targets.container import bare_id, container_pids
+
+        pids = [p for p in container_pids(container_id) if control_of(p) is not None and interposed(p)]
+        if not pids:
+            raise LookupError(f"no process of container {bare_id(container_id)[:12]} was started with the CUDA "
+                              "interposer: prepare its Deployment once with `chaoskit cuda-wrap --deployment "
+                              "NAMESPACE/NAME` (a rollout restarts its pods)")
+        return {**{k: v for k, v in spec.items() if k != "kubernetes"}, "pid": pids}
 
     def resolve_target(self) -> ProcessTarget:
         return ProcessTarget(self.spec.describe(), tuple(self.spec.select()))
@@ -133,7 +189,8 @@ class CudaFault(Injector):
         return list(self.target_as(ProcessTarget).processes)
 
     def _controls(self) -> dict[str, list[int]]:
-        """Each control file and the selected PIDs that use it (PreflightError for a process without one)."""
+        """Each control file (as this process reaches it) and the selected PIDs that use it (PreflightError for a
+        process without one)."""
         out: dict[str, list[int]] = {}
         for ref in self._refs():
             path = control_of(ref.pid)
@@ -141,7 +198,17 @@ class CudaFault(Injector):
                 raise PreflightError(f"gpu.cuda_fault: PID {ref.pid} ({ref.comm}) was not started with the CUDA "
                                      "interposer; start it with `chaoskit cuda-wrap -- CMD` (or the environment "
                                      "`chaoskit cuda-wrap --print-env` prints)")
-            out.setdefault(path, []).append(ref.pid)
+            out.setdefault(reachable(ref.pid, path), []).append(ref.pid)
+        return out
+
+    @staticmethod
+    def _inside(controls: dict[str, list[int]]) -> dict[str, InContainer]:
+        """Of the controls, those reached through a container's root: as the container names them."""
+        out = {}
+        for path, pids in controls.items():
+            own = control_of(pids[0])
+            if own is not None and path != own:
+                out[path] = InContainer(path=own, pid=pids[0], pod_uid=pod_uid_of(pids[0]))
         return out
 
     def preflight(self) -> None:
@@ -166,7 +233,8 @@ class CudaFault(Injector):
 
     def prepare(self) -> dict[str, Any]:
         controls = self._controls()
-        return CudaFaultRecord(controls=list(controls), pids=[p for ps in controls.values() for p in ps]).model_dump()
+        return CudaFaultRecord(controls=list(controls), pids=[p for ps in controls.values() for p in ps],
+                               inside=self._inside(controls)).model_dump()
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         r: CudaFaultRecord = self.read_record(record)
@@ -183,16 +251,19 @@ class CudaFault(Injector):
     def revert(cls, record: dict[str, Any]) -> None:
         r: CudaFaultRecord = cls.read_record(record)
         for path in r.controls:
+            where = located(r, path)
+            if where is None:
+                continue  # gone with its processes (and its pod): nothing is armed
             try:
-                with Control(Path(path)) as c:
+                with Control(where) as c:
                     c.disarm()
             except FileNotFoundError:
-                continue  # gone with its processes: nothing is armed
+                continue
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
         r: CudaFaultRecord = cls.read_record(record)
-        return any(_armed(Path(p)) for p in r.controls)
+        return any(where is not None and _armed(where) for where in (located(r, p) for p in r.controls))
 
     @classmethod
     def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
@@ -200,9 +271,11 @@ class CudaFault(Injector):
         r: CudaFaultRecord = cls.read_record(record)
         out: dict[str, Any] = {}
         for path in r.controls:
-            base = r.baseline.get(path, {})
+            base, where = r.baseline.get(path, {}), located(r, path)
+            if where is None:
+                continue
             try:
-                with Control(Path(path)) as c:
+                with Control(where) as c:
                     counts = c.counts()
             except (OSError, ValueError):
                 continue
@@ -211,6 +284,23 @@ class CudaFault(Injector):
                 out[f"{k}_failed"] = out.get(f"{k}_failed", 0) + n.failed - base.get(f"{k}_failed", 0)
         out["alive"] = sum(1 for p in r.pids if os.path.exists(f"/proc/{p}"))
         return out
+
+
+def located(r: CudaFaultRecord, path: str) -> Path | None:
+    """Where a recorded control file is now. One reached through a container's process: that path while the
+    process is still in its pod, else through any process of the pod that names the same file (the container
+    restarted: its volume, and the armed file, stayed), else None (the pod is gone, and its volume with it)."""
+    ins = r.inside.get(path)
+    if ins is None:
+        return Path(path)
+    if ins.pod_uid is None:  # not in a pod's cgroup: only the process itself leads to the file
+        return Path(path) if os.path.exists(f"/proc/{ins.pid}") else None
+    if pod_uid_of(ins.pid) == ins.pod_uid:
+        return Path(path)
+    for pid in pod_pids(ins.pod_uid):
+        if control_of(pid) == ins.path:
+            return Path(reachable(pid, ins.path))
+    return None
 
 
 def _armed(path: Path) -> bool:

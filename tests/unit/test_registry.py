@@ -45,6 +45,7 @@ def test_node_level_faults_declare_their_target_field_and_helper_pod_grants():
         "process.signal": ("kubernetes", ("KILL", "SYS_PTRACE"), False),
         "gpu.memory_pressure": ("kubernetes", ("SYS_PTRACE",), True),
         "gpu.xid": ("kubernetes", ("SYSLOG",), False),
+        "gpu.cuda_fault": ("kubernetes", ("SYS_PTRACE",), False),
     }
 
 
