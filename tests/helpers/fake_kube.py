@@ -54,6 +54,8 @@ ROUTES: list[tuple[str, str, str]] = [  # (method, path pattern, handler name)
     ("GET", r"/api/v1/pods", "list_all_pods"),
     ("GET", r"/apis/resource.k8s.io/v1/resourceslices", "list_resourceslices"),
     ("PATCH", APPS + r"/deployments/(?P<name>[^/]+)/scale", "patch_scale"),
+    ("GET", APPS + r"/deployments/(?P<name>[^/]+)", "get_deployment"),
+    ("PATCH", APPS + r"/deployments/(?P<name>[^/]+)", "patch_deployment"),
 ]
 TOKEN = "fake-kube-token"
 
@@ -83,6 +85,7 @@ class FakeState:
     pods: dict[tuple[str, str], Obj] = field(default_factory=dict)
     configmaps: dict[tuple[str, str], Obj] = field(default_factory=dict)
     deployments: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    workloads: dict[tuple[str, str], Obj] = field(default_factory=dict)  # whole Deployment objects (add_deployment_spec)
     events: list[Obj] = field(default_factory=list)
     logs: dict[tuple[str, str], str] = field(default_factory=dict)
     deleted: list[tuple[str, str, int | None]] = field(default_factory=list)  # (namespace, pod, grace period)
@@ -188,6 +191,19 @@ class FakeKubeApi:
     def add_deployment(self, namespace: str, name: str, replicas: int) -> None:
         with self._lock:
             self.state.deployments[(namespace, name)] = {"replicas": replicas}
+
+    def add_deployment_spec(self, namespace: str, name: str, pod_spec: Obj, replicas: int = 1) -> Obj:
+        """A whole Deployment object (GET / merge PATCH of deployments), its template's pod spec as given. The
+        fake runs no controller: a patched template starts no rollout."""
+        labels = {"app": name}
+        obj = {"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "generation": 1,
+                            "resourceVersion": str(next(self._serial))},
+               "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                        "template": {"metadata": {"labels": labels}, "spec": json.loads(json.dumps(pod_spec))}}}
+        with self._lock:
+            self.state.workloads[(namespace, name)] = obj
+        return obj
 
     def add_event(self, namespace: str, pod: str, reason: str, count: int = 1, type_: str = "Warning") -> None:
         n = next(self._serial)
@@ -379,6 +395,21 @@ class FakeKubeApi:
             raise ApiError(422, "Invalid", f"spec.replicas: Invalid value: {replicas!r}")
         self.state.deployments[(p["ns"], p["name"])]["replicas"] = replicas
         return self.get_scale(p, q, body)
+
+    def get_deployment(self, p: dict, q: dict, body: Any) -> Obj:
+        d = self.state.workloads.get((p["ns"], p["name"]))
+        if d is None:
+            raise _not_found("deployments.apps", p["name"])
+        return d
+
+    def patch_deployment(self, p: dict, q: dict, body: Any) -> Obj:
+        d = self.get_deployment(p, q, body)
+        before = json.dumps(d["spec"], sort_keys=True)
+        _merge(d, body)
+        d["metadata"]["resourceVersion"] = str(next(self._serial))
+        if json.dumps(d["spec"], sort_keys=True) != before:
+            d["metadata"]["generation"] += 1
+        return d
 
     def handle(self, method: str, path: str, query: dict[str, str], body: Any, content_type: str) -> tuple[int, Any]:
         if method == "PATCH" and not content_type.startswith("application/merge-patch+json"):
