@@ -267,7 +267,7 @@ class Deployment:
         for i in range(opts.replicas):
             http, grpc, metrics = (opts.port + 1 + 3 * i + k for k in range(3))
             ns, host = (self.create_netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
-            argv = triton.argv(repo, backends, host, http, grpc, metrics)
+            argv = triton.argv(repo, backends, host, http, grpc, metrics, self.shm_prefix(f"triton-{i}"))
             if ns:
                 argv = [shutil.which("ip") or "/usr/sbin/ip", "netns", "exec", ns, *argv]
             p = self.spawn(f"triton-{i}", argv, env)
@@ -337,6 +337,10 @@ class Deployment:
 
     # ---------------------------------------------------------------- down / status / logs
 
+    def shm_prefix(self, name: str) -> str:
+        """The shared-memory region prefix of replica `name`'s python backend: this deployment's and its own."""
+        return f"chaoskit_{self.tag}_{name}_"
+
     def down(self, say: Callable[[str], None] = print, grace_s: float = 15.0) -> list[str]:
         """Stop exactly the recorded processes (their whole process groups) and delete recorded namespaces."""
         stopped = []
@@ -363,6 +367,9 @@ class Deployment:
             if not any(_group_alive(r.pid) for _, r in live):
                 break
             time.sleep(0.1)
+        for p, _ in procs:  # every process is gone: what a killed tritonserver left in /dev/shm goes too
+            if p["name"].startswith("triton-"):
+                triton.remove_shm(self.shm_prefix(p["name"]))
         from pyroute2 import netns
 
         for name in self._load("netns.json") or []:

@@ -136,14 +136,31 @@ def set_parameters(text: str, params: dict[str, str]) -> str:
     return text
 
 
-def argv(repo: Path, backends: Path, host: str, http: int, grpc: int, metrics: int) -> list[str]:
+SHM_DIR = Path("/dev/shm")
+
+
+def argv(repo: Path, backends: Path, host: str, http: int, grpc: int, metrics: int,
+         shm_prefix: str = "") -> list[str]:
     """tritonserver's command line; on SIGTERM it waits at most EXIT_TIMEOUT_S for its models to unload (a
-    model whose stub died never does: Triton's default 30 s outlasted `ref down`'s 15 s grace)."""
-    return [str(binary()), "--model-repository", str(repo), "--backend-directory", str(backends),
+    model whose stub died never does: Triton's default 30 s outlasted `ref down`'s 15 s grace). `shm_prefix`
+    names the python backend's shared-memory regions, so that those a SIGKILLed server left behind can be told
+    apart and removed (remove_shm)."""
+    prefix = ["--backend-config", f"python,shm-region-prefix-name={shm_prefix}"] if shm_prefix else []
+    return [str(binary()), *prefix, "--model-repository", str(repo), "--backend-directory", str(backends),
             "--http-address", host, "--http-port", str(http), "--grpc-address", host, "--grpc-port", str(grpc),
             "--metrics-address", host, "--metrics-port", str(metrics), "--allow-gpu-metrics", "false",
             "--model-control-mode", "explicit", "--load-model", "*", "--log-verbose", "0",
             "--exit-timeout-secs", str(EXIT_TIMEOUT_S)]
+
+
+def remove_shm(shm_prefix: str) -> int:
+    """Delete the python backend's shared-memory regions named with this prefix (a server that exited cleanly
+    removed its own; a SIGKILLed one cannot, and leaked regions break later servers' stubs); how many."""
+    gone = 0
+    for f in SHM_DIR.glob(f"{shm_prefix}*") if shm_prefix else ():
+        f.unlink(missing_ok=True)
+        gone += 1
+    return gone
 
 
 def env() -> dict[str, str]:

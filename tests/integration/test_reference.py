@@ -341,6 +341,19 @@ def test_down_after_a_killed_up_leaves_nothing(tmp_path):
     assert not d.processes()
 
 
+def test_down_removes_the_shared_memory_a_killed_tritonserver_left(tmp_path):
+    """A SIGKILLed tritonserver cannot remove its python backend's /dev/shm regions; leaked ones broke later
+    servers' stubs (boost::interprocess::lock_exception): `down` removes those named with the replica's prefix."""
+    d, facts = start(tmp_path, 18390)
+    prefix = d.shm_prefix("triton-0")
+    assert list(Path("/dev/shm").glob(prefix + "*"))  # the prefix reached the python backend
+    os.kill(facts["replica_pid"], signal.SIGKILL)
+    wait_for(lambda: proc_state(facts["replica_pid"]) in (None, "Z"), timeout=10)
+    assert list(Path("/dev/shm").glob(prefix + "*"))  # left behind by the killed server
+    d.down(say=lambda _m: None)
+    assert not list(Path("/dev/shm").glob(prefix + "*"))
+
+
 def test_bad_options_are_clear_errors(tmp_path):
     env = {**os.environ, "CHAOSKIT_REF_DIR": str(tmp_path)}
     for args, text in ((["--engine", "tgi"], "expected triton or vllm"), (["--health", "x"], "status or latency"),
