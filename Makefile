@@ -12,7 +12,7 @@ vllm: setup
 	.venv/bin/chaoskit ref install vllm
 
 test: setup vllm
-	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	PYTEST_ARGS="$(PYTEST_ARGS)" ./scripts/test.sh
 
 test-vllm: setup vllm
 	$(PY) -m pytest -q tests/vllm $(PYTEST_ARGS)

@@ -77,7 +77,7 @@ def values(summary: dict, probe: str, phase: str, key: str) -> list:
 @requires_triton
 @pytest.mark.parametrize("fix, expected", [("false", 1), ("true", 0)])
 def test_health_check_blindspot_flips_with_latency_health(tmp_path, state_dir, fix, expected):
-    code, s, out = run_scenario("health-check-blindspot", tmp_path, state_dir, f"fix={fix}", "duration=10s")
+    code, s, out = run_scenario("health-check-blindspot", tmp_path, state_dir, f"fix={fix}", "duration=8s")
     assert code == expected, out
     assert all(x["verdict"] == "ok" for x in s["samples"] if x["probe"] == "replica-0-ready"), out  # the blind spot
     assert s["rollback_complete"]
@@ -86,8 +86,8 @@ def test_health_check_blindspot_flips_with_latency_health(tmp_path, state_dir, f
 @requires_triton
 @pytest.mark.parametrize("fix, expected", [("false", 1), ("true", 0)])
 def test_kv_cache_pollution_flips_with_isolation(tmp_path, state_dir, fix, expected):
-    code, s, out = run_scenario("kv-cache-pollution", tmp_path, state_dir, f"fix={fix}", "duration=8s",
-                                "recovery=10s")
+    code, s, out = run_scenario("kv-cache-pollution", tmp_path, state_dir, f"fix={fix}", "duration=6s",
+                                "recovery=6s")
     assert code == expected, out
     frag = values(s, "kv-fragmentation", "during", "value")
     print(f"\nisolate_kv_cache {fix}: fragmentation during the flood {frag}")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=f"eBPF unavailable: {
 
 @requires_triton
 def test_oom_kills_a_healthy_replica_and_the_gateway_never_notices(tmp_path, state_dir):
-    code, s, out = run_scenario("oom-kills-healthy-replica", tmp_path, state_dir)
+    code, s, out = run_scenario("oom-kills-healthy-replica", tmp_path, state_dir, "duration=8s")
     kills = values(s, "kernel-oom-kills", "during", "count")
     victims = values(s, "kernel-oom-kills", "during", "victims")
     print(f"\noom kills in replica 0's tree during the method: {sum(kills)} ({'; '.join(v for v in victims if v)})")
