@@ -108,9 +108,9 @@ def _run(file: Path, args: RunArgs, display: Display, rec: Outcome) -> None:
     from chaoskit.experiment.loader import load_experiment
 
     loaded = load_experiment(file, args.cli_vars, strict=not args.dry_run)
-    levers = _levers(loaded, args, display)
-    if not args.dry_run:
+    if not args.dry_run:  # first: a halted host is the one that most needs what a dead run left taken back
         display.replayed(replay_orphans())
+    levers = _levers(loaded, args, display)
     exp = loaded.experiment
     rec.experiment = exp.metadata.name
     own = exp.target.reference.effective(loaded.variables) if isinstance(exp.target.reference, Reference) else None

@@ -243,6 +243,13 @@ def replay_cluster(cluster: ClusterRef, namespace: str = "chaoskit") -> list[Rep
         if req is None:  # refused: nothing runs on the node for it, and its ConfigMap is kept for a look
             out[(fault.configmap, fault.key)] = Replayed(fault.key, fault.configmap, fault.refused, refused=True)
             continue
+        if not req.get("record"):  # still `applying`: its host stopped before the helper's answer was written back
+            node = (req.get("placement") or {}).get("node", "?")
+            out[(fault.configmap, fault.key)] = Replayed(fault.key, fault.configmap, (
+                f"state unknown: the fault was being applied on node {node} when its host stopped, and its revert "
+                "record never came back; check that node (an apply helper pod still there has the record in its "
+                "log) and delete the key once it is clean"))
+            continue  # kept: nothing says it is gone
         try:
             hp = HelperPlacement.from_json({**req["placement"], "cluster": cluster.to_json(), "key": fault.key})
             parts.append((NodePart(hp, req["type"], req.get("record") or None, req.get("holder")), fault.configmap))

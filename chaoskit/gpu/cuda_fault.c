@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,8 +51,13 @@ static struct control *control(void) {
     clock_gettime(CLOCK_MONOTONIC, &now);
     if (!path || now.tv_sec < g_next_try) return NULL;
     g_next_try = now.tv_sec + 1; /* a control file that appears later is found within a second */
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return NULL;
+    struct stat st; /* a short file (one being written) would be a SIGBUS in the served process */
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < (off_t)sizeof(struct control)) {
+        close(fd);
+        return NULL;
+    }
     void *m = mmap(NULL, sizeof(struct control), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (m == MAP_FAILED) return NULL;
@@ -76,9 +82,8 @@ static uint64_t next_random(void) { /* xorshift64*, one state per thread */
 /* 0: make the call; else the error to return instead. Delays the caller first when the rule says so. */
 static CUresult decide(int kind) {
     struct control *c = control();
-    if (!c) return 0;
+    if (!c || !__atomic_load_n(&c->armed, __ATOMIC_ACQUIRE)) return 0; /* disarmed: not even a shared write */
     __atomic_add_fetch(&c->counts[kind].calls, 1, __ATOMIC_RELAXED);
-    if (!__atomic_load_n(&c->armed, __ATOMIC_ACQUIRE)) return 0;
     uint32_t ppm = __atomic_load_n(&c->rules[kind].ppm, __ATOMIC_RELAXED);
     int32_t error = __atomic_load_n(&c->rules[kind].error, __ATOMIC_RELAXED);
     uint32_t delay_us = __atomic_load_n(&c->rules[kind].delay_us, __ATOMIC_RELAXED);
@@ -94,13 +99,15 @@ static CUresult decide(int kind) {
     return 0;
 }
 
+static void init_dlsym(void) {
+    void *f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!f) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    if (!f) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
+    __atomic_store_n(&g_dlsym, (void *(*)(void *, const char *))f, __ATOMIC_RELEASE);
+}
+
 static void *real_dlsym(void *handle, const char *name) {
-    if (!g_dlsym) {
-        void *f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-        if (!f) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-        if (!f) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
-        g_dlsym = (void *(*)(void *, const char *))f;
-    }
+    if (!g_dlsym) init_dlsym();
     return g_dlsym ? g_dlsym(handle, name) : NULL;
 }
 
@@ -207,9 +214,16 @@ static void *wrap(int i, void *real) {
     return real; /* a second, different implementation under one name: leave it alone rather than mix them up */
 }
 
+/* glibc resolves RTLD_NEXT from its caller's address: a name that is not ours goes to glibc's dlsym as a tail
+ * call (a jump, at -O2), so that another preloaded library's dlsym(RTLD_NEXT, ...) still finds what follows it. */
 void *dlsym(void *handle, const char *name) {
-    void *r = real_dlsym(handle, name);
-    return wrap(hook_named(name), r);
+    int i = hook_named(name);
+    if (i < 0) {
+        if (!g_dlsym) init_dlsym();
+        void *(*f)(void *, const char *) = g_dlsym;
+        return f ? f(handle, name) : NULL;
+    }
+    return wrap(i, real_dlsym(handle, name));
 }
 
 /* cuGetProcAddress answers by base name ("cuMemAlloc" -> cuMemAlloc_v2, "cuLaunchKernel" with per-thread default
@@ -221,6 +235,8 @@ static void *swap_proc(const char *symbol, void *pfn) {
     for (int i = 0; H[i].name; i++) {
         if (strcmp(H[i].base, symbol)) continue;
         if (pfn == H[i].wrapper || (lib && real_dlsym(lib, H[i].name) == pfn)) return wrap(i, pfn);
+        if (lib && strcmp(H[i].name, H[i].base) && real_dlsym(lib, H[i].base) == pfn)
+            return pfn; /* the unversioned entry point (cuMemAlloc's 32-bit v1): another ABI, left alone */
         if (fallback < 0 && (!H[i].real || H[i].real == pfn)) fallback = i;
     }
     return fallback >= 0 ? wrap(fallback, pfn) : pfn;

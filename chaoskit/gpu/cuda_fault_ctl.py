@@ -2,7 +2,7 @@
 
 Standard library only (a bare GPU machine runs bench/gpu_check.py with it). The control file is a fixed layout
 both sides map: a header, one rule per call kind (share in parts per million, the CUresult to return, a delay in
-microseconds), then the counters the interposer adds to on every call.
+microseconds), then the counters the interposer adds to on every call while armed.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class Rule:
 
 @dataclass(frozen=True)
 class Counts:
-    """Calls of one kind the process(es) made since the control file was created, failed and delayed ones."""
+    """Calls of one kind the process(es) made while the control file was armed, and the failed and delayed ones
+    (a disarmed interposer writes nothing there)."""
 
     calls: int
     failed: int
@@ -55,13 +56,19 @@ def build() -> Path:
 
 
 def create(path: Path) -> None:
-    """A disarmed control file (an existing one is left as it is: processes may have it mapped)."""
+    """A disarmed control file, whole from the start (written aside, then renamed into place); FileExistsError
+    if there is one (processes may have it mapped)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, _HEADER.pack(MAGIC, VERSION, 0, 0) + bytes(SIZE - _HEADER.size))
     finally:
         os.close(fd)
+    try:
+        os.link(tmp, path)  # atomic, and refuses an existing file
+    finally:
+        os.unlink(tmp)
 
 
 def environment(library: Path, control: Path, env: dict[str, str]) -> dict[str, str]:

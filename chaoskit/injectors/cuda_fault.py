@@ -253,6 +253,11 @@ class CudaFault(Injector):
         for path in r.controls:
             where = located(r, path)
             if where is None:
+                ins = r.inside.get(path)
+                if ins is not None and ins.pod_uid is not None and pod_pids(ins.pod_uid):
+                    raise RuntimeError(f"gpu.cuda_fault: {ins.path} of pod {ins.pod_uid} cannot be reached to disarm: "
+                                       "its container is not running (restarting?) and the armed file stays in "
+                                       "the pod's volume; roll back again once it runs (or delete the pod)")
                 continue  # gone with its processes (and its pod): nothing is armed
             try:
                 with Control(where) as c:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -15,6 +16,13 @@ class Poison(StrictModel):
     file: str = Field(min_length=1, description="the request's prompt: this file's whole text (a final newline "
                       "dropped), sent with the load's api, model and max_tokens")
     at: Duration = Field(0.0, ge=0, description="when, after the load's first intended send")
+
+    @field_validator("file")
+    @classmethod
+    def _readable(cls, v: str) -> str:
+        if "{" not in v and not Path(v).is_file():  # a placeholder is resolved (and checked) at run time
+            raise ValueError(f"poison.file {v!r}: no such file")
+        return v
 
 
 class LoadSpec(StrictModel):
@@ -62,6 +70,9 @@ class LoadSpec(StrictModel):
             raise ValueError("api openai needs model")
         if self.arrival == "replay" and not self.trace:
             raise ValueError("arrival replay needs trace")
+        if self.poison is not None and self.poison.at >= self.duration:
+            raise ValueError(f"poison.at ({self.poison.at:g}s) must come before the load's end (duration "
+                             f"{self.duration:g}s)")
         if self.poison is not None and self.sender == "native":
             raise ValueError("poison needs the python sender (the native sender sends the load's prompts only); "
                              "use sender: python or auto")

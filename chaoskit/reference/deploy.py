@@ -339,7 +339,7 @@ class Deployment:
 
     def shm_prefix(self, name: str) -> str:
         """The shared-memory region prefix of replica `name`'s python backend: this deployment's and its own."""
-        return f"chaoskit_{self.tag}_{name}_"
+        return f"chaoskit_{hashlib.sha256(str(self.root).encode()).hexdigest()[:12]}_{name}_"
 
     def down(self, say: Callable[[str], None] = print, grace_s: float = 15.0) -> list[str]:
         """Stop exactly the recorded processes (their whole process groups) and delete recorded namespaces."""
@@ -367,8 +367,8 @@ class Deployment:
             if not any(_group_alive(r.pid) for _, r in live):
                 break
             time.sleep(0.1)
-        for p, _ in procs:  # every process is gone: what a killed tritonserver left in /dev/shm goes too
-            if p["name"].startswith("triton-"):
+        for p, r in procs:  # what a killed tritonserver left in /dev/shm goes too, once its group is gone
+            if p["name"].startswith("triton-") and not _group_alive(r.pid):
                 triton.remove_shm(self.shm_prefix(p["name"]))
         from pyroute2 import netns
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -177,3 +178,29 @@ def test_a_run_arms_it_for_its_duration_and_reverts(tmp_path, state_dir, fake_cu
     with ctl.Control(control) as c:
         assert not c.armed
     assert all(ledger_ops(p)[-1] == "closed" for p in ledgers(state_dir))
+
+
+SHIM = """#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <unistd.h>
+pid_t getppid(void) {  /* a typical LD_PRELOAD wrapper: the real function is whatever follows it */
+    static pid_t (*real)(void);
+    if (!real) real = (pid_t (*)(void))dlsym(RTLD_NEXT, "getppid");
+    return real();
+}
+"""
+
+
+def test_a_preload_after_it_that_wraps_with_rtld_next_still_finds_libc(tmp_path):
+    """dlsym is wrapped: a name that is not a CUDA call must reach glibc as if called from the caller, or a
+    shim preloaded after the interposer gets itself back from dlsym(RTLD_NEXT) and recurses to a crash."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the test's shim")
+    (tmp_path / "shim.c").write_text(SHIM)
+    shim = tmp_path / "libshim.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(shim), str(tmp_path / "shim.c"), "-ldl"], check=True)
+    env = {**os.environ, "LD_PRELOAD": f"{ctl.build()} {shim}"}
+    r = subprocess.run([sys.executable, "-c", "import os; print(os.getppid())"], env=env, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == str(os.getpid()), (r.returncode, r.stderr[-500:])

@@ -288,3 +288,28 @@ def test_revert_finds_the_control_file_through_the_pod_after_its_container_resta
         restarted.wait()
         remove(cg)
     CudaFault.revert(record)  # the pod gone too: nothing left to disarm, and that is fine
+
+
+def test_revert_fails_and_keeps_the_record_while_the_pod_lives_but_its_container_does_not(tmp_path):
+    """A container in CrashLoopBackOff (likely under injected failures): only the pod's pause process is left,
+    and the armed file sits in the pod's volume. Revert must fail (the record is kept for a later rollback), not
+    report success and leave every restart of the container faulted."""
+    root = standin_container.hierarchy_or_skip()
+    control = install(tmp_path / "vol")[1]
+    with ctl.Control(control) as c:
+        c.arm({"alloc": ctl.Rule(0.5, 2)})
+    uid = str(uuid.uuid4())
+    _, cg = pod_cgroup(root, uid)
+    pause = start_in(cg, ["sleep", "30"], {})  # in the pod, without the interposer's environment
+    gone = f"/proc/999999999/root{control}"
+    record = {"controls": [gone], "pids": [999999999],
+              "inside": {gone: {"path": str(control), "pid": 999999999, "pod_uid": uid}}}
+    try:
+        with pytest.raises(RuntimeError, match="its container is not running"):
+            CudaFault.revert(record)
+        with ctl.Control(control) as c:
+            assert c.armed
+    finally:
+        pause.kill()
+        pause.wait()
+        remove(cg)

@@ -59,7 +59,13 @@ def test_a_load_stopped_before_its_time_sends_no_poison(tmp_path):
     assert prompts == [] and rec.sent == 0
 
 
-def test_the_native_sender_is_refused():
+def test_the_native_sender_a_missing_file_and_a_late_poison_are_refused(tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("kill me")
     with pytest.raises(ValidationError, match="poison needs the python sender"):
-        LoadSpec(url="http://127.0.0.1:1", rate=1, duration=1, sender="native", poison={"file": "p.txt"})
+        LoadSpec(url="http://127.0.0.1:1", rate=1, duration=1, sender="native", poison={"file": str(prompt)})
+    with pytest.raises(ValidationError, match="poison.file '/nonexistent/p.txt': no such file"):
+        LoadSpec(url="http://127.0.0.1:1", rate=1, duration=1, poison={"file": "/nonexistent/p.txt"})
+    with pytest.raises(ValidationError, match=r"poison.at \(2s\) must come before the load's end \(duration 1s\)"):
+        LoadSpec(url="http://127.0.0.1:1", rate=1, duration=1, poison={"file": str(prompt), "at": 2})
     assert json.loads(LoadSpec(url="http://127.0.0.1:1", rate=1, duration=1).model_dump_json())["poison"] is None

@@ -120,3 +120,14 @@ def test_status_lists_a_record_that_does_not_check_as_refused(api, cluster):
     assert [(f.node, f.state) for f in run.faults] == [
         ("node-7", "REFUSED by rollback --cluster: fails its MAC check"), ("node-9", "applied")]
     assert run.host == "ci-7"
+
+
+def test_a_record_still_applying_is_reported_unknown_and_kept(api, cluster):
+    """Its host stopped between the apply helper's run and the record coming back: nothing says the fault is
+    gone, so rollback --cluster must not call it reverted nor delete its key."""
+    req = {**request(cluster), "state": "applying", "record": None}
+    records(cluster).put("k1", req)
+    (result,) = replay_cluster(cluster)
+    assert not result.refused and result.error.startswith("state unknown: the fault was being applied on node "
+                                                          "node-7 when its host stopped")
+    assert api.calls("POST", "/pods") == [] and records(cluster).get("k1") == req  # nothing ran; the key is kept
