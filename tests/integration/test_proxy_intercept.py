@@ -66,6 +66,19 @@ def ask(s: socket.socket) -> tuple[str, float]:
     return got.decode().split()[0], time.monotonic() - t0
 
 
+def http_answer(s: socket.socket) -> bytes:
+    """One whole HTTP/1.1 answer (head, then Content-Length bytes of body), however the segments fell."""
+    data = b""
+    while b"\r\n\r\n" not in data and (chunk := s.recv(4096)):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(ln.split(b":", 1)[1]) for ln in head.split(b"\r\n")
+                   if ln.lower().startswith(b"content-length:")), 0)
+    while len(body) < length and (chunk := s.recv(4096)):
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def closed(s: socket.socket) -> bool:
     try:
         s.sendall(b"hi")
@@ -142,9 +155,9 @@ def test_llm_proxy_intercepts_http_and_answers_its_stats_in_the_namespace(http_n
     try:
         s = connect(net)
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
-        assert s.recv(4096).startswith(b"HTTP/1.1 503")
+        assert http_answer(s).startswith(b"HTTP/1.1 503")
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        got = s.recv(4096)
+        got = http_answer(s)
         assert got.startswith(b"HTTP/1.1 200") and got.endswith(SERVER_IP.encode())  # forwarded by the proxy
         s.close()
         details = LlmProxy.observe_details(rec)
