@@ -62,16 +62,21 @@ class _Receiver(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def receiver() -> Iterator[str]:
-    _Receiver.got = []
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """An in-test HTTP server on a free loopback port for the test's life; its base URL."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
     srv.server_close()
     thread.join(2)
+
+
+@pytest.fixture
+def receiver() -> Iterator[str]:
+    _Receiver.got = []
+    yield from serve(_Receiver)
 
 
 def _spans() -> list:
@@ -134,13 +139,7 @@ class _Upstream(BaseHTTPRequestHandler):
 @pytest.fixture
 def upstream() -> Iterator[str]:
     _Upstream.seen = []
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
-    thread.join(2)
+    yield from serve(_Upstream)
 
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"  # not sampled: the load sends it sampled
