@@ -44,11 +44,14 @@ def applied(summary: dict, fault: str) -> dict:
     return observed["faults"][fault]
 
 
-def failing(summary: dict) -> dict[str, set[str]]:
-    """The phases in which each probe had a sample that was not ok."""
+JUDGED = ("before", "during", "after")  # `between` and `grace` samples are recorded, not judged
+
+
+def failing(summary: dict, judged_only: bool = False) -> dict[str, set[str]]:
+    """The phases in which each probe had a sample that was not ok (judged_only: in the judged phases)."""
     out: dict[str, set[str]] = {}
     for s in summary["samples"]:
-        if s["verdict"] != "ok":
+        if s["verdict"] != "ok" and (not judged_only or s["phase"] in JUDGED):
             out.setdefault(s["probe"], set()).add(s["phase"])
     return out
 
@@ -117,7 +120,8 @@ def test_silent_wrong_answers_experiment_deviates_on_the_correctness_probe_alone
     assert code == 1, out  # deviated, as documented in the experiment's header
     assert summary["verdict"] == "deviated" and summary["rollback_complete"]
     # every request a 200 in time (the slo probe holds); only the answers' content fails, during the fault alone
-    assert failing(summary) == {"answers-through-proxy": {"during"}}
+    # (a sample that started before the revert and ended after it is `between`: recorded, not judged)
+    assert failing(summary, judged_only=True) == {"answers-through-proxy": {"during"}}
     assert applied(summary, "garble")["applied"] > 0 and applied(summary, "clean-cut")["applied"] > 0
     during = [s["values"] for s in summary["samples"] if s["probe"] == "answers-through-proxy"
               and s["phase"] == "during"]
