@@ -80,8 +80,10 @@ def test_a_target_killed_during_the_fault_is_reported_once(tmp_path: Path, state
     text = f"PID {victim} sleep exited during the fault"
     assert exits[0].text.startswith(text) and exits[0].step == "stop-sleeps"
     reverted = next(e.t for e in events if isinstance(e, FaultReverted))
-    # seen while the fault was in effect (the run checks every 0.5 s), not only at its end
-    assert killed_at <= exits[0].t < killed_at + 1.5 and exits[0].t < reverted - 1.0, (killed_at, exits)
+    # seen while the fault was in effect (the run checks every 0.5 s), not only at its end: the kill comes right
+    # after the stop, so a run that looked only at revert time would report it ~3 s later, at the revert. No bound
+    # from the kill itself: with the unit tests running beside this one, 1.5 s after the kill was missed once.
+    assert killed_at <= exits[0].t < reverted - 1.0, (killed_at, reverted, exits)
     assert f"fault #1 process.signal (stop-sleeps): {text}" in out  # the plain view (--ci)
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["verdict"] == "held" and summary["deviations"] == []
