@@ -25,6 +25,7 @@ from typing import Any
 from chaoskit.executors.layer import localize_on_node
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors import injector_class
+from chaoskit.injectors.base import FaultContext
 
 VERBS = ("apply", "revert", "observe")
 
@@ -40,7 +41,7 @@ def run(verb: str, request: dict[str, Any]) -> dict[str, Any]:
     if placement.get("on_node"):
         return run_pods(verb, request, placement.get("targets") or [])
     if verb == "apply":
-        return {"record": apply(type_name, request["spec"], record, placement.get("target"))}
+        return {"record": apply(type_name, request["spec"], record, placement.get("target"), lifetime(request))}
     if verb == "revert":
         local.revert(type_name, record, None)
         return {"reverted": True}
@@ -52,19 +53,25 @@ def run_pods(verb: str, request: dict[str, Any], pods: list[dict[str, Any]]) -> 
     """`verb` for each chosen pod of this node (its share of the fault)."""
     type_name, record = request["type"], request.get("record") or {}
     if verb == "apply":
-        return {"record": apply_pods(type_name, request["spec"], pods)}
+        return {"record": apply_pods(type_name, request["spec"], pods, lifetime(request))}
     if verb == "revert":
         return {"reverted": True, "pods": revert_pods(type_name, record, pods)}
     return observe_pods(type_name, record)
 
 
-def apply_pods(type_name: str, spec: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+def lifetime(request: dict[str, Any]) -> float | None:
+    """How long the fault may live on this node: the run's lifetime for it (the apply's hold), None if not said."""
+    return float(request.get("hold_s") or 0) or None
+
+
+def apply_pods(type_name: str, spec: dict[str, Any], pods: list[dict[str, Any]],
+               lifetime_s: float | None = None) -> dict[str, Any]:
     """Apply to each pod in turn; the node's record lists each pod's. If one fails, those already applied here
     are reverted (newest first) before PodFailed names it."""
     done: list[dict[str, Any]] = []
     for pod in pods:
         try:
-            done.append({"pod": pod["pod"], "record": apply(type_name, spec, {}, pod)})
+            done.append({"pod": pod["pod"], "record": apply(type_name, spec, {}, pod, lifetime_s)})
         except Exception as e:
             left = _undo(type_name, done)
             raise PodFailed(f"pod {pod['namespace']}/{pod['pod']}: {type(e).__name__}: {e}" + (
@@ -129,14 +136,16 @@ def observe_pods(type_name: str, record: dict[str, Any]) -> dict[str, Any]:
     return {"in_effect": any(d["in_effect"] for d in pods.values()), "details": {"pods": pods}}
 
 
-def apply(type_name: str, spec: dict[str, Any], record: dict[str, Any], pod: dict[str, Any] | None) -> dict[str, Any]:
+def apply(type_name: str, spec: dict[str, Any], record: dict[str, Any], pod: dict[str, Any] | None,
+          lifetime_s: float | None = None) -> dict[str, Any]:
     """Apply on this node. For a chosen pod (`pod`, a targets.kube.Placement) the spec's kubernetes target
     becomes its container's PIDs (or cgroup), and the fault is checked and prepared here; one that fails halfway is
-    reverted before the error is answered."""
+    reverted before the error is answered. `lifetime_s`: what the fault's own helpers (and a CUDA fault's arming)
+    are told to live at most, as on the run's host."""
     cls = injector_class(type_name)
     if pod is not None:
         spec = localize_on_node(cls, spec, pod["container_id"])
-    injector = cls(cls.Spec.model_validate(spec))
+    injector = cls(cls.Spec.model_validate(spec), FaultContext(lifetime_s=lifetime_s) if lifetime_s else None)
     if record:  # prepared by the caller (one fault on one node)
         return injector.apply(record)
     injector.preflight()

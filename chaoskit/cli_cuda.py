@@ -24,10 +24,15 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _control_path(given: Path | None, command: list[str]) -> Path:
+    """The control file asked for, or a new one in the state directory (where those of wrapped commands that
+    have ended are swept away first)."""
     if given is not None:
         return given
+    directory = paths.state_dir() / "cuda-fault"
+    if directory.is_dir():
+        ctl.sweep(directory)
     name = Path(command[0]).name if command else "service"
-    return paths.state_dir() / "cuda-fault" / f"{name}-{secrets.token_hex(4)}.ctl"
+    return directory / f"{name}-{secrets.token_hex(4)}.ctl"
 
 
 def _deployment_ref(text: str) -> tuple[str, str]:

@@ -3,7 +3,9 @@
  * While the control file named by $CHAOSKIT_CUDA_FAULT says so, chosen driver calls fail with a given CUresult at
  * a share of calls, or are delayed, without calling the driver; otherwise every call goes through unchanged. The
  * control file (layout: chaoskit/gpu/cuda_fault_ctl.py) is mapped shared, so chaoskit arms and disarms a running
- * process by writing it: no restart after the first. Every call is counted there per kind.
+ * process by writing it: no restart after the first. Every call is counted there per kind. An arming carries its
+ * expiry (wall-clock seconds, checked only while armed): past it the file acts as disarmed, so a fault outlives
+ * neither its run nor a run whose watchdog was killed too.
  *
  * Reached three ways, as frameworks reach the driver:
  *  - direct links (-lcuda): this library's exported cu* functions come first in the lookup order;
@@ -29,13 +31,13 @@ typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
 
 #define MAGIC 0x43464b43u /* "CKFC" */
-#define VERSION 1u
+#define VERSION 2u
 enum { ALLOC, LAUNCH, SYNC, KINDS };
 
 struct rule { uint32_t ppm; int32_t error; uint32_t delay_us; uint32_t pad; };
 struct counts { uint64_t calls, failed, delayed, pad; };
 struct control {
-    uint32_t magic, version, armed, pad;
+    uint32_t magic, version, armed, expires; /* expires: Unix seconds, 0 for never */
     struct rule rules[KINDS];
     struct counts counts[KINDS];
 };
@@ -83,6 +85,12 @@ static uint64_t next_random(void) { /* xorshift64*, one state per thread */
 static CUresult decide(int kind) {
     struct control *c = control();
     if (!c || !__atomic_load_n(&c->armed, __ATOMIC_ACQUIRE)) return 0; /* disarmed: not even a shared write */
+    uint32_t expires = __atomic_load_n(&c->expires, __ATOMIC_RELAXED);
+    if (expires) {
+        struct timespec now; /* the coarse clock: a vDSO read, no system call */
+        clock_gettime(CLOCK_REALTIME_COARSE, &now);
+        if (now.tv_sec >= (time_t)expires) return 0; /* expired: as disarmed */
+    }
     __atomic_add_fetch(&c->counts[kind].calls, 1, __ATOMIC_RELAXED);
     uint32_t ppm = __atomic_load_n(&c->rules[kind].ppm, __ATOMIC_RELAXED);
     int32_t error = __atomic_load_n(&c->rules[kind].error, __ATOMIC_RELAXED);

@@ -1,15 +1,19 @@
 """The CUDA fault interposer (cuda_fault.c): its build, the environment that loads it, and its control file.
 
 Standard library only (a bare GPU machine runs bench/gpu_check.py with it). The control file is a fixed layout
-both sides map: a header, one rule per call kind (share in parts per million, the CUresult to return, a delay in
-microseconds), then the counters the interposer adds to on every call while armed.
+both sides map: a header (magic, version, the armed switch, and when the arming expires: Unix seconds, 0 for
+never), one rule per call kind (share in parts per million, the CUresult to return, a delay in microseconds), then
+the counters the interposer adds to on every call while armed. Past its expiry an armed file acts as disarmed in
+every process, so a fault whose run and watchdog both died still ends by itself, like every other fault's helper.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,13 +21,13 @@ from chaoskit import cbuild
 
 ENV = "CHAOSKIT_CUDA_FAULT"
 SOURCE = Path(__file__).with_name("cuda_fault.c")
-MAGIC, VERSION = 0x43464B43, 1
+MAGIC, VERSION = 0x43464B43, 2
 KINDS = ("alloc", "launch", "sync")
 _HEADER = struct.Struct("<4I")
 _RULE = struct.Struct("<IiII")
 _COUNTS = struct.Struct("<4Q")
 SIZE = _HEADER.size + len(KINDS) * (_RULE.size + _COUNTS.size)
-_ARMED_AT = 8  # offset of the header's `armed` word
+_ARMED_AT, _EXPIRES_AT = 8, 12  # offsets of the header's `armed` and `expires` words
 _RULES_AT = _HEADER.size
 _COUNTS_AT = _RULES_AT + len(KINDS) * _RULE.size
 
@@ -77,6 +81,42 @@ def environment(library: Path, control: Path, env: dict[str, str]) -> dict[str, 
     return {**env, "LD_PRELOAD": preload, ENV: str(control)}
 
 
+def named_by(pid: int) -> str | None:
+    """The control file a process was started with ($CHAOSKIT_CUDA_FAULT in its initial environment)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    prefix = ENV.encode() + b"="
+    return next((e[len(prefix):].decode() for e in env if e.startswith(prefix)), None)
+
+
+def sweep(directory: Path, older_than_s: float = 60.0) -> list[Path]:
+    """Remove the control files in `directory` that no running process was started with (`chaoskit cuda-wrap`
+    execs its command, so nothing is left to remove them when it ends); those younger than `older_than_s` stay
+    (a wrap between creating its file and starting its command). The files removed."""
+    files = [f for f in directory.glob("*.ctl") if _age(f) > older_than_s]
+    if not files:
+        return []
+    used = {named_by(int(p)) for p in os.listdir("/proc") if p.isdigit()}
+    removed = []
+    for f in files:
+        if str(f) not in used:
+            try:
+                f.unlink()
+                removed.append(f)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 class Control:
     """An open control file; arm() and disarm() take effect at the interposed process's next call."""
 
@@ -102,18 +142,28 @@ class Control:
 
     @property
     def armed(self) -> bool:
-        return struct.unpack_from("<I", self._map, _ARMED_AT)[0] != 0
+        """Switched on and not expired: what the interposer acts on."""
+        on, expires = struct.unpack_from("<2I", self._map, _ARMED_AT)
+        return on != 0 and (expires == 0 or time.time() < expires)
 
-    def arm(self, rules: dict[str, Rule]) -> None:
-        """Write every kind's rule (kinds not named: none), then the switch."""
+    @property
+    def expires_at(self) -> int:
+        """When the arming expires (Unix seconds), 0 for never."""
+        return struct.unpack_from("<I", self._map, _EXPIRES_AT)[0]
+
+    def arm(self, rules: dict[str, Rule], until: float | None = None) -> None:
+        """Write every kind's rule (kinds not named: none) and the expiry (`until`, Unix time, rounded up to the
+        second; None: never), then the switch."""
         for i, kind in enumerate(KINDS):
             self._map[_RULES_AT + i * _RULE.size:_RULES_AT + (i + 1) * _RULE.size] = rules.get(kind, Rule()).packed()
+        struct.pack_into("<I", self._map, _EXPIRES_AT, math.ceil(until) if until is not None else 0)
         struct.pack_into("<I", self._map, _ARMED_AT, 1)
         self._map.flush()
 
     def disarm(self) -> None:
-        """The switch first (calls go through from the next one on), then the rules."""
+        """The switch first (calls go through from the next one on), then the expiry and the rules."""
         struct.pack_into("<I", self._map, _ARMED_AT, 0)
+        struct.pack_into("<I", self._map, _EXPIRES_AT, 0)
         self._map[_RULES_AT:_COUNTS_AT] = bytes(_COUNTS_AT - _RULES_AT)
         self._map.flush()
 

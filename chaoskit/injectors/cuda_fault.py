@@ -11,6 +11,7 @@ helper pod on each node arms the control file of each chosen pod's container, re
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, Self
@@ -18,7 +19,7 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.gpu.cuda_fault_ctl import ENV, KINDS, Control, Rule
+from chaoskit.gpu.cuda_fault_ctl import KINDS, Control, Rule, named_by
 from chaoskit.injectors.base import NODE_EXECUTORS, Injector, NodeHelper, RevertRecord
 from chaoskit.injectors.process import ProcessTargets, check_selector, check_targets
 from chaoskit.model.types import Duration, StrictModel
@@ -127,16 +128,6 @@ class CudaFaultRecord(RevertRecord):
     inside: dict[str, InContainer] = {}  # of the controls, those reached through a container's /proc/PID/root
 
 
-def control_of(pid: int) -> str | None:
-    """The control file a process was started with ($CHAOSKIT_CUDA_FAULT in its initial environment)."""
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    prefix = ENV.encode() + b"="
-    return next((e[len(prefix):].decode() for e in env if e.startswith(prefix)), None)
-
-
 def reachable(pid: int, path: str) -> str:
     """The control file a process names, as this process reaches it: the path itself when the process shares
     our root, else through the process's /proc/PID/root (a container's)."""
@@ -175,7 +166,7 @@ class CudaFault(Injector):
         """The spec on a pod's node: the container's processes that were started with the interposer."""
         from chaoskit.targets.container import bare_id, container_pids
 
-        pids = [p for p in container_pids(container_id) if control_of(p) is not None and interposed(p)]
+        pids = [p for p in container_pids(container_id) if named_by(p) is not None and interposed(p)]
         if not pids:
             raise LookupError(f"no process of container {bare_id(container_id)[:12]} was started with the CUDA "
                               "interposer: prepare its Deployment once with `chaoskit cuda-wrap --deployment "
@@ -193,7 +184,7 @@ class CudaFault(Injector):
         process without one)."""
         out: dict[str, list[int]] = {}
         for ref in self._refs():
-            path = control_of(ref.pid)
+            path = named_by(ref.pid)
             if path is None or not interposed(ref.pid):
                 raise PreflightError(f"gpu.cuda_fault: PID {ref.pid} ({ref.comm}) was not started with the CUDA "
                                      "interposer; start it with `chaoskit cuda-wrap -- CMD` (or the environment "
@@ -206,7 +197,7 @@ class CudaFault(Injector):
         """Of the controls, those reached through a container's root: as the container names them."""
         out = {}
         for path, pids in controls.items():
-            own = control_of(pids[0])
+            own = named_by(pids[0])
             if own is not None and path != own:
                 out[path] = InContainer(path=own, pid=pids[0], pod_uid=pod_uid_of(pids[0]))
         return out
@@ -228,8 +219,8 @@ class CudaFault(Injector):
             controls = self._controls()
         except PreflightError as e:
             return [f"{self.spec.describe()}: {rules} ({e})"]
-        return [f"arm {path} (PIDs {', '.join(map(str, pids))}): {rules}; revert: disarm (calls go through)"
-                for path, pids in controls.items()]
+        return [f"arm {path} (PIDs {', '.join(map(str, pids))}): {rules}; revert: disarm (calls go through; the "
+                f"arming also expires by itself after {self.ctx.lifetime_s:g}s)" for path, pids in controls.items()]
 
     def prepare(self) -> dict[str, Any]:
         controls = self._controls()
@@ -239,12 +230,12 @@ class CudaFault(Injector):
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         r: CudaFaultRecord = self.read_record(record)
         rules = {k: cr.rule(k) for k, cr in self.spec.rules().items()}
-        baseline = {}
+        baseline, until = {}, time.time() + self.ctx.lifetime_s
         for path in r.controls:
             with Control(Path(path)) as c:
                 baseline[path] = {k: n.calls for k, n in c.counts().items()} | {
                     f"{k}_failed": n.failed for k, n in c.counts().items()}
-                c.arm(rules)
+                c.arm(rules, until)
         return r.model_copy(update={"baseline": baseline}).model_dump()
 
     @classmethod
@@ -303,7 +294,7 @@ def located(r: CudaFaultRecord, path: str) -> Path | None:
     if pod_uid_of(ins.pid) == ins.pod_uid:
         return Path(path)
     for pid in pod_pids(ins.pod_uid):
-        if control_of(pid) == ins.path:
+        if named_by(pid) == ins.path:
             return Path(reachable(pid, ins.path))
     return None
 

@@ -3,13 +3,15 @@ that many allocate+free, kernel launch and synchronise calls, prints how many of
 
 `way` says how it reaches the driver: `dlsym` (ctypes looks each symbol up by name, as hand-written loaders do)
 or `procaddress` (cuGetProcAddress_v2 hands out the entry points, as the CUDA runtime does since 11.3).
-Runs against $CHAOSKIT_LIBCUDA (the simulated driver in the tests)."""
+Runs against $CHAOSKIT_LIBCUDA (the simulated driver in the tests). `Driver` is the tests' side of it.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 
@@ -20,6 +22,28 @@ SIGNATURES = {
     "cuLaunchKernel": (c_int, c_void_p, *[ctypes.c_uint] * 7, c_void_p, c_void_p, c_void_p),
     "cuCtxSynchronize": (c_int,),
 }
+
+
+class Driver:
+    """A test's handle on a started workload process (stdin and stdout pipes, text): waits for it to be ready;
+    `calls(n)` makes n calls of each kind and returns the errors seen, per kind; `stop()` ends it."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        assert proc.stdout.readline().strip() == "ready"
+
+    def calls(self, n: int) -> dict[str, dict[str, int]]:
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def stop(self) -> None:
+        self.proc.stdin.close()  # its loop ends
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def entry_points(lib: ctypes.CDLL, way: str) -> dict[str, Callable[..., int]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import textwrap
@@ -22,31 +23,21 @@ import pytest
 
 from chaoskit.errors import PreflightError
 from chaoskit.gpu import cuda_fault_ctl as ctl
+from chaoskit.injectors.base import FaultContext
 from chaoskit.injectors.cuda_fault import CudaFault, CudaFaultSpec
 from tests.conftest import ROOT, chaoskit, ledger_ops, ledgers
+from tests.helpers.cuda_workload import Driver
 
 ARMED = "from chaoskit.gpu.cuda_fault_ctl import Control; print(int(Control(__import__('pathlib').Path('{}')).armed))"
 WORKLOAD = str(ROOT / "tests" / "helpers" / "cuda_workload.py")
 
 
-class Workload:
-    """The workload process: `calls(n)` makes n calls of each kind and returns the errors seen, per kind."""
-
-    def __init__(self, control: Path, way: str, state: Path):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chaoskit", "cuda-wrap", "--control", str(control), "--", sys.executable,
-             WORKLOAD, way], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
-            env={**os.environ, "CHAOSKIT_STATE_DIR": str(state)})
-        assert self.proc.stdout.readline().strip() == "ready"
-
-    def calls(self, n: int) -> dict[str, dict[str, int]]:
-        self.proc.stdin.write(f"{n}\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
-
-    def stop(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=10)
+def start_workload(control: Path, way: str, state: Path) -> Driver:
+    """The workload process, started by `chaoskit cuda-wrap` with its control file."""
+    return Driver(subprocess.Popen(
+        [sys.executable, "-m", "chaoskit", "cuda-wrap", "--control", str(control), "--", sys.executable,
+         WORKLOAD, way], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "CHAOSKIT_STATE_DIR": str(state)}))
 
 
 @pytest.fixture
@@ -60,14 +51,14 @@ def _fault(pid: int, **rules: object) -> CudaFault:
 
 @pytest.mark.parametrize("way", ["dlsym", "procaddress"])
 def test_failures_at_the_asked_share_and_none_after_revert(tmp_path, state_dir, fake_cuda, control, way):
-    w = Workload(control, way, state_dir)
+    w = start_workload(control, way, state_dir)
     try:
         assert w.calls(200) == {"alloc": {}, "launch": {}, "sync": {}}  # loaded, disarmed: every call goes through
         f = _fault(w.proc.pid, alloc={"share": 0.2}, launch={"share": 0.05, "error": "cuda_error_ecc_uncorrectable"})
         f.preflight()
         assert f.plan() == [f"arm {control} (PIDs {w.proc.pid}): alloc: 0.2 of calls fail with "
                             "CUDA_ERROR_OUT_OF_MEMORY; launch: 0.05 of calls fail with CUDA_ERROR_ECC_UNCORRECTABLE; "
-                            "revert: disarm (calls go through)"]
+                            "revert: disarm (calls go through; the arming also expires by itself after 3600s)"]
         record = f.apply(f.prepare())
         assert CudaFault.observe(record)
         seen = w.calls(2000)
@@ -86,7 +77,7 @@ def test_failures_at_the_asked_share_and_none_after_revert(tmp_path, state_dir, 
 
 
 def test_a_delay_stalls_each_call_and_an_armed_control_is_refused(tmp_path, state_dir, fake_cuda, control):
-    w = Workload(control, "procaddress", state_dir)
+    w = start_workload(control, "procaddress", state_dir)
     try:
         f = _fault(w.proc.pid, sync={"delay": "2ms"})
         record = f.apply(f.prepare())
@@ -103,6 +94,49 @@ def test_a_delay_stalls_each_call_and_an_armed_control_is_refused(tmp_path, stat
         w.stop()
     assert seen == {"alloc": {}, "launch": {}, "sync": {}}
     assert took >= 0.2 > took_after  # 100 synchronisations, 2 ms each
+
+
+def test_an_arming_nobody_reverts_expires_by_itself_at_the_faults_lifetime(tmp_path, state_dir, fake_cuda, control):
+    """The run and its watchdog both died (nothing reverts): every call fails until the lifetime the run gave the
+    fault, then every call goes through, though the file still says armed (the interposer never writes the switch)."""
+    w = start_workload(control, "procaddress", state_dir)
+    try:
+        f = CudaFault(CudaFaultSpec.model_validate({"type": "gpu.cuda_fault", "pid": w.proc.pid, "alloc": {"share": 1}}),
+                      FaultContext(lifetime_s=1.0))
+        f.apply(f.prepare())
+        with ctl.Control(control) as c:
+            expires = c.expires_at
+        assert time.time() + 1 <= expires < time.time() + 2.1  # the lifetime, rounded up to the second
+        during = w.calls(50)
+        time.sleep(max(0.0, expires - time.time()) + 0.05)
+        after = w.calls(50)
+        switch = struct.unpack_from("<I", control.read_bytes(), 8)[0]  # the header's armed word
+        with ctl.Control(control) as c:
+            armed = c.armed
+    finally:
+        w.stop()
+    assert during["alloc"] == {"2": 50} and after == {"alloc": {}, "launch": {}, "sync": {}}
+    assert switch == 1 and not armed  # left as written, read as expired
+
+
+def test_cuda_wrap_sweeps_the_control_files_of_ended_commands(state_dir):
+    """A wrapped command execs, so its control file stays when it ends; the next wrap removes those that no
+    running process was started with and that are over a minute old (a wrap starting its command keeps its own)."""
+    directory = state_dir / "cuda-fault"
+    directory.mkdir(parents=True)
+    ended, running, young = (directory / f"{n}.ctl" for n in ("ended", "running", "young"))
+    for f in (ended, running, young):
+        ctl.create(f)
+    for f in (ended, running):
+        os.utime(f, (time.time() - 120, time.time() - 120))
+    user = subprocess.Popen(["sleep", "60"], env={**os.environ, ctl.ENV: str(running)})
+    try:
+        out, err = chaoskit("cuda-wrap", "--print-env", state=state_dir).communicate(timeout=60)
+    finally:
+        user.kill()
+        user.wait()
+    new = Path(next(line for line in out.splitlines() if line.startswith(ctl.ENV)).split("=", 1)[1])
+    assert sorted(directory.iterdir()) == sorted([running, young, new]), (out, err)
 
 
 def test_a_process_started_without_the_interposer_is_refused(fake_cuda):
@@ -133,7 +167,7 @@ def test_spec_errors_name_the_field(tmp_path, state_dir):
 
 
 def test_a_run_arms_it_for_its_duration_and_reverts(tmp_path, state_dir, fake_cuda, control):
-    w = Workload(control, "dlsym", state_dir)
+    w = start_workload(control, "dlsym", state_dir)
     exp = tmp_path / "cuda.yaml"
     exp.write_text(textwrap.dedent("""\
         apiVersion: chaoskit/v1

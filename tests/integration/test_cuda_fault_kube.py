@@ -13,6 +13,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from chaoskit.injectors.base import FaultContext
 from chaoskit.injectors.cuda_fault import CudaFault
 from tests.conftest import ROOT
 from tests.helpers import standin_container
+from tests.helpers.cuda_workload import Driver
 from tests.helpers.fake_kube import FakeKubeApi, run_pod_here
 
 WORKLOAD = str(ROOT / "tests" / "helpers" / "cuda_workload.py")
@@ -188,24 +190,12 @@ def remove(*cgroups: Path) -> None:
                 pass
 
 
-class Workload:
+def start_workload(cg: Path, volume: Path) -> Driver:
     """The GPU container's process, started the way the prepared template starts it (LD_PRELOAD and the control
     file from the volume the init container filled)."""
-
-    def __init__(self, cg: Path, volume: Path):
-        env = {"LD_PRELOAD": str(volume / LIBRARY), ctl.ENV: str(volume / CONTROL)}
-        self.proc = start_in(cg, [sys.executable, WORKLOAD, "procaddress"], env, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        assert self.proc.stdout.readline().strip() == "ready"
-
-    def calls(self, n: int) -> dict[str, dict[str, int]]:
-        self.proc.stdin.write(f"{n}\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=10)
+    env = {"LD_PRELOAD": str(volume / LIBRARY), ctl.ENV: str(volume / CONTROL)}
+    return Driver(start_in(cg, [sys.executable, WORKLOAD, "procaddress"], env, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True, cwd=ROOT))
 
 
 def test_the_init_containers_install_makes_a_disarmed_control_file_any_user_may_write(tmp_path):
@@ -219,13 +209,13 @@ def test_a_helper_pod_arms_the_pods_control_file_at_the_asked_share_and_revert_d
     root = standin_container.hierarchy_or_skip()
     volume = install(tmp_path / "vol")[0].parent
     cid, cg = pod_cgroup(root, str(uuid.uuid4()))
-    w = Workload(cg, volume)
+    w = start_workload(cg, volume)
     try:
         api.kubelet = run_pod_here
         api.add_pod("prod", "llm-0", {"app": "llm"}, node="gpu-node", container_ids=(f"containerd://{cid}",))
         spec = CudaFault.Spec.model_validate({"type": "gpu.cuda_fault", "alloc": {"share": 0.2}, "kubernetes": {
             "namespace": "prod", "selector": {"app": "llm"}, "kubeconfig": api.kubeconfig}})
-        inj, executor = CudaFault(spec, FaultContext(run_id="cuda-test")), K8sHelperExecutor()
+        inj, executor = CudaFault(spec, FaultContext(run_id="cuda-test", lifetime_s=120)), K8sHelperExecutor()
         place(inj)
         assert executor.plan(inj)[0] == ("on node gpu-node: a helper pod (chaoskit:latest, hostPID, capabilities "
                                          'SYS_PTRACE) applies gpu.cuda_fault {"alloc": {"share": 0.2}} to pod '
@@ -234,6 +224,8 @@ def test_a_helper_pod_arms_the_pods_control_file_at_the_asked_share_and_revert_d
         record = executor.apply(inj, executor.prepare(inj), inj.ctx.placement)
         (local,) = [p["record"] for p in record["pods"]]
         assert local["controls"] == [str(volume / CONTROL)] and local["pids"] == [w.proc.pid]
+        with ctl.Control(volume / CONTROL) as c:  # the run's lifetime for the fault reached the node
+            assert time.time() + 118 < c.expires_at <= time.time() + 121
         seen = w.calls(2000)
         executor.revert(inj.type, record, inj.ctx.placement)
         after = w.calls(1000)
