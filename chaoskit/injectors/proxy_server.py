@@ -15,6 +15,9 @@ each connection goes to its own original destination (SO_ORIGINAL_DST).
 
 With a `tls` configuration (chaoskit.injectors.proxy_tls, imported only then) it ends TLS from its clients and/or
 starts TLS to its upstream: the toxics then act on the decrypted bytes, and each side gets its own TLS records.
+
+A connection that drew no toxic (and has no TLS to end or start) is not read by Python at all: the kernel relays
+its bytes (chaoskit.injectors.proxy_splice), at close to the speed of a direct connection.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
+
+from chaoskit.injectors.proxy_splice import Relay
 
 if TYPE_CHECKING:
     from chaoskit.injectors.proxy_trace import ConnTrace, NetTracer
@@ -168,10 +173,9 @@ class Connection:
     """A client connection and its upstream connection, with the toxics drawn for it."""
 
     def __init__(self, client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-                 upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter], toxics: list[dict[str, Any]],
+                 upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter], drawn: list[dict[str, Any]],
                  tracer: NetTracer | None = None):
         self.client, self.upstream = client, upstream
-        drawn = [t for t in toxics if random.random() < t.get("toxicity", 1.0)]
         self.tracer = tracer if drawn else None
         self.trace: ConnTrace | None = None
         self.slow_close = next((t["delay"] for t in drawn if t["type"] == "slow_close"), 0.0)
@@ -241,31 +245,106 @@ async def serve(sock: socket.socket, upstream: str, config: list[dict[str, Any]]
 
         tracer = NetTracer.from_env(os.environ)
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _nodelay(writer)
+    async def handle(client: socket.socket) -> None:
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         host, port = up_host, up_port
         if intercept:  # where this connection was going before the redirect
-            dst = original_dst(writer.get_extra_info("socket"))
+            dst = original_dst(client)
             if dst is None:  # made to the proxy's port itself: it has nowhere to go
-                writer.close()
+                client.close()
                 return
             host, port = dst
+        drawn = [t for t in toxics if random.random() < t.get("toxicity", 1.0)]
+        if not drawn and listen_ssl is None and up_ssl is None:  # untouched: the kernel relays it
+            upstream = await _connect(host, port)
+            if upstream is None:
+                client.close()
+            else:
+                Relay(client, upstream)
+            return
         try:
+            reader, writer = await _streams(client, listen_ssl)
             up = await asyncio.open_connection(host, port, ssl=up_ssl,
                                                server_hostname=server_name if up_ssl is not None else None)
-        except OSError:
-            writer.close()
+        except (OSError, asyncio.IncompleteReadError):
+            client.close()
             return
         _nodelay(up[1])
-        await Connection((reader, writer), up, toxics, tracer).run()
+        await Connection((reader, writer), up, drawn, tracer).run()
         for w in (writer, up[1]):
             w.close()
 
-    await serve_until(await asyncio.start_server(handle, sock=sock, backlog=1024, ssl=listen_ssl), until,
-                      tracer.close if tracer is not None else None)
+    await serve_until(Listener(sock, handle), until, tracer.close if tracer is not None else None)
 
 
-async def serve_until(server: asyncio.Server, until: float, before_exit: Callable[[], None] | None = None) -> None:
+async def _streams(sock: socket.socket, ssl: Any = None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Streams over an accepted socket, TLS ended on it first with an `ssl` context (a server's side)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(loop=loop)
+    transport, protocol = await loop.connect_accepted_socket(
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), sock, ssl=ssl)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
+async def _connect(host: str, port: int) -> socket.socket | None:
+    """A connected TCP socket to the upstream (TCP_NODELAY), or None if it cannot be reached."""
+    loop = asyncio.get_running_loop()
+    try:  # an address is taken as it is (no resolver thread); a name is resolved
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        try:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            return None
+    for family, kind, proto, _, addr in infos:
+        s = socket.socket(family, kind, proto)
+        s.setblocking(False)
+        try:
+            await loop.sock_connect(s, addr)
+        except OSError:
+            s.close()
+            continue
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return s
+    return None
+
+
+class Listener:
+    """Accepts connections on the listening socket and hands each to `handle` as a plain socket (an
+    asyncio.Server would start reading it at once: the kernel relay must get it unread)."""
+
+    def __init__(self, sock: socket.socket, handle: Callable[[socket.socket], Awaitable[None]]):
+        self.sock, self.handle = sock, handle
+        self.task: asyncio.Task | None = None
+        self.conns: set[asyncio.Task] = set()
+
+    async def __aenter__(self) -> Listener:
+        self.sock.setblocking(False)
+        self.task = asyncio.get_running_loop().create_task(self._accept())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                client, _ = await loop.sock_accept(self.sock)
+            except OSError:  # out of descriptors, or the connection went before its accept: go on
+                await asyncio.sleep(0.01)
+                continue
+            task = loop.create_task(self.handle(client))
+            self.conns.add(task)
+            task.add_done_callback(self.conns.discard)
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self.sock.close()
+
+
+async def serve_until(server: asyncio.Server | Listener, until: float, before_exit: Callable[[], None] | None = None) -> None:
     """Serve until SIGTERM or the epoch `until` (a helper outliving its run ends by itself); `before_exit` runs
     either way once it stops listening (a traced run's last spans: bounded). At `until` an intercepting proxy
     (CHAOSKIT_PROXY_TABLE) first deletes its redirect, while still listening: the port it intercepts must not
@@ -283,7 +362,7 @@ async def serve_until(server: asyncio.Server, until: float, before_exit: Callabl
         before_exit()
 
 
-def _exit_now(server: asyncio.Server, before_exit: Callable[[], None] | None = None) -> None:
+def _exit_now(server: asyncio.Server | Listener, before_exit: Callable[[], None] | None = None) -> None:
     """SIGTERM (the revert): stop listening and end the process at once. The kernel closes every connection as
     a clean exit would; skipping the interpreter's teardown makes the exit a few ms of CPU instead of ~40."""
     server.close()

@@ -6,6 +6,7 @@ import socket
 import statistics
 import time
 
+import psutil
 import pytest
 
 from chaoskit.errors import PreflightError
@@ -107,6 +108,47 @@ def test_latency_upstream_and_toxicity_zero(upstream, proxy):
     never = proxy(upstream.port, [{"type": "latency", "latency": "50ms", "toxicity": "0%"}])
     assert 9e-3 < statistics.median(rtts(up, 20)) < 13e-3
     assert statistics.median(rtts(never, 20)) < 3e-3
+
+
+def test_an_untouched_connection_is_relayed_by_the_kernel_half_close_included():
+    """A connection that drew no toxic is not read by Python: two splice(2) threads relay it (gone with it), and
+    they pass a half-close on (the client's EOF reaches the server, which still answers on the same connection)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def count_then_answer(conn: socket.socket) -> None:
+        with conn:
+            got = 0
+            while d := conn.recv(1 << 16):
+                got += len(d)
+            conn.sendall(b"got %d" % got)
+
+    stop = serve_in_threads(srv, count_then_answer)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inj = Proxy(Proxy.Spec(type="network.proxy", listen=f"127.0.0.1:{port}",
+                           upstream=f"127.0.0.1:{srv.getsockname()[1]}",
+                           toxics=[{"type": "latency", "latency": "50ms", "toxicity": "0%"}]))
+    rec = inj.apply(inj.prepare())
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:  # the event loop's own threads start
+            c.shutdown(socket.SHUT_WR)
+            assert c.recv(16) == b"got 0" and c.recv(16) == b""
+        helper = psutil.Process(rec["proxy"]["pid"])
+        time.sleep(0.2)  # that connection's relay threads end right after its EOF
+        idle = helper.num_threads()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            c.sendall(b"x" * 300_000)
+            wait_for(lambda: helper.num_threads() == idle + 2, timeout=5)
+            c.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := c.recv(1 << 16):
+                answer += chunk
+        wait_for(lambda: helper.num_threads() == idle, timeout=5)
+    finally:
+        Proxy.revert(rec)
+        stop()
+    assert answer == b"got 300000"
 
 
 def test_bandwidth_toxic_holds_the_rate_within_10_percent(proxy):
