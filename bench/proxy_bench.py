@@ -12,7 +12,10 @@ error, and ends that connection's round trips); a download must deliver exactly 
 A throughput is computed only from a complete download (else `nan`); the latency only from complete round trips.
 
 RESULT keys: proxy_added_p50_us, proxy_added_p99_us (goal p50 <= 50 us), proxy_mbps, direct_mbps (MB/s),
-throughput_ratio (proxy / direct, each trial's; goal >= 0.8) and its min/max over the trials, trials, errors (short or wrong answers, direct and proxied; the exit status is 1
+throughput_ratio (proxy / direct, each trial's; goal >= 0.8) and its min/max over the trials,
+proxy_cpu_s_per_gib (the proxy helper's CPU, all its threads, per GiB it relayed) beside receiver_cpu_s_per_gib
+(the CPU of the direct download's receiving thread per GiB: what a client spends on the same bytes; on 2 cores the
+sender, the receiver and the relay share them, so the ratio also says how busy the machine was), trials, errors (short or wrong answers, direct and proxied; the exit status is 1
 when it is not 0).
 """
 
@@ -25,6 +28,8 @@ import statistics
 import sys
 import threading
 import time
+
+import psutil
 
 from chaoskit.injectors.proxy import Proxy
 
@@ -92,21 +97,24 @@ def rtts(port: int, errors: list[str], label: str) -> list[float]:
         return sorted(out[200:])  # the first ones warm up caches and the proxy's connection
 
 
-def mbps(port: int, errors: list[str], label: str) -> float:
-    """MB/s of one download of BULK bytes; nan (and an error) unless exactly BULK bytes of the payload arrived."""
+def mbps(port: int, errors: list[str], label: str, helper: psutil.Process | None = None) -> tuple[float, float]:
+    """MB/s of one download of BULK bytes (nan, and an error, unless exactly BULK bytes of the payload arrived),
+    and the CPU seconds per GiB it cost: the proxy helper's (all its threads) through the proxy, this receiving
+    thread's on the direct download."""
+    cpu = (lambda: sum(helper.cpu_times()[:2])) if helper is not None else time.thread_time
     with socket.create_connection(("127.0.0.1", port)) as s:
         buf = bytearray(1 << 20)
-        t0, got, wrong = time.perf_counter(), 0, 0
+        t0, c0, got, wrong = time.perf_counter(), cpu(), 0, 0
         while n := s.recv_into(buf):
             got += n
             if not buf.startswith(PAYLOAD_VIEW[:n]):  # the payload is all b"x": a memcmp, no copy
                 wrong += n - buf.count(b"x", 0, n)
-        dt = time.perf_counter() - t0
+        dt, used = time.perf_counter() - t0, cpu() - c0
     if got != BULK or wrong:
         errors.append(f"{label}: download of {BULK} bytes got {got}" + (f", {wrong} of them not the payload's"
                                                                        if wrong else ""))
-        return math.nan
-    return got / dt / 1e6
+        return math.nan, math.nan
+    return got / dt / 1e6, used / (got / (1 << 30))
 
 
 def pct(sorted_vals: list[float], q: float) -> float:
@@ -128,7 +136,7 @@ def main() -> int:
     errors: list[str] = []
     echo, bulk = serve(bulk=False), serve(bulk=True)
     records = []
-    added50, added99, ratios, direct_mb, proxy_mb = [], [], [], [], []
+    added50, added99, ratios, direct_mb, proxy_mb, proxy_cpu, receiver_cpu = [], [], [], [], [], [], []
     try:
         ports = {}
         for name, up in (("echo", echo), ("bulk", bulk)):
@@ -137,6 +145,7 @@ def main() -> int:
                                    upstream=f"127.0.0.1:{up.getsockname()[1]}"))
             records.append(inj.apply(inj.prepare()))
             ports[name] = port
+        helper = psutil.Process(records[-1]["proxy"]["pid"])  # the bulk download's proxy
         for trial in range(TRIALS):  # interleaved, the same policy for both; the order alternates
             order = (("direct", echo.getsockname()[1]), ("proxy", ports["echo"]))
             order = order if trial % 2 == 0 else order[::-1]
@@ -145,13 +154,16 @@ def main() -> int:
             p99 = {k: pct(v, 0.99) if v else math.nan for k, v in r.items()}
             added50.append((p50["proxy"] - p50["direct"]) * 1e6)
             added99.append((p99["proxy"] - p99["direct"]) * 1e6)
-            order = (("direct", bulk.getsockname()[1]), ("proxy", ports["bulk"]))
-            m = {label: mbps(port, errors, label) for label, port in (order if trial % 2 == 0 else order[::-1])}
-            direct_mb.append(m["direct"])
-            proxy_mb.append(m["proxy"])
-            ratios.append(m["proxy"] / m["direct"])
+            order = (("direct", bulk.getsockname()[1], None), ("proxy", ports["bulk"], helper))
+            m = {label: mbps(port, errors, label, h) for label, port, h in (order if trial % 2 == 0 else order[::-1])}
+            direct_mb.append(m["direct"][0])
+            proxy_mb.append(m["proxy"][0])
+            ratios.append(m["proxy"][0] / m["direct"][0])
+            receiver_cpu.append(m["direct"][1])
+            proxy_cpu.append(m["proxy"][1])
             print(f"trial {trial + 1}: added p50 {added50[-1]:.1f} us p99 {added99[-1]:.1f} us; direct "
-                  f"{m['direct']:.0f} MB/s, proxy {m['proxy']:.0f} MB/s, ratio {ratios[-1]:.3f}")
+                  f"{m['direct'][0]:.0f} MB/s, proxy {m['proxy'][0]:.0f} MB/s, ratio {ratios[-1]:.3f}; CPU s/GiB: "
+                  f"proxy {proxy_cpu[-1]:.3f}, direct receiver {receiver_cpu[-1]:.3f}")
     finally:
         for rec in records:
             Proxy.revert(rec)
@@ -164,7 +176,8 @@ def main() -> int:
     med = statistics.median
     print(f"RESULT proxy_added_p50_us={med(added50):.1f} proxy_added_p99_us={med(added99):.1f} "
           f"proxy_mbps={med(proxy_mb):.1f} direct_mbps={med(direct_mb):.1f} throughput_ratio={med(ratios):.3f} "
-          f"throughput_ratio_min={min(ratios):.3f} throughput_ratio_max={max(ratios):.3f} trials={TRIALS} "
+          f"throughput_ratio_min={min(ratios):.3f} throughput_ratio_max={max(ratios):.3f} "
+          f"proxy_cpu_s_per_gib={med(proxy_cpu):.3f} receiver_cpu_s_per_gib={med(receiver_cpu):.3f} trials={TRIALS} "
           f"errors={len(errors)}")
     return 1 if errors else 0
 
