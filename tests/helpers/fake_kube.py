@@ -7,6 +7,9 @@ period is only recorded), no watch, no admission, no scheduling; only equality l
 patches (a JSON patch or strategic merge patch is answered 415, like a server that does not accept that type).
 A pod created here stays Pending unless a `kubelet` callback runs it (tests give one that runs the agent as a
 process: the pod is Running while it runs, its log grows as it prints, deleting the pod sends it SIGTERM).
+`serve_tls` adds an HTTPS listener (a self-signed certificate for 127.0.0.1, made with openssl), so that a pod run
+by `InClusterKubelet` reaches this server through the client's real in-cluster config; `refuse` makes the
+matching requests answer an error.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import itertools
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -126,6 +131,10 @@ class FakeKubeApi:
                                         daemon=True)  # shutdown at exit waits one poll: 50 ms, not 0.5 s
         self._kubelets: list[threading.Thread] = []
         self._procs: dict[tuple[str, str], subprocess.Popen[str]] = {}  # pods whose containers run as processes
+        self._tls: ThreadingHTTPServer | None = None
+        self._tls_ca = Path()
+        self.refused: list[tuple[str, str, int]] = []  # (method, path regex, status): answered with that error
+        self.tokens: dict[str, str] = {}  # service account tokens a kubelet minted -> NAMESPACE/SERVICEACCOUNT
 
     @property
     def url(self) -> str:
@@ -141,9 +150,38 @@ class FakeKubeApi:
             proc.kill()
         for t in self._kubelets:
             t.join(timeout=30)
-        self._server.shutdown()
-        self._server.server_close()
+        for server in (self._server, self._tls):
+            if server is not None:
+                server.shutdown()
+                server.server_close()
         self._thread.join(timeout=5)
+
+    def serve_tls(self, workdir: Path) -> tuple[int, Path]:
+        """Also serve the API over HTTPS on 127.0.0.1 (what the in-cluster config insists on): its port, and the
+        CA file that verifies it (the certificate itself, self-signed for IP 127.0.0.1, valid one day)."""
+        with self._lock:  # two pods started at once: one listener
+            return self._serve_tls(workdir)
+
+    def _serve_tls(self, workdir: Path) -> tuple[int, Path]:
+        """serve_tls, under the lock: the listener started once."""
+        if self._tls is None:
+            cert, key = workdir / "fake-kube-tls.crt", workdir / "fake-kube-tls.key"
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                            "-nodes", "-days", "1", "-subj", "/CN=fake-kube", "-addext", "subjectAltName=IP:127.0.0.1",
+                            "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=30)
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(cert, key)
+            self._tls = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+            self._tls.daemon_threads = True
+            self._tls.socket = ctx.wrap_socket(self._tls.socket, server_side=True)
+            self._tls_ca = cert
+            threading.Thread(target=self._tls.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self._tls.server_address[1], self._tls_ca
+
+    def refuse(self, method: str, path: str, status: int) -> None:
+        """Answer every `method` request whose path matches the regex `path` with `status` (403, 500, ...)."""
+        with self._lock:
+            self.refused.append((method, path, status))
 
     def write_kubeconfig(self, path: Path, context: str = "fake") -> Path:
         """A real kubeconfig (cluster, user with a token, context) pointing at this server."""
@@ -414,6 +452,9 @@ class FakeKubeApi:
     def handle(self, method: str, path: str, query: dict[str, str], body: Any, content_type: str) -> tuple[int, Any]:
         if method == "PATCH" and not content_type.startswith("application/merge-patch+json"):
             raise ApiError(415, "UnsupportedMediaType", f"the fake accepts merge patches only, got {content_type}")
+        for verb, pattern, status in self.refused:
+            if verb == method and re.search(pattern, path):
+                raise ApiError(status, HTTPStatus(status).phrase.replace(" ", ""), f"refused by the test ({status})")
         for verb, pattern, name in ROUTES:
             m = re.fullmatch(pattern, path)
             if verb == method and m:
@@ -434,14 +475,63 @@ def helper_placement(cluster: Any, **kw: Any) -> Any:
                            image="registry.local/chaoskit:0.9", key="k1", **kw)
 
 
-def run_pod_here(pod: Obj) -> subprocess.Popen[str]:
+def run_pod_here(pod: Obj, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """A FAKE kubelet for helper pods: what a node would run, run on this host — the pod's command (the real
-    `python -m chaoskit.agent`) with its environment, as a process whose output is the pod's log."""
+    `python -m chaoskit.agent`) with its environment (or `env`), as a process whose output is the pod's log. It
+    gives no way to the API server (see InClusterKubelet)."""
     (c,) = pod["spec"]["containers"]
     assert c["command"][:3] == ["python", "-m", "chaoskit.agent"]
-    env = {**os.environ, **{e["name"]: e["value"] for e in c["env"]}}
+    env = {**os.environ, **(env if env is not None else {e["name"]: e["value"] for e in c["env"]})}
     return subprocess.Popen([sys.executable, *c["command"][1:]], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+
+
+@dataclass
+class InClusterKubelet:
+    """A FAKE kubelet like run_pod_here that also gives the pod what a node gives it to reach the API server:
+    KUBERNETES_SERVICE_HOST/PORT (the fake's HTTPS listener, serve_tls) and its projected volumes (a token of the
+    pod's ServiceAccount, recorded in api.tokens; the cluster's CA as ConfigMap kube-root-ca.crt), written to a
+    directory of this host per pod. There is no mount namespace here, so an env value naming a volume's mount path
+    (or a path under it) names that directory instead; other volumes are not provided."""
+
+    api: FakeKubeApi
+    workdir: Path
+
+    def __call__(self, pod: Obj) -> subprocess.Popen[str]:
+        port, ca = self.api.serve_tls(self.workdir)
+        (c,) = pod["spec"]["containers"]
+        mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+        here = {}
+        for vol in pod["spec"].get("volumes", []):
+            if "projected" in vol and vol["name"] in mounts:
+                here[mounts[vol["name"]]] = self._project(pod, vol, ca)
+        env = {e["name"]: _moved(e["value"], here) for e in c["env"]}
+        return run_pod_here(pod, {**env, "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port)})
+
+    def _project(self, pod: Obj, vol: Obj, ca: Path) -> Path:
+        """The projected volume's files in a directory of its own: a fresh token, ca.crt."""
+        meta = pod["metadata"]
+        d = self.workdir / f"{meta['name']}-{vol['name']}"
+        d.mkdir(parents=True)
+        for src in vol["projected"]["sources"]:
+            if "serviceAccountToken" in src:
+                token = f"fake-sa-token-{uuid.uuid4().hex}"
+                self.api.tokens[token] = f"{meta['namespace']}/{pod['spec'].get('serviceAccountName', 'default')}"
+                (d / src["serviceAccountToken"]["path"]).write_text(token)
+            elif src.get("configMap", {}).get("name") == "kube-root-ca.crt":
+                for item in src["configMap"]["items"]:
+                    (d / item["path"]).write_text(ca.read_text())
+            else:
+                raise ValueError(f"the fake kubelet cannot project {src}")
+        return d
+
+
+def _moved(value: str, mounts: dict[str, Path]) -> str:
+    """An env value naming a mount path (or under it) names the directory standing in for that mount."""
+    for path, d in mounts.items():
+        if value == path or value.startswith(path.rstrip("/") + "/"):
+            return str(d) + value[len(path):]
+    return value
 
 
 def _merge(target: Obj, patch: Obj) -> None:
