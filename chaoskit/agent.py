@@ -9,7 +9,12 @@ JSON line on stdout: apply `{"record": final}`, revert `{"reverted": true}` (wit
 skipped when the pod's container is gone from the node), observe `{"in_effect": bool, "details": {...}}` (with
 `pods`: NAME -> details); a failure is `{"error": "..."}` and exit status 1. An apply with `"hold_s": S` stays
 after answering and reverts the fault on SIGTERM or after S seconds (then prints `{"reverted": true, "why":
-"SIGTERM"|"deadline"}`).
+"SIGTERM"|"deadline"}`). When its pod mounts a service account volume (`$CHAOSKIT_API_CREDENTIALS` names it:
+k8s_pods.API_DIR) it also reads the cluster's halt lever every LEVER_POLL_S through the in-cluster config, and
+reverts at once when it is pulled (`"why": "halted: WHERE by WHO at WHEN: WHY"`), even when the run that started
+it is gone. A lever that cannot be read (RBAC, the API server unreachable) is said once
+(`{"lever": "cannot be read; ...", "where": ..., "why": ...}`) and the fault is held on: only SIGTERM or the
+deadline end it then.
 """
 
 from __future__ import annotations
@@ -20,14 +25,18 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
+from chaoskit.executors.k8s_halt import HALT_NAMESPACE, HaltLever, in_cluster_core, read_lever
+from chaoskit.executors.k8s_pods import API_ENV
 from chaoskit.executors.layer import localize_on_node
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors import injector_class
 from chaoskit.injectors.base import FaultContext
 
 VERBS = ("apply", "revert", "observe")
+LEVER_POLL_S = 2.0  # a holding agent reads the cluster's halt lever this often (a run: each safeguard interval)
 
 
 class PodFailed(RuntimeError):
@@ -180,30 +189,85 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--file", default="-", help="request JSON file ('-': stdin)")
     source.add_argument("--env", help="environment variable holding the request JSON")
     args = parser.parse_args(argv)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # never killed halfway through a verb
+    stop = Stop()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set("SIGTERM"))  # never killed halfway through a verb
     try:
         request = read_request(args)
         answer = run(args.verb, request)
     except Exception as e:  # one clear line for the executor to report, never a traceback
-        print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+        say({"error": f"{type(e).__name__}: {e}"})
         return 1
     print(json.dumps(answer, separators=(",", ":"), default=str), flush=True)
     hold_s = float(request.get("hold_s") or 0)
     return hold(request, answer["record"], hold_s, stop) if args.verb == "apply" and hold_s > 0 else 0
 
 
-def hold(request: dict[str, Any], record: dict[str, Any], seconds: float, stop: threading.Event) -> int:
-    """Stay with an applied fault and revert it on SIGTERM (the pod deleted, or past its activeDeadlineSeconds)
-    or once `seconds` have passed, whichever comes first: a fault never outlives its lifetime on the node."""
-    why = "SIGTERM" if stop.wait(seconds) else "deadline"
+@dataclass
+class Stop:
+    """Why a hold ends, set from the SIGTERM handler or the lever's watcher (the first reason stays)."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    why: str = ""
+
+    def set(self, why: str) -> None:
+        self.why = self.why or why
+        self.event.set()
+
+
+def say(obj: dict[str, Any]) -> None:
+    """One JSON line on stdout (the pod's log)."""
+    print(json.dumps(obj), flush=True)
+
+
+def hold(request: dict[str, Any], record: dict[str, Any], seconds: float, stop: Stop) -> int:
+    """Stay with an applied fault and revert it on SIGTERM (the pod deleted, or past its activeDeadlineSeconds),
+    when the cluster's halt lever is pulled, or once `seconds` have passed, whichever comes first: a fault never
+    outlives its lifetime on the node."""
+    credentials = os.environ.get(API_ENV)
+    if credentials:
+        threading.Thread(target=watch_lever, args=(credentials, lever_namespaces(request), stop), daemon=True,
+                         name="halt-lever").start()
+    why = (stop.why or "SIGTERM") if stop.event.wait(seconds) else "deadline"
     try:
         run("revert", {**request, "record": record})
     except Exception as e:
-        print(json.dumps({"error": f"revert at {why}: {type(e).__name__}: {e}"}), flush=True)
+        say({"error": f"revert at {why}: {type(e).__name__}: {e}"})
         return 1
-    print(json.dumps({"reverted": True, "why": why}), flush=True)
+    say({"reverted": True, "why": why})
     return 0
+
+
+def lever_namespaces(request: dict[str, Any]) -> list[str]:
+    """Where the lever is looked for: namespace `chaoskit`, and the helper's own (as a run looks: app.halt)."""
+    return sorted({HALT_NAMESPACE, (request.get("placement") or {}).get("namespace") or HALT_NAMESPACE})
+
+
+def watch_lever(credentials: str, namespaces: list[str], stop: Stop) -> None:
+    """Read the lever now and every LEVER_POLL_S until the hold ends; a pulled one ends it (`halted: ...`). Never
+    raises: a lever that cannot be read is said once per namespace and looked at again at the next poll."""
+    core, unreadable = None, set()
+    while not stop.event.is_set():
+        for ns in namespaces:
+            try:
+                core = core or in_cluster_core(credentials)
+                lever: HaltLever | None = read_lever(core, ns)
+            except Exception as e:  # RBAC, the API server unreachable, not in a pod: hold on, say it once
+                if ns not in unreadable:
+                    unreadable.add(ns)
+                    say({"lever": "cannot be read; holding until SIGTERM or the deadline", "where": f"in namespace {ns}",
+                         "why": short_error(e)})
+                continue
+            if lever is not None:
+                stop.set(f"halted: {lever.describe()}")
+                return
+        stop.event.wait(LEVER_POLL_S)
+
+
+def short_error(e: Exception) -> str:
+    """An API error as `403 Forbidden`, anything else as `Type: message` (one line, at most 200 characters)."""
+    status = getattr(e, "status", None)
+    text = f"{status} {getattr(e, 'reason', '')}".strip() if status else f"{type(e).__name__}: {e}"
+    return " ".join(text.split())[:200]
 
 
 if __name__ == "__main__":

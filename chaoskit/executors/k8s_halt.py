@@ -3,7 +3,8 @@
 `chaoskit halt --cluster` creates the ConfigMap (who, when, why); every run that reaches the cluster looks at it
 at each safeguard interval and aborts while it exists; `--release` deletes it. It carries no
 `app.kubernetes.io/managed-by` label: that label marks a run's revert records (revert_store), which a rollback
-replays.
+replays. A helper pod that holds a fault on a node reads it too (chaoskit.agent), through `in_cluster_core`: the
+service account token its pod spec mounts (k8s_pods.API_DIR), nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ HALT_CONFIGMAP = "chaoskit-halt"
 HALT_NAMESPACE = "chaoskit"
 ROLE_LABEL = "chaoskit.io/role"
 READ_TIMEOUT_S = 2.0  # one look at the lever: a slow API server must not hold up a run's safeguard loop
+TOKEN_FILE, CA_FILE = "token", "ca.crt"  # in a service account volume (the kubelet's, or a projected one)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,19 @@ def read_lever(core: Any, namespace: str = HALT_NAMESPACE, where: str = "") -> H
             return None
         raise
     return HaltLever.from_data(dict(cm.data or {}), where or f"in namespace {namespace}")
+
+
+def in_cluster_core(credentials: str) -> Any:
+    """A CoreV1Api from inside a pod: the kubernetes client's in-cluster loader (the API server from
+    $KUBERNETES_SERVICE_HOST/PORT, over HTTPS), with the token and CA of the service account volume mounted at
+    `credentials` (re-read every minute: the kubelet rotates a projected token). ConfigException if not in a pod."""
+    from kubernetes import client
+    from kubernetes.config.incluster_config import InClusterConfigLoader
+
+    cfg = client.Configuration()
+    InClusterConfigLoader(token_filename=f"{credentials}/{TOKEN_FILE}",
+                          cert_filename=f"{credentials}/{CA_FILE}").load_and_set(cfg)
+    return client.CoreV1Api(client.ApiClient(cfg))
 
 
 def pull_lever(core: Any, lever: HaltLever, namespace: str = HALT_NAMESPACE) -> None:

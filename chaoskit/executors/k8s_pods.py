@@ -4,6 +4,9 @@ A helper pod (hostPID, pinned by nodeName, not privileged: all capabilities drop
 needs, activeDeadlineSeconds, the chaoskit image) runs `python -m chaoskit.agent VERB --env CHAOSKIT_REQUEST`
 and answers one JSON line in its log. `run_helpers` creates the pods of every node at once and waits for them
 with one LIST per poll (not one GET per pod): N nodes cost N creates, N log reads, N deletes and a few LISTs.
+No helper gets the service account token the kubelet would mount; only an apply that holds its fault (hold_s)
+mounts a short-lived token of its own (projected, read-only, at API_DIR, named by $CHAOSKIT_API_CREDENTIALS), to
+read the cluster's halt lever: its ServiceAccount may get that one ConfigMap and nothing else (role.yaml).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from chaoskit.executors.k8s_halt import CA_FILE, TOKEN_FILE
 from chaoskit.executors.revert_store import RUN_LABEL, dns_label
 from chaoskit.injectors import injector_class
 from chaoskit.injectors.base import NodeHelper
@@ -30,6 +34,9 @@ POLL_S = (0.05, 0.2)  # helper pods are listed after 50 ms, then twice as late e
 GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
 LIMITS = {"cpu": "500m", "memory": "256Mi"}
 GPU_LIMITS = {"cpu": "1", "memory": "2Gi"}  # per pod of the node: each pod's holder has its own CUDA context
+API_ENV = "CHAOSKIT_API_CREDENTIALS"  # a holding agent's service account volume: it watches the halt lever
+API_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the kubelet would mount the token: in-cluster tools
+TOKEN_TTL_S = 600  # of the projected token (the least the API server issues); the kubelet renews it at 80%
 STATE_DIR = "/var/lib/chaoskit"  # state_dir() of root: an emptyDir, as the root filesystem is read-only
 KEY_NODE_CHARS = 200  # of a node's name in its ConfigMap key (KEY-NODE.json stays within 253 characters)
 
@@ -104,6 +111,10 @@ def helper_pod(verb: str, type_name: str, request: dict[str, Any], hp: HelperPla
         privileged=False, allow_privilege_escalation=False, read_only_root_filesystem=True, run_as_user=0,
         capabilities=client.V1Capabilities(drop=["ALL"], add=caps or None))
     env = {REQUEST_ENV: json.dumps(request, sort_keys=True), **(GPU_ENV if gpu else {})}
+    if verb == "apply" and hp.hold_s > 0:  # it stays on the node: it watches the cluster's halt lever
+        mounts.append(client.V1VolumeMount(name="api", mount_path=API_DIR, read_only=True))
+        volumes.append(api_volume())
+        env[API_ENV] = API_DIR
     container = client.V1Container(
         name="agent", image=hp.image, command=["python", "-m", "chaoskit.agent", verb, "--env", REQUEST_ENV],
         env=[client.V1EnvVar(name=k, value=v) for k, v in env.items()],
@@ -121,6 +132,18 @@ def helper_pod(verb: str, type_name: str, request: dict[str, Any], hp: HelperPla
         runtime_class_name=hp.runtime_class if gpu else None)
     return client.V1Pod(api_version="v1", kind="Pod", spec=spec,
                         metadata=client.V1ObjectMeta(name=name, namespace=hp.namespace, labels=labels))
+
+
+def api_volume() -> Any:
+    """A projected volume with a token of the pod's ServiceAccount (TOKEN_TTL_S) and the cluster's CA: what the
+    kubelet would mount, minus the namespace file, for a pod that does not get the automatic token."""
+    from kubernetes import client
+
+    return client.V1Volume(name="api", projected=client.V1ProjectedVolumeSource(sources=[
+        client.V1VolumeProjection(service_account_token=client.V1ServiceAccountTokenProjection(
+            path=TOKEN_FILE, expiration_seconds=TOKEN_TTL_S)),
+        client.V1VolumeProjection(config_map=client.V1ConfigMapProjection(
+            name="kube-root-ca.crt", items=[client.V1KeyToPath(key=CA_FILE, path=CA_FILE)]))]))
 
 
 def gpu_limits(pods: int) -> dict[str, str]:
