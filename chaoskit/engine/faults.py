@@ -114,9 +114,10 @@ class Faults:
             executor_name, placement = route_of(inj)
             executor = get_executor(executor_name)
             record = executor.prepare(inj)
-            entry_id = self.ledger.intent(inj.type, record, executor.plan(inj),
-                                          expires_at=time.time() + step.timeout + step.lifetime(),
-                                          executor=executor_name, placement=placement, group=group)
+            entry_id = await asyncio.to_thread(  # its fsync off the loop: a parallel step's overlap
+                self.ledger.intent, inj.type, record, executor.plan(inj),
+                expires_at=time.time() + step.timeout + step.lifetime(), executor=executor_name,
+                placement=placement, group=group)
         except Exception as e:
             raise FaultFailed(f"{step.label()}: could not prepare: {type(e).__name__}: {e}") from None
         fault = AppliedFault(entry_id, step.label(), inj.type, step.duration)
@@ -135,7 +136,7 @@ class Faults:
         except Exception as e:
             self.journal.emit(ErrorNoted(where=f"apply {step.label()}", error=f"{type(e).__name__}: {e}"))
             raise FaultFailed(f"{step.label()}: apply failed: {type(e).__name__}: {e}") from None
-        self.ledger.applied(entry_id, final, expires_at=time.time() + step.lifetime())
+        await asyncio.to_thread(self.ledger.applied, entry_id, final, expires_at=time.time() + step.lifetime())
         fault.applied_at = time.time()
         fault.apply_ms = round((time.perf_counter() - t0) * 1000, 3)
         self._records[entry_id] = final

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -67,6 +68,7 @@ class Ledger:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._last_id: int | None = None  # only the run writes intents: read the file once, then count
+        self._ids = threading.Lock()  # the faults of a parallel step write their intents from threads
 
     @classmethod
     def create(cls, run_id: str, experiment: str, directory: Path | None = None) -> Ledger:
@@ -80,7 +82,8 @@ class Ledger:
         return ledger
 
     def _append(self, *objs: dict[str, Any]) -> None:
-        """Append lines in one write and one fsync (a torn last line after a crash is ignored by `read`)."""
+        """Append lines in one write and one fsync (a torn last line after a crash is ignored by `read`). Safe
+        from several threads: an O_APPEND write to a regular file is never interleaved with another."""
         now = time.time()
         lines = "".join(json.dumps({**obj, "t": now}, separators=(",", ":")) + "\n" for obj in objs)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -101,10 +104,11 @@ class Ledger:
 
     def intent(self, type_name: str, record: dict[str, Any], plan: list[str], expires_at: float | None = None,
                executor: str = "local", placement: dict[str, Any] | None = None, group: str | None = None) -> int:
-        if self._last_id is None:
-            self._last_id = max(self.read().entries, default=0)
-        self._last_id += 1
-        new_id = self._last_id
+        with self._ids:
+            if self._last_id is None:
+                self._last_id = max(self.read().entries, default=0)
+            self._last_id += 1
+            new_id = self._last_id
         line = {"op": "intent", "id": new_id, "type": type_name, "record": record, "plan": plan,
                 "expires_at": expires_at, "executor": executor}
         if placement is not None:

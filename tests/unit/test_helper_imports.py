@@ -45,14 +45,15 @@ def test_every_helper_is_declared_and_run_as_its_file():
 
 @pytest.mark.parametrize("server", SERVERS)
 def test_a_proxy_server_runs_on_the_standard_library_and_what_it_shares(server):
-    """What proxy_proc imports once it said ready: network.proxy's server nothing of chaoskit; llm.proxy's its
-    own modules and the timerfd alarm."""
+    """What proxy_proc imports once it said ready: network.proxy's server its kernel relay alone of chaoskit;
+    llm.proxy's its own modules, network.proxy's server and the timerfd alarm."""
     mods = imported_by(server)
     ours = sorted(m for m in mods if m.startswith("chaoskit."))
     assert not [m for m in mods if m.split(".")[0] in HEAVY]
-    assert ours == ([] if server.endswith(".proxy_server") else [
-        "chaoskit.injectors", "chaoskit.injectors.llm_proxy_faults", "chaoskit.injectors.llm_proxy_sse",
-        "chaoskit.injectors.proxy_server", "chaoskit.load", "chaoskit.load.timer"])
+    assert ours == (["chaoskit.injectors", "chaoskit.injectors.proxy_splice"] if server.endswith(".proxy_server")
+                    else ["chaoskit.injectors", "chaoskit.injectors.llm_proxy_faults",
+                          "chaoskit.injectors.llm_proxy_sse", "chaoskit.injectors.proxy_server",
+                          "chaoskit.injectors.proxy_splice", "chaoskit.load", "chaoskit.load.timer"])
 
 
 @pytest.mark.parametrize("module", HELPERS)
