@@ -3,8 +3,8 @@ when the step starts (so the ledger, apply and revert see the same).
 
 A fault that stays on this host (`local`) gets its spec's target resolved into a typed record
 (targets.local: processes, a network namespace, cgroup members, a GPU), which the ledger keeps as its placement.
-A node-level fault (network, process.signal, the cpu, memory and disk limits, GPU memory pressure) whose spec
-targets `kubernetes:` pods runs through the k8s-helper executor: the chosen pods (namespace, name, UID, node,
+A node-level fault (network, the proxies' interception, process.signal, the cpu, memory and disk limits, GPU
+memory pressure) whose spec targets `kubernetes:` pods runs through the k8s-helper executor: the chosen pods (namespace, name, UID, node,
 container ID) become its placement, and on each node the helper pod turns the target into that container's PIDs,
 for a cgroup limit into the container's own cgroup, or for a GPU fault into the GPU it was given
 (`localize_on_node`), and runs the same injector code, which resolves its local target there. What a fault can
@@ -66,21 +66,34 @@ def place(inj: Injector) -> None:
         targets=[p.to_json() for p in pods], hold_s=inj.ctx.lifetime_s).to_json()
 
 
-def localize(spec: dict[str, Any], pids: list[int] | None = None, cgroup: str | None = None) -> dict[str, Any]:
-    """The spec a helper applies on the node: its `kubernetes:` target replaced by the container's processes
-    (the network namespace of its init, pids[0]; or every one of them for process.signal), or for a cgroup
-    fault by the container's own cgroup (relative to the hierarchy's root)."""
+def localize(spec: dict[str, Any], pids: list[int] | None = None, cgroup: str | None = None,
+             field: str | None = None) -> dict[str, Any]:
+    """The spec a helper applies on the node: its `kubernetes:` target (at `field`, the class's target_field;
+    default `target.kubernetes` or `kubernetes`) replaced by the container's processes: in a nested target (a
+    network namespace: `target`, `intercept.target`) the PID of its init, pids[0]; at the top (process.signal)
+    every one of them; or for a cgroup fault by the container's own cgroup (relative to the hierarchy's root)."""
     out = copy.deepcopy(spec)
-    target = out.get("target")
-    if isinstance(target, dict) and "kubernetes" in target and pids:
-        del target["kubernetes"]
-        target["pid"] = pids[0]
-    elif "kubernetes" in out and (pids or cgroup):
-        del out["kubernetes"]
-        out.update({"cgroup": cgroup} if cgroup else {"pid": pids})
+    *up, last = (field or _default_field(out)).split(".")
+    parent: Any = out
+    for name in up:
+        parent = parent.get(name) if isinstance(parent, dict) else None
+    if not isinstance(parent, dict) or last not in parent:
+        raise ValueError("the spec has no kubernetes: target to localize")
+    if up and pids:
+        del parent[last]
+        parent["pid"] = pids[0]
+    elif not up and (pids or cgroup):
+        del parent[last]
+        parent.update({"cgroup": cgroup} if cgroup else {"pid": pids})
     else:
         raise ValueError("the spec has no kubernetes: target to localize")
     return out
+
+
+def _default_field(spec: dict[str, Any]) -> str:
+    """Where a spec without a declared target_field has its `kubernetes:` target."""
+    target = spec.get("target")
+    return "target.kubernetes" if isinstance(target, dict) and "kubernetes" in target else "kubernetes"
 
 
 def localize_on_node(cls: type[Injector], spec: dict[str, Any], container_id: str) -> dict[str, Any]:
@@ -94,8 +107,9 @@ def localize_on_node(cls: type[Injector], spec: dict[str, Any], container_id: st
         return own
     hier = cls.cgroup_hierarchy()
     if hier is None:
-        return localize(spec, container_pids(container_id))
-    out = localize(spec, cgroup=str(container_cgroup(hier.root, container_id).relative_to(hier.root)))
+        return localize(spec, container_pids(container_id), field=cls.target_field)
+    out = localize(spec, cgroup=str(container_cgroup(hier.root, container_id).relative_to(hier.root)),
+                   field=cls.target_field)
     if isinstance(out.get("path"), str):  # a path as the container sees it: through its init's root
         out["path"] = f"/proc/{container_pids(container_id)[0]}/root/{out['path'].lstrip('/')}"
     return out

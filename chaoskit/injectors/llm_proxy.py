@@ -275,12 +275,15 @@ class LlmProxy(ProxyHelper):
     spec: LlmProxySpec
 
 
-    def plan(self) -> list[str]:
+    def effects(self) -> str:
         faults = "; ".join(f"{w['name']}: {_describe(f)}" for f, w in zip(self.spec.faults, self.spec.wire()["faults"],
                                                                           strict=True))
+        return f"(seed {self.spec.seed}) with faults: {faults or 'none'}"
+
+    def plan(self) -> list[str]:
         where, revert = self.intercept_plan()
         return [f"start an LLM proxy{where or f' {self.spec.listen} -> {self.spec.upstream}'}{self.tls_plan()} "
-                f"(seed {self.spec.seed}) with faults: {faults or 'none'}; "
+                f"{self.effects()}; "
                 + (revert or f"revert: stop it (it also exits by itself after {self.ctx.lifetime_s:g}s)")]
 
     def config(self) -> Any:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from chaoskit import cbuild
+from chaoskit import cbuild, paths
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors import netem_queue_nft as nft
@@ -129,11 +129,22 @@ def plan(spec: Any, t: NetnsTarget, reason: str) -> list[str]:
             "revert: flush the rule, stop the helper (SIGTERM: held packets go at once), delete the table"]
 
 
+def stats_dir() -> Path:
+    """Where the helper writes its counters: the temporary directory, or in a helper pod (a read-only root
+    filesystem: no usable one) the state directory, its emptyDir."""
+    try:
+        return Path(tempfile.gettempdir())
+    except FileNotFoundError:
+        out = paths.state_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+
+
 def prepare(t: NetnsTarget, direction: str, reason: str) -> dict[str, Any]:
     token = f"{TOKEN_PREFIX}{uuid.uuid4().hex}"
     return {"mode": "queue", "mode_reason": reason, "ns": t.ns_path, "ns_inode": t.ns_inode, "ifindex": t.ifindex,
             "ifname": t.ifname, "direction": direction, "table": f"{TABLE_PREFIX}{token[-12:]}", "token": token,
-            "stats": str(Path(tempfile.gettempdir()) / f"{token}.json")}
+            "stats": str(stats_dir() / f"{token}.json")}
 
 
 def spawn(exe: Path, token: str, ns_path: str, args: list[str]) -> tuple[ProcessRef, int]:
@@ -187,8 +198,15 @@ def observe(r: QueueRecord) -> bool:
 
 
 def stats(r: QueueRecord) -> dict[str, Any] | None:
-    """The helper's counters (written every 0.5 s): packets seen, delayed, dropped, ... and its release lateness."""
-    try:
-        return json.loads(Path(r.stats).read_text())
-    except (OSError, ValueError):
-        return None
+    """The helper's counters (written every 0.5 s): packets seen, delayed, dropped, ... and its release lateness;
+    read through the helper's own root where the file is not here (an observe helper pod: the apply helper's
+    emptyDir is not its own)."""
+    places = [Path(r.stats)]
+    if r.helper is not None:
+        places.append(Path(f"/proc/{r.helper.pid}/root{r.stats}"))
+    for path in places:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return None

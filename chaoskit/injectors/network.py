@@ -370,6 +370,8 @@ def netem_mode(asked: str) -> tuple[str, str]:
 
 class Netem(_TcFault):
     type: ClassVar[str] = "network.netem"
+    # on a pod, queue mode's helper sends its held copies (egress) and duplicates through a raw socket: NET_RAW
+    node_helper: ClassVar[NodeHelper] = NodeHelper(capabilities=("NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"))
     summary: ClassVar[str] = ("delay, jitter, loss, duplicate, corrupt, reorder, rate with netem (pyroute2 netlink), "
                               "or without sch_netem through an NFQUEUE helper (mode: queue)")
     Spec = NetemSpec

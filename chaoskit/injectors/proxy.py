@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc, proxy_intercept
+from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, NodeHelper
 from chaoskit.injectors.proxy_intercept import TABLE_PATTERN, Intercept
 from chaoskit.injectors.proxy_server import ORIGINAL, split_addr
 from chaoskit.model.types import Duration, Percent, StrictModel
@@ -154,6 +155,9 @@ def check_intercept(spec: Any) -> None:
         return
     if spec.upstream:
         raise ValueError("intercept forwards each connection to its original destination: drop upstream")
+    if spec.intercept.target.kubernetes is not None and spec.listen_tls is not None:
+        raise ValueError("listen_tls names files on this host, and with intercept.target.kubernetes the proxy runs "
+                         "on the pod's node: drop listen_tls (the pod's own TLS passes through as bytes)")
     if split_addr(spec.listen)[1] == spec.intercept.port:
         raise ValueError(f"listen port {spec.intercept.port} is the intercepted port itself")
 
@@ -224,6 +228,11 @@ class ProxyHelper(helper_proc.HelperFault):
     Record = ProxyRecord
 
     helper: ClassVar[str | None] = "chaoskit.injectors.proxy_proc"  # listens, says ready, then runs `server`
+    # intercept.target.kubernetes: in a helper pod on each chosen pod's node, which runs the proxy in the pod's
+    # network namespace (joined through its container init's /proc/PID/ns/net) and puts the redirect there
+    executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
+    target_field: ClassVar[str | None] = "intercept.target.kubernetes"
+    node_helper: ClassVar[NodeHelper] = NETNS_HELPER
     server: ClassVar[str]  # the server module proxy_proc runs
     what: ClassVar[str]
     token_prefix: ClassVar[str]
@@ -309,6 +318,21 @@ class ProxyHelper(helper_proc.HelperFault):
                              f"{up.ca_file or 'the system CAs'} as {up.server_name}")
         return f" [{'; '.join(parts)}]" if parts else ""
 
+    def effects(self) -> str:
+        """What the proxy does to the traffic, in the plan's words (`with toxics: ...`)."""
+        raise NotImplementedError
+
+    def node_plan(self, pods: str) -> str:
+        """What a helper pod does on its node for intercept.target.kubernetes (the k8s-helper executor's plan
+        line, after `on node N: a helper pod (...)`); `pods`: the node's chosen pods, in words."""
+        ic = self.spec.intercept
+        existing = "reset" if ic.existing == "reset" else "not touched"
+        return (f"intercepts port {ic.port} in the network namespace of {pods}: {self.type}, a {self.what} "
+                f"{self.effects()}, runs in that namespace (joined through /proc/PID/ns/net of the container's "
+                f"init), and nft table {proxy_intercept.FAMILY} chaoskit_<id> there redirects new incoming TCP "
+                f"connections to port {ic.port} (IPv4) to it, which forwards each to its original destination "
+                f"(connections already open: {existing}); its revert deletes the table first, then stops the proxy")
+
     def intercept_plan(self) -> tuple[str, str]:
         """The plan's words on interception: where the proxy sits, and its revert ('' and '' without it)."""
         ic = self.spec.intercept
@@ -388,15 +412,17 @@ class Proxy(ProxyHelper):
     spec: ProxySpec
 
 
-    def plan(self) -> list[str]:
+    def effects(self) -> str:
         toxics = "; ".join(f"{t.type} ({t.stream}, {t.toxicity * 100:g}% of connections)" for t in self.spec.toxics)
+        return f"with toxics: {toxics or 'none'}"
+
+    def plan(self) -> list[str]:
         tls = self.tls_plan()
         if tls:
             tls += (" (the proxy decrypts and re-encrypts: the toxics act on the plaintext bytes, and each side "
                     "sees its own TLS records, not the other side's)")
         where, revert = self.intercept_plan()
-        return [f"start a proxy{where or f' {self.spec.listen} -> {self.spec.upstream}'}{tls} with toxics: "
-                f"{toxics or 'none'}; "
+        return [f"start a proxy{where or f' {self.spec.listen} -> {self.spec.upstream}'}{tls} {self.effects()}; "
                 + (revert or f"revert: stop it (it also exits by itself after {self.ctx.lifetime_s:g}s)")]
 
     def config(self) -> Any:

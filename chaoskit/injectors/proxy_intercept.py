@@ -24,7 +24,8 @@ class Intercept(StrictModel):
                                    "(IPv4) are redirected to the proxy, which forwards each to the address it was "
                                    "meant for")
     target: NetTargetSpec = Field(description="the network namespace the service listens in (netns name or path, "
-                                              "or pid); the proxy runs in it")
+                                              "or pid; or kubernetes: the chosen pods', each through a helper pod "
+                                              "on its node); the proxy runs in it")
     existing: Literal["keep", "reset"] = Field("keep", description="connections to port already open at apply: "
                                                "keep (they go on straight to the service until they close: a "
                                                "client's keep-alive pool may never reach the proxy) or reset "
@@ -33,11 +34,10 @@ class Intercept(StrictModel):
 
     @field_validator("target")
     @classmethod
-    def _local(cls, v: NetTargetSpec) -> NetTargetSpec:
-        if v.kubernetes is not None:
-            raise ValueError("intercept in a Kubernetes pod's namespace is not supported yet: give netns or pid")
-        if v.netns is None and v.pid is None:
-            raise ValueError("intercept needs target.netns or target.pid (not the host's own namespace)")
+    def _not_the_host(cls, v: NetTargetSpec) -> NetTargetSpec:
+        if v.netns is None and v.pid is None and v.kubernetes is None:
+            raise ValueError("intercept needs target.netns, target.pid or target.kubernetes (not the host's own "
+                             "namespace)")
         return v
 
 

@@ -44,7 +44,8 @@ def test_helper_pod_spec_exactly(cluster):
     assert c["env"] == [{"name": REQUEST_ENV, "value": '{"record": {"dev": "eth0"}, "type": "network.netem"}'}]
     assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
                                     "readOnlyRootFilesystem": True, "runAsUser": 0,
-                                    "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"]}}
+                                    "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW", "SYS_ADMIN",
+                                                                                "SYS_PTRACE"]}}
     assert c["resources"] == {"requests": {"cpu": "10m", "memory": "64Mi"},
                               "limits": {"cpu": "500m", "memory": "256Mi"}}
     assert c["volumeMounts"] == [{"name": "state", "mountPath": "/var/lib/chaoskit"}]
@@ -261,7 +262,7 @@ def test_the_agent_reverts_every_pod_of_its_node_and_skips_one_whose_container_i
     assert reverted == ["b"]
 
     applied = []
-    monkeypatch.setattr(agent, "apply", lambda t, spec, rec, pod: (
+    monkeypatch.setattr(agent, "apply", lambda t, spec, rec, pod, lifetime_s=None: (
         applied.append(pod["pod"]) or {"n": pod["pod"]}) if pod["pod"] != "c" else (_ for _ in ()).throw(
         RuntimeError("no such container")))
     reverted.clear()

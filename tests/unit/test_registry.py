@@ -35,7 +35,9 @@ def test_node_level_faults_declare_their_target_field_and_helper_pod_grants():
     node = {c.type: (c.target_field, c.node_helper.capabilities, c.node_helper.gpu) for c in INJECTORS
             if K8S_HELPER in c.executors}
     assert node == {
-        "network.netem": ("target.kubernetes", ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), False),
+        "network.netem": ("target.kubernetes", ("NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"), False),
+        "network.proxy": ("intercept.target.kubernetes", ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), False),
+        "llm.proxy": ("intercept.target.kubernetes", ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), False),
         "network.bandwidth": ("target.kubernetes", ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), False),
         "network.drop": ("target.kubernetes", ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), False),
         "network.partition": ("target.kubernetes", ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), False),
