@@ -54,6 +54,18 @@ def _params(items: list[str]) -> dict[str, str]:
     return params
 
 
+def _split(text: str | None, engine: str, netns: bool) -> tuple[int, int] | None:
+    """--disaggregated P:D as (prefill, decode) counts."""
+    if text is None:
+        return None
+    p, sep, d = text.partition(":")
+    if not (sep and p.isdigit() and d.isdigit() and 1 <= int(p) <= 4 and 1 <= int(d) <= 4):
+        raise ChaoskitError(f"--disaggregated {text!r}: expected PREFILL:DECODE, each 1..4 (e.g. 1:1)")
+    if engine != "triton" or netns:
+        raise ChaoskitError("--disaggregated splits tiny_lm (the default engine), without --netns")
+    return int(p), int(d)
+
+
 @ref_app.command()
 def install(
     engine: str = typer.Argument(..., help="triton (the tritonserver of the nvidia-pytriton wheel, ~55 MB) or vllm "
@@ -101,6 +113,9 @@ def up(
     latency_threshold: str = typer.Option("500ms", help="for --health latency"),
     model_param: list[str] = typer.Option([], "--model-param", help="tiny_lm parameter KEY=VALUE, e.g. "
                                           "isolate_kv_cache=false, cache_eviction_policy=none, memory_budget=64MiB"),
+    disaggregated: str | None = typer.Option(None, "--disaggregated", metavar="P:D",
+                                             help="tiny_lm split into P prefill and D decode servers (KV handed "
+                                                  "over a TCP side channel), the gateway as the PD router; e.g. 1:1"),
     as_json: bool = typer.Option(False, "--json", help="print the facts as JSON"),
     dir: Path | None = DIR_OPT,
 ) -> None:
@@ -118,7 +133,8 @@ def up(
         except ValueError as e:
             raise ChaoskitError(f"--latency-threshold: {e}") from None
         opts = RefOptions(engine=engine, replicas=replicas, port=port, netns=netns, health=health,
-                          latency_threshold_ms=threshold_ms, model_params=_params(model_param))
+                          latency_threshold_ms=threshold_ms, model_params=_params(model_param),
+                          disaggregated=_split(disaggregated, engine, netns))
         from chaoskit.app.orphans import replay_orphans
 
         say_orphans(replay_orphans())

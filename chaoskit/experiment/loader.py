@@ -133,7 +133,8 @@ def _pending(data: dict, variables: dict[str, Any], deployed: dict[str, Any] | N
         return pending_shape(reference_shape(engine if isinstance(engine, str) else "triton"), counted=False)
     nb = own.neighbour
     neighbour = None if nb is None else {"engine": nb.engine, "replicas": nb.replicas, "netns": nb.netns}
-    return pending_shape(reference_shape(own.engine, own.replicas, own.netns, neighbour))
+    split = (own.disaggregated.prefill, own.disaggregated.decode) if own.disaggregated else None
+    return pending_shape(reference_shape(own.engine, own.replicas, own.netns, neighbour, split))
 
 
 def _file_facts(path: Path) -> dict[str, Any]:

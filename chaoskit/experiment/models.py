@@ -37,6 +37,13 @@ class RefSettings(StrictModel):
     model_params: dict[str, ParamValue] = Field(default_factory=dict, description="tiny_lm parameters")
 
 
+class Disaggregated(StrictModel):
+    """tiny_lm split into prefill and decode servers (chaoskit.reference.pd_server); the gateway is the PD router."""
+
+    prefill: int = Field(1, ge=1, le=4, description="prefill servers")
+    decode: int = Field(1, ge=1, le=4, description="decode servers")
+
+
 class Reference(StrictModel):
     """The reference deployment a scenario needs: `chaoskit run` brings it up (or reuses a running one with
     the same settings), runs, and takes it down again; ledgered, so a killed run leaves no replica behind."""
@@ -54,11 +61,17 @@ class Reference(StrictModel):
                                          "variable is true, e.g. when: {fix: {health: latency}} and --var fix=true")
     neighbour: Reference | None = Field(None, description="a second deployment on the same host (another tenant), "
                                         "e.g. {engine: vllm}; its facts are {target.neighbour.url} and so on")
+    disaggregated: Disaggregated | None = Field(
+        None, description="tiny_lm split into prefill and decode servers, its KV cache handed over a TCP side "
+                          "channel, e.g. {prefill: 2, decode: 1}; their settings (waiting_timeout_s, notify_abort, "
+                          "...) in model_params; facts {target.prefill_pid}, {target.decode_url} ...")
 
     @model_validator(mode="after")
     def _one_level(self) -> Reference:
         if self.neighbour is not None and (self.neighbour.neighbour is not None or self.neighbour.when):
             raise ValueError("neighbour: a neighbour has no neighbour or when of its own")
+        if self.disaggregated is not None and (self.engine != "triton" or self.netns):
+            raise ValueError("disaggregated: splits tiny_lm (engine: triton, the default), without netns")
         return self
 
     def effective(self, variables: dict[str, Any]) -> Reference:

@@ -27,7 +27,10 @@ from chaoskit.targets.process import ProcessRef, group_members, is_alive, proc_r
 READY_TIMEOUT_S = 180.0
 CHECK_TIMEOUT_S = 5.0  # `ref status`: how long one replica's generate request may take
 GENERATE_PROBE = {"text_input": "ready?", "max_tokens": 1}
-GATEWAY_PARAMS = {"gateway_retry": "retry", "gateway_retry_on_death": "retry_on_death"}  # model_params the gateway
+PD_ENGINE = "tiny_lm-pd"  # the engine of a disaggregated deployment (chaoskit.reference.pd_server)
+PD_PROBE = {"model": "tiny_lm", "prompt": "ready?", "max_tokens": 1}
+GATEWAY_PARAMS = {"gateway_retry": "retry", "gateway_retry_on_death": "retry_on_death",  # model_params the gateway
+                  "gateway_pd_abort": "pd_abort"}
 # takes (GatewayConfig's retry settings, "true"/"false"), not the model: a scenario's `when: {fix: ...}` sets them
 
 
@@ -44,12 +47,14 @@ class RefOptions:
     health: str = "status"
     latency_threshold_ms: float = 500.0
     model_params: dict[str, str] = field(default_factory=dict)
+    disaggregated: tuple[int, int] | None = None  # (prefill, decode) servers of tiny_lm split (pd_server)
 
     def settings(self) -> dict[str, Any]:
         """What makes two deployments' replicas the same, whatever their ports (an experiment reuses a running
         one, switching the gateway's health settings where they differ)."""
         return {"engine": self.engine, "replicas": self.replicas, "netns": self.netns,
-                "model_params": dict(sorted(self.model_params.items()))}
+                "model_params": dict(sorted(self.model_params.items())),
+                **({"disaggregated": list(self.disaggregated)} if self.disaggregated else {})}
 
     def model_settings(self) -> dict[str, str]:
         """The tiny_lm parameters: model_params less the gateway's (GATEWAY_PARAMS)."""
@@ -134,13 +139,15 @@ def replica_checks(engine: str) -> list[tuple[str, dict[str, Any]]]:
         from chaoskit.targets.facts import TRITON_MODELS
 
         return [(f"/v2/models/{m}/generate", GENERATE_PROBE) for m in TRITON_MODELS]
+    if engine == PD_ENGINE:
+        return [("/health", {})]
     return [("/v1/completions", vllm_completion_probe())]
 
 
 def check_replica(url: str, engine: str) -> tuple[bool, str]:
     """(ready, what the checks found): ready when every model answered its 1-token request with a 2xx."""
     for path, body in replica_checks(engine):
-        answer = http_answer(url + path, body, timeout=CHECK_TIMEOUT_S)
+        answer = http_answer(url + path, body or None, timeout=CHECK_TIMEOUT_S)
         if not answer.ok:
             return False, f"POST {path}: {answer.describe()}"
     return True, "1-token " + ("generate" if engine == "triton" else "completion") + " answered"
@@ -199,30 +206,40 @@ class Deployment:
             raise PreflightError("--netns needs root (it creates network namespaces)")
         if not 1 <= opts.replicas <= 8:
             raise ChaoskitError("--replicas must be between 1 and 8")
-        ports = [opts.port] + [opts.port + 1 + k for k in range(3 * opts.replicas)]
+        servers = sum(opts.disaggregated) if opts.disaggregated else opts.replicas
+        ports = [opts.port] + [opts.port + 1 + k for k in range(3 * servers)]
         busy = [p for p in ports if not port_free("127.0.0.1", p)]
         if busy:
             raise PreflightError(f"ports in use: {', '.join(map(str, busy))}; choose another --port "
                                  f"(uses {ports[0]}..{ports[-1]})")
         t_start = time.monotonic()
         try:
-            replicas = self._start_triton(opts, say) if opts.engine == "triton" else self._start_vllm(opts, say)
+            if opts.disaggregated:
+                replicas = self._start_pd(opts, say)
+            else:
+                replicas = self._start_triton(opts, say) if opts.engine == "triton" else self._start_vllm(opts, say)
             gw = self._start_gateway(opts, replicas, say)
         except BaseException:
             say("start failed; stopping what was started")
             self.down(say=lambda _: None)
             raise
         r0 = replicas[0]
+        engine = PD_ENGINE if opts.disaggregated else opts.engine
         facts = {
-            "engine": opts.engine, "url": gw["url"], "gateway_port": opts.port, "health_mode": opts.health,
+            "engine": engine, "url": gw["url"], "gateway_port": opts.port, "health_mode": opts.health,
             "replicas": replicas, "replica_url": r0["url"], "replica_host": r0["host"], "replica_port": r0["port"],
             "replica_metrics_url": r0["metrics_url"], "replica_pid": r0["pid"], "replica_pids": [r["pid"] for r in replicas],
             "model_repository": str(self.root / "model_repository"), "python": sys.executable,
-            "model": "tiny_lm" if opts.engine == "triton" else vllm_completion_probe()["model"], "startup_s": round(time.monotonic() - t_start, 2),
+            "model": vllm_completion_probe()["model"] if engine == "vllm" else "tiny_lm", "startup_s": round(time.monotonic() - t_start, 2),
             "settings": opts.settings(),
         }
         if opts.netns:
             facts["netns"] = r0["netns"]
+        if opts.disaggregated:
+            prefill, decode = ([r for r in replicas if r["role"] == role] for role in ("prefill", "decode"))
+            facts |= {"prefill_pid": prefill[0]["pid"], "prefill_pids": [r["pid"] for r in prefill],
+                      "prefill_url": prefill[0]["url"], "decode_url": decode[0]["url"], "decode_pid": decode[0]["pid"],
+                      "decode_kv": decode[0]["kv"]}
         self._save("facts.json", facts)
         return facts
 
@@ -304,8 +321,30 @@ class Deployment:
             say(f"{r['name']} ready at {r['url']} (pid {r['pid']}, EngineCore {r['engine_pid']})")
         return replicas
 
+    def _start_pd(self, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
+        """tiny_lm split (chaoskit.reference.pd_server): the decode servers first (each with its KV port), then
+        the prefill servers; `replicas` are decode-0.., prefill-0.. in that order."""
+        assert opts.disaggregated is not None
+        n_prefill, n_decode = opts.disaggregated
+        params = json.dumps(opts.model_settings())
+        servers = []
+        for i, (role, k) in enumerate([("decode", k) for k in range(n_decode)] + [("prefill", k) for k in range(n_prefill)]):
+            port = opts.port + 1 + 3 * i
+            argv = [sys.executable, "-m", "chaoskit.reference.pd_server", role, str(port)]
+            kv = f"127.0.0.1:{port + 1}" if role == "decode" else ""
+            p = self.spawn(f"{role}-{k}", [*argv, *([str(port + 1)] if kv else []), params])
+            url = f"http://127.0.0.1:{port}"
+            servers.append({"name": f"{role}-{k}", "role": role, "pid": p["pid"], "host": "127.0.0.1", "port": port,
+                            "url": url, "metrics_url": f"{url}/metrics", "kv": kv, "netns": None})
+        for r in servers:
+            self.wait_ready(r["name"], lambda r=r: http_status(f"{r['url']}/health") == 200, r["pid"])
+            say(f"{r['name']} ready at {r['url']} (pid {r['pid']}" + (f", KV port {r['kv']})" if r["kv"] else ")"))
+        return servers
+
     def _start_gateway(self, opts: RefOptions, replicas: list[dict[str, Any]],
                        say: Callable[[str], None]) -> dict[str, Any]:
+        if opts.disaggregated:
+            return self._start_pd_gateway(opts, replicas, say)
         triton_engine = opts.engine == "triton"
         cfg = {
             "listen_host": "127.0.0.1", "listen_port": opts.port, "health_mode": opts.health,
@@ -323,6 +362,23 @@ class Deployment:
                  else (f"{url}/v1/completions", vllm_completion_probe()))
         self.wait_ready("gateway", lambda: http_status(*probe, timeout=30) == 200, p["pid"])
         say(f"gateway ready at {url} ({opts.health} health checks over {len(replicas)} replicas)")
+        return {"url": url, "pid": p["pid"]}
+
+    def _start_pd_gateway(self, opts: RefOptions, servers: list[dict[str, Any]],
+                          say: Callable[[str], None]) -> dict[str, Any]:
+        """The gateway as the PD router over the decode servers (its replicas) and the prefill servers."""
+        one = lambda r: {"name": r["name"], "url": r["url"], "metrics_url": r["metrics_url"], "kv": r["kv"]}  # noqa: E731
+        cfg = {"listen_host": "127.0.0.1", "listen_port": opts.port, "health_mode": opts.health,
+               "replicas": [one(r) for r in servers if r["role"] == "decode"],
+               "prefill": [one(r) for r in servers if r["role"] == "prefill"], "health_path": "/health",
+               "latency_check": {"method": "POST", "path": "/v1/completions", "body": PD_PROBE},
+               "latency_threshold_ms": opts.latency_threshold_ms, **opts.gateway_settings()}
+        self._save("gateway.json", cfg)
+        p = self.spawn("gateway", [sys.executable, "-m", "chaoskit.reference.gateway", str(self.root / "gateway.json")])
+        url = f"http://127.0.0.1:{opts.port}"
+        self.wait_ready("gateway", lambda: http_status(f"{url}/v1/completions", PD_PROBE, timeout=30) == 200, p["pid"])
+        say(f"gateway ready at {url} (the PD router over {len(cfg['prefill'])} prefill and {len(cfg['replicas'])} "
+            "decode servers)")
         return {"url": url, "pid": p["pid"]}
 
     def wait_ready(self, name: str, ready: Callable[[], bool], pid: int) -> None:

@@ -6,6 +6,12 @@ healthy replica, each replica once: a poison request then takes every replica do
 keeps the retries but not for a request whose replica died while serving it (answered 502 at once): what
 killed one replica is not handed to the next.
 
+With `prefill` servers (a disaggregated deployment, chaoskit.reference.pd_server) it is the PD router: the
+`replicas` are the decode servers; each request gets a room and goes at once to a prefill server (`POST
+/prefill`, round robin) and to a decode server (header X-KV-Room), whose answer is the client's. `pd_abort` (a
+fix): a prefill that fails or cannot be reached is reported to the decode server, which frees the request's slot
+at once; with `retry`, a request whose KV failed (503 with X-KV-Failed) goes again through the next prefill.
+
 Run as `python -m chaoskit.reference.gateway CONFIG.json` (see GatewayConfig); prints `ready` once listening.
 """
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import random
 import signal
 import sys
 import time
@@ -33,6 +40,7 @@ class Replica:
     name: str
     url: str
     metrics_url: str = ""
+    kv: str = ""  # a decode server's KV port (host:port), in a disaggregated deployment
     healthy: bool = True
     passes: int = 0
     ejections: int = 0
@@ -56,6 +64,8 @@ class GatewayConfig:
     upstream_timeout_s: float = 60.0
     retry: bool = False  # a failed request (connect error, replica died, 5xx) again on the next healthy replica
     retry_on_death: bool = True  # with retry: also a request whose replica died while serving it
+    prefill: list[dict[str, str]] = field(default_factory=list)  # disaggregated: the prefill servers
+    pd_abort: bool = False  # disaggregated: tell the decode server when a request's prefill failed
 
 
 class ReplicaDied(Exception):
@@ -65,8 +75,11 @@ class ReplicaDied(Exception):
 class Gateway:
     def __init__(self, cfg: GatewayConfig):
         self.cfg = cfg
-        self.replicas = [Replica(r["name"], r["url"].rstrip("/"), r.get("metrics_url", "")) for r in cfg.replicas]
+        self.replicas = [Replica(r["name"], r["url"].rstrip("/"), r.get("metrics_url", ""), r.get("kv", ""))
+                         for r in cfg.replicas]
+        self.prefills = [Replica(r["name"], r["url"].rstrip("/"), r.get("metrics_url", "")) for r in cfg.prefill]
         self._rr = itertools.cycle(range(len(self.replicas)))
+        self._rr_prefill = itertools.cycle(range(len(self.prefills)))
         reg = self.registry = CollectorRegistry()
         self.m_requests = Counter("gateway_requests", "requests forwarded", ["replica"], registry=reg)
         self.m_errors = Counter("gateway_errors", "upstream errors (connect, timeout, 5xx)", ["replica"], registry=reg)
@@ -80,9 +93,12 @@ class Gateway:
         self.m_retries = Counter("gateway_retries", "requests sent again to the next replica", registry=reg)
         self.m_deaths = Counter("gateway_replica_died_mid_request", "requests whose replica's connection broke "
                                 "after they were sent (its engine died serving them)", ["replica"], registry=reg)
-        for r in self.replicas:
+        self.m_pd_failed = Counter("gateway_prefill_failed", "prefill requests that failed or could not be sent",
+                                   ["replica"], registry=reg)
+        for r in [*self.replicas, *self.prefills]:
             self.m_healthy.labels(r.name).set(1)
         self.session: aiohttp.ClientSession | None = None
+        self._pending: set[asyncio.Task] = set()  # prefill halves in flight (kept referenced)
 
     # ---------------------------------------------------------------- routing
 
@@ -95,6 +111,8 @@ class Gateway:
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
+        if self.prefills and request.method == "POST":
+            return await self._disaggregated(request, body)
         tried: set[str] = set()
         while True:
             replica = self.pick(frozenset(tried))
@@ -118,12 +136,60 @@ class Gateway:
                 upstream.release()
             self.m_retries.inc()
 
-    async def _send(self, replica: Replica, request: web.Request,
-                    body: bytes) -> tuple[aiohttp.ClientResponse, float]:
+    async def _disaggregated(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        """A request through a prefill server and a decode server (see the module's docstring)."""
+        tried: set[str] = set()
+        while True:
+            decode = self.pick()
+            prefill = next((p for p in (self.prefills[next(self._rr_prefill)] for _ in self.prefills)
+                            if p.healthy and p.name not in tried), None)
+            if decode is None or prefill is None:
+                self.m_no_replica.inc()
+                return web.json_response({"error": f"no healthy {'decode' if decode is None else 'prefill'} "
+                                                   "server"}, status=503)
+            tried.add(prefill.name)
+            room = random.getrandbits(63)
+            pending = asyncio.create_task(self._prefill(prefill, decode, room, body))
+            self._pending.add(pending)
+            pending.add_done_callback(self._pending.discard)
+            try:
+                upstream, latency = await self._send(decode, request, body, {"X-KV-Room": str(room)})
+            except (ReplicaDied, TimeoutError, aiohttp.ClientError) as e:
+                return self._failed(decode, e)
+            more = self.cfg.retry and any(p.healthy and p.name not in tried for p in self.prefills)
+            if upstream.status == 503 and upstream.headers.get("X-KV-Failed") and more:
+                upstream.release()
+                self.m_retries.inc()
+                continue
+            return await self._relay(decode, request, upstream, latency)
+
+    async def _prefill(self, prefill: Replica, decode: Replica, room: int, body: bytes) -> None:
+        """The prefill half of a request; a failure is counted, and with pd_abort reported to the decode."""
+        assert self.session is not None
+        try:
+            req = json.loads(body)
+            async with self.session.post(prefill.url + "/prefill", json={**req, "room": room,
+                                                                         "decode_kv": decode.kv}) as resp:
+                await resp.read()
+                why = None if resp.status == 200 else f"prefill {prefill.name} answered HTTP {resp.status}"
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+            why = f"prefill {prefill.name}: {type(e).__name__}: {e}"
+        if why is None:
+            return
+        self.m_pd_failed.labels(prefill.name).inc()
+        if self.cfg.pd_abort:
+            try:
+                async with self.session.post(decode.url + "/kv/abort", json={"room": room, "why": why}) as resp:
+                    await resp.read()
+            except (TimeoutError, aiohttp.ClientError):
+                pass
+
+    async def _send(self, replica: Replica, request: web.Request, body: bytes,
+                    extra: dict[str, str] | None = None) -> tuple[aiohttp.ClientResponse, float]:
         """The request to one replica, up to its response head, and how long that took (ReplicaDied: the
         connection broke after it was sent)."""
         assert self.session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP} | (extra or {})
         self.m_requests.labels(replica.name).inc()
         t0 = time.perf_counter()
         try:
@@ -192,8 +258,9 @@ class Gateway:
 
     async def health_loop(self) -> None:
         while True:
-            results = await asyncio.gather(*(self.check(r) for r in self.replicas))
-            for r, (ok, info) in zip(self.replicas, results, strict=True):
+            every = [*self.replicas, *self.prefills]
+            results = await asyncio.gather(*(self.check(r) for r in every))
+            for r, (ok, info) in zip(every, results, strict=True):
                 r.last_check = {**info, "at": time.time()}
                 if not ok:
                     self.eject(r, info.get("reason") or info.get("error") or f"HTTP {info.get('status')}")
@@ -237,7 +304,8 @@ class Gateway:
 
     async def status(self, _: web.Request) -> web.Response:
         return web.json_response({**self.health_settings(), "replicas": [
-            {"name": r.name, "url": r.url, "healthy": r.healthy, "last_check": r.last_check} for r in self.replicas]})
+            {"name": r.name, "url": r.url, "healthy": r.healthy, "last_check": r.last_check}
+            for r in [*self.replicas, *self.prefills]]})
 
     def health_settings(self) -> dict[str, Any]:
         return {"health_mode": self.cfg.health_mode, "latency_threshold_ms": self.cfg.latency_threshold_ms}
@@ -255,7 +323,7 @@ class Gateway:
             return web.json_response({"error": "health_mode: status|latency; latency_threshold_ms > 0"}, status=400)
         previous = self.health_settings()
         self.cfg.health_mode, self.cfg.latency_threshold_ms = mode, threshold
-        for r in self.replicas:
+        for r in [*self.replicas, *self.prefills]:
             r.healthy, r.passes, r.ejections, r.ejected_until = True, 0, 0, 0.0
             self.m_healthy.labels(r.name).set(1)
         return web.json_response({"previous": previous, "now": self.health_settings()})

@@ -23,13 +23,17 @@ FIRST_PORT, PORT_STRIDE = 18000, 40
 
 def options(ref: Reference, port: int = 0) -> RefOptions:
     params = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in ref.model_params.items()}
+    split = (ref.disaggregated.prefill, ref.disaggregated.decode) if ref.disaggregated else None
     return RefOptions(engine=ref.engine, replicas=ref.replicas, port=ref.port or port, netns=ref.netns,
-                      health=ref.health, latency_threshold_ms=ref.latency_threshold * 1e3, model_params=params)
+                      health=ref.health, latency_threshold_ms=ref.latency_threshold * 1e3, model_params=params,
+                      disaggregated=split)
 
 
 def describe(ref: Reference) -> str:
     params = ", ".join(f"{k}={v}" for k, v in options(ref).model_params.items())
-    return (f"{ref.engine} x{ref.replicas}, health {ref.health}"
+    engine = (f"tiny_lm split: {ref.disaggregated.prefill} prefill + {ref.disaggregated.decode} decode"
+              if ref.disaggregated else f"{ref.engine} x{ref.replicas}")
+    return (f"{engine}, health {ref.health}"
             + (f" ({ref.latency_threshold * 1e3:g} ms)" if ref.health == "latency" else "")
             + (", netns" if ref.netns else "") + (f", {params}" if params else ""))
 
@@ -80,12 +84,13 @@ def _reused(d: Path, facts: dict[str, Any], opts: RefOptions, ledger: Ledger,
     yield {**facts, "health_mode": want["health_mode"]}
 
 
-def _free_port(replicas: int) -> int:
+def free_port_block(servers: int) -> int:
+    """The first block of ports from FIRST_PORT free for a gateway and `servers` replicas (3 ports each)."""
     for k in range(100):
         base = FIRST_PORT + PORT_STRIDE * k
-        if all(port_free("127.0.0.1", p) for p in range(base, base + 1 + 3 * replicas)):
+        if all(port_free("127.0.0.1", p) for p in range(base, base + 1 + 3 * servers)):
             return base
-    raise PreflightError(f"no free block of {1 + 3 * replicas} ports from {FIRST_PORT}; set target.reference.port")
+    raise PreflightError(f"no free block of {1 + 3 * servers} ports from {FIRST_PORT}; set target.reference.port")
 
 
 @contextmanager
@@ -159,7 +164,8 @@ def _brought_up(dep: Deployment, ref: Reference, ledger: Ledger,
     entry = ledger.intent("reference.deployment", record, [f"start {describe(ref)} in {dep.root}"])
     say(f"starting the reference deployment: {describe(ref)} (state {dep.root})")
     try:
-        facts = dep.up(options(ref, port=ref.port or _free_port(ref.replicas)), say=say)
+        servers = ref.disaggregated.prefill + ref.disaggregated.decode if ref.disaggregated else ref.replicas
+        facts = dep.up(options(ref, port=ref.port or free_port_block(servers)), say=say)
     except PreflightError:
         raise
     except ChaoskitError as e:

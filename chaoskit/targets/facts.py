@@ -19,6 +19,8 @@ REFERENCE_FACTS = ("engine", "url", "gateway_port", "health_mode", "replicas", "
                    "python", "model", "startup_s", "settings")
 REPLICA_FACTS = ("name", "pid", "host", "port", "url", "metrics_url", "netns")
 VLLM_REPLICA_FACTS = ("engine_pid",)
+PD_FACTS = ("prefill_pid", "prefill_pids", "prefill_url", "decode_url", "decode_pid", "decode_kv")  # disaggregated
+PD_REPLICA_FACTS = ("role", "kv")
 TRITON_REPLICA_FACTS = ("model_pids",)
 # The bundled model repository's models: a Triton replica's model_pids are their python backend stubs, in this order.
 TRITON_MODELS = ("tiny_lm", "tiny_lm_stream")
@@ -99,13 +101,21 @@ def _first(key: str) -> str:
 
 
 def reference_shape(engine: str, replicas: int = 1, netns: bool = False,
-                    neighbour: dict[str, Any] | None = None) -> dict[str, Any]:
+                    neighbour: dict[str, Any] | None = None,
+                    disaggregated: tuple[int, int] | None = None) -> dict[str, Any]:
     """The facts `chaoskit ref up` (deploy.py) publishes for this engine and replica count, values unknown:
-    the same keys, so a placeholder can be checked before the deployment exists."""
+    the same keys, so a placeholder can be checked before the deployment exists. A disaggregated deployment's
+    replicas are its decode servers, then its prefill servers."""
     shape: dict[str, Any] = dict.fromkeys(REFERENCE_FACTS + (("netns",) if netns else ()))
     shape["replicas"] = [_replica_shape(engine) for _ in range(replicas)]
     shape["replica_pids"] = [None] * replicas
     shape["settings"] = dict.fromkeys(("engine", "replicas", "netns", "model_params"))
+    if disaggregated is not None:
+        servers = sum(disaggregated)
+        shape |= dict.fromkeys(PD_FACTS)
+        shape["replicas"] = [dict.fromkeys(REPLICA_FACTS + PD_REPLICA_FACTS) for _ in range(servers)]
+        shape["replica_pids"], shape["prefill_pids"] = [None] * servers, [None] * disaggregated[0]
+        shape["settings"]["disaggregated"] = None
     if neighbour is not None:
         shape["neighbour"] = reference_shape(**neighbour)
     return shape
