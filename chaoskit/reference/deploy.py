@@ -27,6 +27,7 @@ from chaoskit.targets.process import ProcessRef, group_members, is_alive, proc_r
 READY_TIMEOUT_S = 180.0
 CHECK_TIMEOUT_S = 5.0  # `ref status`: how long one replica's generate request may take
 GENERATE_PROBE = {"text_input": "ready?", "max_tokens": 1}
+UNREADY_GRACE_S = 3.0  # `down` of a deployment whose `up` never finished
 PD_ENGINE = "tiny_lm-pd"  # the engine of a disaggregated deployment (chaoskit.reference.pd_server)
 PD_PROBE = {"model": "tiny_lm", "prompt": "ready?", "max_tokens": 1}
 GATEWAY_PARAMS = {"gateway_retry": "retry", "gateway_retry_on_death": "retry_on_death",  # model_params the gateway
@@ -398,7 +399,11 @@ class Deployment:
         return f"chaoskit_{hashlib.sha256(str(self.root).encode()).hexdigest()[:12]}_{name}_"
 
     def down(self, say: Callable[[str], None] = print, grace_s: float = 15.0) -> list[str]:
-        """Stop exactly the recorded processes (their whole process groups) and delete recorded namespaces."""
+        """Stop exactly the recorded processes (their whole process groups) and delete recorded namespaces. A
+        deployment that never came up (no facts: its `up` was killed) gets at most UNREADY_GRACE_S: a tritonserver
+        stopped halfway through its start can ignore SIGTERM, and it serves nothing worth draining."""
+        if self.facts() is None:
+            grace_s = min(grace_s, UNREADY_GRACE_S)
         stopped = []
         procs = [(p, ProcessRef.from_json(p)) for p in self.processes()]
         live = [(p, r) for p, r in procs if is_alive(r) or _group_alive(r.pid)]  # orphaned stubs count too
