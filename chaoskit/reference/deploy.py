@@ -404,24 +404,15 @@ class Deployment:
         stopped halfway through its start can ignore SIGTERM, and it serves nothing worth draining."""
         if self.facts() is None:
             grace_s = min(grace_s, UNREADY_GRACE_S)
-        stopped = []
         procs = [(p, ProcessRef.from_json(p)) for p in self.processes()]
         live = [(p, r) for p, r in procs if is_alive(r) or _group_alive(r.pid)]  # orphaned stubs count too
-        for _, r in live:
-            try:  # a group whose leader died (a replica killed by a poison request) has only orphaned model
-                # stubs left, which ignore SIGTERM and have no server to unload them: SIGKILL at once
-                os.killpg(r.pid, signal.SIGTERM if is_alive(r) else signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_group_alive(r.pid) for _, r in live):
-            time.sleep(0.1)
+        # the gateway first: a tritonserver waits a second at SIGTERM while it still has HTTP connections open
+        # (the gateway's keep-alive ones)
+        waves = [[x for x in live if x[0]["name"] == "gateway"], [x for x in live if x[0]["name"] != "gateway"]]
+        for wave in waves:
+            _stop_groups([r for _, r in wave], grace_s)
+        stopped = []
         for p, r in live:
-            if _group_alive(r.pid):
-                try:
-                    os.killpg(r.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             stopped.append(p["name"])
             say(f"stopped {p['name']} (pid {r.pid})")
         for _ in range(50):
@@ -478,6 +469,26 @@ class Deployment:
             known = ", ".join(sorted(p.stem for p in self.logs.glob("*.log"))) or "none"
             raise ChaoskitError(f"no log for {name!r} in {self.logs} (known: {known})")
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _stop_groups(refs: list[ProcessRef], grace_s: float) -> None:
+    """SIGTERM each process group, SIGKILL what is left after `grace_s`. A group whose leader died (a replica
+    killed by a poison request) has only orphaned model stubs left, which ignore SIGTERM and have no server to
+    unload them: SIGKILL at once."""
+    for r in refs:
+        try:
+            os.killpg(r.pid, signal.SIGTERM if is_alive(r) else signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_group_alive(r.pid) for r in refs):
+        time.sleep(0.05)
+    for r in refs:
+        if _group_alive(r.pid):
+            try:
+                os.killpg(r.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _group_alive(pgid: int) -> bool:
