@@ -215,8 +215,9 @@ class Stop:
 
 
 def say(obj: dict[str, Any]) -> None:
-    """One JSON line on stdout (the pod's log)."""
-    print(json.dumps(obj), flush=True)
+    """One JSON line on stdout (the pod's log), in one write: the lever thread and the main thread both say."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
 
 
 def hold(request: dict[str, Any], record: dict[str, Any], seconds: float, stop: Stop) -> int:

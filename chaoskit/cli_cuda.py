@@ -24,15 +24,17 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _control_path(given: Path | None, command: list[str]) -> Path:
-    """The control file asked for, or a new one in the state directory (where those of wrapped commands that
-    have ended are swept away first)."""
+    """The control file asked for, or a new one in the state directory: for a command started here one the
+    next wrap sweeps away once the command has ended (those of commands that have are swept first); for
+    --print-env one that stays (a service started elsewhere uses it: remove it when the service is retired)."""
     if given is not None:
         return given
     directory = paths.state_dir() / "cuda-fault"
     if directory.is_dir():
         ctl.sweep(directory)
-    name = Path(command[0]).name if command else "service"
-    return directory / f"{name}-{secrets.token_hex(4)}.ctl"
+    if not command:
+        return directory / f"service-{secrets.token_hex(4)}.ctl"
+    return directory / f"{ctl.WRAP_PREFIX}{Path(command[0]).name}-{secrets.token_hex(4)}.ctl"
 
 
 def _deployment_ref(text: str) -> tuple[str, str]:
@@ -129,6 +131,7 @@ def cuda_wrap(
         for key in ("LD_PRELOAD", ctl.ENV):
             print(f"{key}={shlex.quote(env[key])}")
         return
+    ctl.hold(path)  # inherited by the command: the file is swept only once it and its children are gone
     try:
         os.execvpe(command[0], command, {**os.environ, **env})
     except OSError as e:

@@ -136,10 +136,11 @@ class Faults:
         except Exception as e:
             self.journal.emit(ErrorNoted(where=f"apply {step.label()}", error=f"{type(e).__name__}: {e}"))
             raise FaultFailed(f"{step.label()}: apply failed: {type(e).__name__}: {e}") from None
-        await asyncio.to_thread(self.ledger.applied, entry_id, final, expires_at=time.time() + step.lifetime())
+        self._records[entry_id] = final  # known before the next await: a cancel from here on reverts it as applied
         fault.applied_at = time.time()
         fault.apply_ms = round((time.perf_counter() - t0) * 1000, 3)
-        self._records[entry_id] = final
+        await asyncio.shield(asyncio.to_thread(self.ledger.applied, entry_id, final,
+                                               expires_at=time.time() + step.lifetime()))
         self.journal.emit(fault.applied_event(executor_name, placement))  # the chosen pods, nodes ... too
         self._watch_targets(entry_id, step, inj, executor_name, final)
         await self.observe(entry_id, "applied")

@@ -45,8 +45,9 @@ class Journal:
         if self._fh is not None:
             line = json.dumps(event.to_json(), default=str, separators=(",", ":"))
             with self._lock:  # the run's loop and its revert threads both write
-                self._fh.write(line + "\n")
-                self._fh.flush()
+                if self._fh is not None:  # not closed meanwhile
+                    self._fh.write(line + "\n")
+                    self._fh.flush()
         for sink in self.sinks:
             try:
                 sink(event)
@@ -55,8 +56,8 @@ class Journal:
         return event
 
     def close(self) -> None:
-        if self._fh is not None:
-            with self._lock:
+        with self._lock:
+            if self._fh is not None:
                 self._fh.flush()
                 os.fsync(self._fh.fileno())
                 self._fh.close()

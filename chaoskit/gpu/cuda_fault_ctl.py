@@ -9,6 +9,7 @@ every process, so a fault whose run and watchdog both died still ends by itself,
 
 from __future__ import annotations
 
+import fcntl
 import math
 import mmap
 import os
@@ -91,22 +92,39 @@ def named_by(pid: int) -> str | None:
     return next((e[len(prefix):].decode() for e in env if e.startswith(prefix)), None)
 
 
+WRAP_PREFIX = "wrap-"  # control files `chaoskit cuda-wrap` made for a command it started (and holds a lock on)
+
+
+def hold(path: Path) -> int:
+    """A shared lock on the control file, on a descriptor the wrapped command inherits: held while any process
+    of it lives (sweep() removes a wrap's file once no one holds it). The descriptor."""
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    os.set_inheritable(fd, True)
+    return fd
+
+
 def sweep(directory: Path, older_than_s: float = 60.0) -> list[Path]:
-    """Remove the control files in `directory` that no running process was started with (`chaoskit cuda-wrap`
-    execs its command, so nothing is left to remove them when it ends); those younger than `older_than_s` stay
-    (a wrap between creating its file and starting its command). The files removed."""
-    files = [f for f in directory.glob("*.ctl") if _age(f) > older_than_s]
-    if not files:
-        return []
-    used = {named_by(int(p)) for p in os.listdir("/proc") if p.isdigit()}
+    """Remove the control files of wrapped commands that have ended: `chaoskit cuda-wrap` execs its command, so
+    nothing is left to remove them then. A file is its wrap's (named WRAP_PREFIX...), over `older_than_s` old (a
+    wrap between creating its file and starting its command keeps it), and no process holds its lock any more.
+    The files removed."""
     removed = []
-    for f in files:
-        if str(f) not in used:
-            try:
-                f.unlink()
-                removed.append(f)
-            except FileNotFoundError:
-                pass
+    for f in directory.glob(f"{WRAP_PREFIX}*.ctl"):
+        if _age(f) <= older_than_s:
+            continue
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            f.unlink()
+            removed.append(f)
+        except OSError:  # held: its command still runs (or it went meanwhile)
+            pass
+        finally:
+            os.close(fd)
     return removed
 
 

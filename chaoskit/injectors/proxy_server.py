@@ -17,7 +17,7 @@ With a `tls` configuration (chaoskit.injectors.proxy_tls, imported only then) it
 starts TLS to its upstream: the toxics then act on the decrypted bytes, and each side gets its own TLS records.
 
 A connection that drew no toxic (and has no TLS to end or start) is not read by Python at all: the kernel relays
-its bytes (chaoskit.injectors.proxy_splice), at close to the speed of a direct connection.
+its bytes (chaoskit.injectors.proxy_splice); where no pipe or thread can be had, it is relayed here instead.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from chaoskit.injectors.proxy_splice import Relay
+from chaoskit.injectors.proxy_splice import Relay, RelayStarted
 
 if TYPE_CHECKING:
     from chaoskit.injectors.proxy_trace import ConnTrace, NetTracer
@@ -255,19 +255,23 @@ async def serve(sock: socket.socket, upstream: str, config: list[dict[str, Any]]
                 return
             host, port = dst
         drawn = [t for t in toxics if random.random() < t.get("toxicity", 1.0)]
+        upstream = None
         if not drawn and listen_ssl is None and up_ssl is None:  # untouched: the kernel relays it
             upstream = await _connect(host, port)
             if upstream is None:
                 client.close()
-            else:
-                Relay(client, upstream)
-            return
-        try:
+                return
+            if _relayed(client, upstream):
+                return
+        try:  # toxics drawn, TLS, or no pipe or thread to be had for the kernel relay: relayed here
             reader, writer = await _streams(client, listen_ssl)
-            up = await asyncio.open_connection(host, port, ssl=up_ssl,
-                                               server_hostname=server_name if up_ssl is not None else None)
+            up = (await asyncio.open_connection(sock=upstream) if upstream is not None else
+                  await asyncio.open_connection(host, port, ssl=up_ssl,
+                                                server_hostname=server_name if up_ssl is not None else None))
         except (OSError, asyncio.IncompleteReadError):
-            client.close()
+            for s in (client, upstream):
+                if s is not None:
+                    s.close()
             return
         _nodelay(up[1])
         await Connection((reader, writer), up, drawn, tracer).run()
@@ -275,6 +279,17 @@ async def serve(sock: socket.socket, upstream: str, config: list[dict[str, Any]]
             w.close()
 
     await serve_until(Listener(sock, handle), until, tracer.close if tracer is not None else None)
+
+
+def _relayed(client: socket.socket, upstream: socket.socket) -> bool:
+    """Hand the connection to the kernel relay; False (the sockets still ours) when it could not start."""
+    try:
+        Relay(client, upstream).start()
+    except RelayStarted:  # it ended the connection itself
+        return True
+    except (OSError, RuntimeError):  # out of file descriptors or threads now
+        return False
+    return True
 
 
 async def _streams(sock: socket.socket, ssl: Any = None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -297,7 +312,10 @@ async def _connect(host: str, port: int) -> socket.socket | None:
         except OSError:
             return None
     for family, kind, proto, _, addr in infos:
-        s = socket.socket(family, kind, proto)
+        try:
+            s = socket.socket(family, kind, proto)
+        except OSError:  # out of file descriptors
+            return None
         s.setblocking(False)
         try:
             await loop.sock_connect(s, addr)

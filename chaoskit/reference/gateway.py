@@ -168,6 +168,8 @@ class Gateway:
         assert self.session is not None
         try:
             req = json.loads(body)
+            if not isinstance(req, dict):
+                raise ValueError("the request body is not a JSON object")
             async with self.session.post(prefill.url + "/prefill", json={**req, "room": room,
                                                                          "decode_kv": decode.kv}) as resp:
                 await resp.read()
@@ -238,7 +240,7 @@ class Gateway:
         assert self.session is not None
         timeout = aiohttp.ClientTimeout(total=self.cfg.check_timeout_s)
         lc = self.cfg.latency_check
-        latency_mode = self.cfg.health_mode == "latency" and lc
+        latency_mode = self.cfg.health_mode == "latency" and lc and r not in self.prefills  # no completions there
         method, path = (lc.get("method", "POST"), lc["path"]) if latency_mode else ("GET", self.cfg.health_path)
         t0 = time.perf_counter()
         try:
@@ -251,7 +253,7 @@ class Gateway:
         ms = (time.perf_counter() - t0) * 1e3
         info = {"status": status, "latency_ms": round(ms, 3)}
         ok = status == 200
-        if self.cfg.health_mode == "latency" and ms > self.cfg.latency_threshold_ms:
+        if latency_mode and ms > self.cfg.latency_threshold_ms:
             ok = False
             info["reason"] = f"latency {ms:.0f} ms > {self.cfg.latency_threshold_ms:g} ms"
         return ok, info

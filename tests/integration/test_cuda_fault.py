@@ -9,6 +9,7 @@ against the real driver, PyTorch included, on a machine with a GPU.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import struct
@@ -19,13 +20,14 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from chaoskit.errors import PreflightError
 from chaoskit.gpu import cuda_fault_ctl as ctl
 from chaoskit.injectors.base import FaultContext
 from chaoskit.injectors.cuda_fault import CudaFault, CudaFaultSpec
-from tests.conftest import ROOT, chaoskit, ledger_ops, ledgers
+from tests.conftest import ROOT, chaoskit, ledger_ops, ledgers, wait_for
 from tests.helpers.cuda_workload import Driver
 
 ARMED = "from chaoskit.gpu.cuda_fault_ctl import Control; print(int(Control(__import__('pathlib').Path('{}')).armed))"
@@ -102,11 +104,12 @@ def test_an_arming_nobody_reverts_expires_by_itself_at_the_faults_lifetime(tmp_p
     w = start_workload(control, "procaddress", state_dir)
     try:
         f = CudaFault(CudaFaultSpec.model_validate({"type": "gpu.cuda_fault", "pid": w.proc.pid, "alloc": {"share": 1}}),
-                      FaultContext(lifetime_s=1.0))
-        f.apply(f.prepare())
+                      FaultContext(lifetime_s=2.0))
+        record, t0 = f.prepare(), time.time()
+        f.apply(record)
         with ctl.Control(control) as c:
             expires = c.expires_at
-        assert time.time() + 1 <= expires < time.time() + 2.1  # the lifetime, rounded up to the second
+        assert t0 + 2 <= expires <= math.ceil(time.time() + 2)  # the lifetime, rounded up to the second
         during = w.calls(50)
         time.sleep(max(0.0, expires - time.time()) + 0.05)
         after = w.calls(50)
@@ -120,23 +123,36 @@ def test_an_arming_nobody_reverts_expires_by_itself_at_the_faults_lifetime(tmp_p
 
 
 def test_cuda_wrap_sweeps_the_control_files_of_ended_commands(state_dir):
-    """A wrapped command execs, so its control file stays when it ends; the next wrap removes those that no
-    running process was started with and that are over a minute old (a wrap starting its command keeps its own)."""
+    """A wrapped command execs, so its control file stays when it ends; the next wrap removes the files of wraps
+    whose commands (and their children: they inherit its lock) are gone and that are over a minute old; a
+    --print-env file (a service started elsewhere) is never swept."""
     directory = state_dir / "cuda-fault"
     directory.mkdir(parents=True)
-    ended, running, young = (directory / f"{n}.ctl" for n in ("ended", "running", "young"))
-    for f in (ended, running, young):
+    ended, young, service = (directory / n for n in ("wrap-sleep-0001.ctl", "wrap-sleep-0003.ctl",
+                                                     "service-0004.ctl"))
+    for f in (ended, young, service):
         ctl.create(f)
-    for f in (ended, running):
-        os.utime(f, (time.time() - 120, time.time() - 120))
-    user = subprocess.Popen(["sleep", "60"], env={**os.environ, ctl.ENV: str(running)})
+    running = start_wrapped(state_dir)  # a real wrap: its file is held by the sleep it execs
     try:
+        files = sorted(directory.glob("wrap-sleep-*.ctl"))
+        (held,) = [f for f in files if f not in (ended, young)]
+        for f in (ended, held, service):
+            os.utime(f, (time.time() - 120, time.time() - 120))
         out, err = chaoskit("cuda-wrap", "--print-env", state=state_dir).communicate(timeout=60)
     finally:
-        user.kill()
-        user.wait()
+        running.kill()
+        running.wait()
     new = Path(next(line for line in out.splitlines() if line.startswith(ctl.ENV)).split("=", 1)[1])
-    assert sorted(directory.iterdir()) == sorted([running, young, new]), (out, err)
+    assert sorted(directory.iterdir()) == sorted([held, young, service, new]), (out, err)
+    assert new.name.startswith("service-")
+
+
+def start_wrapped(state: Path) -> subprocess.Popen:
+    """`chaoskit cuda-wrap -- sleep 60`, once its command runs (the control file it made is locked)."""
+    p = subprocess.Popen([sys.executable, "-m", "chaoskit", "cuda-wrap", "--", "sleep", "60"], cwd=ROOT,
+                         env={**os.environ, "CHAOSKIT_STATE_DIR": str(state)})
+    wait_for(lambda: psutil.Process(p.pid).name() == "sleep", timeout=30)
+    return p
 
 
 def test_a_process_started_without_the_interposer_is_refused(fake_cuda):

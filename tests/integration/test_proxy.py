@@ -135,8 +135,14 @@ def test_an_untouched_connection_is_relayed_by_the_kernel_half_close_included():
             c.shutdown(socket.SHUT_WR)
             assert c.recv(16) == b"got 0" and c.recv(16) == b""
         helper = psutil.Process(rec["proxy"]["pid"])
-        time.sleep(0.2)  # that connection's relay threads end right after its EOF
-        idle = helper.num_threads()
+        counts = [helper.num_threads()]
+
+        def settled() -> bool:  # that connection's relay threads end right after its EOF
+            counts.append(helper.num_threads())
+            return len(counts) >= 5 and len(set(counts[-5:])) == 1
+
+        wait_for(settled, timeout=5, every=0.05)
+        idle = counts[-1]
         with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
             c.sendall(b"x" * 300_000)
             wait_for(lambda: helper.num_threads() == idle + 2, timeout=5)
