@@ -54,15 +54,15 @@ def _params(items: list[str]) -> dict[str, str]:
     return params
 
 
-def _split(text: str | None, engine: str, netns: bool) -> tuple[int, int] | None:
+def _split(text: str | None, engine: str) -> tuple[int, int] | None:
     """--disaggregated P:D as (prefill, decode) counts."""
     if text is None:
         return None
     p, sep, d = text.partition(":")
     if not (sep and p.isdigit() and d.isdigit() and 1 <= int(p) <= 4 and 1 <= int(d) <= 4):
         raise ChaoskitError(f"--disaggregated {text!r}: expected PREFILL:DECODE, each 1..4 (e.g. 1:1)")
-    if engine != "triton" or netns:
-        raise ChaoskitError("--disaggregated splits tiny_lm (the default engine), without --netns")
+    if engine != "triton":
+        raise ChaoskitError("--disaggregated splits tiny_lm (the default engine)")
     return int(p), int(d)
 
 
@@ -134,7 +134,7 @@ def up(
             raise ChaoskitError(f"--latency-threshold: {e}") from None
         opts = RefOptions(engine=engine, replicas=replicas, port=port, netns=netns, health=health,
                           latency_threshold_ms=threshold_ms, model_params=_params(model_param),
-                          disaggregated=_split(disaggregated, engine, netns))
+                          disaggregated=_split(disaggregated, engine))
         from chaoskit.app.orphans import replay_orphans
 
         say_orphans(replay_orphans())

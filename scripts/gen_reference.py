@@ -58,6 +58,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "gpu.xid": {"device": 0, "xid": 79},
     "host.cpu_stress": {"workers": 2, "load": 0.8},
     "host.memory_pressure": {"size": "512MiB"},
+    "kv.notify": {"intercept": {"port": 18602, "target": {"netns": "ckref3bfc-0"}}, "drop": "50%"},
     "llm.proxy": {"listen": "127.0.0.1:18100", "upstream": "http://127.0.0.1:8000",
                   "faults": [{"type": "abort", "status": 503, "share": "5%"}]},
     "load.flood": {"load": {"url": "http://127.0.0.1:8000", "api": "openai", "model": "my-model", "rate": 50}},

@@ -64,14 +64,15 @@ class Reference(StrictModel):
     disaggregated: Disaggregated | None = Field(
         None, description="tiny_lm split into prefill and decode servers, its KV cache handed over a TCP side "
                           "channel, e.g. {prefill: 2, decode: 1}; their settings (waiting_timeout_s, notify_abort, "
-                          "...) in model_params; facts {target.prefill_pid}, {target.decode_url} ...")
+                          "...) in model_params; facts {target.prefill_pid}, {target.decode_url} ...; with netns "
+                          "each decode server in a namespace of its own ({target.decode_netns})")
 
     @model_validator(mode="after")
     def _one_level(self) -> Reference:
         if self.neighbour is not None and (self.neighbour.neighbour is not None or self.neighbour.when):
             raise ValueError("neighbour: a neighbour has no neighbour or when of its own")
-        if self.disaggregated is not None and (self.engine != "triton" or self.netns):
-            raise ValueError("disaggregated: splits tiny_lm (engine: triton, the default), without netns")
+        if self.disaggregated is not None and self.engine != "triton":
+            raise ValueError("disaggregated: splits tiny_lm (engine: triton, the default)")
         return self
 
     def effective(self, variables: dict[str, Any]) -> Reference:

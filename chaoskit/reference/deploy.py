@@ -150,7 +150,9 @@ def check_replica(url: str, engine: str) -> tuple[bool, str]:
     for path, body in replica_checks(engine):
         answer = http_answer(url + path, body or None, timeout=CHECK_TIMEOUT_S)
         if not answer.ok:
-            return False, f"POST {path}: {answer.describe()}"
+            return False, f"{'POST' if body else 'GET'} {path}: {answer.describe()}"
+    if engine == PD_ENGINE:
+        return True, "GET /health answered"
     return True, "1-token " + ("generate" if engine == "triton" else "completion") + " answered"
 
 
@@ -240,7 +242,9 @@ class Deployment:
             prefill, decode = ([r for r in replicas if r["role"] == role] for role in ("prefill", "decode"))
             facts |= {"prefill_pid": prefill[0]["pid"], "prefill_pids": [r["pid"] for r in prefill],
                       "prefill_url": prefill[0]["url"], "decode_url": decode[0]["url"], "decode_pid": decode[0]["pid"],
-                      "decode_kv": decode[0]["kv"]}
+                      "decode_kv": decode[0]["kv"], "decode_kv_port": int(decode[0]["kv"].rpartition(":")[2])}
+            if opts.netns:
+                facts["decode_netns"] = decode[0]["netns"]
         self._save("facts.json", facts)
         return facts
 
@@ -324,19 +328,25 @@ class Deployment:
 
     def _start_pd(self, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
         """tiny_lm split (chaoskit.reference.pd_server): the decode servers first (each with its KV port), then
-        the prefill servers; `replicas` are decode-0.., prefill-0.. in that order."""
+        the prefill servers; `replicas` are decode-0.., prefill-0.. in that order. With netns each decode server
+        runs in a namespace of its own (the prefill servers reach its KV port over its veth: a fault on the KV
+        path, kv.notify's interception included, acts in that namespace alone)."""
         assert opts.disaggregated is not None
         n_prefill, n_decode = opts.disaggregated
         params = json.dumps(opts.model_settings())
+        base = self.subnet_base(n_decode) if opts.netns else 0
         servers = []
         for i, (role, k) in enumerate([("decode", k) for k in range(n_decode)] + [("prefill", k) for k in range(n_prefill)]):
             port = opts.port + 1 + 3 * i
-            argv = [sys.executable, "-m", "chaoskit.reference.pd_server", role, str(port)]
-            kv = f"127.0.0.1:{port + 1}" if role == "decode" else ""
-            p = self.spawn(f"{role}-{k}", [*argv, *([str(port + 1)] if kv else []), params])
-            url = f"http://127.0.0.1:{port}"
-            servers.append({"name": f"{role}-{k}", "role": role, "pid": p["pid"], "host": "127.0.0.1", "port": port,
-                            "url": url, "metrics_url": f"{url}/metrics", "kv": kv, "netns": None})
+            ns, host = self.create_netns(k, base + k) if opts.netns and role == "decode" else (None, "127.0.0.1")
+            kv = f"{host}:{port + 1}" if role == "decode" else ""
+            argv = [sys.executable, "-m", "chaoskit.reference.pd_server", role, host, str(port),
+                    *([str(port + 1)] if kv else []), params]
+            p = self.spawn(f"{role}-{k}", [shutil.which("ip") or "/usr/sbin/ip", "netns", "exec", ns, *argv] if ns
+                           else argv)
+            url = f"http://{host}:{port}"
+            servers.append({"name": f"{role}-{k}", "role": role, "pid": p["pid"], "host": host, "port": port,
+                            "url": url, "metrics_url": f"{url}/metrics", "kv": kv, "netns": ns})
         for r in servers:
             self.wait_ready(r["name"], lambda r=r: http_status(f"{r['url']}/health") == 200, r["pid"])
             say(f"{r['name']} ready at {r['url']} (pid {r['pid']}" + (f", KV port {r['kv']})" if r["kv"] else ")"))

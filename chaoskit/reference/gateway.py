@@ -345,7 +345,7 @@ async def serve(cfg: GatewayConfig) -> None:
     conn = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
     gw.session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=cfg.upstream_timeout_s),
                                        auto_decompress=False)
-    runner = web.AppRunner(gw.app(), access_log=None)
+    runner = web.AppRunner(gw.app(), access_log=None, shutdown_timeout=1.0)  # `down` waits for no slow request
     await runner.setup()
     await web.TCPSite(runner, cfg.listen_host, cfg.listen_port, backlog=1024, reuse_address=True).start()
     checker = asyncio.create_task(gw.health_loop())

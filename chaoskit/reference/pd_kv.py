@@ -21,6 +21,7 @@ import numpy as np
 HEAD = struct.Struct("!cQI")
 PIECE = 256 * 1024
 BOOTSTRAP, TRANSFER, DONE, ABORT = b"B", b"T", b"D", b"A"
+ENDED = frozenset({"done", "aborted", "broken", "overdue"})
 
 
 class TransferFailed(Exception):
@@ -82,13 +83,15 @@ async def send_abort(addr: tuple[str, int], room: int) -> None:
 
 class Receiver:
     """The decode server's end: serves the KV port and keeps the rooms. `fail_on_disconnect`: a connection that
-    ends before its room's done notification fails the room at once (the fix); without it the room stays
-    `transferring` and its request waits until its deadline (the bug: SGLang #31800's stuck receivers)."""
+    ends before its room's done notification fails the room at once (a fix); without it the room stays
+    `transferring` and its request waits until its deadline (the bug: SGLang #31800's stuck receivers).
+    `transfer_deadline_s` (> 0, a fix): a room bootstrapped that long ago without its done notification fails."""
 
-    def __init__(self, fail_on_disconnect: bool):
+    def __init__(self, fail_on_disconnect: bool, transfer_deadline_s: float = 0.0):
         self.fail_on_disconnect = fail_on_disconnect
+        self.transfer_deadline_s = transfer_deadline_s
         self.rooms: dict[int, Room] = {}
-        self.counts = {"done": 0, "aborted": 0, "broken": 0}
+        self.counts = {"done": 0, "aborted": 0, "broken": 0, "overdue": 0}
 
     def room(self, room: int) -> Room:
         r = self.rooms.get(room)
@@ -106,6 +109,9 @@ class Receiver:
             self.rooms.pop(key, None)
 
     def _finish(self, r: Room, state: str, error: Exception | None = None) -> None:
+        """End the room once (a late done after a deadline, or a second abort, changes nothing)."""
+        if r.state in ENDED:
+            return
         r.state = state
         self.counts[state] += 1
         if r.result is not None and not r.result.done():
@@ -114,11 +120,16 @@ class Receiver:
             else:
                 r.result.set_exception(error)
 
+    def _overdue(self, room: int) -> None:
+        r = self.rooms.get(room)
+        if r is not None:
+            self._finish(r, "overdue", TransferFailed(f"no done notification within {self.transfer_deadline_s:g} s "
+                                                      "of the bootstrap"))
+
     def fail(self, room: int, why: str) -> None:
         """The router says the room's prefill failed (it could not reach it, or it answered an error)."""
         r = self.room(room)
-        if r.state not in ("done", "aborted", "broken"):
-            self._finish(r, "aborted", TransferFailed(why))
+        self._finish(r, "aborted", TransferFailed(why))
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         open_rooms: set[int] = set()
@@ -130,8 +141,11 @@ class Receiver:
                 if kind == BOOTSTRAP:
                     r.state, r.meta = "bootstrapped", json.loads(payload)
                     open_rooms.add(room)
+                    if self.transfer_deadline_s > 0:
+                        asyncio.get_running_loop().call_later(self.transfer_deadline_s, self._overdue, room)
                 elif kind == TRANSFER:
-                    r.state = "transferring"
+                    if r.state not in ENDED:
+                        r.state = "transferring"
                     r.data += payload
                 elif kind == DONE:
                     open_rooms.discard(room)
@@ -145,6 +159,6 @@ class Receiver:
             writer.close()
             for room in open_rooms:  # the connection ended before their done notification
                 r = self.rooms.get(room)
-                if r is not None and self.fail_on_disconnect and r.state not in ("done", "aborted"):
+                if r is not None and self.fail_on_disconnect:
                     self._finish(r, "broken", TransferFailed("the KV connection broke before the done "
                                                              "notification"))

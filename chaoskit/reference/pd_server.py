@@ -12,8 +12,10 @@ gateway's health and readiness checks). What the 2026 PD outages were made of is
   `notify_abort` (the fix of SGLang PR #28651): the abort is sent to the decode server, which frees the slot at
   once instead of at its waiting timeout;
 - `fail_on_disconnect` (a fix): a KV connection that ends before its done notification fails the room at once;
+- `transfer_deadline_s` (a fix): a transfer whose done notification has not come this long after its bootstrap
+  fails its room (a lost notification; the connection may still be open);
 - `kv_load_failure_policy` (vLLM's name): `fail` answers 503 naming why, `recompute` runs the prefill locally.
-Run as `python -m chaoskit.reference.pd_server ROLE PORT [KV_PORT] PARAMS_JSON`; prints `ready`.
+Run as `python -m chaoskit.reference.pd_server ROLE HOST PORT [KV_PORT] PARAMS_JSON`; prints `ready`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Settings:
     prefill_timeout_s: float = 0.0  # 0: never aborted
     notify_abort: bool = False
     fail_on_disconnect: bool = False
+    transfer_deadline_s: float = 0.0  # 0: none
     kv_load_failure_policy: str = "fail"
 
     @classmethod
@@ -54,7 +57,8 @@ class Settings:
 
         s = cls()
         for name, conv in (("slots", int), ("waiting_timeout_s", float), ("prefill_timeout_s", float),
-                           ("notify_abort", flag), ("fail_on_disconnect", flag), ("kv_load_failure_policy", str)):
+                           ("notify_abort", flag), ("fail_on_disconnect", flag), ("transfer_deadline_s", float),
+                           ("kv_load_failure_policy", str)):
             if name in params:
                 setattr(s, name, conv(params[name]))
         if s.kv_load_failure_policy not in ("fail", "recompute"):
@@ -116,7 +120,7 @@ class Decode:
 
     def __init__(self, s: Settings, engine: Engine):
         self.s, self.engine = s, engine
-        self.kv = pd_kv.Receiver(s.fail_on_disconnect)
+        self.kv = pd_kv.Receiver(s.fail_on_disconnect, s.transfer_deadline_s)
         self.held = 0
         self.counts = {"served": 0, "no_slot": 0, "timeouts": 0, "failed": 0, "recomputed": 0}
 
@@ -127,23 +131,27 @@ class Decode:
         if self.held >= self.s.slots:
             self.counts["no_slot"] += 1
             return web.json_response({"error": f"no free decode slot ({self.s.slots} held)"}, status=503)
+        if room is not None and not room.isdigit():
+            return web.json_response({"error": f"X-KV-Room: expected a number, got {room!r}"}, status=400)
         self.held += 1
-        try:
-            kv = None if room is None else await self._kv(int(room))
-        except pd_kv.TransferFailed as e:
-            self.held -= 1
-            self.counts["failed"] += 1
-            return web.json_response({"error": f"KV of room {room}: {e}"}, status=503, headers={"X-KV-Failed": "1"})
-        try:
-            text = (await self.engine.run(self.engine.generate, prompt, max_new, kv)).decode("latin-1")
-        except KVCacheOOM as e:
-            return web.json_response({"error": str(e)}, status=503)
+        try:  # the slot is held from here to the answer, whatever happens
+            try:
+                kv = None if room is None else await self._kv(int(room))
+            except pd_kv.TransferFailed as e:
+                self.counts["failed"] += 1
+                return web.json_response({"error": f"KV of room {room}: {e}"}, status=503,
+                                         headers={"X-KV-Failed": "1"})
+            try:
+                text = (await self.engine.run(self.engine.generate, prompt, max_new, kv)).decode("latin-1")
+            except KVCacheOOM as e:
+                return web.json_response({"error": str(e)}, status=503)
         finally:
             self.held -= 1
         self.counts["served"] += 1
         model = str(body.get("model") or "tiny_lm")
-        return await (self._stream(request, model, text) if stream else
-                      asyncio.sleep(0, web.json_response(_completion(model, text, len(prompt)))))
+        if stream:
+            return await self._stream(request, model, text)
+        return web.json_response(_completion(model, text, len(prompt)))
 
     async def _kv(self, room: int) -> list | None:
         """The room's K/V; None to recompute (the policy says so when it cannot come); TransferFailed else."""
@@ -211,9 +219,11 @@ class Prefill:
         while True:
             queued, body, done = await self.queue.get()
             try:
-                done.set_result(await self._one(queued, body))
+                answer = await self._one(queued, body)
             except Exception as e:  # one bad request fails alone
-                done.set_result((500, {"error": f"{type(e).__name__}: {e}"}))
+                answer = (500, {"error": f"{type(e).__name__}: {e}"})
+            if not done.done():  # its handler may be gone (the server stopping)
+                done.set_result(answer)
 
     async def _one(self, queued: float, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         room, (host, _, port) = int(body["room"]), str(body["decode_kv"]).rpartition(":")
@@ -246,7 +256,7 @@ def _prometheus(role: str, values: dict[str, float]) -> str:
     return "".join(f'tiny_lm_pd_{k}{{role="{role}"}} {v}\n' for k, v in values.items())
 
 
-async def serve(role: str, port: int, kv_port: int | None, s: Settings) -> None:
+async def serve(role: str, host: str, port: int, kv_port: int | None, s: Settings) -> None:
     engine = Engine()
     app = web.Application()
     server: Decode | Prefill
@@ -256,7 +266,7 @@ async def serve(role: str, port: int, kv_port: int | None, s: Settings) -> None:
         server = Decode(s, engine)
         app.router.add_post("/v1/completions", server.completions)
         app.router.add_post("/kv/abort", server.abort)
-        kv_server = await asyncio.start_server(server.kv.serve, "127.0.0.1", kv_port)
+        kv_server = await asyncio.start_server(server.kv.serve, host, kv_port)
     else:
         server = Prefill(s, engine)
         app.router.add_post("/prefill", server.prefill)
@@ -272,7 +282,7 @@ async def serve(role: str, port: int, kv_port: int | None, s: Settings) -> None:
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)  # requests waiting on KV do not hold `down`
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port, reuse_address=True).start()
+    await web.TCPSite(runner, host, port, reuse_address=True).start()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -286,11 +296,11 @@ async def serve(role: str, port: int, kv_port: int | None, s: Settings) -> None:
 
 
 def main(argv: list[str]) -> int:
-    role, port = argv[0], int(argv[1])
-    kv_port = int(argv[2]) if role == "decode" else None
+    role, host, port = argv[0], argv[1], int(argv[2])
+    kv_port = int(argv[3]) if role == "decode" else None
     s = Settings.of(json.loads(argv[-1]))
     try:
-        asyncio.run(serve(role, port, kv_port, s))
+        asyncio.run(serve(role, host, port, kv_port, s))
     except OSError as e:
         print(f"pd_server {role}: cannot listen: {e}", file=sys.stderr, flush=True)
         return 1

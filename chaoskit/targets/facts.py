@@ -19,7 +19,8 @@ REFERENCE_FACTS = ("engine", "url", "gateway_port", "health_mode", "replicas", "
                    "python", "model", "startup_s", "settings")
 REPLICA_FACTS = ("name", "pid", "host", "port", "url", "metrics_url", "netns")
 VLLM_REPLICA_FACTS = ("engine_pid",)
-PD_FACTS = ("prefill_pid", "prefill_pids", "prefill_url", "decode_url", "decode_pid", "decode_kv")  # disaggregated
+PD_FACTS = ("prefill_pid", "prefill_pids", "prefill_url", "decode_url", "decode_pid", "decode_kv",  # disaggregated
+            "decode_kv_port")
 PD_REPLICA_FACTS = ("role", "kv")
 TRITON_REPLICA_FACTS = ("model_pids",)
 # The bundled model repository's models: a Triton replica's model_pids are their python backend stubs, in this order.
@@ -112,7 +113,7 @@ def reference_shape(engine: str, replicas: int = 1, netns: bool = False,
     shape["settings"] = dict.fromkeys(("engine", "replicas", "netns", "model_params"))
     if disaggregated is not None:
         servers = sum(disaggregated)
-        shape |= dict.fromkeys(PD_FACTS)
+        shape |= dict.fromkeys(PD_FACTS + (("decode_netns",) if netns else ()))
         shape["replicas"] = [dict.fromkeys(REPLICA_FACTS + PD_REPLICA_FACTS) for _ in range(servers)]
         shape["replica_pids"], shape["prefill_pids"] = [None] * servers, [None] * disaggregated[0]
         shape["settings"]["disaggregated"] = None

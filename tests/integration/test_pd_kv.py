@@ -35,7 +35,7 @@ def test_a_transfer_arrives_whole_and_an_abort_fails_its_room():
         await pd_kv.send_abort(addr, 8)
         with pytest.raises(pd_kv.TransferFailed, match="aborted"):
             await asyncio.wait_for(aborted.result, 5)
-        assert rx.counts == {"done": 1, "aborted": 1, "broken": 0}
+        assert rx.counts == {"done": 1, "aborted": 1, "broken": 0, "overdue": 0}
         server.close()
 
     asyncio.run(main())
@@ -58,6 +58,31 @@ def test_a_connection_that_ends_before_done_fails_the_room_only_when_told_to(fai
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(room.result), 0.5)
             assert room.state == "transferring"
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_transfer_whose_done_notification_never_comes_fails_at_the_deadline():
+    """A lost notification (the bytes arrived, the connection stays open): the room fails transfer_deadline_s
+    after its bootstrap, not at the request's waiting timeout."""
+    async def main() -> None:
+        rx = pd_kv.Receiver(fail_on_disconnect=True, transfer_deadline_s=0.3)
+        server = await asyncio.start_server(rx.serve, "127.0.0.1", 0)
+        room = rx.room(11)
+        _, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+        writer.write(pd_kv.pack(pd_kv.BOOTSTRAP, 11, b'{"layers": 1, "tokens": 1, "dim": 1}'))
+        writer.write(pd_kv.pack(pd_kv.TRANSFER, 11, b"\0" * 4))
+        await writer.drain()
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(pd_kv.TransferFailed, match="no done notification within 0.3 s"):
+            await asyncio.wait_for(room.result, 5)
+        assert 0.2 < asyncio.get_running_loop().time() - t0 < 2 and rx.counts["overdue"] == 1
+        writer.write(pd_kv.pack(pd_kv.DONE, 11))  # late: changes nothing
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        assert room.state == "overdue" and rx.counts["done"] == 0
+        writer.close()
         server.close()
 
     asyncio.run(main())

@@ -46,14 +46,17 @@ def test_every_helper_is_declared_and_run_as_its_file():
 @pytest.mark.parametrize("server", SERVERS)
 def test_a_proxy_server_runs_on_the_standard_library_and_what_it_shares(server):
     """What proxy_proc imports once it said ready: network.proxy's server its kernel relay alone of chaoskit;
-    llm.proxy's its own modules, network.proxy's server and the timerfd alarm."""
+    kv.notify's network.proxy's server (its listener); llm.proxy's its own modules, network.proxy's server and
+    the timerfd alarm."""
     mods = imported_by(server)
     ours = sorted(m for m in mods if m.startswith("chaoskit."))
     assert not [m for m in mods if m.split(".")[0] in HEAVY]
-    assert ours == (["chaoskit.injectors", "chaoskit.injectors.proxy_splice"] if server.endswith(".proxy_server")
-                    else ["chaoskit.injectors", "chaoskit.injectors.llm_proxy_faults",
-                          "chaoskit.injectors.llm_proxy_sse", "chaoskit.injectors.proxy_server",
-                          "chaoskit.injectors.proxy_splice", "chaoskit.load", "chaoskit.load.timer"])
+    l4 = ["chaoskit.injectors", "chaoskit.injectors.proxy_server", "chaoskit.injectors.proxy_splice"]
+    assert ours == {"chaoskit.injectors.proxy_server": ["chaoskit.injectors", "chaoskit.injectors.proxy_splice"],
+                    "chaoskit.injectors.kv_notify_server": l4,
+                    "chaoskit.injectors.llm_proxy_server": sorted([*l4, "chaoskit.injectors.llm_proxy_faults",
+                                                                  "chaoskit.injectors.llm_proxy_sse", "chaoskit.load",
+                                                                  "chaoskit.load.timer"])}[server]
 
 
 @pytest.mark.parametrize("module", HELPERS)

@@ -40,7 +40,7 @@ def test_the_typed_families():
         "process.signal", "network.proxy", "llm.proxy", "network.drop", "network.partition", "host.cpu_stress",
         "load.flood", "host.memory_pressure", "gpu.memory_pressure", "disk.fill", "process.cpu_throttle",
         "process.memory_limit", "disk.throttle", "exec", "deployment.scale", "gpu.mig", "pod.delete", "pod.kill",
-        "gpu.xid", "network.netem", "network.bandwidth", "gpu.cuda_fault"}
+        "gpu.xid", "network.netem", "network.bandwidth", "gpu.cuda_fault", "kv.notify"}
 
 
 def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
