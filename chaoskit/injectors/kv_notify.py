@@ -1,5 +1,6 @@
-"""kv.notify: lose, delay or duplicate the done notifications of a disaggregated deployment's KV transfers, and
-nothing else (an L7 proxy on the KV side channel, as llm.proxy is one on the token stream).
+"""kv.notify: lose, delay or duplicate the done notifications of a disaggregated deployment's KV transfers (and,
+with `corrupt`, alter the KV bytes of a share of transfers): an L7 proxy on the KV side channel, as llm.proxy is
+one on the token stream.
 
 It intercepts the decode server's KV port in its network namespace (`intercept: {port, target}`, like the
 proxies' transparent mode): each transfer's connection goes through chaoskit/injectors/kv_notify_server.py, which
@@ -32,6 +33,9 @@ class KvNotifySpec(StrictModel):
                                            "as far as the decode server can tell)")
     delay: Duration = Field(0.0, ge=0, description="added before each done notification that is not dropped")
     duplicate: Percent = Field(0.0, description="share of done notifications sent twice")
+    corrupt: Percent = Field(0.0, description="share of transfers whose KV bytes are altered on the way (every "
+                                              "byte of their pieces inverted; the frames and the notification "
+                                              "intact)")
 
     @model_validator(mode="before")
     @classmethod
@@ -40,8 +44,8 @@ class KvNotifySpec(StrictModel):
 
     @model_validator(mode="after")
     def _something(self) -> KvNotifySpec:
-        if not (self.drop or self.delay or self.duplicate):
-            raise ValueError("give at least one of drop, delay, duplicate")
+        if not (self.drop or self.delay or self.duplicate or self.corrupt):
+            raise ValueError("give at least one of drop, delay, duplicate, corrupt")
         if self.intercept.target.kubernetes is not None:
             raise ValueError("intercept.target: a local network namespace (netns or pid); not kubernetes")
         check_intercept(self)
@@ -83,7 +87,10 @@ class KvNotify(ProxyHelper):
         parts = [f"{what} {share * 100:g}%" for what, share in (("drop", s.drop), ("duplicate", s.duplicate)) if share]
         if s.delay:
             parts.append(f"delay {s.delay:g}s")
-        return f"on the done notifications: {', '.join(parts)} (other frames pass)"
+        notes = f"on the done notifications: {', '.join(parts)}" if parts else ""
+        if s.corrupt:
+            notes += ("; " if notes else "") + f"the KV bytes of {s.corrupt * 100:g}% of transfers altered"
+        return notes + " (other frames pass)"
 
     def plan(self) -> list[str]:
         where, revert = self.intercept_plan()
@@ -95,7 +102,7 @@ class KvNotify(ProxyHelper):
 
     def config(self) -> Any:
         s = self.spec
-        return {"drop": s.drop, "delay": s.delay, "duplicate": s.duplicate, "stats": self._stats}
+        return {"drop": s.drop, "delay": s.delay, "duplicate": s.duplicate, "corrupt": s.corrupt, "stats": self._stats}
 
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         self._stats = record["stats"]

@@ -3,7 +3,9 @@ fault to the done notifications alone; bootstrap, transfer and abort frames pass
 
 Started by chaoskit.injectors.proxy_proc (`proxy_proc.py TOKEN chaoskit.injectors.kv_notify_server LISTEN
 original-destination CONFIG_JSON UNTIL_EPOCH`) in the decode server's namespace, where an nftables redirect sends
-it the KV port's connections. CONFIG: `{"drop": share, "delay": seconds, "duplicate": share, "stats": path}`. A
+it the KV port's connections. CONFIG: `{"drop": share, "delay": seconds, "duplicate": share, "corrupt": share, "stats": path}`; `corrupt` alters
+the bytes of that share of transfers (every byte of their pieces inverted), the frames intact, as a faulty link or
+memory would: the decode server decodes over wrong K/V unless it checks a checksum. A
 dropped notification is lost as a message on a live connection is: the connection to the decode server stays
 open after the prefill side closes (a transfer that looks in progress), until the proxy stops. Counts go to the
 stats file (JSON) after each notification.
@@ -22,7 +24,8 @@ from typing import Any
 from chaoskit.injectors.proxy_server import Listener, original_dst, serve_helper, serve_until
 
 HEAD = struct.Struct("!cQI")  # pd_kv's frame head: type, room, length
-DONE = b"D"
+DONE, TRANSFER = b"D", b"T"
+INVERT = bytes(255 - b for b in range(256))  # every byte inverted, at C speed (bytes.translate)
 
 
 class Notify:
@@ -31,8 +34,10 @@ class Notify:
     def __init__(self, cfg: dict[str, Any]):
         self.drop, self.delay, self.duplicate = float(cfg.get("drop", 0)), float(cfg.get("delay", 0)), float(
             cfg.get("duplicate", 0))
+        self.corrupt = float(cfg.get("corrupt", 0))
         self.stats = cfg.get("stats")
-        self.counts = {"connections": 0, "notifications": 0, "dropped": 0, "delayed": 0, "duplicated": 0}
+        self.counts = {"connections": 0, "notifications": 0, "dropped": 0, "delayed": 0, "duplicated": 0,
+                       "corrupted": 0}
         self.held: list[asyncio.StreamWriter] = []  # upstream connections whose notification was dropped
 
     def save(self) -> None:
@@ -55,7 +60,10 @@ class Notify:
             return
         self.counts["connections"] += 1
         back = asyncio.create_task(_copy(up_reader, writer))
-        dropped = False
+        dropped, corrupt = False, random.random() < self.corrupt
+        if corrupt:
+            self.counts["corrupted"] += 1
+            self.save()
         try:
             while True:
                 head = await reader.readexactly(HEAD.size)
@@ -63,6 +71,8 @@ class Notify:
                 frame = head + (await reader.readexactly(n) if n else b"")
                 if kind == DONE:
                     dropped = await self._notification(frame, up_writer) or dropped
+                elif kind == TRANSFER and corrupt and n:
+                    up_writer.write(head + frame[HEAD.size:].translate(INVERT))
                 else:
                     up_writer.write(frame)
                 await up_writer.drain()

@@ -14,6 +14,7 @@ import asyncio
 import json
 import struct
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 HEAD = struct.Struct("!cQI")
 PIECE = 256 * 1024
 BOOTSTRAP, TRANSFER, DONE, ABORT = b"B", b"T", b"D", b"A"
-ENDED = frozenset({"done", "aborted", "broken", "overdue"})
+ENDED = frozenset({"done", "aborted", "broken", "overdue", "corrupt"})
 
 
 class TransferFailed(Exception):
@@ -56,17 +57,16 @@ def decode(meta: dict, data: bytes) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(arr[i, 0], arr[i, 1]) for i in range(meta["layers"])]
 
 
-async def send(addr: tuple[str, int], room: int, meta: dict, data: bytes, piece_delay_s: float = 0.0) -> None:
-    """One transfer: bootstrap, the bytes in pieces, done (OSError if the decode cannot be reached)."""
+async def send(addr: tuple[str, int], room: int, meta: dict, data: bytes, checksum: bool = False) -> None:
+    """One transfer: bootstrap, the bytes in pieces, done (with `checksum`, carrying the CRC-32 of the bytes);
+    OSError if the decode cannot be reached."""
     _, writer = await asyncio.open_connection(*addr)
     try:
         writer.write(pack(BOOTSTRAP, room, json.dumps(meta).encode()))
         for i in range(0, len(data), PIECE):
             writer.write(pack(TRANSFER, room, data[i:i + PIECE]))
             await writer.drain()
-            if piece_delay_s:
-                await asyncio.sleep(piece_delay_s)
-        writer.write(pack(DONE, room))
+        writer.write(pack(DONE, room, struct.pack("!I", zlib.crc32(data)) if checksum else b""))
         await writer.drain()
     finally:
         writer.close()
@@ -87,11 +87,12 @@ class Receiver:
     `transferring` and its request waits until its deadline (the bug: SGLang #31800's stuck receivers).
     `transfer_deadline_s` (> 0, a fix): a room bootstrapped that long ago without its done notification fails."""
 
-    def __init__(self, fail_on_disconnect: bool, transfer_deadline_s: float = 0.0):
+    def __init__(self, fail_on_disconnect: bool, transfer_deadline_s: float = 0.0, verify: bool = False):
         self.fail_on_disconnect = fail_on_disconnect
         self.transfer_deadline_s = transfer_deadline_s
+        self.verify = verify  # a done notification's CRC-32 (when it carries one) is checked against the bytes
         self.rooms: dict[int, Room] = {}
-        self.counts = {"done": 0, "aborted": 0, "broken": 0, "overdue": 0}
+        self.counts = {"done": 0, "aborted": 0, "broken": 0, "overdue": 0, "corrupt": 0}
 
     def room(self, room: int) -> Room:
         r = self.rooms.get(room)
@@ -149,7 +150,11 @@ class Receiver:
                     r.data += payload
                 elif kind == DONE:
                     open_rooms.discard(room)
-                    self._finish(r, "done")
+                    if self.verify and len(payload) == 4 and struct.unpack("!I", payload)[0] != zlib.crc32(r.data):
+                        self._finish(r, "corrupt", TransferFailed("the KV bytes do not match the done "
+                                                                  "notification's checksum"))
+                    else:
+                        self._finish(r, "done")
                 elif kind == ABORT:
                     open_rooms.discard(room)
                     self._finish(r, "aborted", TransferFailed("the prefill aborted the request"))

@@ -14,6 +14,8 @@ gateway's health and readiness checks). What the 2026 PD outages were made of is
 - `fail_on_disconnect` (a fix): a KV connection that ends before its done notification fails the room at once;
 - `transfer_deadline_s` (a fix): a transfer whose done notification has not come this long after its bootstrap
   fails its room (a lost notification; the connection may still be open);
+- `kv_checksum` (a fix): the prefill puts the CRC-32 of the KV bytes in its done notification and the decode
+  server checks it: a transfer altered on the way fails its room instead of decoding garbage;
 - `kv_load_failure_policy` (vLLM's name): `fail` answers 503 naming why, `recompute` runs the prefill locally.
 Run as `python -m chaoskit.reference.pd_server ROLE HOST PORT [KV_PORT] PARAMS_JSON`; prints `ready`.
 """
@@ -48,6 +50,7 @@ class Settings:
     notify_abort: bool = False
     fail_on_disconnect: bool = False
     transfer_deadline_s: float = 0.0  # 0: none
+    kv_checksum: bool = False
     kv_load_failure_policy: str = "fail"
 
     @classmethod
@@ -58,7 +61,7 @@ class Settings:
         s = cls()
         for name, conv in (("slots", int), ("waiting_timeout_s", float), ("prefill_timeout_s", float),
                            ("notify_abort", flag), ("fail_on_disconnect", flag), ("transfer_deadline_s", float),
-                           ("kv_load_failure_policy", str)):
+                           ("kv_checksum", flag), ("kv_load_failure_policy", str)):
             if name in params:
                 setattr(s, name, conv(params[name]))
         if s.kv_load_failure_policy not in ("fail", "recompute"):
@@ -120,7 +123,7 @@ class Decode:
 
     def __init__(self, s: Settings, engine: Engine):
         self.s, self.engine = s, engine
-        self.kv = pd_kv.Receiver(s.fail_on_disconnect, s.transfer_deadline_s)
+        self.kv = pd_kv.Receiver(s.fail_on_disconnect, s.transfer_deadline_s, s.kv_checksum)
         self.held = 0
         self.counts = {"served": 0, "no_slot": 0, "timeouts": 0, "failed": 0, "recomputed": 0}
 
@@ -241,7 +244,7 @@ class Prefill:
         prompt, max_new, _ = _request(body)
         meta, data = await self.engine.run(self.engine.prefill, prompt, max_new)
         try:
-            await pd_kv.send((host, int(port)), room, meta, data)
+            await pd_kv.send((host, int(port)), room, meta, data, self.s.kv_checksum)
         except OSError as e:
             self.counts["unreachable"] += 1
             return 502, {"error": f"decode KV port {host}:{port}: {e}"}

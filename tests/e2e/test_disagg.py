@@ -33,7 +33,9 @@ ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="the decode server's ow
     ("abort-not-notified", "false", 1), ("abort-not-notified", "true", 0),
     ("prefill-killed-mid-transfer", "false", 1), ("prefill-killed-mid-transfer", "true", 0),
     pytest.param("notification-lost", "false", 1, marks=ROOT_ONLY),
-    pytest.param("notification-lost", "true", 0, marks=ROOT_ONLY)])
+    pytest.param("notification-lost", "true", 0, marks=ROOT_ONLY),
+    pytest.param("kv-corrupted-silently", "false", 1, marks=ROOT_ONLY),
+    pytest.param("kv-corrupted-silently", "true", 0, marks=ROOT_ONLY)])
 def test_a_disaggregated_scenario_flips_with_its_fix(tmp_path, state_dir, name, fix, expected):
     assert re.search(r"^# Expected:", (SCENARIOS / f"{name}.yaml").read_text(), re.MULTILINE)
     p = chaoskit("run", str(SCENARIOS / f"{name}.yaml"), "--var", f"fix={fix}", "--out", str(tmp_path / "o"),
@@ -41,6 +43,9 @@ def test_a_disaggregated_scenario_flips_with_its_fix(tmp_path, state_dir, name, 
     out, err = p.communicate(timeout=180)
     assert p.returncode == expected, out + err
     s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    if name == "kv-corrupted-silently":
+        _silent(s, expected)
+        return
     after = _held(s, "after")
     print(f"\n{name} fix={fix}: decode slots held after the faults {after}, recovered {s.get('recovery_s')} s")
     assert _held(s, "before") == [0.0]
@@ -57,6 +62,17 @@ def test_a_disaggregated_scenario_flips_with_its_fix(tmp_path, state_dir, name, 
     assert left == [], out + err
     ours = tuple(f"ckref{Deployment(d).tag}-" for d in tmp_path.glob("ref*"))
     assert not [n for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else []) if n.startswith(ours)]
+
+
+def _silent(s: dict, expected: int) -> None:
+    """kv-corrupted-silently: the load's SLO holds in every sample either way; without the fix the correctness
+    probe catches wrong answers (mismatches: HTTP 200, well formed, other tokens), with it not one."""
+    samples = [x for x in s["samples"] if x["phase"] in ("before", "during", "after")]
+    mismatches = sum(x["values"].get("failures.mismatch", 0) for x in samples
+                     if x["probe"] == "answers-through-gateway")
+    print(f"\nkv-corrupted-silently: {mismatches} wrong answers caught")
+    assert all(x["verdict"] == "ok" for x in samples if x["probe"] == "sla-through-gateway")
+    assert (mismatches > 0) == (expected == 1), mismatches
 
 
 def test_ref_up_disaggregated_serves_through_prefill_and_decode_and_down_leaves_nothing(tmp_path, state_dir):

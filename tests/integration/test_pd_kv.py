@@ -6,6 +6,9 @@ decode over transferred K/V answers what a decode that prefilled itself answers.
 from __future__ import annotations
 
 import asyncio
+import json
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -35,7 +38,7 @@ def test_a_transfer_arrives_whole_and_an_abort_fails_its_room():
         await pd_kv.send_abort(addr, 8)
         with pytest.raises(pd_kv.TransferFailed, match="aborted"):
             await asyncio.wait_for(aborted.result, 5)
-        assert rx.counts == {"done": 1, "aborted": 1, "broken": 0, "overdue": 0}
+        assert rx.counts == {"done": 1, "aborted": 1, "broken": 0, "overdue": 0, "corrupt": 0}
         server.close()
 
     asyncio.run(main())
@@ -82,6 +85,33 @@ def test_a_transfer_whose_done_notification_never_comes_fails_at_the_deadline():
         await writer.drain()
         await asyncio.sleep(0.1)
         assert room.state == "overdue" and rx.counts["done"] == 0
+        writer.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_checksum_in_the_done_notification_fails_altered_bytes_only_where_checked(verify):
+    async def main() -> None:
+        rx = pd_kv.Receiver(False, verify=verify)
+        server = await asyncio.start_server(rx.serve, "127.0.0.1", 0)
+        addr = server.sockets[0].getsockname()[:2]
+        good, bad = rx.room(1), rx.room(2)
+        meta, data = pd_kv.encode([(np.ones((4, 8), np.float32), np.ones((4, 8), np.float32))])
+        await pd_kv.send(addr, 1, meta, data, checksum=True)
+        _, writer = await asyncio.open_connection(*addr)  # bytes altered on the way, the notification intact
+        writer.write(pd_kv.pack(pd_kv.BOOTSTRAP, 2, json.dumps(meta).encode()))
+        writer.write(pd_kv.pack(pd_kv.TRANSFER, 2, bytes(255 - b for b in data)))
+        writer.write(pd_kv.pack(pd_kv.DONE, 2, struct.pack("!I", zlib.crc32(data))))
+        await writer.drain()
+        await asyncio.wait_for(good.result, 5)
+        if verify:
+            with pytest.raises(pd_kv.TransferFailed, match="checksum"):
+                await asyncio.wait_for(bad.result, 5)
+        else:  # decoded as it came: garbage
+            got = await asyncio.wait_for(bad.result, 5)
+            assert not np.array_equal(got[0][0], np.ones((4, 8), np.float32))
         writer.close()
         server.close()
 
