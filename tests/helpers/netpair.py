@@ -148,3 +148,17 @@ def connect_share(ns_path: str, port: int, n: int, timeout: float) -> float:
     return run_in_netns(ns_path, lambda: asyncio.run(main()))
 
 
+def queue_mode_missing() -> str | None:
+    """Why network.netem's queue mode cannot run on this host (None: it can)."""
+    import os
+
+    from chaoskit import cbuild, doctor
+
+    if os.geteuid() != 0:
+        return "network namespaces and nftables need root"
+    off = [o for o in doctor.QUEUE_OPTIONS if doctor.kernel_config(o) == "n"]
+    if off:
+        return f"this kernel lacks {', '.join(off)}"
+    if cbuild.compiler() is None:
+        return "no C compiler ($CC, cc or gcc) to build the netemq helper"
+    return None

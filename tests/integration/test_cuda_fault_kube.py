@@ -256,19 +256,25 @@ def test_a_container_without_the_interposer_is_refused_on_its_node(tmp_path):
         remove(cg)
 
 
-def test_revert_finds_the_control_file_through_the_pod_after_its_container_restarted(tmp_path):
-    """The record names the file through a process that is gone (the container crashed and was restarted); the
-    pod's volume, with the armed file in it, stayed: revert reaches it through the restarted container."""
+def armed_in_a_pod(tmp_path: Path, named: bool) -> tuple[Path, Path, subprocess.Popen, dict]:
+    """An armed control file in a pod's volume, a `sleep` in the pod's cgroup (its environment naming the file, or
+    not), and the record of a fault that reached the file through a process that is gone (PID 999999999)."""
     root = standin_container.hierarchy_or_skip()
     control = install(tmp_path / "vol")[1]
     with ctl.Control(control) as c:
         c.arm({"alloc": ctl.Rule(0.5, 2)})
     uid = str(uuid.uuid4())
     _, cg = pod_cgroup(root, uid)
-    restarted = start_in(cg, ["sleep", "30"], {ctl.ENV: str(control)})
+    proc = start_in(cg, ["sleep", "30"], {ctl.ENV: str(control)} if named else {})
     gone = f"/proc/999999999/root{control}"
-    record = {"controls": [gone], "pids": [999999999],
-              "inside": {gone: {"path": str(control), "pid": 999999999, "pod_uid": uid}}}
+    return control, cg, proc, {"controls": [gone], "pids": [999999999],
+                               "inside": {gone: {"path": str(control), "pid": 999999999, "pod_uid": uid}}}
+
+
+def test_revert_finds_the_control_file_through_the_pod_after_its_container_restarted(tmp_path):
+    """The record names the file through a process that is gone (the container crashed and was restarted); the
+    pod's volume, with the armed file in it, stayed: revert reaches it through the restarted container."""
+    control, cg, restarted, record = armed_in_a_pod(tmp_path, named=True)
     try:
         assert CudaFault.observe(copy.deepcopy(record))
         CudaFault.revert(record)
@@ -286,16 +292,7 @@ def test_revert_fails_and_keeps_the_record_while_the_pod_lives_but_its_container
     """A container in CrashLoopBackOff (likely under injected failures): only the pod's pause process is left,
     and the armed file sits in the pod's volume. Revert must fail (the record is kept for a later rollback), not
     report success and leave every restart of the container faulted."""
-    root = standin_container.hierarchy_or_skip()
-    control = install(tmp_path / "vol")[1]
-    with ctl.Control(control) as c:
-        c.arm({"alloc": ctl.Rule(0.5, 2)})
-    uid = str(uuid.uuid4())
-    _, cg = pod_cgroup(root, uid)
-    pause = start_in(cg, ["sleep", "30"], {})  # in the pod, without the interposer's environment
-    gone = f"/proc/999999999/root{control}"
-    record = {"controls": [gone], "pids": [999999999],
-              "inside": {gone: {"path": str(control), "pid": 999999999, "pod_uid": uid}}}
+    control, cg, pause, record = armed_in_a_pod(tmp_path, named=False)  # without the interposer's environment
     try:
         with pytest.raises(RuntimeError, match="its container is not running"):
             CudaFault.revert(record)

@@ -17,7 +17,6 @@ from threading import Thread
 
 import pytest
 
-from chaoskit import cbuild, doctor
 from chaoskit.executors.k8s_helper import K8sHelperExecutor, replay_cluster, wire_spec
 from chaoskit.executors.layer import place
 from chaoskit.injectors.base import K8S_HELPER, FaultContext
@@ -30,7 +29,7 @@ from chaoskit.targets.process import all_pids, cmdline
 from tests.conftest import wait_for
 from tests.helpers import standin_container
 from tests.helpers.fake_kube import FakeKubeApi, run_pod_here
-from tests.helpers.netpair import CLIENT_IP, SERVER_IP, Pair
+from tests.helpers.netpair import CLIENT_IP, SERVER_IP, Pair, queue_mode_missing
 
 PORT = 8000
 GET = b"GET / HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n"
@@ -207,18 +206,6 @@ def test_llm_proxy_intercepts_a_pods_port_through_a_helper_pod(pod, kube):
     assert cluster_is_clean(api)
 
 
-def _queue_missing() -> str | None:
-    """Why queue mode cannot run on this host (None: it can), as tests/integration/test_netem_queue.py asks."""
-    if os.geteuid() != 0:
-        return "network namespaces and nftables need root"
-    off = [o for o in doctor.QUEUE_OPTIONS if doctor.kernel_config(o) == "n"]
-    if off:
-        return f"this kernel lacks {', '.join(off)}"
-    if cbuild.compiler() is None:
-        return "no C compiler ($CC, cc or gcc) to build the netemq helper"
-    return None
-
-
 def connect_rtts_ms(pair: Pair, n: int) -> list[float]:
     """TCP connect round trips to the pod's IP:port, in ms, as the kernel measures them (tcpi_rtt after the
     handshake: SYN sent to SYN-ACK received), which a busy host's thread wake-ups do not inflate."""
@@ -234,7 +221,7 @@ def connect_rtts_ms(pair: Pair, n: int) -> list[float]:
     return run_in_netns(pair.path(pair.cli), go)
 
 
-@pytest.mark.skipif(_queue_missing() is not None, reason=f"queue mode cannot run here: {_queue_missing()}")
+@pytest.mark.skipif(queue_mode_missing() is not None, reason=f"queue mode cannot run here: {queue_mode_missing()}")
 def test_queue_mode_netem_delays_a_pods_egress_through_a_helper_pod(pod, kube):
     """network.netem mode: queue, 30 ms on the pod's egress: the netemq helper and the NFQUEUE rule go into the
     pod's namespace from the node's helper pod; each SYN-ACK it sends waits 30 ms, so the client's connect RTT

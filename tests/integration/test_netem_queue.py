@@ -22,28 +22,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from chaoskit import cbuild, doctor
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import netem_queue
 from chaoskit.injectors.network import Netem
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.tc import netem_missing_reason
 from tests.conftest import chaoskit, ledgers, wait_for, write
-from tests.helpers.netpair import SERVER_IP, Pair, Server, download_rate, sh
+from tests.helpers.netpair import SERVER_IP, Pair, Server, download_rate, queue_mode_missing, sh
 
-
-def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces and nftables need root"
-    off = [o for o in doctor.QUEUE_OPTIONS if doctor.kernel_config(o) == "n"]
-    if off:
-        return f"this kernel lacks {', '.join(off)}"
-    if cbuild.compiler() is None:
-        return "no C compiler ($CC, cc or gcc) to build the netemq helper"
-    return None
-
-
-MISSING = _missing()
+MISSING = queue_mode_missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"queue mode cannot run here: {MISSING}")
 SO_TIMESTAMPNS = 35  # SO_TIMESTAMPNS_OLD: struct timespec of two longs (64-bit)
 PORT, OTHER_PORT = 9001, 9002
