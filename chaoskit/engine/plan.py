@@ -4,7 +4,8 @@ A step is known by its path in the experiment (`method[2].parallel[1]`), the sam
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from chaoskit.errors import PreflightError
 from chaoskit.executors import get_executor
@@ -14,6 +15,9 @@ from chaoskit.injectors import Injector, injector_class
 from chaoskit.injectors.base import K8S_HELPER, FaultContext
 from chaoskit.model.events import PlanStep
 from chaoskit.targets.local import CgroupTarget
+
+if TYPE_CHECKING:
+    from chaoskit.injectors.forkserver import Forkserver
 
 
 def step_path(parent: str, index: int) -> str:
@@ -51,22 +55,23 @@ def deferred_paths(fields: Iterable[tuple[Any, ...]]) -> frozenset[str]:
 UNRESOLVED = "(target resolved at run time: it needs facts of a reference deployment that is not running yet)"
 
 
-def plan_faults(method: list[Step], unresolved: frozenset[str] = frozenset(), run_id: str = "") -> tuple[
-        dict[str, Injector], list[PlanStep], list[str]]:
+def plan_faults(method: list[Step], unresolved: frozenset[str] = frozenset(), run_id: str = "",
+                forkserver: Forkserver | None = None) -> tuple[dict[str, Injector], list[PlanStep], list[str]]:
     """(injector per step path, the plan, preflight problems). Each fault is placed (executors.layer) and
     checked by its executor. The plan is made even where preflight failed: --dry-run prints it beside the
     reason. Steps in `unresolved` (a dry run's {target.*} not known yet) are listed but neither checked nor
-    planned."""
+    planned. `forkserver`: the run's, for its proxy helpers."""
+    run = FaultContext(run_id=run_id, forkserver=forkserver)  # what every fault's context shares
     injectors: dict[str, Injector] = {}
     plan: list[PlanStep] = []
     problems: list[str] = []
     for path, step in inject_steps(method):
         passed_over: list[str] = []
         if path in unresolved:
-            inj = _injector(step, step.inject, run_id)
+            inj = _injector(step, step.inject, run)
             changes = [UNRESOLVED]
         else:
-            inj, problem, passed_over = _choose(step, run_id)
+            inj, problem, passed_over = _choose(step, run)
             if problem:
                 problems.append(problem)
             changes = _lines(inj, problem)
@@ -97,17 +102,17 @@ def _shared_cgroups(method: list[Step], injectors: dict[str, Injector]) -> list[
     return problems
 
 
-def _injector(step: Step, spec: Any, run_id: str) -> Injector:
-    return injector_class(spec.type)(spec, FaultContext(step=step.label(), lifetime_s=step.lifetime(), run_id=run_id))
+def _injector(step: Step, spec: Any, run: FaultContext) -> Injector:
+    return injector_class(spec.type)(spec, replace(run, step=step.label(), lifetime_s=step.lifetime()))
 
 
-def _choose(step: Step, run_id: str) -> tuple[Injector, str | None, list[str]]:
+def _choose(step: Step, run: FaultContext) -> tuple[Injector, str | None, list[str]]:
     """The step's fault, or the first fallback this host can apply: (injector, its preflight problem or None,
     why each fault before it was passed over)."""
     passed_over: list[str] = []
     candidates = [step.inject, *step.fallback]
     for i, spec in enumerate(candidates):
-        inj = _injector(step, spec, run_id)
+        inj = _injector(step, spec, run)
         try:
             place(inj)
             get_executor(inj.ctx.executor).preflight(inj)

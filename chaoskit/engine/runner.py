@@ -26,6 +26,7 @@ from chaoskit.engine.steady_state import Baselines, take_sample
 from chaoskit.errors import PreflightError
 from chaoskit.experiment.models import Experiment, Safeguard, Step
 from chaoskit.injectors import Injector
+from chaoskit.injectors.forkserver import Forkserver
 from chaoskit.model.enums import Phase, Verdict
 from chaoskit.model.events import (
     JOURNAL_VERSION,
@@ -90,6 +91,7 @@ class Runner:
         self.safeguard_probes: list[tuple[Safeguard, Probe]] = []
         self.injectors: dict[str, Injector] = {}  # step path -> injector
         self.faults: Faults | None = None  # once the ledger exists
+        self.forkserver = Forkserver()  # the proxy helpers' (a process from the first proxy to the run's end)
         self._method_task: asyncio.Task | None = None
         self._in_effect: asyncio.Event | None = None  # set once the method's first fault is applied
         self._active = 0  # faults in effect now: "during" samples are judged only while one is
@@ -150,6 +152,7 @@ class Runner:
                     await p.close()
                 except Exception:
                     pass
+            await asyncio.to_thread(self.forkserver.close)
         r.ended = time.time()
         self.journal.emit(RunEnded(t=r.ended, verdict=self.status.verdict, exit_code=self.status.exit_code(),
                                    reason=self.status.reason, deviations=self.status.deviations,
@@ -169,6 +172,8 @@ class Runner:
             return
         if st.on(Event.PREFLIGHT_OK) is not State.HYPOTHESIS_BEFORE:
             return
+        if any(i.forked for i in self.injectors.values()):
+            self.forkserver.prestart()  # while the steady state is checked: ready before the first proxy
         held = bool(await self._cancellable(self._check_once(Phase.BEFORE)))
         if not held and not self.status.stopped:
             st.deviate("steady state did not hold before the method; nothing was injected")
@@ -199,7 +204,7 @@ class Runner:
             except PreflightError as e:
                 problems.append(str(e))
         self.injectors, plan, more = plan_faults(self.exp.method, self.opts.unresolved_steps,
-                                                 self.result.run_id)
+                                                 self.result.run_id, self.forkserver)
         problems += more
         self.result.plan = plan
         self.journal.emit(Planned(steps=plan))

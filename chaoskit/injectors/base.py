@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -38,11 +38,18 @@ CGROUP_HELPER = NodeHelper(host_paths=("/sys/fs/cgroup",))
 NODE_EXECUTORS = frozenset({LOCAL, K8S_HELPER})
 
 
+class Forkserver(Protocol):
+    """What forks a run's proxy helpers (injectors.forkserver.Forkserver)."""
+
+    def spawn(self, token: str, args: list[str], what: str, extra_env: dict[str, str] | None = None
+              ) -> ProcessRef: ...
+
+
 @dataclass
 class FaultContext:
     """What the run tells one fault: its step, how long it may live, the run, and where it runs: the executor
     and its plain-JSON placement, or the typed local target (set by the target layer, executors.layer.place, at
-    preflight and again when the step starts)."""
+    preflight and again when the step starts); the run's proxy forkserver."""
 
     step: str = ""
     lifetime_s: float = 3600.0  # duration + timeout + grace: helper processes also expire by themselves
@@ -50,6 +57,7 @@ class FaultContext:
     executor: str = LOCAL
     placement: dict[str, Any] | None = None
     target: LocalTarget | None = None
+    forkserver: Forkserver | None = None  # the run's: its proxy helpers are forked from it (else each a new Python)
 
 
 class RecordError(ValueError):
@@ -81,6 +89,9 @@ class Injector(ABC):
     # e.g. "kubernetes" or "target.kubernetes"), and what its helper pod is granted
     target_field: ClassVar[str | None] = None
     node_helper: ClassVar[NodeHelper] = NodeHelper()
+    # True when its helper is forked from the run's forkserver (ctx.forkserver; the proxies): the run starts that
+    # before the method
+    forked: ClassVar[bool] = False
     # the module of the helper process it starts (`python -m MODULE`); None: it starts none. A helper imports
     # only what it runs (tests/unit/test_helper_imports.py holds it to that)
     helper: ClassVar[str | None] = None

@@ -228,6 +228,7 @@ class ProxyHelper(helper_proc.HelperFault):
     Record = ProxyRecord
 
     helper: ClassVar[str | None] = "chaoskit.injectors.proxy_proc"  # listens, says ready, then runs `server`
+    forked: ClassVar[bool] = True  # in a run: from its forkserver (proxy_fork), the same helper
     # intercept.target.kubernetes: in a helper pod on each chosen pod's node, which runs the proxy in the pod's
     # network namespace (joined through its container init's /proc/PID/ns/net) and puts the redirect there
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
@@ -388,11 +389,14 @@ class ProxyHelper(helper_proc.HelperFault):
     def apply(self, record: dict[str, Any]) -> dict[str, Any]:
         """Start the helper (in the namespace, for intercept), then, for intercept, the redirect to it."""
         ns = record.get("ns")
-        ref = helper_proc.spawn(self.helper, record["token"],
-                                [self.server, record["listen"], record["upstream"], json.dumps(self.config()),
-                                 f"{time.time() + self.ctx.lifetime_s:.3f}"],
-                                f"{self.what} on {record['listen']}" + (f" in {ns}" if ns else ""),
-                                {"CHAOSKIT_PROXY_NETNS": ns, "CHAOSKIT_PROXY_TABLE": record["table"]} if ns else None)
+        args = [self.server, record["listen"], record["upstream"], json.dumps(self.config()),
+                f"{time.time() + self.ctx.lifetime_s:.3f}"]
+        what = f"{self.what} on {record['listen']}" + (f" in {ns}" if ns else "")
+        env = {"CHAOSKIT_PROXY_NETNS": ns, "CHAOSKIT_PROXY_TABLE": record["table"]} if ns else None
+        if (fs := self.ctx.forkserver) is not None:  # in a run: forked, ~2 ms of CPU instead of ~45
+            ref = fs.spawn(record["token"], args, what, env)
+        else:
+            ref = helper_proc.spawn(self.helper, record["token"], args, what, env)
         out = {**record, "proxy": ref.to_json()}
         ic = self.spec.intercept
         if ns and ic is not None:

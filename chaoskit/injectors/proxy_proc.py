@@ -4,7 +4,7 @@ Run as `python -S -P chaoskit/injectors/proxy_proc.py TOKEN SERVER LISTEN UPSTRE
 (helper_proc.spawn), SERVER the server's module (chaoskit.injectors.proxy_server or llm_proxy_server). From the
 moment it is listening the kernel completes and queues connections, so the fault is in effect at `ready`; the
 server (asyncio, ~50 ms to import) accepts them as soon as it runs. With CHAOSKIT_PROXY_NETNS (intercept) it first
-joins that network namespace."""
+joins that network namespace. In a run, proxy_fork forks the same helper from a process that imported the servers."""
 
 from __future__ import annotations
 
@@ -46,13 +46,19 @@ def enter_netns(path: str) -> None:
         os.close(fd)
 
 
+def bind(addr: str) -> socket.socket:
+    """The helper's listening socket: in CHAOSKIT_PROXY_NETNS when set (intercept: the proxy runs in the target's
+    namespace)."""
+    if ns := os.environ.get("CHAOSKIT_PROXY_NETNS"):
+        enter_netns(ns)
+    return listen(addr)
+
+
 def main(argv: list[str]) -> int:
     server, addr = argv[1], argv[2]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the terminal is the engine's to handle
     try:
-        if ns := os.environ.get("CHAOSKIT_PROXY_NETNS"):  # intercept: the proxy runs in the target's namespace
-            enter_netns(ns)
-        sock = listen(addr)
+        sock = bind(addr)
     except OSError as e:
         print(f"cannot listen on {addr}: {e}", file=sys.stderr, flush=True)
         return 1

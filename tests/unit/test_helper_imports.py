@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from chaoskit.injectors import INJECTORS
+from chaoskit.injectors import INJECTORS, proxy_fork
 from chaoskit.injectors.helper_proc import command, env
 
 HEAVY = ("pydantic", "aiohttp", "yaml", "rich", "typer", "kubernetes", "numpy", "psutil", "pyroute2")
@@ -67,3 +67,13 @@ def test_a_helper_imports_only_what_it_runs(module):
         assert not any(m == "chaoskit" or m.startswith("chaoskit.") for m in mods), sorted(mods)
     if module not in RUNS_HEAVY:
         assert not [m for m in mods if m.split(".")[0] in HEAVY]
+
+
+def test_the_proxy_forkserver_imports_the_servers_and_nothing_heavy():
+    """A run's proxy forkserver (proxy_fork) imports every proxy server once, for its forked helpers, and
+    setproctitle; nothing heavy, no fault family."""
+    mods = imported_by("chaoskit.injectors.proxy_fork")
+    assert not [m for m in mods if m.split(".")[0] in HEAVY]
+    assert "chaoskit.injectors.base" not in mods and "setproctitle" in mods
+    assert {*SERVERS, "chaoskit.injectors.proxy_proc"} <= mods
+    assert set(SERVERS) == set(proxy_fork.SERVERS)
