@@ -31,11 +31,13 @@ def command(module: str) -> list[str]:
 
 def env(extra: dict[str, str] | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment (`base`, default ours) for a helper run by command(), `extra` on top: PYTHONPATH names
-    where chaoskit and site-packages are."""
+    where chaoskit and the site-packages directories this interpreter sees are (a helper runs without site, so
+    no .pth file adds them)."""
     from chaoskit.paths import package_parent
 
     base = os.environ if base is None else base
-    paths = [str(package_parent()), *site.getsitepackages(), base.get("PYTHONPATH", "")]
+    added = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]  # also those of .pth files
+    paths = dict.fromkeys([str(package_parent()), *site.getsitepackages(), *added, base.get("PYTHONPATH", "")])
     return {**base, "PYTHONPATH": os.pathsep.join(p for p in paths if p), **(extra or {})}
 
 

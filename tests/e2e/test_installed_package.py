@@ -107,6 +107,32 @@ def test_chaoskit_is_the_installed_wheel(user):
     assert user.python("from chaoskit.paths import library; print(library('bpf'))").startswith(str(user.venv))
 
 
+FORKED_PROXY = """
+import socket, time, uuid
+from chaoskit.injectors import helper_proc
+from chaoskit.injectors.forkserver import Forkserver
+from chaoskit.targets.process import cmdline
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+fs, token = Forkserver(), f"chaoskit-proxy-{uuid.uuid4().hex}"
+ref = fs.spawn(token, ["chaoskit.injectors.proxy_server", f"127.0.0.1:{port}", "127.0.0.1:9", "[]",
+                      str(time.time() + 30)], "proxy")
+fs.close()
+print(cmdline(ref.pid)[0], helper_proc.running(token, ref.to_json()))
+helper_proc.stop(token, ref=ref.to_json())
+print(helper_proc.running(token, ref.to_json()))
+"""
+
+
+def test_a_run_forks_its_proxy_helpers_from_the_installed_package(user):
+    """The run's proxy forkserver runs without site (its dependencies from the .pth-added site-packages)."""
+    forked, stopped = user.python(FORKED_PROXY).splitlines()
+    where, running = forked.split()
+    assert Path(where).is_relative_to(user.venv) and where.endswith("chaoskit/injectors/proxy_proc.py")
+    assert (running, stopped) == ("True", "False")
+
+
 def test_version_comes_from_the_package_metadata(user):
     p = user.run("version")
     assert p.returncode == 0, p.stderr
