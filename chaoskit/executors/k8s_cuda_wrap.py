@@ -14,12 +14,18 @@ from __future__ import annotations
 import copy
 import hmac
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Any
 
-from chaoskit.executors.k8s_records import MAC_FIELD, ensure_key, mac, read_key
+from chaoskit.errors import PreflightError
+from chaoskit.executors.k8s_pods import HelperPlacement
+from chaoskit.executors.k8s_records import MAC_FIELD, KeyUnavailable, ensure_key, mac, read_key
 from chaoskit.gpu.cuda_fault_ctl import ENV
 from chaoskit.gpu.cuda_fault_install import CONTROL, LIBRARY, MOUNT
+from chaoskit.injectors import Injector, injector_class
+from chaoskit.injectors.cuda_fault import CudaFault, PodRestartRecord
+from chaoskit.targets.kube import ClusterRef, KubeNodeSelector, api_client, choose, running_pods
 
 ANNOTATION = "chaoskit.io/cuda-wrap"
 VOLUME = "chaoskit-cuda"
@@ -27,6 +33,8 @@ INIT = "chaoskit-cuda-install"
 PRELOAD = "LD_PRELOAD"
 GPU_PREFIXES = ("nvidia.com/",)  # nvidia.com/gpu, nvidia.com/mig-1g.10gb ...
 MERGE_PATCH = "application/merge-patch+json"
+OWNER = "by"  # in the annotation's record: the fault (RUN/KEY) that prepared the Deployment in a run
+ROLLOUT_POLL_S = 0.5
 Obj = dict[str, Any]
 
 
@@ -36,6 +44,10 @@ class WrapRefused(RuntimeError):
 
 class AnnotationRefused(RuntimeError):
     """The annotation that records what the template had does not check: it is never applied."""
+
+
+class RolloutStalled(RuntimeError):
+    """A Deployment's rollout did not finish in time (its pods are not all new and ready)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,24 @@ def _check(where: str, pod_spec: Obj, chosen: list[str]) -> None:
         if pre is not None and "valueFrom" in pre:
             raise WrapRefused(f"{where}: container {c['name']} takes {PRELOAD} from a reference (valueFrom): it "
                               "cannot be kept alongside the interposer; give it as a literal value first")
+        source = _preload_from(c) if pre is None else None  # a literal env entry wins over envFrom
+        if source is not None:
+            raise WrapRefused(f"{where}: container {c['name']} may take {PRELOAD} from envFrom {source}: its value "
+                              f"cannot be seen here, and the interposer's {PRELOAD} would silently override it; "
+                              f"set {PRELOAD} literally in env (it then wins over envFrom and is kept behind the "
+                              "interposer), or give that envFrom a prefix")
+
+
+def _preload_from(container: Obj) -> str | None:
+    """The envFrom source that may set LD_PRELOAD (`ConfigMap NAME`, `Secret NAME`): one whose prefix (default
+    none) LD_PRELOAD starts with; None if none can."""
+    for src in container.get("envFrom") or []:
+        prefix = src.get("prefix") or ""
+        if not PRELOAD.startswith(prefix):
+            continue
+        kind, ref = ("ConfigMap", src["configMapRef"]) if "configMapRef" in src else ("Secret", src.get("secretRef"))
+        return f"{kind} {(ref or {}).get('name', '?')}" + (f" (prefix {prefix})" if prefix else "")
+    return None
 
 
 def _wrapped_container(c: Obj) -> Obj:
@@ -103,10 +133,10 @@ def init_container(image: str) -> Obj:
                                 "seccompProfile": {"type": "RuntimeDefault"}}}
 
 
-def wrap_change(deployment: Obj, image: str, containers: list[str] | None = None) -> Change:
+def wrap_change(deployment: Obj, image: str, containers: list[str] | None = None, owner: str | None = None) -> Change:
     """The patch that prepares the Deployment (pure: from the object as the API returns it). WrapRefused if it
     has no GPU container (and none is named), names an unknown one, or a chosen container's LD_PRELOAD cannot
-    be kept."""
+    be kept. `owner`: the fault (RUN/KEY) that prepares it in a run, kept in the annotation."""
     ns, name = deployment["metadata"]["namespace"], deployment["metadata"]["name"]
     where = f"deployment {ns}/{name}"
     template = deployment["spec"]["template"]
@@ -122,7 +152,7 @@ def wrap_change(deployment: Obj, image: str, containers: list[str] | None = None
     _check(where, pod, chosen)
     kept = {c["name"]: (_env_value(c, PRELOAD) or {}).get("value") for c in pod["containers"] if c["name"] in chosen}
     original = {k: pod.get(k) for k in ("containers", "initContainers", "volumes")}
-    record = {"containers": chosen, "image": image, "original": original}
+    record = {"containers": chosen, "image": image, "original": original, **({OWNER: owner} if owner else {})}
     patch = {"metadata": {"annotations": {ANNOTATION: record}}, "spec": {"template": {"spec": {
         "initContainers": [*(pod.get("initContainers") or []), init_container(image)],
         "volumes": [*(pod.get("volumes") or []), {"name": VOLUME, "emptyDir": {"sizeLimit": "16Mi"}}],
@@ -235,13 +265,13 @@ def patch_deployment(apps: Any, ns: str, name: str, patch: Obj) -> None:
 
 
 def wrap(apps: Any, core: Any, ns: str, name: str, image: str, containers: list[str] | None, key_namespace: str,
-         dry_run: bool = False) -> Change | None:
+         dry_run: bool = False, owner: str | None = None) -> Change | None:
     """Prepare the Deployment (None: it already is). WrapRefused / AnnotationRefused as above."""
     deployment = read_deployment(apps, ns, name)
     if (deployment["metadata"].get("annotations") or {}).get(ANNOTATION) is not None:
         recorded(read_key(core, key_namespace), deployment)  # refused if it does not check
         return None
-    change = wrap_change(deployment, image, containers)
+    change = wrap_change(deployment, image, containers, owner)
     if dry_run:
         return change
     change = signed(ensure_key(core, key_namespace), ns, name, change)
@@ -249,14 +279,232 @@ def wrap(apps: Any, core: Any, ns: str, name: str, image: str, containers: list[
     return change
 
 
-def restore(apps: Any, core: Any, ns: str, name: str, key_namespace: str, dry_run: bool = False) -> Change | None:
-    """Undo wrap (None: it was not prepared). AnnotationRefused if its record does not check."""
+def restore(apps: Any, core: Any, ns: str, name: str, key_namespace: str, dry_run: bool = False,
+            owner: str | None = None) -> Change | None:
+    """Undo wrap (None: it was not prepared, or with `owner`, not by that fault). AnnotationRefused if its record
+    does not check."""
     deployment = read_deployment(apps, ns, name)
     if (deployment["metadata"].get("annotations") or {}).get(ANNOTATION) is None:
         return None
     record = recorded(read_key(core, key_namespace), deployment)
     assert record is not None
+    if owner is not None and record.get(OWNER) != owner:
+        return None
     change = restore_change(deployment, record)
     if not dry_run:
         patch_deployment(apps, ns, name, change.patch)
     return change
+
+
+def rollout_done(deployment: Obj) -> bool:
+    """Whether the Deployment's rollout has finished: its controller saw the latest template (observedGeneration
+    >= generation) and every replica is new and ready (updated == ready == replicas == spec.replicas)."""
+    meta, status = deployment["metadata"], deployment.get("status") or {}
+    want = deployment["spec"].get("replicas", 1)
+    return status.get("observedGeneration", 0) >= meta.get("generation", 0) and (
+        status.get("updatedReplicas", 0) == status.get("readyReplicas", 0) == status.get("replicas", 0) == want)
+
+
+def _progress(deployment: Obj) -> str:
+    """Where a rollout stands, in words."""
+    meta, status = deployment["metadata"], deployment.get("status") or {}
+    return (f"generation {meta.get('generation', 0)}, observed {status.get('observedGeneration', 0)}; "
+            f"{status.get('updatedReplicas', 0)} updated, {status.get('readyReplicas', 0)} ready, "
+            f"{status.get('replicas', 0)} in all, of {deployment['spec'].get('replicas', 1)} replicas")
+
+
+def wait_rollout(apps: Any, ns: str, name: str, timeout_s: float, poll_s: float = ROLLOUT_POLL_S) -> None:
+    """Wait until the Deployment's rollout has finished; RolloutStalled naming it (and where it stands) if it has
+    not within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        deployment = read_deployment(apps, ns, name)
+        if rollout_done(deployment):
+            return
+        if time.monotonic() >= deadline:
+            raise RolloutStalled(f"deployment {ns}/{name}: its rollout did not finish within {timeout_s:g}s "
+                                 f"({_progress(deployment)})")
+        time.sleep(poll_s)
+
+
+# -- gpu.cuda_fault's `prepare: restart`, in a run (the k8s-helper executor calls these) ---------------------
+
+def _restarts(injector: Injector) -> bool:
+    """Is this a gpu.cuda_fault on pods that prepares their Deployments itself?"""
+    return injector.type == CudaFault.type and getattr(injector.spec, "prepare", "none") == "restart"
+
+
+def _cuda_fault(injector: Injector) -> bool:
+    return injector.type == CudaFault.type and getattr(injector.spec, "kubernetes", None) is not None
+
+
+def _apis(hp: HelperPlacement) -> tuple[Any, Any]:
+    """(AppsV1Api, CoreV1Api) of the placement's cluster."""
+    from kubernetes import client
+
+    api = api_client(ClusterRef.from_json(hp.cluster))
+    return client.AppsV1Api(api), client.CoreV1Api(api)
+
+
+def _chosen_pods(core: Any, selector: KubeNodeSelector, hp: HelperPlacement) -> list[Any]:
+    """The V1Pods of the placement's chosen pods (listed again: their owners and containers' env)."""
+    by_name = {p.metadata.name: p for p in running_pods(core, selector)}
+    out = []
+    for t in hp.pods():
+        pod = by_name.get(t["pod"])
+        if pod is None:
+            raise PreflightError(f"gpu.cuda_fault: pod {t['namespace']}/{t['pod']} is gone")
+        out.append(pod)
+    return out
+
+
+def deployment_of(pod: Any) -> str | None:
+    """The Deployment that runs a pod, by its ReplicaSet (the controller names it DEPLOYMENT-HASH, HASH the pod's
+    pod-template-hash label); None for a pod no Deployment runs."""
+    rs = next((o for o in pod.metadata.owner_references or [] if o.kind == "ReplicaSet" and o.controller), None)
+    suffix = "-" + ((pod.metadata.labels or {}).get("pod-template-hash") or "")
+    if rs is None or suffix == "-" or not rs.name.endswith(suffix):
+        return None
+    return rs.name[:-len(suffix)]
+
+
+def owners(pods: list[Any]) -> list[str]:
+    """The Deployments (names, in the pods' order) that run the pods; PreflightError naming a pod none runs."""
+    out: list[str] = []
+    for pod in pods:
+        name = deployment_of(pod)
+        if name is None:
+            raise PreflightError(f"gpu.cuda_fault: prepare: restart: pod {pod.metadata.namespace}/{pod.metadata.name} "
+                                 "is not run by a Deployment (no ReplicaSet owner with its pod-template-hash)")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def _interposed(pod: Any, container: str) -> bool:
+    """Does the pod's container start with the interposer (CHAOSKIT_CUDA_FAULT in its env)?"""
+    c = next((c for c in pod.spec.containers if c.name == container), None)
+    return c is not None and any(e.name == ENV for e in c.env or [])
+
+
+def _survey(injector: Injector) -> tuple[Any, Any, HelperPlacement, list[str], dict[str, Obj]]:
+    """(apps, core, placement, the chosen pods' Deployments, those not prepared yet by name -> their Deployment)."""
+    hp = HelperPlacement.from_json(injector.ctx.placement or {})
+    apps, core = _apis(hp)
+    spec: Any = injector.spec
+    names = owners(_chosen_pods(core, spec.kubernetes, hp))
+    ns = spec.kubernetes.namespace
+    fresh = {}
+    for name in names:
+        d = read_deployment(apps, ns, name)
+        if (d["metadata"].get("annotations") or {}).get(ANNOTATION) is None:
+            fresh[name] = d
+    return apps, core, hp, names, fresh
+
+
+def preflight(injector: Injector) -> None:
+    """For a gpu.cuda_fault on pods: with prepare none, PreflightError naming a chosen pod whose container does not
+    start with the interposer; with restart, naming a Deployment that cannot be prepared (nothing is changed)."""
+    if not _cuda_fault(injector):
+        return
+    spec: Any = injector.spec
+    try:
+        if not _restarts(injector):
+            hp = HelperPlacement.from_json(injector.ctx.placement or {})
+            for pod in _chosen_pods(_apis(hp)[1], spec.kubernetes, hp):
+                container = hp.pods()[0]["container"]
+                if not _interposed(pod, container):
+                    raise PreflightError(
+                        f"gpu.cuda_fault: pod {pod.metadata.namespace}/{pod.metadata.name} container {container} was "
+                        f"not started with the CUDA interposer (no {ENV} in its env): prepare its Deployment with "
+                        "`chaoskit cuda-wrap --deployment NAMESPACE/NAME`, or set `prepare: restart` (a rollout in "
+                        "the run)")
+            return
+        apps, core, hp, names, fresh = _survey(injector)
+        key = read_key(core, hp.namespace)
+        for name in names:
+            if name in fresh:
+                wrap_change(fresh[name], hp.image)
+            else:
+                recorded(key, read_deployment(apps, spec.kubernetes.namespace, name))
+    except (WrapRefused, AnnotationRefused, KeyUnavailable) as e:
+        raise PreflightError(f"gpu.cuda_fault: prepare: restart: {e}") from None
+
+
+def plan(injector: Injector) -> list[str]:
+    """The lines said before the helpers' for a gpu.cuda_fault with prepare: restart: which Deployments restart."""
+    if not _restarts(injector):
+        return []
+    try:
+        _, _, hp, names, fresh = _survey(injector)
+    except Exception as e:
+        return [f"(no plan of the restart: {type(e).__name__}: {e})"]
+    spec: Any = injector.spec
+    ns, limit = spec.kubernetes.namespace, f"{spec.rollout_timeout:g}s"
+    lines = [f"restart (rollout) of deployment {ns}/{name} first, waited for (up to {limit}): "
+             + wrap_change(d, hp.image).plan[0].split(": ", 1)[1]
+             + "; the fault is then armed in its new pods (chosen again: those named below are replaced); revert: "
+             "disarm, then restore its template (a second rollout, waited for too)" for name, d in fresh.items()]
+    lines += [f"deployment {ns}/{name} is prepared already: no restart, and it stays prepared after the run"
+              for name in names if name not in fresh]
+    return lines
+
+
+def prepared(injector: Injector) -> Obj:
+    """The k8s-helper record's `restart` part known before apply (empty without prepare: restart): the
+    Deployments this fault may prepare, restored on revert only where their annotation names it."""
+    if not _restarts(injector):
+        return {}
+    _, _, hp, _, fresh = _survey(injector)
+    spec: Any = injector.spec
+    ns = spec.kubernetes.namespace
+    return {"restart": PodRestartRecord(owner=f"{hp.run_id}/{hp.key}", deployments=[f"{ns}/{n}" for n in fresh],
+                                        timeout_s=spec.rollout_timeout).model_dump()}
+
+
+def roll_out(injector: Injector, record: Obj, hp: HelperPlacement) -> tuple[Obj, HelperPlacement]:
+    """Prepare the Deployments of the record's `restart` still unprepared, wait for their rollouts, and choose
+    the pods again (the new ones): (the `restart` record, the helpers' placement on the new pods). A record
+    without `restart`: itself, hp. RolloutStalled naming a Deployment whose rollout did not finish (what was
+    prepared is in the ledger's record: revert restores it)."""
+    if "restart" not in record:
+        return {}, hp
+    r: PodRestartRecord = CudaFault.read_record_as(PodRestartRecord, record["restart"])
+    spec: Any = injector.spec
+    apps, core = _apis(hp)
+    done = []
+    for ref in r.deployments:
+        ns, name = ref.split("/", 1)
+        if wrap(apps, core, ns, name, hp.image, None, hp.namespace, owner=r.owner) is not None:
+            done.append(ref)
+    for ref in done:
+        wait_rollout(apps, *ref.split("/", 1), r.timeout_s)
+    pods = choose(core, spec.kubernetes)
+    bare = [f"{p.namespace}/{p.pod}" for p in pods if not p.container_id]
+    if bare:
+        raise RuntimeError(f"gpu.cuda_fault: after the rollout, pod(s) {', '.join(bare)} have no container ID yet")
+    new = replace(hp, node=pods[0].node, targets=[p.to_json() for p in pods])
+    return {"restart": r.model_copy(update={"deployments": done, "placement": new.to_json()}).model_dump()}, new
+
+
+def placement_after(record: Obj) -> Obj | None:
+    """The helpers' placement a restart chose (the new pods), if the record has one."""
+    restart = record.get("restart") if isinstance(record, dict) else None
+    return restart.get("placement") if isinstance(restart, dict) else None
+
+
+def undo(type_name: str, record: Obj, hp: HelperPlacement) -> None:
+    """After the pods are disarmed: restore each Deployment the record's `restart` names whose annotation this
+    fault wrote (a second rollout), and wait for those rollouts (RolloutStalled naming one that does not finish).
+    Idempotent: a Deployment restored already, or prepared by someone else, is left as it is."""
+    if not isinstance(record, dict) or "restart" not in record:
+        return
+    r: PodRestartRecord = injector_class(type_name).read_record_as(PodRestartRecord, record["restart"])
+    apps, core = _apis(hp)
+    for ref in r.deployments:
+        ns, name = ref.split("/", 1)
+        try:
+            restore(apps, core, ns, name, hp.namespace, owner=r.owner)
+        except WrapRefused:  # the Deployment is gone: nothing to restore
+            continue
+        wait_rollout(apps, ns, name, r.timeout_s)

@@ -3,9 +3,12 @@ through chaoskit's interposer, armed and disarmed through its control file: the 
 
 The process must have been started with the interposer (`chaoskit cuda-wrap -- CMD`, or the environment that
 `chaoskit cuda-wrap --print-env` prints); every process started from it inherits the same control file. On
-Kubernetes (`kubernetes:` pods of a Deployment prepared once with `chaoskit cuda-wrap --deployment NS/NAME`) a
-helper pod on each node arms the control file of each chosen pod's container, reached through its processes'
-/proc/PID/root, and revert finds it again after a container restart through the pod's cgroup.
+Kubernetes (`kubernetes:` pods of a Deployment prepared once with `chaoskit cuda-wrap --deployment NS/NAME`, or in
+the run with `prepare: restart`: a rollout before the fault, and another one on revert that restores the template)
+a helper pod on each node arms the control file of each chosen pod's container, reached through its processes'
+/proc/PID/root, and revert finds it again after a container restart through the pod's cgroup. The Kubernetes side
+of `prepare: restart` (the Deployments' patch, the rollouts) is the executors' (executors.k8s_cuda_wrap); its
+record, PodRestartRecord, is declared here with the family's other records.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ CUDA_ERRORS: MappingProxyType[str, int] = MappingProxyType({
     "CUDA_ERROR_LAUNCH_FAILED": 719,
     "CUDA_ERROR_UNKNOWN": 999,
 })
+KUBE_ONLY = ("kubernetes", "prepare", "rollout_timeout")  # the spec's fields that have no meaning on the node
 DEFAULT_ERRORS = MappingProxyType({"alloc": "CUDA_ERROR_OUT_OF_MEMORY", "launch": "CUDA_ERROR_LAUNCH_FAILED",
                                    "sync": "CUDA_ERROR_ILLEGAL_ADDRESS"})
 CALLS = MappingProxyType({
@@ -91,11 +95,24 @@ class CudaFaultSpec(ProcessTargets):
     sync: CallRule | None = Field(None, description=f"synchronisation ({CALLS['sync']})")
     kubernetes: KubeNodeSelector | None = Field(None, description="the chosen pods' container, whose Deployment "
                                                 "was prepared once with `chaoskit cuda-wrap --deployment NS/NAME` "
-                                                "(armed on each pod's node through a helper pod: no restart)")
+                                                "(armed on each pod's node through a helper pod: no restart), or "
+                                                "is prepared by this fault (`prepare: restart`)")
+    prepare: Literal["none", "restart"] = Field(
+        "none", description="with `kubernetes:`: `none`, the pods already run with the interposer (preflight "
+        "refuses pods whose container does not set CHAOSKIT_CUDA_FAULT); `restart`, each Deployment of the chosen "
+        "pods not prepared yet is prepared at apply like `chaoskit cuda-wrap --deployment` (a rollout: its pods "
+        "restart, the run waits for it), the fault is armed in the new pods, and revert disarms them, then "
+        "restores the template (a second rollout, waited for too); a Deployment prepared before the run stays so. "
+        "The step's `timeout` must cover the rollout")
+    rollout_timeout: Duration = Field(300.0, gt=0, le=3600, description="with `prepare: restart`: how long each "
+                                      "rollout may take, at apply and at revert (e.g. '5m'); one that does not "
+                                      "finish fails the step, naming the Deployment")
 
     @model_validator(mode="after")
     def _one_target(self) -> Self:
         check_selector(self.pid, self.name, self.child_of, self.kubernetes)
+        if self.prepare == "restart" and self.kubernetes is None:
+            raise ValueError("prepare: restart restarts the pods of a Deployment: it needs a kubernetes: target")
         return self
 
     @model_validator(mode="after")
@@ -126,6 +143,18 @@ class CudaFaultRecord(RevertRecord):
     pids: list[int] = []
     baseline: dict[str, dict[str, int]] = {}  # per control file: calls/failed/delayed per kind when armed
     inside: dict[str, InContainer] = {}  # of the controls, those reached through a container's /proc/PID/root
+
+
+class PodRestartRecord(RevertRecord):
+    """The Kubernetes part of a gpu.cuda_fault with `prepare: restart` (the k8s-helper record's `restart`): the
+    Deployments it prepared, restored on revert. Before apply, those it may prepare (each is restored only if its
+    signed annotation names `owner`: a Deployment prepared by anyone else is left alone); after apply, those it
+    did prepare, and the helpers' placement on the pods chosen after the rollout."""
+
+    owner: str = Field(min_length=1)  # RUN/KEY, written into the annotation of each Deployment this fault prepares
+    deployments: list[str]  # NAMESPACE/NAME
+    timeout_s: float = Field(gt=0)  # each rollout's limit (the revert's too)
+    placement: dict[str, Any] | None = None  # the HelperPlacement of the new pods (None: not applied yet)
 
 
 def reachable(pid: int, path: str) -> str:
@@ -171,7 +200,7 @@ class CudaFault(Injector):
             raise LookupError(f"no process of container {bare_id(container_id)[:12]} was started with the CUDA "
                               "interposer: prepare its Deployment once with `chaoskit cuda-wrap --deployment "
                               "NAMESPACE/NAME` (a rollout restarts its pods)")
-        return {**{k: v for k, v in spec.items() if k != "kubernetes"}, "pid": pids}
+        return {**{k: v for k, v in spec.items() if k not in KUBE_ONLY}, "pid": pids}
 
     def resolve_target(self) -> ProcessTarget:
         return ProcessTarget(self.spec.describe(), tuple(self.spec.select()))

@@ -7,13 +7,15 @@ period is only recorded), no watch, no admission, no scheduling; only equality l
 patches (a JSON patch or strategic merge patch is answered 415, like a server that does not accept that type).
 A pod created here stays Pending unless a `kubelet` callback runs it (tests give one that runs the agent as a
 process: the pod is Running while it runs, its log grows as it prints, deleting the pod sends it SIGTERM).
-`serve_tls` adds an HTTPS listener (a self-signed certificate for 127.0.0.1, made with openssl), so that a pod run
+`add_rollout_deployment` adds a Deployment whose pods the fake makes and replaces when its template changes: a
+DOUBLE of the Deployment controller (see its docstring). `serve_tls` adds an HTTPS listener (a self-signed certificate for 127.0.0.1, made with openssl), so that a pod run
 by `InClusterKubelet` reaches this server through the client's real in-cluster config; `refuse` makes the
 matching requests answer an error.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -135,6 +137,13 @@ class FakeKubeApi:
         self._tls_ca = Path()
         self.refused: list[tuple[str, str, int]] = []  # (method, path regex, status): answered with that error
         self.tokens: dict[str, str] = {}  # service account tokens a kubelet minted -> NAMESPACE/SERVICEACCOUNT
+        # the Deployment controller double (add_rollout_deployment): how long a rollout takes, the images it can
+        # never pull (a rollout to a template naming one never finishes), and what starts a new pod's containers
+        # (pod -> their containerIDs; default: made-up IDs, no process)
+        self.rollout_s = 0.3
+        self.stuck_images: set[str] = set()
+        self.start_containers: Callable[[Obj], tuple[str, ...]] | None = None
+        self.controlled: dict[tuple[str, str], str] = {}  # Deployments it runs -> node of their pods
 
     @property
     def url(self) -> str:
@@ -242,6 +251,70 @@ class FakeKubeApi:
         with self._lock:
             self.state.workloads[(namespace, name)] = obj
         return obj
+
+    def add_rollout_deployment(self, namespace: str, name: str, pod_spec: Obj, replicas: int = 1,
+                               node: str = "node-a") -> Obj:
+        """add_deployment_spec, with a DOUBLE of the Deployment controller: its pods (on `node`) are made here,
+        owned by ReplicaSet NAME-HASH (HASH their pod-template-hash label, from the template), Running and ready.
+        A change of the template bumps the generation (as the API server does) and starts a rollout: status
+        observedGeneration follows at once, 0 updated; after rollout_s the old pods are deleted, new ones made
+        from the new template (start_containers gives their containerIDs) and the status says every replica is
+        updated and ready. A template naming an image in stuck_images never finishes (image pull back-off: the
+        old pods stay). No surge, no ReplicaSet objects, no gradual replacement."""
+        obj = self.add_deployment_spec(namespace, name, pod_spec, replicas)
+        with self._lock:
+            self.controlled[(namespace, name)] = node
+            self._replace_pods(namespace, name, obj["metadata"]["generation"])
+        return obj
+
+    def _pods_of(self, namespace: str, name: str) -> list[tuple[str, str]]:
+        return [k for k, pod in self.state.pods.items() if k[0] == namespace and any(
+            o.get("kind") == "ReplicaSet" and o["name"].startswith(f"{name}-")
+            for o in pod["metadata"].get("ownerReferences", []))]
+
+    def _start_rollout(self, namespace: str, name: str) -> None:
+        """The controller saw a new template: observedGeneration now, the pods replaced after rollout_s."""
+        d = self.state.workloads[(namespace, name)]
+        generation = d["metadata"]["generation"]
+        d["status"] = {**d.get("status", {}), "observedGeneration": generation, "updatedReplicas": 0}
+        spec = d["spec"]["template"]["spec"]
+        images = {c.get("image") for c in [*spec.get("containers", []), *spec.get("initContainers", [])]}
+        if images & self.stuck_images:
+            return
+        timer = threading.Timer(self.rollout_s, self._finish_rollout, (namespace, name, generation))
+        timer.daemon = True
+        timer.start()
+
+    def _finish_rollout(self, namespace: str, name: str, generation: int) -> None:
+        with self._lock:
+            d = self.state.workloads.get((namespace, name))
+            if d is not None and d["metadata"]["generation"] == generation:  # else a newer rollout took over
+                self._replace_pods(namespace, name, generation)
+
+    def _replace_pods(self, namespace: str, name: str, generation: int) -> None:
+        """The Deployment's pods replaced by new ones of its template, its status a finished rollout."""
+        d = self.state.workloads[(namespace, name)]
+        for key in self._pods_of(namespace, name):
+            del self.state.pods[key]
+            self.state.deleted.append((*key, None))
+        template = d["spec"]["template"]
+        digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+        replicas = d["spec"].get("replicas", 1)
+        for _ in range(replicas):
+            pod_name = f"{name}-{digest}-{uuid.uuid4().hex[:5]}"
+            pod = self.add_pod(namespace, pod_name, {**template["metadata"]["labels"], "pod-template-hash": digest},
+                               node=self.controlled[(namespace, name)],
+                               containers=tuple(c["name"] for c in template["spec"]["containers"]))
+            self.seeded.discard((namespace, pod_name))
+            pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": True,
+                                                   "name": f"{name}-{digest}", "uid": str(uuid.uuid4())}]
+            pod["spec"] = {**json.loads(json.dumps(template["spec"])), "nodeName": pod["spec"]["nodeName"]}
+            if self.start_containers is not None:
+                ids = self.start_containers(pod)
+                for status, cid in zip(pod["status"]["containerStatuses"], ids, strict=True):
+                    status["containerID"] = cid
+        d["status"] = {"observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas,
+                       "readyReplicas": replicas, "availableReplicas": replicas}
 
     def add_event(self, namespace: str, pod: str, reason: str, count: int = 1, type_: str = "Warning") -> None:
         n = next(self._serial)
@@ -447,6 +520,8 @@ class FakeKubeApi:
         d["metadata"]["resourceVersion"] = str(next(self._serial))
         if json.dumps(d["spec"], sort_keys=True) != before:
             d["metadata"]["generation"] += 1
+            if (p["ns"], p["name"]) in self.controlled:
+                self._start_rollout(p["ns"], p["name"])
         return d
 
     def handle(self, method: str, path: str, query: dict[str, str], body: Any, content_type: str) -> tuple[int, Any]:

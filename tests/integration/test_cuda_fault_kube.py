@@ -141,12 +141,34 @@ def test_a_literal_ld_preload_is_kept_behind_the_interposer_and_other_changes_su
      "the interposer; give it as a literal value first"),
     ({"containers": [{**GPU, "env": [{"name": "CHAOSKIT_CUDA_FAULT", "value": "/x"}]}]},
      "deployment prod/llm: container vllm already sets CHAOSKIT_CUDA_FAULT (prepared by hand?)"),
+    ({"containers": [{**GPU, "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "app"}},
+                                         {"secretRef": {"name": "llm-secrets"}}]}]},
+     "deployment prod/llm: container vllm may take LD_PRELOAD from envFrom Secret llm-secrets: its value cannot be "
+     "seen here, and the interposer's LD_PRELOAD would silently override it; set LD_PRELOAD literally in env (it "
+     "then wins over envFrom and is kept behind the interposer), or give that envFrom a prefix"),
+    ({"containers": [{**GPU, "envFrom": [{"prefix": "LD_", "configMapRef": {"name": "libs"}}]}]},
+     "deployment prod/llm: container vllm may take LD_PRELOAD from envFrom ConfigMap libs (prefix LD_): its value "
+     "cannot be seen here, and the interposer's LD_PRELOAD would silently override it; set LD_PRELOAD literally in "
+     "env (it then wins over envFrom and is kept behind the interposer), or give that envFrom a prefix"),
 ])
 def test_a_deployment_that_cannot_be_prepared_is_refused_with_exit_4_and_left_alone(api, pod_spec, why):
     api.add_deployment_spec("prod", "llm", pod_spec)
     r = wrap(api)
     assert r.exit_code == 4 and " ".join(r.output.split()) == f"error: {why}", r.output
     assert api.calls("PATCH", "/deployments") == [] and template(api) == pod_spec
+
+
+def test_an_envfrom_that_cannot_set_ld_preload_or_is_overridden_by_a_literal_one_is_no_obstacle(api):
+    """envFrom with a prefix LD_PRELOAD does not start with cannot set it; a literal LD_PRELOAD in env wins over
+    envFrom (Kubernetes' rule) and is kept behind the interposer."""
+    own = {**GPU, "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "app"}}]}
+    literal = {**GPU, "name": "second", "envFrom": [{"configMapRef": {"name": "all"}}],
+               "env": [{"name": "LD_PRELOAD", "value": "/lib/x.so"}]}
+    api.add_deployment_spec("prod", "llm", {"containers": [own, literal]})
+    assert wrap(api).exit_code == 0
+    envs = [c["env"] for c in template(api)["containers"]]
+    assert envs[0][-2:] == [{"name": "LD_PRELOAD", "value": LIB}, {"name": "CHAOSKIT_CUDA_FAULT", "value": CTL}]
+    assert envs[1] == [{"name": "LD_PRELOAD", "value": f"{LIB} /lib/x.so"}, {"name": "CHAOSKIT_CUDA_FAULT", "value": CTL}]
 
 
 def test_bad_references_unknown_deployments_and_a_tampered_record(api):

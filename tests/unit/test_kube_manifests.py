@@ -16,11 +16,12 @@ import yaml
 from kubernetes import client
 from pydantic import ValidationError
 
+from chaoskit.executors import k8s_cuda_wrap as cuda_wrap
 from chaoskit.executors.k8s_helper import HelperPlacement, K8sHelperExecutor, helper_pod, replay_cluster
 from chaoskit.injectors.kube import DeploymentScale, PodKill
 from chaoskit.injectors.process import ProcessSignal
 from chaoskit.probes.kube import KubePodsProbe
-from chaoskit.targets.kube import ClusterRef
+from chaoskit.targets.kube import ClusterRef, api_client
 from tests.helpers.fake_kube import FakeKubeApi
 
 DIR = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "chaoskit"
@@ -138,6 +139,15 @@ def test_the_roles_grant_exactly_the_verbs_the_code_sends(tmp_path, monkeypatch:
         sig = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "pid": 1, "allow_host": True}))
         executor = K8sHelperExecutor()
         final = executor.apply(sig, {"signal": "SIGSTOP", "targets": []}, hp.to_json())
+        # gpu.cuda_fault's prepare: restart: wrap a Deployment (a rollout), wait for it, restore it
+        api.rollout_s = 0.0
+        api.add_rollout_deployment("prod", "llm", {"containers": [{"name": "vllm", "resources": {
+            "limits": {"nvidia.com/gpu": "1"}}}]})
+        apps, core = client.AppsV1Api(api_client(cluster)), client.CoreV1Api(api_client(cluster))
+        assert cuda_wrap.wrap(apps, core, "prod", "llm", "img", None, "chaoskit", owner="r1/k1") is not None
+        cuda_wrap.wait_rollout(apps, "prod", "llm", 5.0, poll_s=0.05)
+        assert cuda_wrap.restore(apps, core, "prod", "llm", "chaoskit", owner="r1/k1") is not None
+        cuda_wrap.wait_rollout(apps, "prod", "llm", 5.0, poll_s=0.05)
         executor.observe("process.signal", final, hp.to_json())
         assert [(r.key, r.error) for r in replay_cluster(cluster)] == [(hp.key, None)]  # list + revert + remove
         used = _request_verbs(api)
