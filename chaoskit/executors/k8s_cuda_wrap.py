@@ -407,6 +407,8 @@ def preflight(injector: Injector) -> None:
     start with the interposer; with restart, naming a Deployment that cannot be prepared (nothing is changed)."""
     if not _cuda_fault(injector):
         return
+    from kubernetes.client.exceptions import ApiException
+
     spec: Any = injector.spec
     try:
         if not _restarts(injector):
@@ -429,6 +431,8 @@ def preflight(injector: Injector) -> None:
                 recorded(key, read_deployment(apps, spec.kubernetes.namespace, name))
     except (WrapRefused, AnnotationRefused, KeyUnavailable) as e:
         raise PreflightError(f"gpu.cuda_fault: prepare: restart: {e}") from None
+    except ApiException as e:  # refused (RBAC) or failed: nothing was changed
+        raise PreflightError(f"gpu.cuda_fault: the API server answered {e.status} {e.reason}") from None
 
 
 def plan(injector: Injector) -> list[str]:
@@ -464,8 +468,8 @@ def prepared(injector: Injector) -> Obj:
 
 def roll_out(injector: Injector, record: Obj, hp: HelperPlacement) -> tuple[Obj, HelperPlacement]:
     """Prepare the Deployments of the record's `restart` still unprepared, wait for their rollouts, and choose
-    the pods again (the new ones): (the `restart` record, the helpers' placement on the new pods). A record
-    without `restart`: itself, hp. RolloutStalled naming a Deployment whose rollout did not finish (what was
+    the pods again (the new ones): ({"restart": its final record}, the helpers' placement on the new pods); ({},
+    hp) for a record without `restart`. RolloutStalled naming a Deployment whose rollout did not finish (what was
     prepared is in the ledger's record: revert restores it)."""
     if "restart" not in record:
         return {}, hp
@@ -493,18 +497,25 @@ def placement_after(record: Obj) -> Obj | None:
     return restart.get("placement") if isinstance(restart, dict) else None
 
 
-def undo(type_name: str, record: Obj, hp: HelperPlacement) -> None:
-    """After the pods are disarmed: restore each Deployment the record's `restart` names whose annotation this
-    fault wrote (a second rollout), and wait for those rollouts (RolloutStalled naming one that does not finish).
-    Idempotent: a Deployment restored already, or prepared by someone else, is left as it is."""
+def read_restart(type_name: str, record: Obj) -> PodRestartRecord | None:
+    """The record's `restart` part as the fault family's PodRestartRecord (RecordError naming each wrong field,
+    before anything is undone); None without one."""
     if not isinstance(record, dict) or "restart" not in record:
+        return None
+    return injector_class(type_name).read_record_as(PodRestartRecord, record["restart"])
+
+
+def undo(restart: PodRestartRecord | None, hp: HelperPlacement) -> None:
+    """After the pods are disarmed: restore each Deployment the restart record names whose annotation this fault
+    wrote (a second rollout), and wait for those rollouts (RolloutStalled naming one that does not finish).
+    Idempotent: a Deployment restored already, or prepared by someone else, is left as it is."""
+    if restart is None:
         return
-    r: PodRestartRecord = injector_class(type_name).read_record_as(PodRestartRecord, record["restart"])
     apps, core = _apis(hp)
-    for ref in r.deployments:
+    for ref in restart.deployments:
         ns, name = ref.split("/", 1)
         try:
-            restore(apps, core, ns, name, hp.namespace, owner=r.owner)
+            restore(apps, core, ns, name, hp.namespace, owner=restart.owner)
         except WrapRefused:  # the Deployment is gone: nothing to restore
             continue
-        wait_rollout(apps, ns, name, r.timeout_s)
+        wait_rollout(apps, ns, name, restart.timeout_s)

@@ -126,9 +126,10 @@ class K8sHelperExecutor:
         return [done[j.hp.key] for j in jobs]  # in the nodes' order, whichever answered first
 
     def revert(self, type_name: str, record: Record, placement: Placement) -> None:
-        hp, core = self._open(cuda_wrap.placement_after(record) or placement)
+        restart = cuda_wrap.read_restart(type_name, record)  # a gpu.cuda_fault's restart: checked before any undo
+        hp, core = self._open((restart.placement if restart else None) or placement)
         self.revert_from(core, hp, type_name, record, SignedRecords(core, hp.namespace, hp.run_id))
-        cuda_wrap.undo(type_name, record, hp)  # once disarmed: the Deployments a restart prepared
+        cuda_wrap.undo(restart, hp)  # once disarmed: the Deployments it prepared
 
     @classmethod
     def revert_from(cls, core: Any, hp: HelperPlacement, type_name: str, record: Record,

@@ -274,3 +274,21 @@ def test_prepare_restart_needs_a_kubernetes_target():
                                          "target"):
         CudaFault.Spec.model_validate({"type": "gpu.cuda_fault", "name": "^vllm", "alloc": {"share": 0.1},
                                        "prepare": "restart"})
+
+
+def test_a_torn_restart_record_is_refused_before_anything_is_undone(tmp_path):
+    """The ledger's record of a fault with prepare: restart, hand-edited: revert names each wrong field and sends
+    no request (no helper pod, no restore)."""
+    from chaoskit.executors.k8s_helper import K8sHelperExecutor
+    from chaoskit.injectors.base import RecordError
+    from chaoskit.targets.kube import ClusterRef
+    from tests.helpers.fake_kube import helper_placement
+
+    with FakeKubeApi() as api:
+        hp = helper_placement(ClusterRef(str(api.write_kubeconfig(tmp_path / "kc")), None))
+        torn = {"pods": [], "restart": {"owner": "", "deployments": "prod/llm", "timeout_s": 30}}
+        with pytest.raises(RecordError, match=r"^gpu.cuda_fault: its revert record does not read back \(owner: String "
+                                              r"should have at least 1 character; deployments: Input should be a "
+                                              r"valid list\)$"):
+            K8sHelperExecutor().revert("gpu.cuda_fault", torn, hp.to_json())
+        assert api.requests == []
