@@ -22,10 +22,13 @@ random phase the Triton replica is SIGSTOPped. Detection = end of the first fail
 for every onset: one with no failing sample while the replica was stopped is a miss, and a miss fails it.
 
 Part 0 (`SCALE_HELPER_TRIALS`, default 15): process start -> `ready` of the proxy helpers (proxy_server,
-llm_proxy_server) started as the injectors start them (proxy_proc through helper_proc; `python -m` before those
-existed); anchor, same run: a bare `python -c "print('ready')"`.
+llm_proxy_server) started as the injectors start them outside a run (proxy_proc through helper_proc; `python -m`
+before those existed) and as a run starts them (forked by its forkserver, once that exists); anchor, same run: a
+bare `python -c "print('ready')"`.
 
 RESULT keys: start_{python,proxy_server,llm_proxy_server}_ms and start_{helper}_vs_python (medians),
+start_forked_{proxy_server,llm_proxy_server}_ms and _vs_python (the same helper forked by a run's forkserver, which
+a run starts before its method: spawn -> `ready`),
 rollback_{N}_ms, apply_{N}_ms (medians), rollback_100_vs_linear / apply_100_vs_linear (measured / the
 sum of each fault's cost alone, the anchor), rollback_phase_100_ms, rollback_ms_per_fault_100, revert_{kind}_alone_ms
 (the rollback of that one fault alone: one revert, median), samples, journal_bytes_per_sample, journal_mib_30min
@@ -49,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -270,14 +274,47 @@ def part_helpers(env: dict[str, str]) -> dict[str, list[float]]:
     same run: `python -c "print('ready')"` (an interpreter's own start)."""
     out: dict[str, list[float]] = {"python": [], **{m: [] for m in HELPERS}}
     until = f"{time.time() + 60:.0f}"
-    for i in range(HELPER_TRIALS):  # interleaved, so a noisy moment hits each alike
-        out["python"].append(ready_ms([sys.executable, "-c", "print('ready')"], env))
-        for module, config in HELPERS.items():
-            port = free_ports(1)[0]
-            argv, helper_env = helper_argv(module, [f"ckbench-{os.getpid()}-{i}", f"127.0.0.1:{port}",
-                                                    "127.0.0.1:9", config, until], env)
-            out[module].append(ready_ms(argv, helper_env))
+    forkserver = start_forkserver()
+    try:
+        for i in range(HELPER_TRIALS):  # interleaved, so a noisy moment hits each alike
+            out["python"].append(ready_ms([sys.executable, "-c", "print('ready')"], env))
+            for module, config in HELPERS.items():
+                port = free_ports(1)[0]
+                argv, helper_env = helper_argv(module, [f"ckbench-{os.getpid()}-{i}", f"127.0.0.1:{port}",
+                                                        "127.0.0.1:9", config, until], env)
+                out[module].append(ready_ms(argv, helper_env))
+                if forkserver is not None:
+                    out.setdefault(f"forked_{module}", []).append(forked_ms(forkserver, module, config, until))
+    finally:
+        if forkserver is not None:
+            forkserver.close()
     return out
+
+
+def start_forkserver():  # noqa: ANN201  (chaoskit.injectors.forkserver.Forkserver, or None before it existed)
+    """The run's proxy forkserver, started (a run starts it before its method): what a run's proxy apply waits
+    for is then the fork alone. None for a chaoskit before it."""
+    import importlib.util
+
+    if importlib.util.find_spec("chaoskit.injectors.forkserver") is None:
+        return None
+    from chaoskit.injectors.forkserver import Forkserver
+
+    fs = Forkserver()
+    fs.start()  # the bench times spawns, not the forkserver's own start
+    return fs
+
+
+def forked_ms(forkserver, module: str, config: str, until: str) -> float:  # noqa: ANN001
+    """Spawn -> `ready` of one proxy helper forked by the run's forkserver (as a run's apply starts it); stopped."""
+    from chaoskit.injectors import helper_proc
+
+    token = f"chaoskit-proxy-{uuid.uuid4().hex}"
+    t0 = time.perf_counter()
+    ref = forkserver.spawn(token, [module, f"127.0.0.1:{free_ports(1)[0]}", "127.0.0.1:9", config, until], "bench")
+    took = (time.perf_counter() - t0) * 1000
+    helper_proc.stop(token, ref=ref.to_json())
+    return took
 
 
 def report_helpers(starts: dict[str, list[float]]) -> dict[str, str]:
@@ -286,8 +323,8 @@ def report_helpers(starts: dict[str, list[float]]) -> dict[str, str]:
     keys: dict[str, str] = {}
     anchor = med(starts["python"])
     for name, vals in starts.items():
-        short = name.rsplit(".", 1)[-1]
-        print(f"{short:>22} {spread(vals):>24}  x{med(vals) / anchor:.2f} of python's own start")
+        short = ("forked_" if name.startswith("forked_") else "") + name.rsplit(".", 1)[-1]
+        print(f"{short:>29} {spread(vals):>24}  x{med(vals) / anchor:.2f} of python's own start")
         keys[f"start_{short}_ms"] = f"{med(vals):.1f}"
         if name != "python":
             keys[f"start_{short}_vs_python"] = f"{med(vals) / anchor:.2f}"

@@ -46,13 +46,17 @@ class Forkserver:
             self._stop(control)
             socket.send_fds(self._started(), [request], [answer.fileno()])
 
+    def start(self) -> None:
+        """Start it now (else the first spawn does), waiting for its `ready`."""
+        self._started()
+
     def prestart(self) -> None:
-        """Start it now, on a thread (a failure shows at the first spawn, which tries again)."""
+        """start() on a thread (a failure shows at the first spawn, which tries again)."""
         threading.Thread(target=self._quiet_start, name="chaoskit-forkserver", daemon=True).start()
 
     def _quiet_start(self) -> None:
         try:
-            self._started()
+            self.start()
         except (OSError, RuntimeError):
             pass
 
