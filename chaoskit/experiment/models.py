@@ -56,7 +56,7 @@ class Reference(StrictModel):
     netns: bool = Field(False, description="each replica in its own network namespace (needs root)")
     model_params: dict[str, ParamValue] = Field(default_factory=dict, description="tiny_lm parameters, e.g. "
                                                 "isolate_kv_cache: false")
-    port: Port | None = Field(None, description="gateway port (default: the first free block from 18000)")
+    port: Port | None = Field(None, description="gateway port (default: the first free block from 18000, or from $CHAOSKIT_REF_FIRST_PORT)")
     when: dict[str, RefSettings] = Field(default_factory=dict, description="settings that apply when the named "
                                          "variable is true, e.g. when: {fix: {health: latency}} and --var fix=true")
     neighbour: Reference | None = Field(None, description="a second deployment on the same host (another tenant), "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +19,18 @@ from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.experiment.models import Reference
 from chaoskit.reference.deploy import Deployment, RefOptions, port_free, ref_dir
 
-FIRST_PORT, PORT_STRIDE = 18000, 40
+FIRST_PORT, PORT_STRIDE = 18000, 40  # FIRST_PORT: unless $CHAOSKIT_REF_FIRST_PORT says otherwise
+
+
+def first_port() -> int:
+    """Where the search for a free block of ports starts: $CHAOSKIT_REF_FIRST_PORT (two runs started at once,
+    e.g. two CI jobs on one host, each its own range), else FIRST_PORT."""
+    raw = os.environ.get("CHAOSKIT_REF_FIRST_PORT", "")
+    if not raw:
+        return FIRST_PORT
+    if not raw.isdigit() or not 1024 <= int(raw) <= 65000:
+        raise PreflightError(f"CHAOSKIT_REF_FIRST_PORT={raw}: not a port number from 1024 to 65000")
+    return int(raw)
 
 
 def options(ref: Reference, port: int = 0) -> RefOptions:
@@ -85,12 +97,15 @@ def _reused(d: Path, facts: dict[str, Any], opts: RefOptions, ledger: Ledger,
 
 
 def free_port_block(servers: int) -> int:
-    """The first block of ports from FIRST_PORT free for a gateway and `servers` replicas (3 ports each)."""
+    """The first block of ports from first_port() free for a gateway and `servers` replicas (3 ports each)."""
+    first = first_port()
     for k in range(100):
-        base = FIRST_PORT + PORT_STRIDE * k
+        base = first + PORT_STRIDE * k
+        if base + 3 * servers > 65535:
+            break
         if all(port_free("127.0.0.1", p) for p in range(base, base + 1 + 3 * servers)):
             return base
-    raise PreflightError(f"no free block of {1 + 3 * servers} ports from {FIRST_PORT}; set target.reference.port")
+    raise PreflightError(f"no free block of {1 + 3 * servers} ports from {first}; set target.reference.port")
 
 
 @contextmanager

@@ -138,3 +138,17 @@ def test_step_paths_name_a_step_by_its_place_in_the_method(tmp_path):
 """
     exp = load_experiment(write(tmp_path, body)).experiment
     assert [path for path, _ in inject_steps(exp.method)] == ["method[1]", "method[2].parallel[1]"]
+
+
+def test_the_free_port_block_search_starts_where_the_environment_says(monkeypatch):
+    from chaoskit.errors import PreflightError
+    from chaoskit.reference.scenario import FIRST_PORT, first_port
+
+    monkeypatch.delenv("CHAOSKIT_REF_FIRST_PORT", raising=False)
+    assert first_port() == FIRST_PORT == 18000
+    monkeypatch.setenv("CHAOSKIT_REF_FIRST_PORT", "28000")
+    assert first_port() == 28000
+    for bad in ("80", "70000", "28k"):
+        monkeypatch.setenv("CHAOSKIT_REF_FIRST_PORT", bad)
+        with pytest.raises(PreflightError, match=f"CHAOSKIT_REF_FIRST_PORT={bad}: not a port number"):
+            first_port()
