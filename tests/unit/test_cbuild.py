@@ -47,3 +47,24 @@ def test_a_missing_or_failing_compiler_says_so(tmp_path, cache, monkeypatch):
         with pytest.raises(cbuild.CompileFailed, match="compiling bad.c failed"):
             cbuild.build(src, "bad", ())
     assert not cache.exists() or [p.name for p in cache.iterdir()] == []  # no partial build left
+
+
+def test_what_the_image_prebuilds_is_used_without_a_compiler_and_nothing_is_written(tmp_path, cache, monkeypatch):
+    """deploy/k8s/chaoskit/Dockerfile builds the shipped helpers into CHAOSKIT_CACHE_DIR in a stage with gcc; the
+    helper pods then have no compiler and a read-only root filesystem: each build() must find its prebuilt file."""
+    if cbuild.compiler() is None:
+        pytest.skip("no C compiler ($CC, cc or gcc) here")
+    from chaoskit.gpu import cuda_fault_ctl
+    from chaoskit.injectors import netem_queue
+    from chaoskit.load import native
+    from chaoskit.paths import package_parent
+
+    builds = (netem_queue.build, native.build, cuda_fault_ctl.build)
+    prebuilt = [b() for b in builds]
+    listing = sorted((p.name, p.stat().st_mtime_ns) for p in cache.iterdir())
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert [b() for b in builds] == prebuilt
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in cache.iterdir()) == listing
+    dockerfile = (package_parent() / "deploy/k8s/chaoskit/Dockerfile").read_text()
+    assert 'netem_queue.build(), native.build()' in dockerfile and "ENV CHAOSKIT_CACHE_DIR=" in dockerfile
