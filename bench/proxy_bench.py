@@ -11,12 +11,20 @@ Every answer is checked: a round trip must echo the 64 bytes sent (a closed conn
 error, and ends that connection's round trips); a download must deliver exactly M bytes, each one the payload's.
 A throughput is computed only from a complete download (else `nan`); the latency only from complete round trips.
 
+Line rate: the same download from an upstream paced at BENCH_LINE_GBIT (default 10 Gbit/s: SO_MAX_PACING_RATE,
+TCP's own pacing, as a NIC would cap it), direct and through another proxy: what the proxy keeps of a real line.
+Host CPU: the whole machine's busy CPU per GiB downloaded (/proc/stat, softirqs and kernel threads included), direct
+and proxied, means over the trials (its ticks are 10 ms). On loopback the download is CPU-bound (direct keeps both
+cores busy: sender and receiver), so throughput_ratio measures what the relay costs in CPU, not whether it keeps a
+line: a relay that costs one more direct download's CPU (relay_host_cpu_vs_direct = 1.0: the second TCP
+connection that a proxy is) caps it near 0.5 on 2 cores.
+
 RESULT keys: proxy_added_p50_us, proxy_added_p99_us (goal p50 <= 50 us), proxy_mbps, direct_mbps (MB/s),
-throughput_ratio (proxy / direct, each trial's; goal >= 0.8) and its min/max over the trials,
-proxy_cpu_s_per_gib (the proxy helper's CPU, all its threads, per GiB it relayed) beside receiver_cpu_s_per_gib
-(the CPU of the direct download's receiving thread per GiB: what a client spends on the same bytes; on 2 cores the
-sender, the receiver and the relay share them, so the ratio also says how busy the machine was), trials, errors (short or wrong answers, direct and proxied; the exit status is 1
-when it is not 0).
+throughput_ratio (proxy / direct on loopback, each trial's; goal >= 0.8) and its min/max over the trials,
+line_ratio (proxy / direct at the paced line) and its min, line_gbit, proxy_cpu_s_per_gib (the proxy helper's CPU,
+all its threads, per GiB it relayed) beside receiver_cpu_s_per_gib (the CPU of the direct download's receiving
+thread per GiB), host_cpu_s_per_gib_direct / _proxied and relay_host_cpu_vs_direct ((proxied - direct) / direct),
+trials, errors (short or wrong answers, direct and proxied; the exit status is 1 when it is not 0).
 """
 
 from __future__ import annotations
@@ -38,13 +46,19 @@ BULK = int(os.environ.get("BENCH_BYTES", str(256 << 20)))
 TRIALS = int(os.environ.get("BENCH_TRIALS", "5"))
 PAYLOAD = b"x" * (1 << 20)
 PAYLOAD_VIEW = memoryview(PAYLOAD)
+LINE = float(os.environ.get("BENCH_LINE_GBIT", "10")) * 1e9 / 8  # bytes/s of the paced line
+SO_MAX_PACING_RATE = 47  # asm-generic/socket.h
 
 
-def serve(bulk: bool) -> socket.socket:
+def serve(bulk: bool, pace: float = 0) -> socket.socket:
+    """An echo or bulk (BULK bytes, then close) server; `pace`: each connection's send rate in bytes/s
+    (SO_MAX_PACING_RATE: TCP's own pacing, as a NIC's line rate would cap it)."""
     srv = socket.create_server(("127.0.0.1", 0), backlog=64)
 
     def one(c: socket.socket) -> None:
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if pace:
+            c.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, int(pace))
         with c:
             try:
                 if bulk:
@@ -104,17 +118,26 @@ def mbps(port: int, errors: list[str], label: str, helper: psutil.Process | None
     cpu = (lambda: sum(helper.cpu_times()[:2])) if helper is not None else time.thread_time
     with socket.create_connection(("127.0.0.1", port)) as s:
         buf = bytearray(1 << 20)
-        t0, c0, got, wrong = time.perf_counter(), cpu(), 0, 0
+        t0, c0, h0, got, wrong = time.perf_counter(), cpu(), host_busy_s(), 0, 0
         while n := s.recv_into(buf):
             got += n
             if not buf.startswith(PAYLOAD_VIEW[:n]):  # the payload is all b"x": a memcmp, no copy
                 wrong += n - buf.count(b"x", 0, n)
-        dt, used = time.perf_counter() - t0, cpu() - c0
+        dt, used, host = time.perf_counter() - t0, cpu() - c0, host_busy_s() - h0
     if got != BULK or wrong:
         errors.append(f"{label}: download of {BULK} bytes got {got}" + (f", {wrong} of them not the payload's"
                                                                        if wrong else ""))
-        return math.nan, math.nan
-    return got / dt / 1e6, used / (got / (1 << 30))
+        return math.nan, math.nan, math.nan
+    gib = got / (1 << 30)
+    return got / dt / 1e6, used / gib, host / gib
+
+
+def host_busy_s() -> float:
+    """CPU seconds the whole machine spent busy so far (/proc/stat: all but idle and iowait), kernel threads and
+    softirqs included: what the sender, the receiver and the relay cost together."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(sorted_vals: list[float], q: float) -> float:
@@ -134,51 +157,69 @@ def spread(vals: list[float]) -> str:
 
 def main() -> int:
     errors: list[str] = []
-    echo, bulk = serve(bulk=False), serve(bulk=True)
+    echo, bulk, paced = serve(bulk=False), serve(bulk=True), serve(bulk=True, pace=LINE)
     records = []
-    added50, added99, ratios, direct_mb, proxy_mb, proxy_cpu, receiver_cpu = [], [], [], [], [], [], []
+    added50, added99, ratios, line_ratios = [], [], [], []
+    direct_mb, proxy_mb, proxy_cpu, receiver_cpu, host_direct, host_proxy = [], [], [], [], [], []
     try:
         ports = {}
-        for name, up in (("echo", echo), ("bulk", bulk)):
+        for name, up in (("echo", echo), ("bulk", bulk), ("paced", paced)):
             port = free_port()
             inj = Proxy(Proxy.Spec(type="network.proxy", listen=f"127.0.0.1:{port}",
                                    upstream=f"127.0.0.1:{up.getsockname()[1]}"))
             records.append(inj.apply(inj.prepare()))
             ports[name] = port
-        helper = psutil.Process(records[-1]["proxy"]["pid"])  # the bulk download's proxy
+        helper = psutil.Process(records[1]["proxy"]["pid"])  # the bulk download's proxy
         for trial in range(TRIALS):  # interleaved, the same policy for both; the order alternates
-            order = (("direct", echo.getsockname()[1]), ("proxy", ports["echo"]))
-            order = order if trial % 2 == 0 else order[::-1]
-            r = {label: rtts(port, errors, label) for label, port in order}
+            def alternate(pair: tuple, flip: bool = trial % 2 == 1) -> tuple:
+                return pair[::-1] if flip else pair
+
+            r = {label: rtts(port, errors, label)
+                 for label, port in alternate((("direct", echo.getsockname()[1]), ("proxy", ports["echo"])))}
             p50 = {k: statistics.median(v) if v else math.nan for k, v in r.items()}
             p99 = {k: pct(v, 0.99) if v else math.nan for k, v in r.items()}
             added50.append((p50["proxy"] - p50["direct"]) * 1e6)
             added99.append((p99["proxy"] - p99["direct"]) * 1e6)
-            order = (("direct", bulk.getsockname()[1], None), ("proxy", ports["bulk"], helper))
-            m = {label: mbps(port, errors, label, h) for label, port, h in (order if trial % 2 == 0 else order[::-1])}
+            m = {label: mbps(port, errors, label, h)
+                 for label, port, h in alternate((("direct", bulk.getsockname()[1], None),
+                                                  ("proxy", ports["bulk"], helper)))}
+            line = {label: mbps(port, errors, f"{label} (paced)")[0]
+                    for label, port in alternate((("direct", paced.getsockname()[1]), ("proxy", ports["paced"])))}
             direct_mb.append(m["direct"][0])
             proxy_mb.append(m["proxy"][0])
             ratios.append(m["proxy"][0] / m["direct"][0])
+            line_ratios.append(line["proxy"] / line["direct"])
             receiver_cpu.append(m["direct"][1])
             proxy_cpu.append(m["proxy"][1])
+            host_direct.append(m["direct"][2])
+            host_proxy.append(m["proxy"][2])
             print(f"trial {trial + 1}: added p50 {added50[-1]:.1f} us p99 {added99[-1]:.1f} us; direct "
                   f"{m['direct'][0]:.0f} MB/s, proxy {m['proxy'][0]:.0f} MB/s, ratio {ratios[-1]:.3f}; CPU s/GiB: "
-                  f"proxy {proxy_cpu[-1]:.3f}, direct receiver {receiver_cpu[-1]:.3f}")
+                  f"proxy {proxy_cpu[-1]:.3f}, direct receiver {receiver_cpu[-1]:.3f}, host direct "
+                  f"{host_direct[-1]:.3f}, host proxied {host_proxy[-1]:.3f}; paced at {LINE * 8 / 1e9:g} Gbit/s: "
+                  f"direct {line['direct']:.0f} MB/s, proxy {line['proxy']:.0f} MB/s, ratio {line_ratios[-1]:.3f}")
     finally:
         for rec in records:
             Proxy.revert(rec)
-        echo.close()
-        bulk.close()
+        for srv in (echo, bulk, paced):
+            srv.close()
     for e in errors:
         print(f"ERROR {e}")
-    print(f"{TRIALS} trials of {N} round trips and a {BULK >> 20} MiB download each, median (min-max): added p50 "
-          f"{spread(added50)} us, throughput ratio {spread(ratios)}")
     med = statistics.median
+    mean = statistics.fmean
+    extra = (mean(host_proxy) - mean(host_direct)) / mean(host_direct)  # over all trials: ticks are 10 ms
+    print(f"{TRIALS} trials of {N} round trips and {BULK >> 20} MiB downloads each, median (min-max): added p50 "
+          f"{spread(added50)} us, throughput ratio {spread(ratios)}, at a {LINE * 8 / 1e9:g} Gbit/s line "
+          f"{spread(line_ratios)}; host CPU per GiB (mean) direct {mean(host_direct):.3f} s, proxied "
+          f"{mean(host_proxy):.3f} s: the relay adds {extra:.2f}x a direct download's (1.0: one more direct "
+          f"download's worth)")
     print(f"RESULT proxy_added_p50_us={med(added50):.1f} proxy_added_p99_us={med(added99):.1f} "
           f"proxy_mbps={med(proxy_mb):.1f} direct_mbps={med(direct_mb):.1f} throughput_ratio={med(ratios):.3f} "
           f"throughput_ratio_min={min(ratios):.3f} throughput_ratio_max={max(ratios):.3f} "
-          f"proxy_cpu_s_per_gib={med(proxy_cpu):.3f} receiver_cpu_s_per_gib={med(receiver_cpu):.3f} trials={TRIALS} "
-          f"errors={len(errors)}")
+          f"line_ratio={med(line_ratios):.3f} line_ratio_min={min(line_ratios):.3f} line_gbit={LINE * 8 / 1e9:g} "
+          f"proxy_cpu_s_per_gib={med(proxy_cpu):.3f} receiver_cpu_s_per_gib={med(receiver_cpu):.3f} "
+          f"host_cpu_s_per_gib_direct={mean(host_direct):.3f} host_cpu_s_per_gib_proxied={mean(host_proxy):.3f} "
+          f"relay_host_cpu_vs_direct={extra:.3f} trials={TRIALS} errors={len(errors)}")
     return 1 if errors else 0
 
 
