@@ -2,9 +2,10 @@
 # `make test`. A whole run in one process uses under half of 2 cores (it mostly waits on scenario durations), so
 # the suite runs as three pytest processes side by side, then one alone:
 #   unit         tests/unit (pure: no process, namespace or port outside pytest's own temporary directory);
-#   scenarios    tests/e2e, tests/vllm and tests/integration/test_llm_proxy.py: every test on the shared vLLM
-#                pair in one process (it starts once); its reference deployments search for free ports from
-#                28000 (CHAOSKIT_REF_FIRST_PORT), the other stream's from 18000, so the two never race for a block;
+#   scenarios    tests/e2e, tests/vllm, tests/integration/test_llm_proxy.py (every test on the shared vLLM pair
+#                in one process: it starts once) and test_reference.py (the two streams about even); its
+#                reference deployments search for free ports from 28000 (CHAOSKIT_REF_FIRST_PORT), the other
+#                stream's from 18000, so the two never race for a block;
 #   integration  the rest of tests/integration, in the foreground;
 #   reliability  tests/reliability last and alone: the torture test compares the whole host before and after.
 # Every output is shown, the background ones after the foreground's. Extra pytest arguments: PYTEST_ARGS (given
@@ -30,9 +31,9 @@ background() {  # NAME ENV... -- PYTEST ARGS...: run pytest in the background, o
 start=$SECONDS
 background unit -- tests/unit
 background scenarios CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
-    tests/integration/test_llm_proxy.py
+    tests/integration/test_llm_proxy.py tests/integration/test_reference.py
 "$PY" -m pytest -q -p no:cacheprovider --durations=15 tests/integration \
-    --ignore=tests/integration/test_llm_proxy.py "${extra[@]}"
+    --ignore=tests/integration/test_llm_proxy.py --ignore=tests/integration/test_reference.py "${extra[@]}"
 integration=$?
 wait "${pids[0]}"; unit=$?
 wait "${pids[1]}"; scenarios=$?
