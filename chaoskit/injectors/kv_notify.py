@@ -71,7 +71,8 @@ class KvNotifyRecord(ProxyRecord):
 
 class KvNotify(ProxyHelper):
     type: ClassVar[str] = "kv.notify"
-    summary: ClassVar[str] = "lose, delay or duplicate the KV transfers' done notifications of a disaggregated deployment"
+    summary: ClassVar[str] = ("lose, delay or duplicate the KV transfers' done notifications of a disaggregated deployment, "
+                              "or corrupt the KV bytes they carry")
     server: ClassVar[str] = "chaoskit.injectors.kv_notify_server"
     what: ClassVar[str] = "KV notification proxy"
     token_prefix: ClassVar[str] = "chaoskit-kvnotify-"
