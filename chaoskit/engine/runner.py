@@ -26,6 +26,7 @@ from chaoskit.engine.steady_state import Baselines, take_sample
 from chaoskit.errors import PreflightError
 from chaoskit.experiment.models import Experiment, Safeguard, Step
 from chaoskit.injectors import Injector
+from chaoskit.injectors.base import LOCAL
 from chaoskit.injectors.forkserver import Forkserver
 from chaoskit.model.enums import Phase, Verdict
 from chaoskit.model.events import (
@@ -172,7 +173,7 @@ class Runner:
             return
         if st.on(Event.PREFLIGHT_OK) is not State.HYPOTHESIS_BEFORE:
             return
-        if any(i.forked for i in self.injectors.values()):
+        if any(i.forked and i.ctx.executor == LOCAL for i in self.injectors.values()):
             self.forkserver.prestart()  # while the steady state is checked: ready before the first proxy
         held = bool(await self._cancellable(self._check_once(Phase.BEFORE)))
         if not held and not self.status.stopped:

@@ -16,6 +16,8 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
+from types import ModuleType
 
 import setproctitle
 
@@ -25,25 +27,42 @@ SERVERS = {m.__name__: m for m in (proxy_server, llm_proxy_server, kv_notify_ser
 
 
 def child(request: dict, answer: socket.socket) -> int:
-    """In the forked child: become the helper proxy_proc would be and serve (never returns to the loop)."""
-    token, (server, addr, *rest) = request["token"], request["args"]
-    os.setsid()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):  # the control socket and the run's pipes are not the helper's
-        os.dup2(null, fd)
-    os.close(null)
-    setproctitle.setproctitle(f"{proxy_proc.__file__} {token} {server} {addr}")  # found by its token
-    os.environ.update(request["env"])
+    """In the forked child (the control socket closed): become the helper proxy_proc would be, say `ready PID`
+    (or `error WHY`) on `answer`, and serve."""
     try:
-        sock = proxy_proc.bind(addr)
-    except OSError as e:
-        answer.sendall(f"error cannot listen on {addr}: {e}\n".encode())
+        sock, rest, module = become(request)
+    except Exception as e:  # whatever it is, the run reads why (proxy_proc's would be on its stderr)
+        answer.sendall(f"error {e if isinstance(e, RuntimeError) else f'{type(e).__name__}: {e}'}\n".encode())
         return 1
     answer.sendall(f"ready {os.getpid()}\n".encode())
     answer.close()
-    module = SERVERS.get(server) or importlib.import_module(server)  # another package's server: imported here
     return module.helper_main(sock, rest)
+
+
+def become(request: dict) -> tuple[socket.socket, list[str], ModuleType]:
+    """Own session, standard streams on /dev/null, the token in the command line (the process name kept), the
+    request's environment, the server module, the listening socket."""
+    token, (server, addr, *rest) = request["token"], request["args"]
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    null = os.open(os.devnull, os.O_RDWR)  # fd 0 itself when the control socket's was the lowest free
+    for fd in (0, 1, 2):  # the control socket and the run's pipes are not the helper's
+        if fd != null:
+            os.dup2(null, fd)
+    if null > 2:
+        os.close(null)
+    name = Path("/proc/self/comm").read_text().strip()
+    setproctitle.setproctitle(f"{proxy_proc.__file__} {token} {server} {addr}")  # found by its token
+    setproctitle.setthreadtitle(name)  # its name stays the interpreter's, as a helper proxy_proc started
+    if token not in Path("/proc/self/cmdline").read_bytes().decode(errors="replace"):
+        raise RuntimeError("its command line does not show its token (setproctitle): revert could not find it")
+    os.environ.update(request["env"])
+    module = SERVERS.get(server) or importlib.import_module(server)  # another package's server: imported here
+    try:
+        sock = proxy_proc.bind(addr)
+    except OSError as e:
+        raise RuntimeError(f"cannot listen on {addr}: {e}") from None
+    return sock, rest, module
 
 
 def serve(control: socket.socket) -> None:

@@ -56,6 +56,8 @@ def args(port: int, up: int) -> list[str]:
 
 
 def test_forked_helpers_serve_carry_their_token_and_outlive_the_forkserver(echo):
+    """Each is what proxy_proc would start: its token in its command line, its own session, the interpreter's
+    name, standard streams on /dev/null (no socket of the forkserver's)."""
     fs = Forkserver()
     helpers = []
     try:
@@ -68,6 +70,8 @@ def test_forked_helpers_serve_carry_their_token_and_outlive_the_forkserver(echo)
             assert [r.pid for r in find_by_token(token)] == [ref.pid] and ref.start_time
             assert os.getsid(ref.pid) == ref.pid  # its own session, as a helper proxy_proc started
             assert cmdline(ref.pid)[1:4] == [token, SERVER, f"127.0.0.1:{port}"]
+            assert psutil.Process(ref.pid).name() == psutil.Process().name()  # python3.x, not the title
+            assert [os.readlink(f"/proc/{ref.pid}/fd/{fd}") for fd in (0, 1, 2)] == ["/dev/null"] * 3
             assert echoes(port)
         fs.close()
         assert not server.is_running()
@@ -157,6 +161,7 @@ def test_a_forkserver_killed_mid_run_is_started_again_at_the_next_spawn(echo):
             helper_proc.stop(token)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates a network namespace")
 def test_a_forked_intercept_proxy_listens_in_its_namespace_and_the_next_in_ours(echo):
     name = f"chaoskit-t-fs-{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "netns", "add", name], check=True)
@@ -176,3 +181,24 @@ def test_a_forked_intercept_proxy_listens_in_its_namespace_and_the_next_in_ours(
         for token in tokens:
             helper_proc.stop(token)
         subprocess.run(["ip", "netns", "delete", name], check=True)
+
+
+def test_a_forkserver_that_does_not_answer_fails_the_spawn_in_its_timeout(echo):
+    """The spawn fails within its timeout; the helper forked late for it finds nobody waiting and exits."""
+    fs = Forkserver(timeout_s=0.5)
+    fs.start()
+    token = f"chaoskit-proxy-{uuid.uuid4().hex}"
+    first = fs.spawn(f"chaoskit-proxy-{uuid.uuid4().hex}", args(free_port(), echo), "proxy")
+    server = psutil.Process(first.pid).parent()
+    server.suspend()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"proxy: no answer from the proxy forkserver in 0\.5s"):
+            fs.spawn(token, args(free_port(), echo), "proxy")
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        server.resume()
+        fs.close()
+        helper_proc.stop(cmdline(first.pid)[1])
+    time.sleep(0.5)  # the late request was served once it ran again: its helper found nobody waiting and exited
+    assert not find_by_token(token)
