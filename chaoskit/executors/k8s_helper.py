@@ -19,7 +19,7 @@ from typing import Annotated, Any, ClassVar, get_args, get_origin
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from chaoskit.executors import k8s_cuda_wrap as cuda_wrap
+from chaoskit.executors import k8s_cuda_restart as cuda_restart
 from chaoskit.executors.base import Placement, Record
 from chaoskit.executors.k8s_pods import (
     GPU_ENV,
@@ -64,7 +64,7 @@ class K8sHelperExecutor:
     def preflight(self, injector: Injector) -> None:
         """The target layer chose the pods and the helper checks the node before applying; a gpu.cuda_fault's
         pods (or with prepare: restart, their Deployments) are checked here."""
-        cuda_wrap.preflight(injector)
+        cuda_restart.preflight(injector)
 
     def plan(self, injector: Injector) -> list[str]:
         hp = HelperPlacement.from_json(injector.ctx.placement or {})
@@ -83,20 +83,20 @@ class K8sHelperExecutor:
 
         lines = [f"on node {one.node}: a helper pod ({hp.image}, hostPID, capabilities {caps}{host}) "
                  f"{does(_pods_text(one.pods()))}" for one in nodes]
-        return [*cuda_wrap.plan(injector), *lines,
+        return [*cuda_restart.plan(injector), *lines,
                 f"revert: a helper pod on each node ({len(nodes)}), from the record (also kept in ConfigMap "
                 f"{hp.namespace}/{configmap_name(hp.run_id)})"]
 
     def prepare(self, injector: Injector) -> Record:
         # each helper prepares on its node; until then there is nothing to undo but a gpu.cuda_fault's restart
-        return {"pods": [], **cuda_wrap.prepared(injector)}
+        return {"pods": [], **cuda_restart.prepared(injector)}
 
     def apply(self, injector: Injector, record: Record, placement: Placement) -> Record:
         hp, core = self._open(placement)
         store = SignedRecords(core, hp.namespace, hp.run_id)
         if not hp.targets:  # one fault on one node, its record prepared by the caller
             return self._apply_nodes(core, store, injector, [(hp, record)])[0][1]
-        restart, hp = cuda_wrap.roll_out(injector, record, hp)  # a gpu.cuda_fault's prepare: restart: new pods
+        restart, hp = cuda_restart.roll_out(injector, record, hp)  # a gpu.cuda_fault's prepare: restart: new pods
         done = self._apply_nodes(core, store, injector, [(one, {}) for one in hp.per_node()])
         return {"pods": [{"key": one.key, "node": one.node, "pod": p["pod"], "record": p["record"], "holder": holder}
                          for one, final, holder in done for p in final.get("pods", [])], **restart}
@@ -126,10 +126,10 @@ class K8sHelperExecutor:
         return [done[j.hp.key] for j in jobs]  # in the nodes' order, whichever answered first
 
     def revert(self, type_name: str, record: Record, placement: Placement) -> None:
-        restart = cuda_wrap.read_restart(type_name, record)  # a gpu.cuda_fault's restart: checked before any undo
+        restart = cuda_restart.read_restart(type_name, record)  # a gpu.cuda_fault's restart: checked before any undo
         hp, core = self._open((restart.placement if restart else None) or placement)
         self.revert_from(core, hp, type_name, record, SignedRecords(core, hp.namespace, hp.run_id))
-        cuda_wrap.undo(restart, hp)  # once disarmed: the Deployments it prepared
+        cuda_restart.undo(restart, hp)  # once disarmed: the Deployments it prepared
 
     @classmethod
     def revert_from(cls, core: Any, hp: HelperPlacement, type_name: str, record: Record,
@@ -147,7 +147,7 @@ class K8sHelperExecutor:
 
     def observe_details(self, type_name: str, record: Record, placement: Placement) -> dict[str, Any]:
         """Per pod (`NODE/POD`) what its fault is doing, from one observe helper per node."""
-        hp, core = self._open(cuda_wrap.placement_after(record) or placement)
+        hp, core = self._open(cuda_restart.placement_after(record) or placement)
         parts = [p for p in self._parts(SignedRecords(core, hp.namespace, hp.run_id), hp, type_name, record)
                  if p.record]  # an empty record: nothing was applied there
         jobs = [HelperJob(p.hp, {"type": type_name, "record": p.record, "placement": p.hp.to_json()}) for p in parts]

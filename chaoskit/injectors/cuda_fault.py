@@ -7,7 +7,7 @@ Kubernetes (`kubernetes:` pods of a Deployment prepared once with `chaoskit cuda
 the run with `prepare: restart`: a rollout before the fault, and another one on revert that restores the template)
 a helper pod on each node arms the control file of each chosen pod's container, reached through its processes'
 /proc/PID/root, and revert finds it again after a container restart through the pod's cgroup. The Kubernetes side
-of `prepare: restart` (the Deployments' patch, the rollouts) is the executors' (executors.k8s_cuda_wrap); its
+of `prepare: restart` (the Deployments' patch, the rollouts) is the executors' (executors.k8s_cuda_restart); its
 record, PodRestartRecord, is declared here with the family's other records.
 """
 
