@@ -106,7 +106,8 @@ def test_latency_toxic_adds_the_configured_latency_at_p50(upstream, proxy):
 def test_latency_upstream_and_toxicity_zero(upstream, proxy):
     up = proxy(upstream.port, [{"type": "latency", "latency": "10ms", "stream": "upstream"}])
     never = proxy(upstream.port, [{"type": "latency", "latency": "50ms", "toxicity": "0%"}])
-    assert 9e-3 < statistics.median(rtts(up, 20)) < 13e-3
+    # 10 ms once (not on both streams: 20 ms), plus the relaying on a busy 2-core box (13.8 ms once, tests beside it)
+    assert 9e-3 < statistics.median(rtts(up, 20)) < 16e-3
     assert statistics.median(rtts(never, 20)) < 3e-3
 
 
