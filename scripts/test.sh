@@ -7,8 +7,9 @@
 #                reference deployments search for free ports from 28000 (CHAOSKIT_REF_FIRST_PORT), the other
 #                stream's from 18000, so the two never race for a block;
 #   integration  the rest of tests/integration, in the foreground;
-#   alone        tests/reliability (the torture test compares the whole host before and after) and
-#                test_memory_pressure.py (it holds the host's used memory within 2% of a target).
+#   alone        tests/reliability (the torture test compares the whole host before and after),
+#                test_memory_pressure.py (it holds the host's used memory within 2% of a target) and the tests
+#                that hold timings to a few ms (the load generator's, the proxies' latency, the SLO windows').
 # Every output is shown, the background ones after the foreground's. Ctrl-C stops every stream (each tears its
 # fixtures down) and skips the last one. Extra pytest arguments: PYTEST_ARGS (given to each; "no tests
 # collected" is then not a failure).
@@ -45,13 +46,15 @@ background() {  # NAME ENV... -- PYTEST ARGS...: pytest in the background, its o
     pids+=($!)
 }
 
+alone=(tests/reliability tests/integration/test_memory_pressure.py tests/integration/test_load.py
+       tests/integration/test_load_senders.py tests/integration/test_slo_over_phase.py tests/integration/test_proxy.py)
 start=$SECONDS
 background unit -- tests/unit
 background scenarios CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
     tests/integration/test_llm_proxy.py tests/integration/test_reference.py
 "$PY" -m pytest -q -p no:cacheprovider --durations=15 tests/integration \
     --ignore=tests/integration/test_llm_proxy.py --ignore=tests/integration/test_reference.py \
-    --ignore=tests/integration/test_memory_pressure.py ${extra[@]+"${extra[@]}"}
+    $(printf -- '--ignore=%s ' "${alone[@]:1}") ${extra[@]+"${extra[@]}"}
 integration=$?
 [ "$stopped" -eq 1 ] && stop_background
 wait "${pids[0]}"; unit=$?
@@ -65,10 +68,9 @@ if [ "$stopped" -eq 1 ]; then
     exit 130
 fi
 echo "--- alone (after $((SECONDS - start)) s)"
-"$PY" -m pytest -q -p no:cacheprovider tests/reliability tests/integration/test_memory_pressure.py \
-    ${extra[@]+"${extra[@]}"}
-alone=$?
+"$PY" -m pytest -q -p no:cacheprovider "${alone[@]}" ${extra[@]+"${extra[@]}"}
+lone=$?
 echo "--- make test: $((SECONDS - start)) s of tests; exit: integration $integration, scenarios $scenarios," \
-     "unit $unit, alone $alone"
+     "unit $unit, alone $lone"
 ok() { [ "$1" -eq 0 ] || { [ "$1" -eq 5 ] && [ ${#extra[@]} -gt 0 ]; }; }
-ok "$integration" && ok "$scenarios" && ok "$unit" && ok "$alone"
+ok "$integration" && ok "$scenarios" && ok "$unit" && ok "$lone"

@@ -127,8 +127,9 @@ def test_streaming_through_gateway_token_by_token(ref):
     first, last = carrying[0] - sent, carrying[-1] - sent
     print(f"\n{tokens} token events in {len(carrying)} socket reads; first at {first * 1e3:.1f} ms, last at "
           f"{last * 1e3:.1f} ms")
-    # buffered, they would come in one or two reads at the end; streamed, in many reads spread over the generation
-    assert len(carrying) >= 10 and first < last, "the events came together: buffered, not streamed"
+    # buffered, they would come in one or two reads at the end; streamed, in several reads spread over the
+    # generation (on a busy box the reader wakes less often: 5 reads over 48 ms once, with tests beside it)
+    assert len(carrying) >= 3 and last - first >= 0.02, "the events came together: buffered, not streamed"
 
 
 def test_metrics_of_gateway_and_replicas(ref):
