@@ -1,5 +1,6 @@
-"""The run's side of the proxy forkserver (proxy_fork.py): started at the first proxy a run applies, closed at
-the run's end; each proxy helper of the run is forked from it instead of started as a new Python."""
+"""The run's side of the proxy forkserver (proxy_fork.py): started before the method when the run has a proxy to
+run here (else at its first spawn), closed at the run's end; each proxy helper of the run is forked from it
+instead of started as a new Python."""
 
 from __future__ import annotations
 
