@@ -2,10 +2,9 @@
 # `make test`. A whole run in one process uses under half of 2 cores (it mostly waits on scenario durations), so
 # the suite runs as three pytest processes side by side, then one alone:
 #   unit         tests/unit (no namespace, port or other host state outside pytest's own temporary directory);
-#   scenarios    tests/e2e, tests/vllm, tests/integration/test_llm_proxy.py (every test on the shared vLLM pair
-#                in one process: it starts once) and test_reference.py (the two streams about even); its
-#                reference deployments search for free ports from 28000 (CHAOSKIT_REF_FIRST_PORT), the other
-#                stream's from 18000, so the two never race for a block;
+#   scenarios    tests/e2e, tests/vllm and tests/integration/test_llm_proxy.py (every test on the shared vLLM
+#                pair in one process: it starts once); its reference deployments search for free ports from
+#                28000 (CHAOSKIT_REF_FIRST_PORT), the other stream's from 18000, so the two never race for a block;
 #   integration  the rest of tests/integration, in the foreground;
 #   alone        tests/reliability (the torture test compares the whole host before and after),
 #                test_memory_pressure.py (it holds the host's used memory within 2% of a target) and the tests
@@ -51,10 +50,10 @@ alone=(tests/reliability tests/integration/test_memory_pressure.py tests/integra
 start=$SECONDS
 background unit -- tests/unit
 background scenarios CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
-    tests/integration/test_llm_proxy.py tests/integration/test_reference.py
+    tests/integration/test_llm_proxy.py
 "$PY" -m pytest -q -p no:cacheprovider --durations=15 tests/integration \
-    --ignore=tests/integration/test_llm_proxy.py --ignore=tests/integration/test_reference.py \
-    $(printf -- '--ignore=%s ' "${alone[@]:1}") ${extra[@]+"${extra[@]}"}
+    --ignore=tests/integration/test_llm_proxy.py $(printf -- '--ignore=%s ' "${alone[@]:1}") \
+    ${extra[@]+"${extra[@]}"}
 integration=$?
 [ "$stopped" -eq 1 ] && stop_background
 wait "${pids[0]}"; unit=$?
