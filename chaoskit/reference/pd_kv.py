@@ -140,6 +140,8 @@ class Receiver:
                 payload = await reader.readexactly(n) if n else b""
                 r = self.room(room)
                 if kind == BOOTSTRAP:
+                    if r.state in ENDED:  # a late bootstrap of a room that ended (aborted, overdue): stays ended
+                        continue
                     r.state, r.meta = "bootstrapped", json.loads(payload)
                     open_rooms.add(room)
                     if self.transfer_deadline_s > 0:

@@ -39,6 +39,9 @@ def test_a_transfer_arrives_whole_and_an_abort_fails_its_room():
         with pytest.raises(pd_kv.TransferFailed, match="aborted"):
             await asyncio.wait_for(aborted.result, 5)
         assert rx.counts == {"done": 1, "aborted": 1, "broken": 0, "overdue": 0, "corrupt": 0}
+        await pd_kv.send(addr, 8, meta, data)  # a late transfer of the aborted room: it stays aborted
+        await asyncio.sleep(0.1)
+        assert aborted.state == "aborted" and rx.counts["aborted"] == 1 and rx.counts["done"] == 1
         server.close()
 
     asyncio.run(main())
