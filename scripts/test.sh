@@ -8,7 +8,8 @@
 #   integration  the rest of tests/integration, in the foreground;
 #   alone        tests/reliability (the torture test compares the whole host before and after),
 #                test_memory_pressure.py (it holds the host's used memory within 2% of a target) and the tests
-#                that hold timings to a few ms (the load generator's, the proxies' latency, the SLO windows').
+#                that hold timings to a few ms (the load generator's, the proxies' latency, the SLO windows', the
+#                gateway's token-by-token streaming).
 # Every output is shown, the background ones after the foreground's. Ctrl-C stops every stream (each tears its
 # fixtures down) and skips the last one. Extra pytest arguments: PYTEST_ARGS (given to each; "no tests
 # collected" is then not a failure).
@@ -46,7 +47,8 @@ background() {  # NAME ENV... -- PYTEST ARGS...: pytest in the background, its o
 }
 
 alone=(tests/reliability tests/integration/test_memory_pressure.py tests/integration/test_load.py
-       tests/integration/test_load_senders.py tests/integration/test_slo_over_phase.py tests/integration/test_proxy.py)
+       tests/integration/test_load_senders.py tests/integration/test_slo_over_phase.py tests/integration/test_proxy.py
+       tests/integration/test_reference.py)
 start=$SECONDS
 background unit -- tests/unit
 background scenarios CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
