@@ -193,18 +193,19 @@ def roll_out(injector: Injector, record: Obj, hp: HelperPlacement) -> tuple[Obj,
     return {"restart": r.model_copy(update={"deployments": done, "placement": new.to_json()}).model_dump()}, new
 
 
-def placement_after(record: Obj) -> Obj | None:
-    """The helpers' placement a restart chose (the new pods), if the record has one."""
-    restart = record.get("restart") if isinstance(record, dict) else None
-    return restart.get("placement") if isinstance(restart, dict) else None
-
-
 def read_restart(type_name: str, record: Obj) -> PodRestartRecord | None:
     """The record's `restart` part as the fault family's PodRestartRecord (RecordError naming each wrong field,
     before anything is undone); None without one."""
     if not isinstance(record, dict) or "restart" not in record:
         return None
     return injector_class(type_name).read_record_as(PodRestartRecord, record["restart"])
+
+
+def after_restart(type_name: str, record: Obj, placement: Obj) -> tuple[PodRestartRecord | None, Obj]:
+    """(the record's restart part, read_restart's; the placement to act on: the helpers' on the pods a restart
+    chose, else `placement`)."""
+    restart = read_restart(type_name, record)
+    return restart, (restart.placement if restart else None) or placement
 
 
 def undo(restart: PodRestartRecord | None, hp: HelperPlacement) -> None:

@@ -126,8 +126,8 @@ class K8sHelperExecutor:
         return [done[j.hp.key] for j in jobs]  # in the nodes' order, whichever answered first
 
     def revert(self, type_name: str, record: Record, placement: Placement) -> None:
-        restart = cuda_restart.read_restart(type_name, record)  # a gpu.cuda_fault's restart: checked before any undo
-        hp, core = self._open((restart.placement if restart else None) or placement)
+        restart, placement = cuda_restart.after_restart(type_name, record, placement)  # checked before any undo
+        hp, core = self._open(placement)
         self.revert_from(core, hp, type_name, record, SignedRecords(core, hp.namespace, hp.run_id))
         cuda_restart.undo(restart, hp)  # once disarmed: the Deployments it prepared
 
@@ -147,7 +147,7 @@ class K8sHelperExecutor:
 
     def observe_details(self, type_name: str, record: Record, placement: Placement) -> dict[str, Any]:
         """Per pod (`NODE/POD`) what its fault is doing, from one observe helper per node."""
-        hp, core = self._open(cuda_restart.placement_after(record) or placement)
+        hp, core = self._open(cuda_restart.after_restart(type_name, record, placement)[1])
         parts = [p for p in self._parts(SignedRecords(core, hp.namespace, hp.run_id), hp, type_name, record)
                  if p.record]  # an empty record: nothing was applied there
         jobs = [HelperJob(p.hp, {"type": type_name, "record": p.record, "placement": p.hp.to_json()}) for p in parts]

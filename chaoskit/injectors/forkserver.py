@@ -11,7 +11,8 @@ import socket
 import subprocess
 import threading
 
-from chaoskit.targets.process import ProcessRef, cmdline, proc_ref
+from chaoskit.injectors.helper_proc import command, env, started
+from chaoskit.targets.process import ProcessRef
 
 MODULE = "chaoskit.injectors.proxy_fork"
 TIMEOUT_S = 30.0  # for the forkserver's `ready`, and for each helper's
@@ -43,9 +44,7 @@ class Forkserver:
                 raise RuntimeError(f"{what}: no answer from the proxy forkserver in {self.timeout_s:g}s") from None
         if not answer.startswith("ready "):
             raise RuntimeError(f"{what} failed to start: {answer.removeprefix('error ') or 'it exited'}")
-        pid = int(answer.split()[1])
-        ref = proc_ref(pid) if token in cmdline(pid) else None
-        return ref if ref is not None else ProcessRef(pid, 0)
+        return started(int(answer.split()[1]), token)
 
     def _send(self, request: bytes, answer: socket.socket) -> None:
         """Send the request and the answer socket; a forkserver found gone (killed) is started again, once."""
@@ -86,8 +85,6 @@ class Forkserver:
 
     def _launch(self) -> tuple[subprocess.Popen, socket.socket]:
         """Start the forkserver process and wait (up to timeout_s) for its `ready`."""
-        from chaoskit.injectors.helper_proc import command, env
-
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with theirs:

@@ -54,8 +54,14 @@ def spawn(module: str | None, token: str, args: list[str], what: str, extra_env:
         proc.kill()
         _, err = proc.communicate()
         raise RuntimeError(f"{what} failed to start (exit {proc.returncode}): {err.strip()[-500:]}")
-    ref = proc_ref(proc.pid) if token in cmdline(proc.pid) else None  # its own /proc entry, not a scan of all
-    return ref if ref is not None else ProcessRef(proc.pid, 0)
+    return started(proc.pid, token)
+
+
+def started(pid: int, token: str) -> ProcessRef:
+    """The helper just started as `pid`, read from its own /proc entry (not a scan of all) while its command line
+    carries `token`; start time 0 (found by the token then) when it could not be read so."""
+    ref = proc_ref(pid) if token in cmdline(pid) else None
+    return ref if ref is not None else ProcessRef(pid, 0)
 
 
 def marked(token: str | None, ref: dict[str, Any] | None) -> list[ProcessRef]:
