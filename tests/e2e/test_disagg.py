@@ -49,14 +49,17 @@ def test_a_disaggregated_scenario_flips_with_its_fix(tmp_path, state_dir, name, 
     after = _held(s, "after")
     print(f"\n{name} fix={fix}: decode slots held after the faults {after}, recovered {s.get('recovery_s')} s")
     assert _held(s, "before") == [0.0]
-    if expected == 1:  # the slots stay held by requests whose KV never comes, the whole after phase (one may
-        assert after and all(v >= 6 for v in after), after  # free for a moment and be taken by the next request)
-    else:
-        assert after[-1] < 2 and s["recovery_s"] is not None
-    if name == "notification-lost":  # kv.notify's own counts: it lost notifications, and passed the rest
+    held_floor = 6  # the slots stay held by requests whose KV never comes, the whole after phase (one may free
+    if name == "notification-lost":  # for a moment and be taken by the next request)
         seen = [e["details"] for e in map(json.loads, (tmp_path / "o" / "journal.jsonl").read_text().splitlines())
                 if e.get("event") == "fault_observed" and e.get("type") == "kv.notify" and "dropped" in e["details"]]
+        print(f"kv.notify: {seen[-1] if seen else None}")  # its own counts: it lost notifications, passed the rest
         assert seen and 0 < seen[-1]["dropped"] < seen[-1]["notifications"], seen
+        held_floor = min(8, seen[-1]["dropped"])  # each lost one holds its slot past the after phase (20 s)
+    if expected == 1:
+        assert after and all(v >= held_floor for v in after), after
+    else:
+        assert after[-1] < 2 and s["recovery_s"] is not None
     left = [f"{q['name']} {q['pid']}" for d in tmp_path.glob("ref*") for q in Deployment(d).processes()
             if is_alive(ProcessRef.from_json(q))]
     assert left == [], out + err
