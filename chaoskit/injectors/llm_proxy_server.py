@@ -2,8 +2,9 @@
 the hot path): each client connection is paired with one keep-alive upstream connection; a request is read
 whole, its faults drawn (chaoskit.injectors.llm_proxy_faults), then it is answered locally, held, or forwarded.
 A response no token-level fault touches is relayed byte for byte (only its framing is tracked, to know where
-it ends); an SSE response that one does is taken apart into events and re-framed (one chunk per event), each
-event leaving at its own time on a timerfd (asyncio's timers round to 1 ms): chaoskit.injectors.llm_proxy_sse.
+it ends: a chunked body's end by llhttp, in C); an SSE response that one does is taken apart into events and
+re-framed (one chunk per event), each event leaving at its own time on a timerfd (asyncio's timers round to
+1 ms): chaoskit.injectors.llm_proxy_sse.
 
 Started by chaoskit.injectors.proxy_proc (`proxy_proc.py TOKEN chaoskit.injectors.llm_proxy_server LISTEN UPSTREAM
 CONFIG_JSON UNTIL_EPOCH`), which listens, says `ready` and calls helper_main with the socket. `GET /chaoskit/metrics` (Prometheus text) and `/chaoskit/stats` (JSON) are its own.
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from chaoskit.injectors.llm_proxy_faults import FaultTable, Local, Plan, Request
-from chaoskit.injectors.llm_proxy_sse import Chunked, EventStream
+from chaoskit.injectors.llm_proxy_sse import Chunked, ChunkedEnd, EventStream
 from chaoskit.injectors.proxy_server import ORIGINAL, original_dst, serve_helper, serve_until, split_addr
 from chaoskit.load.timer import Alarm
 
@@ -272,7 +273,7 @@ class Exchange:
         self.head_done = self.up_close = self.sent_any = self.retried = False
         self.framing = ""  # length | chunked | close | none
         self.left = 0
-        self.chunks: Chunked | None = None
+        self.chunks: ChunkedEnd | None = None  # a chunked body relayed as it is: where it ends
         self.events: EventStream | None = None
         self.trace: RequestTrace | None = None  # a traced request's (llm_proxy_trace): its fault spans at the end
 
@@ -336,22 +337,29 @@ class Exchange:
     # ---------------------------------------------------------------- response side
 
     def feed(self, data: bytes) -> None:
-        if self.head_done:
-            if self.events is not None:
-                self.events.feed(data)
-            elif self.framing == "chunked":
-                self.down.t.write(data)
-                assert self.chunks is not None
-                if self.chunks.feed(data)[1] >= 0:
-                    self.finish()
-            else:
-                self.down.t.write(data)
-                if self.framing == "length":
-                    self.left -= len(data)
-                    if self.left <= 0:
-                        self.finish()
-            return
-        self._head(data)
+        if not self.head_done:
+            self._head(data)
+        elif self.events is not None:
+            self.events.feed(data)
+        else:
+            self._relay(data)
+
+    def _relay(self, data: bytes, head: bytes = b"") -> None:
+        """Body bytes no token-level fault touches: on to the client as they are (after the head, in one write:
+        a small answer is one segment, one syscall), until the body's end."""
+        self.down.t.write(head + data if head else data)
+        if self.framing == "length":
+            self.left -= len(data)
+            if self.left <= 0:
+                self.finish()
+        elif self.chunks is not None:
+            try:
+                ended = self.chunks.feed(data)
+            except ValueError:  # the client has what came; the rest of this response cannot be delimited
+                self.down.done(close=True, drop_upstream=True)
+                return
+            if ended:
+                self.finish()
 
     def _head(self, data: bytes) -> None:
         buf = self.hbuf + data if self.hbuf else data
@@ -374,7 +382,7 @@ class Exchange:
         if self.req.method == b"HEAD" or status in (204, 304):
             self.framing = "none"
         elif _TE_CHUNKED.search(lower):
-            self.framing, self.chunks = "chunked", Chunked()
+            self.framing = "chunked"
         elif m := _CL.search(lower):
             self.framing, self.left = "length", int(m.group(1))
         else:
@@ -383,26 +391,20 @@ class Exchange:
         if plan is not None:
             head = head[:-2] + f"X-Chaoskit-Fault: {','.join(plan.names)}\r\n\r\n".encode("latin-1")
             if plan.on_events() and status == 200 and _SSE.search(lower):
-                self.events = EventStream(self, plan, self.chunks if self.framing == "chunked" else None)
+                self.events = EventStream(self, plan, Chunked() if self.framing == "chunked" else None)
                 self.events.start(head)
                 if rest:
                     self.events.feed(rest)
                 return
         self.sent_any = True
+        if self.framing == "chunked":
+            self.chunks = ChunkedEnd()
         if not rest or self.framing == "none":
             self.down.t.write(head)
             if self.framing == "none" or (self.framing == "length" and self.left == 0):
                 self.finish()
             return
-        self.down.t.write(head + rest)  # one write: a small answer is one segment, one syscall
-        if self.framing == "chunked":
-            assert self.chunks is not None
-            if self.chunks.feed(rest)[1] >= 0:
-                self.finish()
-        elif self.framing == "length":
-            self.left -= len(rest)
-            if self.left <= 0:
-                self.finish()
+        self._relay(rest, head)
 
     def finish(self, close: bool = False) -> None:
         if self.down.ex is not self:

@@ -1,5 +1,5 @@
-"""The SSE half of llm.proxy's server: chunked framing (incremental, under arbitrary cuts) and EventStream, an SSE
-response under token-level faults - taken apart into events, each released at arrival + the shift the faults
+"""The SSE half of llm.proxy's server: chunked framing (incremental, under arbitrary cuts: ChunkedEnd finds where a
+relayed body ends in C, Chunked also collects the contents) and EventStream, an SSE response under token-level faults - taken apart into events, each released at arrival + the shift the faults
 added so far (token_delay per token, a stall once), re-framed one chunk per event, cut or corrupted where a fault
 says, written in one transport write per batch."""
 
@@ -11,6 +11,8 @@ import re
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
+
+import httptools
 
 if TYPE_CHECKING:
     from chaoskit.injectors.llm_proxy_faults import Plan, Request
@@ -31,6 +33,30 @@ class Exchange(Protocol):
 TOKEN = re.compile(rb'"(?:text|content|text_output)"\s*:\s*"[^"]')  # a non-empty token text, as chaoskit load counts
 _LENGTH_LINE = re.compile(rb"\r\n(?:content-length|transfer-encoding)[ \t]*:[^\r\n]*", re.IGNORECASE)
 END, CUT = object(), object()  # event-queue markers: finish the response / close the connection
+
+
+class ChunkedEnd:
+    """Where a chunked body relayed as it is ends, found by llhttp (httptools): no Python runs per chunk, so a
+    stream of one small chunk per token costs what its reads cost."""
+
+    __slots__ = ("parser", "done")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.parser = httptools.HttpResponseParser(self)
+        self.parser.feed_data(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+    def feed(self, data: bytes) -> bool:
+        """Whether the body (last chunk and trailer) has ended; ValueError where its framing is broken."""
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            if not self.done:  # (after the end: bytes the upstream should not have sent; the body is whole)
+                raise ValueError(f"bad chunked framing: {e}") from None
+        return self.done
 
 
 class Chunked:

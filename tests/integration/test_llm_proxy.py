@@ -10,6 +10,7 @@ import json
 import re
 import socket
 import statistics
+import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +24,7 @@ from chaoskit.reference import vllm
 from chaoskit.reference.deploy import Deployment, RefOptions
 from chaoskit.targets.process import all_pids, cmdline
 from tests.conftest import free_port, requires_triton, vllm_facts
-from tests.helpers.sse_client import Answer, call
+from tests.helpers.sse_client import Answer, call, request_bytes
 
 STREAM = "/v2/models/tiny_lm_stream/generate_stream"
 GENERATE = "/v2/models/tiny_lm/generate"
@@ -358,6 +359,45 @@ def test_revert_stops_the_proxy_from_its_record_alone(triton):
     assert not LlmProxy.observe(rec) and not [p for p in all_pids() if rec["token"] in cmdline(p)]
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+CUT_BODY = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in (b"data: 1\n\n", b"x" * 5000, b"0\r\n\r\n")) + b"0\r\n\r\n"
+
+
+def _raw_upstream(srv: socket.socket) -> None:
+    """Two requests on one connection: a chunked answer written in pieces cut inside size lines and data, then
+    one whose framing breaks (a size line that is not hex) after its first chunk."""
+    conn, _ = srv.accept()
+    with conn:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+        for answer in (head + CUT_BODY, head + b"3\r\nabc\r\nzz\r\n"):
+            conn.recv(65536)
+            for i in range(0, len(answer), 7):
+                conn.sendall(answer[i:i + 7])
+        conn.recv(65536)
+
+
+def test_a_relayed_chunked_body_ends_where_it_ends_and_broken_framing_cuts_the_connection():
+    """A response no fault touches goes on as it came; its end, found across arbitrary cuts, frees the client's
+    kept-alive connection for the next request; where the upstream's framing breaks, the client gets what came
+    and the connection closes (its answer cannot be delimited)."""
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        up = threading.Thread(target=_raw_upstream, args=(srv,), daemon=True)
+        up.start()
+        port, rec = _start(f"127.0.0.1:{srv.getsockname()[1]}", [])
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+                first = call(port, "/plain", {}, sock=c)
+                assert first.status == 200 and first.complete and not first.closed
+                assert first.body == b"data: 1\n\n" + b"x" * 5000 + b"0\r\n\r\n"
+                c.sendall(request_bytes("/broken", {}, None, "POST"))
+                got = b""
+                while data := c.recv(65536):  # until the proxy closes (a timeout fails the test)
+                    got += data
+                assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"\r\n\r\n3\r\nabc\r\nzz\r\n"), got
+        finally:
+            _stop(rec)
+        up.join(10)
 
 
 # ---------------------------------------------------------------- vLLM (OpenAI API), when installed

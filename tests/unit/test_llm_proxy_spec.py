@@ -16,7 +16,7 @@ from chaoskit.experiment.loader import load_experiment
 from chaoskit.experiment.schema import experiment_schema
 from chaoskit.injectors.llm_proxy import GENERATE_PATHS, LlmProxy, LlmProxySpec
 from chaoskit.injectors.llm_proxy_faults import FaultTable, Request
-from chaoskit.injectors.llm_proxy_sse import Chunked, corrupt_event, replace_text
+from chaoskit.injectors.llm_proxy_sse import Chunked, ChunkedEnd, corrupt_event, replace_text
 from chaoskit.load import native
 from chaoskit.load.clients import MalformedEvent, error_body, scan_stream, status_error
 from chaoskit.load.recorder import ERROR_KINDS, PYTHON_ONLY_KINDS
@@ -166,6 +166,23 @@ def test_chunked_framing_under_arbitrary_cuts():
         assert end == len(body) - cuts[-1] if cuts else end == len(body)
         assert b"".join(got) == b"".join(events)
     assert Chunked().feed(body + b"GET / HTTP/1.1")[1] == len(body)  # where the next request starts
+
+
+def test_a_relayed_chunked_body_ends_where_its_last_chunk_and_trailer_do():
+    """ChunkedEnd (llhttp): under arbitrary cuts it says `ended` exactly at the feed holding the body's last byte;
+    broken framing is a ValueError, bytes after the end are not."""
+    body = b"".join(b"%x;ext=1\r\n%b\r\n" % (len(e), e) for e in (b"data: 0\n\n", b"x" * 300, b"\r\n0\r\n\r\n"))
+    body += b"0\r\nX-Trailer: 1\r\n\r\n"
+    rnd = random.Random(2)
+    for _ in range(300):
+        cuts = sorted(rnd.sample(range(1, len(body)), rnd.randint(0, 30)))
+        c = ChunkedEnd()
+        said = [c.feed(body[a:b]) for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+        assert said == [False] * len(cuts) + [True]
+    assert ChunkedEnd().feed(body + b"HTTP/1.1 garbage")
+    for bad in (b"zz\r\nabc\r\n", b"3\r\nabcdef\r\n"):
+        with pytest.raises(ValueError, match="bad chunked framing"):
+            ChunkedEnd().feed(bad)
 
 
 def test_corruptions_are_what_the_client_calls_malformed():
