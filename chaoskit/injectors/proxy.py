@@ -131,15 +131,15 @@ def https_upstream(data: Any) -> Any:
 
 
 def intercept_listen(data: Any) -> Any:
-    """Before validation: with intercept the proxy listens on 0.0.0.0 in the namespace (`:PORT`, or a free port
-    chosen at apply when listen is left out)."""
+    """Before validation: with intercept the proxy listens on every address of the namespace, IPv4 and IPv6
+    (`[::]:PORT`, or a free port chosen at apply when listen is left out)."""
     if not isinstance(data, dict) or not data.get("intercept"):
         return data
     listen = data.get("listen") or ":0"
-    if isinstance(listen, str) and listen.rpartition(":")[0] not in ("", "0.0.0.0"):
-        raise ValueError(f"with intercept the proxy listens on every address of the namespace (0.0.0.0): give "
-                         f"listen as :PORT or leave it out (got {listen!r})")
-    return {**data, "listen": f"0.0.0.0:{listen.rpartition(':')[2]}" if isinstance(listen, str) else listen}
+    if isinstance(listen, str) and listen.rpartition(":")[0] not in ("", "0.0.0.0", "[::]"):
+        raise ValueError(f"with intercept the proxy listens on every address of the namespace ([::], IPv4 and "
+                         f"IPv6): give listen as :PORT or leave it out (got {listen!r})")
+    return {**data, "listen": f"[::]:{listen.rpartition(':')[2]}" if isinstance(listen, str) else listen}
 
 
 def check_intercept(spec: Any) -> None:
@@ -331,7 +331,7 @@ class ProxyHelper(helper_proc.HelperFault):
         return (f"intercepts port {ic.port} in the network namespace of {pods}: {self.type}, a {self.what} "
                 f"{self.effects()}, runs in that namespace (joined through /proc/PID/ns/net of the container's "
                 f"init), and nft table {proxy_intercept.FAMILY} chaoskit_<id> there redirects new incoming TCP "
-                f"connections to port {ic.port} (IPv4) to it, which forwards each to its original destination "
+                f"connections to port {ic.port} (IPv4 and IPv6) to it, which forwards each to its original destination "
                 f"(connections already open: {existing}); its revert deletes the table first, then stops the proxy")
 
     def intercept_plan(self) -> tuple[str, str]:
@@ -342,7 +342,7 @@ class ProxyHelper(helper_proc.HelperFault):
         existing = ("then reset (their clients reconnect through the proxy)" if ic.existing == "reset"
                     else "not touched")
         return (f" in {ic.target.label()}, intercepting port {ic.port} (nft table {proxy_intercept.FAMILY} "
-                f"chaoskit_<id> there redirects new incoming TCP connections to port {ic.port} (IPv4) to the "
+                f"chaoskit_<id> there redirects new incoming TCP connections to port {ic.port} (IPv4 and IPv6) to the "
                 f"proxy, which forwards each to its original destination; connections already open are "
                 f"{existing})",
                 "revert: delete the table first (new connections go straight to the service again), then stop "
@@ -355,7 +355,7 @@ class ProxyHelper(helper_proc.HelperFault):
         if self.spec.intercept is not None:
             t = self.target_as(NetnsTarget)
             port = split_addr(self.spec.listen)[1] or proxy_intercept.free_port(t.ns_path)
-            rec |= {"listen": f"0.0.0.0:{port}", "ns": t.ns_path, "ns_inode": t.ns_inode,
+            rec |= {"listen": f"[::]:{port}", "ns": t.ns_path, "ns_inode": t.ns_inode,
                     "table": f"chaoskit_{uuid.uuid4().hex[:12]}"}
         return rec
 

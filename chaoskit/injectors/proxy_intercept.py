@@ -14,15 +14,16 @@ from chaoskit.model.types import Port, StrictModel
 from chaoskit.targets import nftables
 from chaoskit.targets.netns import NetTargetSpec, run_in_netns, same_namespace
 
-FAMILY = "ip"  # IPv4: the proxy reads the original destination with SO_ORIGINAL_DST
+FAMILY = "inet"  # IPv4 and IPv6: the proxy listens on both and reads each connection's original destination
+OLD_FAMILY = "ip"  # chaoskit before 2026-12-05 redirected IPv4 only, in an `ip` table: still found and deleted
 PRIORITY = -100  # dstnat
 TABLE_PATTERN = r"^chaoskit_[0-9a-f]{12}$"
 
 
 class Intercept(StrictModel):
     port: Port = Field(description="the TCP port of the service in the namespace: its new incoming connections "
-                                   "(IPv4) are redirected to the proxy, which forwards each to the address it was "
-                                   "meant for")
+                                   "(IPv4 and IPv6) are redirected to the proxy, which forwards each to the "
+                                   "address it was meant for")
     target: NetTargetSpec = Field(description="the network namespace the service listens in (netns name or path, "
                                               "or pid; or kubernetes: the chosen pods', each through a helper pod "
                                               "on its node); the proxy runs in it")
@@ -57,11 +58,17 @@ def rules(table: str, port: int, to_port: int) -> list[dict[str, Any]]:
 
 
 def free_port(ns: str) -> int:
-    """A TCP port free on every address of the namespace now (the proxy listens on it there)."""
+    """A TCP port free on every address of the namespace now, IPv4 and IPv6 (the proxy listens on it there)."""
 
     def pick() -> int:
-        with socket.socket() as s:
-            s.bind(("0.0.0.0", 0))
+        try:
+            s = socket.socket(socket.AF_INET6)
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            addr = "::"
+        except OSError:  # IPv6 is off in this kernel
+            s, addr = socket.socket(), "0.0.0.0"
+        with s:
+            s.bind((addr, 0))
             return int(s.getsockname()[1])
 
     return run_in_netns(ns, pick)
@@ -71,23 +78,31 @@ def add(ns: str, table: str, port: int, to_port: int) -> None:
     nftables.run(ns, rules(table, port, to_port))
 
 
+def _families(ns: str, table: str) -> list[str]:
+    """The families the redirect's table is in (ours in FAMILY; one a chaoskit before IPv6 left in OLD_FAMILY)."""
+    return [f for f in (FAMILY, OLD_FAMILY) if nftables.has_table(ns, f, table)]
+
+
 def present(ns: str, ns_inode: int, table: str) -> bool:
     """Is the redirect still there (in the same namespace: one reused under that path is not ours)?"""
-    return same_namespace({"ns": ns, "ns_inode": ns_inode}) and nftables.has_table(ns, FAMILY, table)
+    return same_namespace({"ns": ns, "ns_inode": ns_inode}) and bool(_families(ns, table))
 
 
 def remove(ns: str, ns_inode: int, table: str) -> None:
     """Delete the redirect's table (idempotent: gone, or the namespace gone, is done)."""
-    if present(ns, ns_inode, table):
-        nftables.run(ns, [{"delete": {"table": {"family": FAMILY, "name": table}}}])
+    if same_namespace({"ns": ns, "ns_inode": ns_inode}):
+        _delete(ns, table)
 
 
 def drop_own_table(table: str) -> None:
     """In the proxy's own namespace (it runs there): delete its redirect if it is still there (the proxy's
     lifetime ended before any revert)."""
-    here = "/proc/self/ns/net"
-    if nftables.has_table(here, FAMILY, table):
-        nftables.run(here, [{"delete": {"table": {"family": FAMILY, "name": table}}}])
+    _delete("/proc/self/ns/net", table)
+
+
+def _delete(ns: str, table: str) -> None:
+    if families := _families(ns, table):
+        nftables.run(ns, [{"delete": {"table": {"family": f, "name": table}}} for f in families])
 
 
 def _addr(col: str) -> tuple[str, str]:

@@ -16,12 +16,20 @@ import sys
 
 
 def listen(addr: str) -> socket.socket:
-    """The listening socket of `host:port` (as asyncio.start_server makes it: SO_REUSEADDR, backlog 1024)."""
+    """The listening socket of `host:port` (as asyncio.start_server makes it: SO_REUSEADDR, backlog 1024). `[::]`
+    listens on IPv4 and IPv6 (IPv4 alone where the kernel has IPv6 off): an intercepting proxy gets both."""
     host, _, port = addr.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        if host != "::":
+            raise
+        host, sock = "0.0.0.0", socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if host == "::":
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind((host, int(port)))
         sock.listen(1024)
     except OSError:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 CHUNK = 64 * 1024
 ORIGINAL = "original-destination"  # the upstream of an intercepting proxy: each connection's own
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
+IP6T_SO_ORIGINAL_DST = 80  # linux/netfilter_ipv6/ip6_tables.h
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -49,17 +50,23 @@ def split_addr(addr: str) -> tuple[str, int]:
 
 
 def original_dst(sock: socket.socket | None) -> tuple[str, int] | None:
-    """Where a redirected (intercepted) connection was going: conntrack's original destination; None for a
-    connection made to the proxy's own address (not redirected) or without conntrack."""
+    """Where a redirected (intercepted) connection was going: conntrack's original destination (an IPv4 one for
+    an IPv4 client, also on the dual-stack socket); None for a connection made to the proxy's own address (not
+    redirected) or without conntrack."""
     if sock is None:
         return None
     try:
-        port, ip = struct.unpack_from("!2xH4s", sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16))
         here = sock.getsockname()
+        if sock.family == socket.AF_INET6 and not here[0].startswith("::ffff:"):
+            raw = sock.getsockopt(socket.IPPROTO_IPV6, IP6T_SO_ORIGINAL_DST, 28)  # a sockaddr_in6
+            dst = (socket.inet_ntop(socket.AF_INET6, raw[8:24]), struct.unpack_from("!H", raw, 2)[0])
+        else:
+            port, ip = struct.unpack_from("!2xH4s", sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16))
+            dst = (socket.inet_ntoa(ip), port)
     except OSError:
         return None
-    dst = (socket.inet_ntoa(ip), port)
-    return None if dst == tuple(here[:2]) else dst
+    own = (here[0].removeprefix("::ffff:"), here[1])
+    return None if dst == own else dst
 
 
 class Pipe:

@@ -258,7 +258,7 @@ def test_queue_mode_netem_delays_a_pods_egress_through_a_helper_pod(pod, kube):
 def test_intercept_takes_a_kubernetes_target_and_refuses_files_of_this_host_there():
     kube = {"kubernetes": {"namespace": "prod", "selector": {"app": "web"}}}
     spec = Proxy.Spec.model_validate({"type": "network.proxy", "intercept": {"port": PORT, "target": kube}})
-    assert spec.listen == "0.0.0.0:0" and spec.intercept.target.kubernetes.helper.image == "chaoskit:latest"
+    assert spec.listen == "[::]:0" and spec.intercept.target.kubernetes.helper.image == "chaoskit:latest"
     with pytest.raises(ValueError, match="listen_tls names files on this host"):
         LlmProxy.Spec.model_validate({"type": "llm.proxy", "intercept": {"port": PORT, "target": kube},
                                       "listen_tls": {"cert_file": "c.pem", "key_file": "k.pem"}})

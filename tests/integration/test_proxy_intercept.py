@@ -182,6 +182,50 @@ def test_a_proxy_ending_by_itself_takes_its_redirect_with_it(net):
         Proxy.revert(rec)
 
 
+SERVER_IP6, CLIENT_IP6 = "fd00:211::1", "fd00:211::2"
+
+
+def test_intercept_takes_ipv6_and_ipv4_connections_to_their_own_destinations(net):
+    """With IPv6 on the veth too and the echo server listening on both: a new connection of either family goes
+    through the proxy (the latency toxic, and the server sees the proxy's address in the namespace) to its own
+    original destination; after revert both go straight again."""
+    for ns, ip in ((net.srv, SERVER_IP6), (net.cli, CLIENT_IP6)):
+        sh("ip", "-n", ns, "addr", "add", f"{ip}/64", "dev", "eth0", "nodad")
+    six = Echo.__new__(Echo)
+    six.sock = run_in_netns(net.path(net.srv), lambda: socket.create_server((SERVER_IP6, PORT), family=socket.AF_INET6))
+    six.close = serve_in_threads(six.sock, six._one)
+
+    def connect6() -> socket.socket:
+        return run_in_netns(net.path(net.cli), lambda: socket.create_connection((SERVER_IP6, PORT), timeout=5))
+
+    try:
+        assert ask(connect6())[0] == CLIENT_IP6
+        inj = Proxy(Proxy.Spec(type="network.proxy", intercept={"port": PORT, "target": {"netns": net.srv}},
+                               toxics=[{"type": "latency", "latency": "40ms"}]))
+        rec = inj.apply(inj.prepare())
+        try:
+            assert rec["listen"].startswith("[::]:")
+            for conn, proxy_ip in ((connect6, SERVER_IP6), (lambda: connect(net), SERVER_IP)):
+                peer, rtt = ask(conn())
+                assert peer == proxy_ip and rtt >= 0.04, (peer, rtt)
+        finally:
+            Proxy.revert(rec)
+        assert not Proxy.observe(rec) and net.ruleset(net.srv) == []
+        assert ask(connect6())[0] == CLIENT_IP6 and ask(connect(net))[0] == CLIENT_IP
+    finally:
+        six.close()
+
+
+def test_revert_deletes_a_redirect_an_older_chaoskit_made_in_an_ip_table(net):
+    """Before IPv6, the redirect was an `ip` table: a record of then, reverted now, still deletes it."""
+    inj = Proxy(Proxy.Spec(type="network.proxy", intercept={"port": PORT, "target": {"netns": net.srv}}))
+    rec = inj.prepare()
+    sh("ip", "netns", "exec", net.srv, "nft", "add", "table", "ip", rec["table"])
+    assert Proxy.observe(rec)
+    Proxy.revert(rec)
+    assert not Proxy.observe(rec) and net.ruleset(net.srv) == []
+
+
 @requires_triton
 def test_llm_proxy_on_replica_0_of_a_netns_reference_stalls_only_its_requests(tmp_path):
     """The reference gateway round-robins over two --netns Triton replicas and keeps its connections to them
