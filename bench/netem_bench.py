@@ -181,7 +181,7 @@ def queue_runs(pair: Pair) -> tuple[dict, list[dict]]:
     try:
         for rate in RATES:
             r = step("udp", cli, srv, SERVER_IP, PORT, PORT, rate)
-            stats = netem_queue.stats(rec) or {}
+            stats = netem_queue.stats(Netem.read_record(rec)) or {}
             show("queue", r, f"[{kernel_queue(cli, rec['queue'])}; helper late p99 {stats.get('late_p99_us')} us, "
                              f"{stats.get('sched')}]")
             runs.append(r)
