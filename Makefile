@@ -36,12 +36,14 @@ docs: setup
 bench: setup
 	$(PY) bench/rollback_bench.py
 	$(PY) bench/proxy_bench.py
+	$(PY) bench/netem_bench.py
 	$(PY) bench/reference_bench.py
 	$(PY) bench/load_bench.py
 	$(PY) bench/ebpf_overhead.py
 	$(PY) bench/memory_bench.py
 	$(PY) bench/llm_proxy_bench.py
 	$(PY) bench/scale_bench.py
+	$(PY) bench/kube_scale.py
 	$(PY) bench/torture.py --runs 50
 	$(PY) bench/fuzz.py
 	$(PY) bench/soak.py

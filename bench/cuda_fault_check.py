@@ -131,6 +131,12 @@ class Child:
 
 
 def main() -> None:
+    try:
+        ctypes.CDLL(os.environ.get("CHAOSKIT_LIBCUDA", "libcuda.so.1"))
+    except OSError as e:
+        print(f"no GPU here: no libcuda: {e} (no NVIDIA driver?)")
+        print("RESULT ctypes_alloc=nan ctypes_launch=nan procaddr_alloc=nan procaddr_launch=nan after_revert=nan")
+        sys.exit(1)
     library = ctl.build()
     result: dict[str, float] = {"after_revert": 0}
     modes = ["ctypes", "procaddr"]
