@@ -312,7 +312,7 @@ def stats_of(listen: str, timeout: float = 2.0, tls: bool = False) -> dict[str, 
     """The proxy's own counters (GET /chaoskit/stats; over HTTPS where it ends TLS: our own helper on the address
     we gave it, so its certificate is not checked); None when it does not answer."""
     host, port = split_addr(listen)
-    host = f"[{host}]" if ":" in host else host
+    host = "127.0.0.1" if host in ("::", "0.0.0.0") else f"[{host}]" if ":" in host else host  # (listening on all)
     ctx = None
     if tls:
         import ssl

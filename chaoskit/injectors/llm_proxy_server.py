@@ -106,7 +106,7 @@ class Downstream(asyncio.Protocol):
         self.t: asyncio.Transport = transport  # type: ignore[assignment]
         _nodelay(self.t)
         peer = self.t.get_extra_info("peername")
-        self.client = str(peer[0]) if peer else ""
+        self.client = str(peer[0]).removeprefix("::ffff:") if peer else ""  # an IPv4 client on a dual-stack socket
         # intercept: where the client was going (None: it came to the proxy's port itself; /chaoskit/ only)
         self.dst = original_dst(self.t.get_extra_info("socket")) if self.px.intercept else None
         self.px.connections += 1

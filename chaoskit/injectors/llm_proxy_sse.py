@@ -1,7 +1,8 @@
-"""The SSE half of llm.proxy's server: chunked framing (incremental, under arbitrary cuts: ChunkedEnd finds where a
-relayed body ends in C, Chunked also collects the contents) and EventStream, an SSE response under token-level faults - taken apart into events, each released at arrival + the shift the faults
-added so far (token_delay per token, a stall once), re-framed one chunk per event, cut or corrupted where a fault
-says, written in one transport write per batch."""
+"""The SSE half of llm.proxy's server: chunked framing (incremental, under arbitrary cuts: ChunkedEnd finds where
+a relayed body ends in C, Chunked also collects the contents) and EventStream, an SSE response under token-level
+faults - taken apart into events, each released at arrival + the shift the faults added so far (token_delay per
+token, a stall once), re-framed one chunk per event, cut or corrupted where a fault says, written in one transport
+write per batch."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class ChunkedEnd:
     def __init__(self) -> None:
         self.done = False
         self.parser = httptools.HttpResponseParser(self)
+        self.parser.set_dangerous_leniencies(lenient_spaces_after_chunk_size=True)  # `3 ;ext` as Chunked takes it
         self.parser.feed_data(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
 
     def on_message_complete(self) -> None:

@@ -367,12 +367,19 @@ class ProxyHelper(helper_proc.HelperFault):
     def revert_many(cls, records: list[dict[str, Any]]) -> None:
         """Stop the helpers of many proxies together: they exit side by side, one wait for all (revert is this for
         one; the rollback still reverts and observes each after this). An intercepting proxy's redirect is
-        deleted first, so no new connection is sent to a proxy that is going away."""
+        deleted first, so no new connection is sent to a proxy that is going away (the helpers are stopped even
+        where deleting one failed; that failure is raised after)."""
         recs = [cls.read_record(r) for r in records]
+        failed: list[Exception] = []
         for r in recs:
             if r.table and r.ns and r.ns_inode is not None:
-                proxy_intercept.remove(r.ns, r.ns_inode, r.table)
+                try:
+                    proxy_intercept.remove(r.ns, r.ns_inode, r.table)
+                except Exception as e:
+                    failed.append(e)
         helper_proc.stop_all([p for r in recs for p in cls._helpers(r)])
+        if failed:
+            raise failed[0]
 
     @classmethod
     def observe(cls, record: dict[str, Any]) -> bool:
@@ -400,9 +407,13 @@ class ProxyHelper(helper_proc.HelperFault):
         out = {**record, "proxy": ref.to_json()}
         ic = self.spec.intercept
         if ns and ic is not None:
-            proxy_intercept.add(ns, record["table"], ic.port, split_addr(record["listen"])[1])
-            if ic.existing == "reset":  # after the redirect: their clients reconnect through the proxy
-                out["reset_connections"] = proxy_intercept.reset_open(ns, ic.port)
+            try:
+                proxy_intercept.add(ns, record["table"], ic.port, split_addr(record["listen"])[1])
+                if ic.existing == "reset":  # after the redirect: their clients reconnect through the proxy
+                    out["reset_connections"] = proxy_intercept.reset_open(ns, ic.port)
+            except Exception:  # nothing of it left behind: the redirect (if in) and the proxy
+                type(self).revert_many([out])
+                raise
         return out
 
 

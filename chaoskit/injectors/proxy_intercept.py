@@ -62,12 +62,12 @@ def free_port(ns: str) -> int:
 
     def pick() -> int:
         try:
-            s = socket.socket(socket.AF_INET6)
-            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            addr = "::"
+            s, addr = socket.socket(socket.AF_INET6), "::"
         except OSError:  # IPv6 is off in this kernel
             s, addr = socket.socket(), "0.0.0.0"
         with s:
+            if addr == "::":
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             s.bind((addr, 0))
             return int(s.getsockname()[1])
 
@@ -111,6 +111,11 @@ def _addr(col: str) -> tuple[str, str]:
     return host.strip("[]"), port
 
 
+def _bracket(host: str) -> str:
+    """An address as ss's filter takes it (IPv6 in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
 def reset_open(ns: str, port: int) -> int:
     """Destroy (SOCK_DESTROY through `ss -K`: an RST to the peer) the established TCP connections to `port` in the
     namespace, but for the proxy's own ones to the service (from the namespace's own address); how many."""
@@ -128,7 +133,7 @@ def reset_open(ns: str, port: int) -> int:
             if peer == here:
                 continue
             subprocess.run([ss, "-K", "-tnH", "state", "established",
-                            f"( sport = :{port} and dst {peer} and dport = :{peer_port} )"], capture_output=True,
+                            f"( sport = :{port} and dst {_bracket(peer)} and dport = :{peer_port} )"], capture_output=True,
                            timeout=10, check=True)
             done += 1
         return done

@@ -13,6 +13,7 @@ from threading import Thread
 
 import pytest
 
+from chaoskit.injectors import proxy_intercept
 from chaoskit.injectors.base import FaultContext
 from chaoskit.injectors.llm_proxy import LlmProxy
 from chaoskit.injectors.proxy import Proxy
@@ -186,9 +187,10 @@ SERVER_IP6, CLIENT_IP6 = "fd00:211::1", "fd00:211::2"
 
 
 def test_intercept_takes_ipv6_and_ipv4_connections_to_their_own_destinations(net):
-    """With IPv6 on the veth too and the echo server listening on both: a new connection of either family goes
-    through the proxy (the latency toxic, and the server sees the proxy's address in the namespace) to its own
-    original destination; after revert both go straight again."""
+    """With IPv6 on the veth too and the echo server listening on both: `existing: reset` resets the connections
+    of either family open at apply; a new connection of either family goes through the proxy (the latency toxic,
+    and the server sees the proxy's address in the namespace) to its own original destination; after revert both
+    go straight again."""
     for ns, ip in ((net.srv, SERVER_IP6), (net.cli, CLIENT_IP6)):
         sh("ip", "-n", ns, "addr", "add", f"{ip}/64", "dev", "eth0", "nodad")
     six = Echo.__new__(Echo)
@@ -199,12 +201,14 @@ def test_intercept_takes_ipv6_and_ipv4_connections_to_their_own_destinations(net
         return run_in_netns(net.path(net.cli), lambda: socket.create_connection((SERVER_IP6, PORT), timeout=5))
 
     try:
-        assert ask(connect6())[0] == CLIENT_IP6
-        inj = Proxy(Proxy.Spec(type="network.proxy", intercept={"port": PORT, "target": {"netns": net.srv}},
-                               toxics=[{"type": "latency", "latency": "40ms"}]))
+        old6, old4 = connect6(), connect(net)
+        assert ask(old6)[0] == CLIENT_IP6 and ask(old4)[0] == CLIENT_IP
+        inj = Proxy(Proxy.Spec(type="network.proxy", toxics=[{"type": "latency", "latency": "40ms"}],
+                               intercept={"port": PORT, "target": {"netns": net.srv}, "existing": "reset"}))
         rec = inj.apply(inj.prepare())
         try:
-            assert rec["listen"].startswith("[::]:")
+            assert rec["listen"].startswith("[::]:") and rec["reset_connections"] == 2
+            assert closed(old6) and closed(old4)
             for conn, proxy_ip in ((connect6, SERVER_IP6), (lambda: connect(net), SERVER_IP)):
                 peer, rtt = ask(conn())
                 assert peer == proxy_ip and rtt >= 0.04, (peer, rtt)
@@ -214,6 +218,24 @@ def test_intercept_takes_ipv6_and_ipv4_connections_to_their_own_destinations(net
         assert ask(connect6())[0] == CLIENT_IP6 and ask(connect(net))[0] == CLIENT_IP
     finally:
         six.close()
+
+
+def test_an_apply_that_fails_after_the_redirect_leaves_neither_it_nor_the_proxy(net, monkeypatch):
+    """Resetting the open connections fails (made to, here): apply raises, and has taken back the redirect and
+    stopped the proxy it started (outside a run no rollback would)."""
+
+    def fail(ns: str, port: int) -> int:
+        raise OSError("ss -K failed (made to fail by the test)")
+
+    monkeypatch.setattr(proxy_intercept, "reset_open", fail)
+    inj = Proxy(Proxy.Spec(type="network.proxy", intercept={"port": PORT, "target": {"netns": net.srv},
+                                                            "existing": "reset"}))
+    rec = inj.prepare()
+    with pytest.raises(OSError, match="made to fail"):
+        inj.apply(rec)
+    assert not Proxy.observe(rec) and net.ruleset(net.srv) == []
+    assert not [p for p in all_pids() if rec["token"] in cmdline(p)]
+    assert ask(connect(net))[0] == CLIENT_IP
 
 
 def test_revert_deletes_a_redirect_an_older_chaoskit_made_in_an_ip_table(net):
