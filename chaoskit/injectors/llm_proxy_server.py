@@ -409,7 +409,8 @@ class Exchange:
     def finish(self, close: bool = False) -> None:
         if self.down.ex is not self:
             return
-        drop = self.up_close or self.framing == "close" or (self.events is not None and self.events.stopped)
+        drop = (self.up_close or self.framing == "close" or (self.events is not None and self.events.stopped)
+                or (self.chunks is not None and self.chunks.extra))  # the upstream said more than its answer
         self.down.done(close=close or not self.keep or self.framing == "close", drop_upstream=drop)
 
     def upstream_lost(self) -> None:

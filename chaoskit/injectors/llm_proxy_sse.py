@@ -38,26 +38,34 @@ END, CUT = object(), object()  # event-queue markers: finish the response / clos
 
 class ChunkedEnd:
     """Where a chunked body relayed as it is ends, found by llhttp (httptools): no Python runs per chunk, so a
-    stream of one small chunk per token costs what its reads cost."""
+    stream of one small chunk per token costs what its reads cost. `extra`: bytes came after the end (the
+    upstream's connection is not to be reused)."""
 
-    __slots__ = ("parser", "done")
+    __slots__ = ("parser", "done", "extra")
 
     def __init__(self) -> None:
-        self.done = False
+        self.done = self.extra = False
         self.parser = httptools.HttpResponseParser(self)
         self.parser.set_dangerous_leniencies(lenient_spaces_after_chunk_size=True)  # `3 ;ext` as Chunked takes it
         self.parser.feed_data(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+    def on_message_begin(self) -> None:
+        self.extra = self.done  # a second message: what came after the end
 
     def on_message_complete(self) -> None:
         self.done = True
 
     def feed(self, data: bytes) -> bool:
         """Whether the body (last chunk and trailer) has ended; ValueError where its framing is broken."""
+        if self.done:
+            self.extra = self.extra or bool(data)
+            return True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
-            if not self.done:  # (after the end: bytes the upstream should not have sent; the body is whole)
+            if not self.done:
                 raise ValueError(f"bad chunked framing: {e}") from None
+            self.extra = True  # bytes after the end that are not even a response
         return self.done
 
 

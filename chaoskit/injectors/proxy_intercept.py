@@ -15,7 +15,7 @@ from chaoskit.targets import nftables
 from chaoskit.targets.netns import NetTargetSpec, run_in_netns, same_namespace
 
 FAMILY = "inet"  # IPv4 and IPv6: the proxy listens on both and reads each connection's original destination
-OLD_FAMILY = "ip"  # chaoskit before 2026-12-05 redirected IPv4 only, in an `ip` table: still found and deleted
+OLD_FAMILY = "ip"  # IPv4 only: kernels before 5.2 (no NAT in inet tables), and chaoskit before 2026-12-05
 PRIORITY = -100  # dstnat
 TABLE_PATTERN = r"^chaoskit_[0-9a-f]{12}$"
 
@@ -42,14 +42,14 @@ class Intercept(StrictModel):
         return v
 
 
-def rules(table: str, port: int, to_port: int) -> list[dict[str, Any]]:
+def rules(table: str, port: int, to_port: int, family: str = FAMILY) -> list[dict[str, Any]]:
     """One table, one NAT prerouting chain, one rule: a SYN (only: a connection already open, even one conntrack
     first sees now, is never redirected mid-stream) to `port` goes to local `to_port`."""
     return [
-        {"add": {"table": {"family": FAMILY, "name": table}}},
-        {"add": {"chain": {"family": FAMILY, "table": table, "name": "intercept", "type": "nat",
+        {"add": {"table": {"family": family, "name": table}}},
+        {"add": {"chain": {"family": family, "table": table, "name": "intercept", "type": "nat",
                            "hook": "prerouting", "prio": PRIORITY, "policy": "accept"}}},
-        {"add": {"rule": {"family": FAMILY, "table": table, "chain": "intercept", "expr": [
+        {"add": {"rule": {"family": family, "table": table, "chain": "intercept", "expr": [
             {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": port}},
             {"match": {"op": "==", "left": {"&": [{"payload": {"protocol": "tcp", "field": "flags"}},
                                                   ["syn", "ack"]]}, "right": "syn"}},
@@ -74,8 +74,15 @@ def free_port(ns: str) -> int:
     return run_in_netns(ns, pick)
 
 
-def add(ns: str, table: str, port: int, to_port: int) -> None:
-    nftables.run(ns, rules(table, port, to_port))
+def add(ns: str, table: str, port: int, to_port: int) -> str:
+    """Put the redirect in; its family: inet (IPv4 and IPv6), or ip (IPv4 only) on a kernel without NAT in inet
+    tables (before Linux 5.2)."""
+    try:
+        nftables.run(ns, rules(table, port, to_port))
+        return FAMILY
+    except nftables.NftError:  # (the batch is atomic: nothing of it is in)
+        nftables.run(ns, rules(table, port, to_port, OLD_FAMILY))
+        return OLD_FAMILY
 
 
 def _families(ns: str, table: str) -> list[str]:
