@@ -48,7 +48,8 @@ def test_streaming_completion_through_gateway_measured_by_chaoskit_load(ref):
                                       arrival="constant", max_tokens=8, prompt_tokens=16)))
     print(f"\nvLLM via gateway: TTFT p50 {s['ttft_p50_ms']:.1f} ms, ITL p50 {s['itl_p50_ms']:.1f} ms, "
           f"{s['output_tokens']} tokens in {s['ok']} requests")
-    assert s["ok"] == s["sent"] == 12 and s["error_rate"] == 0
+    assert s["ok"] == s["sent"] == 12 and s["error_rate"] == 0, {k: s.get(k) for k in ("scheduled", "sent", "ok",
+                                                                                      "errors", "max_late_ms")}
     assert s["output_tokens"] >= 12 * 6 and s["ttft_p50_ms"] > 0 and s["itl_p50_ms"] > 0
 
 
