@@ -340,11 +340,21 @@ class Gateway:
         return app
 
 
+# An upstream connection idle this long is closed by the gateway, before the server would: vLLM's uvicorn closes
+# one after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and a request sent on a connection the server is closing fails
+# as if the replica had died.
+KEEPALIVE_S = 1.5
+
+
+def upstream_session(cfg: GatewayConfig) -> aiohttp.ClientSession:
+    conn = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+    return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=cfg.upstream_timeout_s),
+                                 auto_decompress=False)
+
+
 async def serve(cfg: GatewayConfig) -> None:
     gw = Gateway(cfg)
-    conn = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-    gw.session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=cfg.upstream_timeout_s),
-                                       auto_decompress=False)
+    gw.session = upstream_session(cfg)
     runner = web.AppRunner(gw.app(), access_log=None, shutdown_timeout=1.0)  # `down` waits for no slow request
     await runner.setup()
     await web.TCPSite(runner, cfg.listen_host, cfg.listen_port, backlog=1024, reuse_address=True).start()

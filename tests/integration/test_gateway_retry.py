@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from chaoskit.reference.gateway import Gateway, GatewayConfig
+from chaoskit.reference.gateway import Gateway, GatewayConfig, upstream_session
 from tests.conftest import free_port
 
 
@@ -65,3 +65,43 @@ async def _through(kinds: list[str], **cfg: bool) -> tuple[int, list[str]]:
 ])
 def test_gateway_retries(kinds, cfg, status, hits):
     assert asyncio.run(_through(kinds, **cfg)) == (status, hits)
+
+
+async def _idle_upstream_connection_closed() -> tuple[float | None, int]:
+    """One request through the gateway's own upstream session to a replica that, like vLLM's uvicorn, closes a
+    connection idle for 5 s: (seconds until the gateway closed it after the answer, None if not within 4.5 s;
+    the answer's status)."""
+    conns: list[asyncio.Transport] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        assert request.transport is not None
+        conns.append(request.transport)  # type: ignore[arg-type]
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=5.0)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    session = upstream_session(GatewayConfig(replicas=[{"name": "r0", "url": f"http://127.0.0.1:{port}"}]))
+    try:
+        async with session.post(f"http://127.0.0.1:{port}/v1/x", data=b"{}") as r:
+            status = r.status
+            await r.read()
+        t0 = asyncio.get_running_loop().time()
+        while asyncio.get_running_loop().time() - t0 < 4.5:
+            if conns[0].is_closing():
+                return asyncio.get_running_loop().time() - t0, status
+            await asyncio.sleep(0.05)
+        return None, status
+    finally:
+        await session.close()
+        await runner.cleanup()
+
+
+def test_the_gateway_closes_an_idle_upstream_connection_before_the_server_does():
+    """A connection the server closes as the gateway reuses it fails the request as if the replica had died: the
+    gateway lets go of idle ones first (KEEPALIVE_S; vLLM's server closes them after 5 s)."""
+    closed_after, status = asyncio.run(_idle_upstream_connection_closed())
+    assert status == 200 and closed_after is not None and closed_after < 4.5, closed_after
