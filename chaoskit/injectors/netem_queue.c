@@ -12,7 +12,8 @@
  * It enters the namespace, binds the first free queue number from `queue`, prints `ready N` and serves until
  * SIGTERM, the `until` epoch or its namespace leaving NS_PATH; then it lets what it holds go at once and exits.
  * The nft rule uses the queue's bypass flag: with no program bound (this one killed), packets pass. Counters are
- * written as JSON to `stats`. */
+ * written as JSON to `stats`. The random draws are seeded from getrandom(2), or from $CHAOSKIT_NETEM_SEED (an
+ * integer: the same packets then get the same decisions; tests). */
 
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -701,6 +702,20 @@ static void on_signal(int sig) {
     stopping = 1;
 }
 
+/* the generator's state from $CHAOSKIT_NETEM_SEED (splitmix64 of it) or from getrandom(2); -1 on failure */
+static int seed_rng(const char *seed) {
+    if (!seed || !*seed)
+        return getrandom(rng, sizeof rng, 0) == sizeof rng ? 0 : -1;
+    uint64_t x = strtoull(seed, NULL, 0);
+    for (int i = 0; i < 4; i++) {
+        uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        rng[i] = z ^ (z >> 31);
+    }
+    return 0;
+}
+
 static int setup(int argc, char **argv) {
     for (int i = 3; i < argc; i++)
         if (parse_arg(argv[i])) {
@@ -714,7 +729,7 @@ static int setup(int argc, char **argv) {
         fprintf(stderr, "netemq: cannot read the distribution table %s\n", cfg.dist);
         return -1;
     }
-    if (getrandom(rng, sizeof rng, 0) != sizeof rng)
+    if (seed_rng(getenv("CHAOSKIT_NETEM_SEED")))
         return -1;
     txbuf = malloc(TX_SIZE);
     prctl(PR_SET_TIMERSLACK, 1UL);

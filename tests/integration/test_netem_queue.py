@@ -276,7 +276,9 @@ def test_normal_jitter_has_the_asked_standard_deviation(pair, netem):
 # ------------------------------------------------------------------ loss, duplicate, reorder, corrupt, rate
 
 
-def test_loss_is_binomial_and_only_the_filtered_port_loses(pair, netem):
+def test_loss_is_binomial_and_only_the_filtered_port_loses(pair, netem, monkeypatch):
+    # seeded: the same 5000 decisions every run (one sample of a 99% interval misses 1 run in 100: CI saw 563)
+    monkeypatch.setenv("CHAOSKIT_NETEM_SEED", "35")
     n, p = 5000, 0.10
     rx, other = udp_socket(pair.path(pair.srv), (SERVER_IP, PORT)), udp_socket(pair.path(pair.srv),
                                                                                  (SERVER_IP, OTHER_PORT))
