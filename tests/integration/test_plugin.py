@@ -111,6 +111,8 @@ def test_the_watchdog_reverts_the_plugin_fault_after_a_sigkill_of_the_run(plugin
     try:
         wait_for(lambda: marker.exists() or run.poll() is not None, timeout=60)
         assert run.poll() is None and marker.read_text() == "chaos"
+        # the engine writes `applied` to the ledger once the plugin's apply (which wrote the marker) has returned
+        wait_for(lambda: "applied" in ledger_ops(ledgers(state)[0]) or run.poll() is not None, timeout=10)
         ops = ledger_ops(ledgers(state)[0])
         assert "applied" in ops and "reverted" not in ops
     finally:
