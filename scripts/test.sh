@@ -48,7 +48,7 @@ background() {  # NAME ENV... -- PYTEST ARGS...: pytest in the background, its o
 
 alone=(tests/reliability tests/integration/test_memory_pressure.py tests/integration/test_load.py
        tests/integration/test_load_senders.py tests/integration/test_slo_over_phase.py tests/integration/test_proxy.py
-       tests/integration/test_reference.py)
+       tests/integration/test_reference.py tests/integration/test_slo_prom_probes.py)
 start=$SECONDS
 background unit -- tests/unit
 background scenarios CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
