@@ -4,12 +4,12 @@ incoming TCP connections to the proxy running in that namespace, which forwards 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from chaoskit.injectors import proxy_proc
 from chaoskit.model.types import Port, StrictModel
 from chaoskit.targets import nftables
 from chaoskit.targets.netns import NetTargetSpec, run_in_netns, same_namespace
@@ -61,14 +61,7 @@ def free_port(ns: str) -> int:
     """A TCP port free on every address of the namespace now, IPv4 and IPv6 (the proxy listens on it there)."""
 
     def pick() -> int:
-        try:
-            s, addr = socket.socket(socket.AF_INET6), "::"
-        except OSError:  # IPv6 is off in this kernel
-            s, addr = socket.socket(), "0.0.0.0"
-        with s:
-            if addr == "::":
-                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            s.bind((addr, 0))
+        with proxy_proc.listen("[::]:0") as s:  # the proxy's own socket, so free for the same families
             return int(s.getsockname()[1])
 
     return run_in_netns(ns, pick)
