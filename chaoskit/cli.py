@@ -50,6 +50,20 @@ def _add_subcommands() -> None:
 _add_subcommands()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"chaoskit {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                      help="print the installed version (as `chaoskit version`) and exit"),
+) -> None:
+    """Chaos engineering and fault injection for LLM inference services."""
+
+
 def _replay_orphans() -> None:
     """Before any command that starts work: finish ledgers left by runs that died together with their watchdog."""
     from chaoskit.app.orphans import replay_orphans

@@ -74,3 +74,13 @@ def test_rollback_arguments(state_dir):
     assert p.communicate(timeout=60) and p.returncode == 2
     p = chaoskit("rollback", "--all", state=state_dir)
     assert "nothing to roll back" in p.communicate(timeout=60)[0] and p.returncode == 0
+
+
+def test_version_option_and_command(state_dir):
+    """`chaoskit --version` and `chaoskit version`: the installed distribution's version, exit 0."""
+    from importlib.metadata import version
+
+    for args in (("--version",), ("version",)):
+        p = chaoskit(*args, state=state_dir)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0 and out == f"chaoskit {version('chaoskit')}\n", (args, out, err)
