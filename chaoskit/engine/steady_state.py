@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from chaoskit.model.enums import Phase, Verdict
-from chaoskit.model.events import Sample
+from chaoskit.model.events import Judgement, Sample
 from chaoskit.model.tolerance import Tolerance
 from chaoskit.probes.base import Probe
 
@@ -53,19 +53,35 @@ def _number(v: Any) -> float | None:
 
 
 def _judge(tol: Tolerance, value: Any, phase: Phase, probe: str, key: str,
-           baselines: Baselines | None) -> tuple[bool, str]:
+           baselines: Baselines | None) -> Judgement:
+    """The judgement of one key: the outcome with the number the value was compared with (a baseline resolved)."""
+    shown = value[:200] if isinstance(value, str) else value
+    made = {"key": key, "rule": str(tol), "value": shown}
     if not tol.relative:
-        return tol.check(value)
+        ok, why = tol.check(value)
+        return Judgement(**made, **_fixed_bounds(tol), outcome="ok" if ok else "fail", why=why)
+    num = _number(value)
     if phase == Phase.BEFORE:  # the baseline itself: comparing it with itself says nothing
-        num = _number(value)
         if num is None:
-            return False, f"{value!r} is not a number: no baseline for '{tol}'"
-        return True, f"{num:g} baseline measured (later samples: {tol}, {tol.value.resolve(num)[1]})"
-    base, why = (baselines.get(probe, key) if baselines is not None
-                 else (None, f"no baseline: {probe} was not sampled in the before phase"))
+            return Judgement(**made, outcome="fail", why=f"{value!r} is not a number: no baseline for '{tol}'")
+        return Judgement(**made, baseline=num, outcome="ok",
+                         why=f"{num:g} baseline measured (later samples: {tol}, {tol.value.resolve(num)[1]})")
+    base, missing = (baselines.get(probe, key) if baselines is not None
+                     else (None, f"no baseline: {probe} was not sampled in the before phase"))
     if base is None:
-        return False, f"{value!r} {tol}: {why}"
-    return tol.check(value, base)
+        return Judgement(**made, outcome="fail", why=f"{value!r} {tol}: {missing}")
+    ok, why = tol.check(value, base)
+    return Judgement(**made, threshold=tol.value.resolve(base)[0], baseline=base, outcome="ok" if ok else "fail",
+                     why=why)
+
+
+def _fixed_bounds(tol: Tolerance) -> dict[str, float]:
+    """The fixed numbers a rule compares with: a comparison's number, a range's bounds (none for a pattern)."""
+    if tol.kind == "range":
+        return {"low": tol.low, "high": tol.high}
+    if tol.kind in ("cmp", "eq") and isinstance(tol.value, (int, float)) and not isinstance(tol.value, bool):
+        return {"threshold": float(tol.value)}
+    return {}
 
 
 async def take_sample(probe: Probe, phase: Phase, baselines: Baselines | None = None,
@@ -92,18 +108,15 @@ async def take_sample(probe: Probe, phase: Phase, baselines: Baselines | None = 
         baselines.record(spec.name, None if error else values, error)
     if error is not None:
         return Sample(t=t, probe=spec.name, phase=phase, verdict=Verdict.ERROR, error=error, duration_ms=_ms(t0))
-    judged: list[tuple[bool, str]] = []
-    for key, tol in spec.flat_expect().items():
-        if key not in values:
-            judged.append((False, f"{key}: {probe.missing(key, values)}"))
-            continue
-        passed, why = _judge(tol, values[key], phase, spec.name, key, baselines)
-        judged.append((passed, f"{key}: {why}"))
-    ok = all(passed for passed, _ in judged)
-    details = [text for passed, text in judged if not passed] + [text for passed, text in judged if passed]
-    kept = {k: (v[:200] if isinstance(v, str) else v) for k, v in values.items()}  # failing clauses first
+    judged = [_judge(tol, values[key], phase, spec.name, key, baselines) if key in values
+              else Judgement(key=key, rule=str(tol), outcome="fail", why=probe.missing(key, values))
+              for key, tol in spec.flat_expect().items()]
+    ok = all(j.ok for j in judged)
+    # the same judgements in words (failing ones first), for readers of journals that predate `judgements`
+    details = [f"{j.key}: {j.why}" for j in judged if not j.ok] + [f"{j.key}: {j.why}" for j in judged if j.ok]
+    kept = {k: (v[:200] if isinstance(v, str) else v) for k, v in values.items()}
     return Sample(t=t, probe=spec.name, phase=phase, verdict=Verdict.OK if ok else Verdict.FAIL, values=kept,
-                  details=details, duration_ms=_ms(t0))
+                  details=details, duration_ms=_ms(t0), judgements=judged)
 
 
 def _ms(t0: float) -> float:

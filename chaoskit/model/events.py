@@ -150,9 +150,48 @@ class Planned(Event):
 
 
 # -- what happened ----------------------------------------------------------------------------------------------
-class Sample(Event):
-    """One probe sample and its verdict (`t`: when it started)."""
+class Judgement(BaseModel):
+    """The engine's judgement of one expected key of one sample, as every output shows it (none judges again):
+    the value measured, the rule as written, the number it was compared with (a baseline rule's resolved:
+    `< 3x baseline` with baseline 40 is threshold 120; a range's `low`..`high`), and the outcome. A before
+    sample under a baseline rule is the baseline itself: ok, `baseline` set, no threshold."""
 
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    key: str
+    rule: str  # the tolerance as written: `< 3x baseline`, `1..2`, `~ ^ok$`, `== 200`
+    value: Any = None  # as measured (None: not measured)
+    threshold: float | None = None  # what the value was compared with (None: a range, a pattern, text, none)
+    low: float | None = None  # a range's bounds
+    high: float | None = None
+    baseline: float | None = None  # a baseline rule's baseline: this key's value in the before phase
+    outcome: Literal["ok", "fail"]
+    why: str = ""  # the explanation, as `details` has it after `key: `
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+    def bound(self) -> str:
+        """The rule with the number it came to: `< 3x baseline = 120`, `< 950`, `1..2`."""
+        if self.baseline is not None and self.threshold is not None:
+            return f"{self.rule} = {self.threshold:g}"
+        return self.rule
+
+    def bounds(self) -> list[tuple[float, str]]:
+        """The numbers the value was compared with, each with how it reads: the lines a chart draws."""
+        if self.low is not None and self.high is not None:
+            return [(self.low, f">= {self.low:g}"), (self.high, f"<= {self.high:g}")]
+        return [(self.threshold, self.bound())] if self.threshold is not None else []
+
+
+class Sample(Event):
+    """One probe sample and its verdict (`t`: when it started). `judgements`: the engine's judgement of each
+    expected key, which every report shows and none makes again: `key`, `rule` (as written), `value`,
+    `threshold` (what the value was compared with, a baseline rule's resolved), `low`/`high` (a range's),
+    `baseline`, `outcome` (ok/fail), `why`. Absent in journals written before it; `details` says the same in
+    words, for older readers."""
+
+    OMIT_NONE = ("judgements",)
     event: Literal["sample"] = "sample"
     probe: str
     phase: Phase
@@ -161,9 +200,14 @@ class Sample(Event):
     details: list[str] = Field(default_factory=list)  # one per judged key, failing ones first
     error: str | None = None
     duration_ms: float = 0.0
+    judgements: list[Judgement] | None = None  # in the order of the probe's expect
 
     def why(self) -> str:
         return self.error or "; ".join(self.details)
+
+    def judgement(self, key: str) -> Judgement | None:
+        """The engine's judgement of `key` in this sample (None: not expected, an error, or an older journal)."""
+        return next((j for j in self.judgements or () if j.key == key), None)
 
 
 class Paused(Event):

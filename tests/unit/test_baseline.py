@@ -4,6 +4,7 @@ judging samples, validation errors naming the field, per-group recording, header
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,6 +19,7 @@ from chaoskit.load.clients import Outcome
 from chaoskit.load.fastclient import _Conn
 from chaoskit.load.recorder import MAX_GROUPS, Recorder
 from chaoskit.load.spec import LoadSpec
+from chaoskit.model.events import from_json
 from chaoskit.probes.base import Probe
 from chaoskit.probes.slo import SloProbeSpec
 
@@ -70,6 +72,32 @@ def test_before_measures_the_baseline_and_later_samples_compare_with_it():
     assert "is false" in just_over.details[0]  # the failing clause first
     assert sample(probe, "after", b).verdict == "ok"
     assert b.get("p", "p99_ms") == (120.5, "")  # only the before phase records
+
+
+def test_each_key_is_judged_once_with_its_resolved_threshold_and_outcome():
+    """The sample records, per expected key, the value, the rule, the threshold it was judged against (a
+    baseline resolved) and the outcome: what every report draws instead of judging again."""
+    spec = slo(expect={"p99_ms": "< 3x baseline", "error_rate": "<= 0.01", "sent": "10..20", "ok": "~ ^5$"})
+    probe = Scripted(spec, [{"p99_ms": 40, "error_rate": 0.0, "sent": 12, "ok": 5},
+                            {"p99_ms": 130, "error_rate": 0.0, "sent": 25, "ok": 5}])
+    b = Baselines()
+    before = sample(probe, "before", b)
+    j = before.judgement("p99_ms")
+    assert (j.value, j.rule, j.threshold, j.baseline, j.outcome) == (40, "< 3x baseline", None, 40.0, "ok")
+    during = sample(probe, "during", b)
+    by_key = {j.key: j for j in during.judgements}
+    assert list(by_key) == ["p99_ms", "error_rate", "sent", "ok"]  # the order of expect
+    p99 = by_key["p99_ms"]
+    assert (p99.value, p99.threshold, p99.baseline, p99.outcome) == (130, 120.0, 40.0, "fail")
+    assert p99.bound() == "< 3x baseline = 120" and p99.bounds() == [(120.0, "< 3x baseline = 120")]
+    assert (by_key["error_rate"].threshold, by_key["error_rate"].outcome) == (0.01, "ok")
+    assert (by_key["sent"].low, by_key["sent"].high, by_key["sent"].outcome) == (10.0, 20.0, "fail")
+    assert by_key["ok"].threshold is None and by_key["ok"].ok
+    assert during.verdict == "fail"
+    # the words older readers read say the same, failing keys first
+    assert during.details == [f"{j.key}: {j.why}" for j in during.judgements if not j.ok] + [
+        f"{j.key}: {j.why}" for j in during.judgements if j.ok]
+    assert from_json(json.loads(json.dumps(during.to_json()))).judgements == during.judgements
 
 
 def test_no_baseline_fails_later_samples_with_the_reason():
