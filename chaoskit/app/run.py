@@ -13,7 +13,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from chaoskit import errors
 from chaoskit.app.halt import Levers, refuse_if_halted
@@ -118,11 +118,13 @@ def _run(file: Path, args: RunArgs, display: Display, rec: Outcome) -> None:
     run_dir = args.out_dir or Path("chaoskit-runs") / run_id
     journal_path = args.journal or run_dir / "journal.jsonl"
     with ExitStack() as deployed:
+        facts = None
         if own is not None:
-            loaded = _deploy(deployed, own, loaded, file, args, run_id, display)
+            loaded, facts = _deploy(deployed, own, loaded, file, args, run_id, display)
             if levers is not None:  # pulled while the deployment started: refused, the deployment stopped
                 refuse_if_halted(levers, lambda text: display.say(f"[yellow]note:[/] {text}"))
-        rec.result = _execute(loaded, args, journal_path, run_id, display, levers)
+        check = None if args.dry_run else _service_check(loaded, facts)
+        rec.result = _execute(loaded, args, journal_path, run_id, display, levers, check)
         if own is not None and not args.dry_run:
             for sig in (signal.SIGINT, signal.SIGTERM):  # the deployment is stopping: let it finish (≤ 15 s)
                 signal.signal(sig, signal.SIG_IGN)
@@ -175,10 +177,25 @@ def _host_preflight(loaded: Loaded) -> None:
         raise PreflightError("\n".join(problems) + "\n(the reference deployment was not started)")
 
 
+def _service_check(loaded: Loaded, facts: dict[str, Any] | None) -> Callable[[], list[str]] | None:
+    """The after phase's check of a reference deployment's replicas (the one the experiment brought up, or
+    the running one `target.reference: ENGINE` names), or None for any other target."""
+    from chaoskit.reference.replica_check import ReplicaCheck
+    from chaoskit.targets.facts import reference_facts
+
+    ref = loaded.experiment.target.reference
+    if facts is None and isinstance(ref, str):
+        try:
+            facts = reference_facts(ref)
+        except PreflightError:
+            return None  # the loader found its facts, so this is a race with `ref down`: the probes will say
+    return ReplicaCheck(facts, loaded.experiment.target.may_exit) if facts else None
+
+
 def _deploy(deployed: ExitStack, own: Reference, loaded: Loaded, file: Path, args: RunArgs, run_id: str,
-            display: Display) -> Loaded:
+            display: Display) -> tuple[Loaded, dict[str, Any] | None]:
     """Bring up (or reuse) the deployment the experiment declares, inside `deployed`; the experiment loaded
-    again with its facts. A dry run starts nothing."""
+    again with its facts, and the facts. A dry run starts nothing."""
     from chaoskit.experiment.loader import load_experiment
     from chaoskit.reference.scenario import deployment_for, describe, running_facts
 
@@ -186,15 +203,15 @@ def _deploy(deployed: ExitStack, own: Reference, loaded: Loaded, file: Path, arg
         facts = running_facts(own)
         if facts is None:
             display.say(f"[yellow]note:[/] would start the reference deployment: {describe(own)}")
-            return loaded
+            return loaded, None
         display.say(f"[yellow]note:[/] would reuse the running reference deployment at {facts['url']}: "
                     f"{describe(own)}")
-        return load_experiment(file, args.cli_vars, strict=False, deployed=facts)
+        return load_experiment(file, args.cli_vars, strict=False, deployed=facts), facts
     signal.signal(signal.SIGTERM, _term_as_interrupt)  # a stop while it starts: stop what started
     try:
         _host_preflight(loaded)
         facts = deployed.enter_context(deployment_for(own, run_id, loaded.experiment.metadata.name, display.say))
-        return load_experiment(file, args.cli_vars, deployed=facts)
+        return load_experiment(file, args.cli_vars, deployed=facts), facts
     except KeyboardInterrupt:
         deployed.close()
         raise _Interrupted from None
@@ -204,7 +221,7 @@ def _deploy(deployed: ExitStack, own: Reference, loaded: Loaded, file: Path, arg
 
 
 def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, display: Display,
-             levers: Levers | None) -> RunResult:
+             levers: Levers | None, service_check: Callable[[], list[str]] | None = None) -> RunResult:
     """Journal, view, runner: run the experiment, watching the halt levers (not in a dry run). A dry run plans
     the steps whose target needs facts not known yet as "at run time", never with a stand-in that could select
     more."""
@@ -225,7 +242,8 @@ def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, dis
     unresolved = deferred_paths(loaded.deferred) if args.dry_run else frozenset()
     stepper = display.stepper(jr, view) if args.step else None
     runner = Runner(loaded.experiment, jr, RunOptions(dry_run=args.dry_run, unresolved_steps=unresolved,
-                                                      before_step=stepper), run_id=run_id)
+                                                      before_step=stepper, service_check=service_check),
+                    run_id=run_id)
     jr.sinks.append(FaultFeed(lambda: [*runner.probes.values(), *(p for _, p in runner.safeguard_probes)]))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from chaoskit.engine import watchdog
@@ -43,14 +44,17 @@ class FaultFailed(Exception):
 
 
 class Faults:
-    def __init__(self, journal: Journal, ledger: Ledger):
+    def __init__(self, journal: Journal, ledger: Ledger, may_exit: bool = False,
+                 on_exit: Callable[[TargetExited], None] | None = None):
         self.journal, self.ledger = journal, ledger
+        self.may_exit = may_exit  # the experiment declared that its targets may exit (target.may_exit)
+        self.on_exit = on_exit  # told of each target exit (the runner's state machine decides what it means)
         self.faults: dict[int, AppliedFault] = {}  # entry id -> what the summary reports
         self._records: dict[int, dict[str, Any]] = {}  # final revert records of applied faults
         self._routes: dict[int, tuple[str, Placement]] = {}  # entry id -> (executor name, placement)
         self._inflight: dict[asyncio.Future, int] = {}  # applies still running in their thread -> entry id
         self._watchdog: ProcessRef | None = None
-        self._exits = ExitWatch()  # the target processes of the faults in effect
+        self._exits = ExitWatch()  # the target processes of the faults applied, until the after phase ends
 
     # -- the watchdog ---------------------------------------------------------------------------------
     async def start_watchdog(self) -> str | None:
@@ -81,11 +85,18 @@ class Faults:
 
     # -- their targets ----------------------------------------------------------------------------------
     async def supervise_targets(self) -> None:
-        """During the method: a target process of a fault in effect that exits (killed, crashed, OOM-killed) is
-        journaled when it is seen gone, once; end() and rollback() check once more before reverting."""
+        """From the method's start to the end of the after phase: a target process of a fault applied (or its
+        service) that exits (killed, crashed, OOM-killed, aborted on its revert) is journaled when it is seen
+        gone, once; end() and rollback() check once more before and after reverting."""
         while True:
             await asyncio.sleep(TARGET_CHECK_S)
-            self._note_exits(self._exits.check())
+            self.check_targets()
+
+    def check_targets(self) -> list[TargetExited]:
+        """Journal (and tell on_exit of) the watched processes that exited since the last check."""
+        exits = self._exits.check()
+        self._note_exits(exits)
+        return exits
 
     def _watch_targets(self, entry_id: int, step: Step, inj: Injector, executor: str, final: dict[str, Any]) -> None:
         """Watch what the fault acts on here (a fault run on another node has no processes here to watch)."""
@@ -100,8 +111,11 @@ class Faults:
 
     def _note_exits(self, exits: list[TargetExited]) -> None:
         for e in exits:
+            e = e.model_copy(update={"expected": self.may_exit})
             self.faults[e.id].exits.append(e)
             self.journal.emit(e)
+            if self.on_exit is not None:
+                self.on_exit(e)
 
     # -- one fault --------------------------------------------------------------------------------------
     async def apply(self, step: Step, inj: Injector, group: str | None = None) -> int:
@@ -148,10 +162,13 @@ class Faults:
 
     async def end(self, entry_id: int, label: str) -> None:
         """The end of a fault's duration: observe, then revert it (FaultFailed if that fails)."""
-        self._note_exits(self._exits.stop(entry_id))
+        self._note_exits(self._exits.check(entry_id))
         await self.observe(entry_id, "before_revert")
+        self._exits.stage(entry_id, "at_revert")
         entry = self._entry(entry_id, self._records[entry_id])
         error = await asyncio.to_thread(self._revert_one, entry)
+        self._note_exits(self._exits.check(entry_id))
+        self._exits.stage(entry_id, "after")
         if error:
             raise FaultFailed(f"{label}: revert at end of duration failed: {error}")
 
@@ -200,12 +217,17 @@ class Faults:
             await asyncio.wait(list(self._inflight), timeout=APPLY_GRACE_S)
         live = [entry_id for entry_id in self._records if self.faults[entry_id].reverted_at is None]
         for entry_id in live:
-            self._note_exits(self._exits.stop(entry_id))
+            self._note_exits(self._exits.check(entry_id))
         await asyncio.gather(*(self.observe(entry_id, "before_revert") for entry_id in live))  # read-only: at once
+        for entry_id in live:
+            self._exits.stage(entry_id, "at_revert")
         t0 = time.perf_counter()
         late = dict(self._inflight)  # still running after the grace: reverted from the intent now, and again below
         result = await asyncio.to_thread(rollback, self.ledger, False, self._note_revert)
         failed = [f"#{e.id} {e.type}: {err}" for e, err in result.failed] + await self._revert_late(late)
+        for entry_id in live:
+            self._note_exits(self._exits.check(entry_id))
+            self._exits.stage(entry_id, "after")
         self.journal.emit(RolledBack(reverted=len(result.reverted), failed=len(failed),
                                      ms=round((time.perf_counter() - t0) * 1000, 3), ledger=str(self.ledger.path)))
         if not failed:

@@ -41,7 +41,9 @@ from chaoskit.model.events import (
     RunStarted,
     SafeguardTripped,
     Sample,
+    ServiceChecked,
     StateChanged,
+    TargetExited,
 )
 from chaoskit.probes import Probe, probe_class
 from chaoskit.probes.continuous import Continuous
@@ -58,6 +60,7 @@ class RunOptions:
     use_watchdog: bool = True
     unresolved_steps: frozenset[str] = frozenset()  # dry run: paths of the steps whose target is not known yet
     before_step: Callable[[Step, list[PlanStep]], Awaitable[str]] | None = None  # --step: continue|skip|abort
+    service_check: Callable[[], list[str]] | None = None  # the after phase: what is wrong with the target service
 
 
 @dataclass
@@ -73,6 +76,11 @@ class RunResult:
     @property
     def exit_code(self) -> int:
         return self.status.exit_code()
+
+
+def _window(sample: Sample) -> tuple[float, float]:
+    """The wall-clock span a sample measured: from its start for as long as it took."""
+    return sample.t, sample.t + (sample.duration_ms or 0.0) / 1000
 
 
 def new_run_id(name: str) -> str:
@@ -97,11 +105,15 @@ class Runner:
         self._in_effect: asyncio.Event | None = None  # set once the method's first fault is applied
         self._active = 0  # faults in effect now: "during" samples are judged only while one is
         self._applied_at = 0.0  # monotonic time of the latest apply (steadyState.during.grace counts from it)
+        self._applies = 0  # faults applied so far: a sample that saw this change saw a fault come in
+        self._judged: list[tuple[float, float]] = []
+        self._judging: set[asyncio.Task] = set()  # samplers taking a sample that may be judged  # wall-clock windows of the samples judged during the method
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
         self._blocks = 0  # parallel blocks started (each names the group of its faults in the ledger)
         self._unapplied = 0  # inject steps of the method neither applied nor skipped yet
         self.spans = Spans()  # continuous probes judged in the current span of faults in effect
         self._deviated: set[str] = set()  # probes that deviated during the method (the first one is the news)
+        self._lost: list[str] = []  # target exits not declared expected: the run cannot be called recovered
 
     # -- events -------------------------------------------------------------------------------------
     def _on_state(self, old: State, new: State, reason: str) -> None:
@@ -181,16 +193,22 @@ class Runner:
         if held and not self.status.stopped:
             ledger = Ledger.create(self.result.run_id, self.exp.metadata.name, self.opts.ledger_dir)
             self.result.ledger_path = str(ledger.path)
-            self.faults = Faults(self.journal, ledger)
+            self.faults = Faults(self.journal, ledger, self.exp.target.may_exit, self._target_exited)
             if self.opts.use_watchdog and (why := await self.faults.start_watchdog()):
                 st.on(Event.WATCHDOG_FAILED, why)
-        if st.state is State.HYPOTHESIS_BEFORE and st.on(Event.BEFORE_CHECKED) is State.METHOD:
-            st.aborted = await self._method() or ""
-            st.on(Event.METHOD_DONE)
-        await self._rollback()
-        if st.on(Event.ROLLBACK_DONE) is State.HYPOTHESIS_AFTER:
-            await self._after()
-            st.on(Event.AFTER_DONE)
+        watching = asyncio.create_task(self.faults.supervise_targets()) if self.faults is not None else None
+        try:
+            if st.state is State.HYPOTHESIS_BEFORE and st.on(Event.BEFORE_CHECKED) is State.METHOD:
+                st.aborted = await self._method() or ""
+                st.on(Event.METHOD_DONE)
+            await self._rollback()
+            if st.on(Event.ROLLBACK_DONE) is State.HYPOTHESIS_AFTER:
+                await self._after()
+                st.on(Event.AFTER_DONE)
+        finally:  # the targets are watched from the first apply to the end of the after phase
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
 
     def _preflight(self) -> None:
         problems: list[str] = []
@@ -232,18 +250,23 @@ class Runner:
         samplers = self._start_samplers(abort)
         if self.faults is not None and self.opts.use_watchdog:
             samplers.append(asyncio.create_task(self.faults.supervise_watchdog()))
-        if self.faults is not None:
-            samplers.append(asyncio.create_task(self.faults.supervise_targets()))
         try:
             await self._cancellable(self._steps_then_end(abort))
         except FaultFailed as e:
             self.status.fail(FailureKind.APPLY, str(e))
         finally:
             self._sampling = False
+            if self._judging and not abort and not self.status.stopped:  # a during sample still out is judged
+                await asyncio.wait(list(self._judging), timeout=max(p.spec.timeout for p in self.probes.values()))
             for t in samplers:
                 t.cancel()
             await asyncio.gather(*samplers, return_exceptions=True)
             await self._stop_during_only()
+        if not abort and not self.status.stopped and self.status.failure is None and (
+                unjudged := self._unjudged_faults()):
+            self.status.deviate("no sample was judged while these faults were in effect, so the run cannot hold: "
+                                + ", ".join(unjudged) + " (sample more often: steadyState.during.every, or "
+                                "shorten steadyState.during.grace)")
         return abort[0] if abort else None
 
     async def _steps_then_end(self, abort: list[str]) -> None:
@@ -310,38 +333,74 @@ class Runner:
     async def _sample_loop(self, probe: Probe, every: float, judged: bool, guards: list[Safeguard],
                            abort: list[str]) -> None:
         assert self._in_effect is not None
-        grace = self.exp.steady_state.during.grace if self.exp.steady_state.during else 0.0
+        during = self.exp.steady_state.during
+        grace = during.grace if during else 0.0
+        between = during.between if during else "judge"
         if not guards:  # "during" means while a fault is in effect; safeguards watch the applies too
             await self._in_effect.wait()
         start = time.monotonic()
         continuous = probe if isinstance(probe, Continuous) and probe.is_continuous else None
         while self._sampling and probe.spec.name not in self.spans.finished:
-            in_effect = judged and self._active > 0
-            judging = in_effect and time.monotonic() - self._applied_at >= grace
+            in_effect, applies = self._active > 0, self._applies
+            graced = in_effect and time.monotonic() - self._applied_at < grace
+            judging = judged and not graced and (in_effect or between == "judge")
             if judging and continuous is not None:
                 self.spans.begin(probe, continuous)
             interim = judging and continuous is not None and continuous.over_phase
-            # between: no fault in effect; grace: one is, but the system may still be adapting to it;
+            # grace and between exist only where the experiment asks for them (steadyState.during): grace, a
+            # fault is in effect but the system may still be adapting to it; between, no fault is in effect;
             # interim: judged once over the span, at its end (over: phase), not sample by sample
             phase = Phase.INTERIM if interim else (Phase.DURING if judging else (
-                Phase.GRACE if in_effect else (Phase.BETWEEN if judged else Phase.SAFEGUARD)))
-            sample = await take_guarded(probe, phase, guards, self.baselines)
+                Phase.GRACE if judged and graced else (Phase.BETWEEN if judged else Phase.SAFEGUARD)))
+            sample = await self._take(probe, phase, guards, judging or judged and phase is Phase.BETWEEN)
             if probe.spec.name in self.spans.finished and (isinstance(sample, str) or sample.verdict is Verdict.ERROR):
                 return  # its load stopped at the end of its last phase while this sample waited for a window
             if isinstance(sample, str):  # a latency safeguard tripped while the probe was still out
                 self._trip(probe, sample, abort)
                 return
+            if phase is Phase.BETWEEN and (self._active > 0 or self._applies != applies):
+                sample = sample.model_copy(update={"phase": Phase.DURING})  # a fault came in while it was taken
+                judging = True
             self._record(sample)
-            if judging and not interim and sample.verdict is not Verdict.OK:
-                self._deviate(sample)
+            if judging and not interim:
+                self._judged.append(_window(sample))
+                if sample.verdict is not Verdict.OK:
+                    self._deviate(sample)
             for g in guards:
                 reason = tripped(g, sample)
                 if reason:
                     self._trip(probe, reason, abort)
                     return
+            if not self._sampling:
+                return  # the method ended while it was taken
             # next slot on the fixed grid; slots missed by a slow sample are skipped, not bunched
             elapsed = time.monotonic() - start
             await asyncio.sleep((int(elapsed / every) + 1) * every - elapsed)
+
+    async def _take(self, probe: Probe, phase: Phase, guards: list[Safeguard], may_judge: bool) -> Sample | str:
+        """One sample; one that may be judged is waited for if the method ends while it is out (not cancelled)."""
+        task = asyncio.current_task()
+        if may_judge and task is not None:
+            self._judging.add(task)
+        try:
+            return await take_guarded(probe, phase, guards, self.baselines)
+        finally:
+            self._judging.discard(task)  # type: ignore[arg-type]
+
+    def _unjudged_faults(self) -> list[str]:
+        """The faults in effect (by their own observation at apply) during which no sample was judged, where the
+        experiment judges the during phase: a fault nobody judged cannot let the run hold."""
+        during = self.exp.steady_state.during
+        if self.faults is None or during is None or not any("during" in p.spec.phases for p in self.probes.values()):
+            return []
+        out = []
+        for fault in self.faults.faults.values():
+            if fault.applied_at is None or fault.observed.get("applied", {}).get("in_effect", True) is False:
+                continue
+            end = fault.reverted_at or time.time()
+            if not any(t0 <= end and t1 >= fault.applied_at for t0, t1 in self._judged):
+                out.append(f"{fault.step} ({end - fault.applied_at:.1f}s)")
+        return out
 
     def _deviate(self, sample: Sample) -> None:
         if sample.probe not in self._deviated:  # the first deviation of each probe is the news; the journal has all
@@ -356,6 +415,7 @@ class Runner:
     async def _final_samples(self, cuts: list[Cut]) -> None:
         for sample in await final_samples(cuts, self.baselines):
             self._record(sample)
+            self._judged.append(_window(sample))
             if sample.verdict is not Verdict.OK:
                 self._deviate(sample)
 
@@ -390,6 +450,7 @@ class Runner:
         entry_id = await self.faults.apply(step, self.injectors[path], group)
         self._active += 1
         self._applied_at = time.monotonic()
+        self._applies += 1
         if self._in_effect is not None:
             self._in_effect.set()
         if step.duration is None:
@@ -409,17 +470,45 @@ class Runner:
             self.status.rollback_incomplete = True
             self.status.reason = "; ".join(failed)
 
+    def _target_exited(self, exit: TargetExited) -> None:
+        """A target process (or its service) exited from the apply to the end of the after phase: unless the
+        experiment said its targets may exit, the run deviates and is not called recovered."""
+        if not exit.expected:
+            self._lost.append(exit.text)
+            self.status.deviate(f"{exit.step}: {exit.text}")
+
+    async def _service_problems(self) -> list[str]:
+        """What the service check (a reference deployment's replicas) finds wrong now; journaled."""
+        if self.opts.service_check is None:
+            return []
+        try:
+            problems = await asyncio.to_thread(self.opts.service_check)
+        except Exception as e:  # a check that cannot run is a problem, not a crash
+            problems = [f"the service check failed: {type(e).__name__}: {e}"]
+        self.journal.emit(ServiceChecked(problems=problems))
+        return problems
+
     async def _after(self) -> None:
+        """Check the hypothesis (and the service) until it holds, `within` passes, or a target exited: a dead
+        target does not come back, so no recovery is waited for or declared over it."""
         after = self.exp.steady_state.after
         start = time.monotonic()
         while True:
-            if await self._check_once(Phase.AFTER):
+            held = await self._check_once(Phase.AFTER)
+            problems = await self._service_problems()
+            if self.faults is not None:
+                self.faults.check_targets()
+            if held and not problems and not self._lost:
                 self.result.recovery_s = round(time.monotonic() - start, 3)
                 self.journal.emit(Recovered(seconds=self.result.recovery_s))
+                break
+            if self._lost:
+                self.status.deviate("not recovered: a target exited (" + "; ".join(self._lost) + ")")
                 break
             if self.status.stopped:
                 break
             if time.monotonic() - start >= after.within:
-                self.status.deviate(f"steady state did not hold again within {after.within:g}s after rollback")
+                self.status.deviate(f"steady state did not hold again within {after.within:g}s after rollback"
+                                    + (f": {'; '.join(problems)}" if problems else ""))
                 break
             await asyncio.sleep(after.every)

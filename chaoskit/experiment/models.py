@@ -92,13 +92,22 @@ class Target(StrictModel):
                           "the deployment this experiment brings up itself (engine, replicas, health, ...)")
     facts: dict[str, str | int | float] = Field(default_factory=dict,
                                                 description="extra facts, usable as {target.NAME}")
+    may_exit: bool = Field(False, description="the processes a fault acts on, and the servers they belong to, "
+                           "may exit during the run: each exit is still journaled (target_exited) and shown, but "
+                           "the run does not deviate for it. Default false: an exit from the apply to the end of "
+                           "the after phase makes the run deviate and it is never called recovered")
 
 
 class During(StrictModel):
     every: Duration = Field(2.0, gt=0, description="interval between samples of each probe during the method")
     grace: Duration = Field(0.0, ge=0, description="samples taken this soon after a fault is applied are recorded "
                             "but not judged (phase 'grace'): the time the system is allowed to adapt, e.g. the "
-                            "gateway's ejection window")
+                            "gateway's ejection window. Default 0: every sample taken while a fault is in effect "
+                            "is judged. A fault in effect with no judged sample at all makes the run deviate")
+    between: Literal["judge", "record"] = Field(
+        "judge", description="samples taken during the method while no fault is in effect (before the first apply "
+        "ends, in a pause between faults): judge (default: phase 'during', like the others) or record (phase "
+        "'between', not judged). A sample during which a fault was applied is a during sample either way")
 
 
 class After(StrictModel):

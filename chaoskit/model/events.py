@@ -294,8 +294,9 @@ class RevertFailed(Event):
 
 
 class TargetExited(Event):
-    """A target process of fault `id` seen gone (or a zombie: exited, not reaped yet) while the fault was in
-    effect."""
+    """A process fault `id` acted on, or a service process it belongs to (`service_of`: the acted-on PID whose
+    server it is, e.g. tritonserver for a python backend stub), seen gone (or a zombie: exited, not reaped yet),
+    from the apply through the after phase; `when`: during the fault, at its revert, or after it."""
 
     event: Literal["target_exited"] = "target_exited"
     id: int
@@ -306,13 +307,19 @@ class TargetExited(Event):
     start_time: int = 0
     zombie: bool = False
     seen_at: float = 0.0  # wall clock when the run saw it gone
+    when: Literal["during", "at_revert", "after"] = "during"
+    service_of: int | None = None
+    expected: bool = False  # the experiment declared target.may_exit: journaled, not a deviation
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def text(self) -> str:
-        """`PID 29566 triton_python_backend_stub exited during the fault` (+ why it is still listed)."""
+        """`PID 29566 triton_python_backend_stub exited during the fault` (+ whose service, why it is listed)."""
         name = f" {self.comm}" if self.comm else ""
-        return f"PID {self.pid}{name} exited during the fault" + (
+        whose = f" (the service of PID {self.service_of})" if self.service_of is not None else ""
+        when = {"during": "during the fault", "at_revert": "when the fault was reverted",
+                "after": "after the fault was reverted"}[self.when]
+        return f"PID {self.pid}{name}{whose} exited {when}" + (
             " (a zombie: its parent has not reaped it)" if self.zombie else "")
 
 
@@ -342,6 +349,14 @@ class Recovered(Event):
     seconds: float
 
 
+class ServiceChecked(Event):
+    """The after phase's check of the target service itself (a reference deployment: each replica's process is
+    alive and answers the real 1-token request `chaoskit ref status` makes); `problems` empty when it passed."""
+
+    event: Literal["service_checked"] = "service_checked"
+    problems: list[str] = Field(default_factory=list)
+
+
 class RunEnded(Event):
     event: Literal["end"] = "end"
     verdict: RunVerdict
@@ -355,7 +370,8 @@ CATALOGUE: dict[str, type[Event]] = {
     cls.model_fields["event"].default: cls for cls in (
         ExperimentRecorded, HostFacts, RunStarted, StateChanged, Planned, Sample, Paused, WatchdogStarted,
         WatchdogDied, ErrorNoted, Interrupted, SafeguardTripped, OperatorChose, FaultApplied, FaultObserved,
-        FaultReverted, RevertFailed, TargetExited, RolledBack, LateApplyWait, LateApplyReverted, Recovered, RunEnded)
+        FaultReverted, RevertFailed, TargetExited, RolledBack, LateApplyWait, LateApplyReverted, Recovered, ServiceChecked,
+        RunEnded)
 }
 
 

@@ -67,4 +67,4 @@ def test_unknown_and_unreadable_events_are_kept_as_written():
 
 
 def test_every_catalogued_event_has_its_own_name():
-    assert len(CATALOGUE) == 23 and all(cls.model_fields["event"].default == name for name, cls in CATALOGUE.items())
+    assert len(CATALOGUE) == 24 and all(cls.model_fields["event"].default == name for name, cls in CATALOGUE.items())

@@ -4,14 +4,18 @@ view shows the news."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
+import time
+
+import psutil
 
 from rich.console import Console
 
 from chaoskit.engine.target_exits import ExitWatch
 from chaoskit.injectors.process import ProcessSignal, ProcessSignalSpec
 from chaoskit.model.events import FaultApplied, TargetExited, from_json
-from chaoskit.targets.process import proc_ref
+from chaoskit.targets.process import ProcessRef, proc_ref
 from chaoskit.ui import LiveView, PlainView
 
 
@@ -27,12 +31,39 @@ def test_an_exit_is_reported_once_and_only_for_the_process_that_exited() -> None
         exits = watch.check()
         assert [(e.id, e.pid, e.comm, e.zombie) for e in exits] == [(7, procs[0].pid, "sleep", False)]
         assert exits[0].text == f"PID {procs[0].pid} sleep exited during the fault"
-        assert watch.check() == [] and watch.stop(7) == []  # once
+        assert watch.check() == []  # once
         assert from_json(exits[0].to_json()) == exits[0]
     finally:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_service_a_target_belongs_to_is_watched_and_exits_are_labelled_by_stage() -> None:
+    """The stopped process's ancestors in its process group (its server) are watched too; exits say when."""
+    server = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=True)
+    try:
+        child = _wait_child(server.pid)
+        watch = ExitWatch()
+        watch.watch(3, "stop-stub", "process.signal", [child])
+        watch.stage(3, "after")
+        server.kill()
+        server.wait()
+        exits = watch.check()
+        assert [(e.pid, e.service_of, e.when) for e in exits] == [(server.pid, child.pid, "after")]
+        assert exits[0].text == f"PID {server.pid} sh (the service of PID {child.pid}) exited after the fault was " \
+                                "reverted"
+    finally:
+        os.killpg(server.pid, 9)
+
+
+def _wait_child(pid: int) -> ProcessRef:
+    for _ in range(200):
+        kids = psutil.Process(pid).children()
+        if kids and (ref := proc_ref(kids[0].pid)) is not None:
+            return ref
+        time.sleep(0.01)
+    raise AssertionError("sh started no child")
 
 
 def test_process_signal_watches_what_it_stopped_not_what_it_killed() -> None:
@@ -45,6 +76,7 @@ def test_process_signal_watches_what_it_stopped_not_what_it_killed() -> None:
 
 EVENT = {"t": 1.0, "event": "target_exited", "id": 1, "step": "stop-stub", "type": "process.signal", "pid": 29566,
          "comm": "triton_python_backend_stub", "start_time": 9, "zombie": True, "seen_at": 1.0,
+         "when": "during", "service_of": None, "expected": False,
          "text": "PID 29566 triton_python_backend_stub exited during the fault (a zombie: its parent has not "
                  "reaped it)"}
 
