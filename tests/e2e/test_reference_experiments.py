@@ -75,3 +75,45 @@ def test_stall_one_replica(ref, tmp_path, state_dir):
     assert code == 1, out  # documented: requests reach the frozen replica until the health checks eject it
     assert summary["rollback_complete"] and summary["recovery_s"] is not None
     assert proc_state(facts["replica_pid"]) in ("S", "R")
+
+
+DELAYED = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {name: delay-everything}
+target: {reference: triton}
+steadyState:
+  probes:
+    - name: slo
+      type: slo
+      load: {url: "{target.replica_url}", api: triton, model: tiny_lm, rate: 10, duration: 2s, timeout: 1s}
+      expect: {completed_ratio: "> 0.9"}
+  during: {every: 1s}
+  after: {within: 10s, every: 500ms}
+method:
+  - name: delay-200s
+    inject: {type: network.netem, target: {netns: "{target.netns}"}, delay: 200s}
+    duration: 3s
+"""
+
+
+def test_a_fault_in_effect_is_judged_and_a_200s_delay_deviates(ref, tmp_path, state_dir):
+    """issue 43: `delay: 200` (meant as ms) applied 200 s and the run held, its samples labelled between/grace.
+    Every sample taken while the fault was in effect is a judged during sample, and the run deviates."""
+    root, facts = ref
+    exp = tmp_path / "delay.yaml"
+    exp.write_text(DELAYED)
+    before = ns_state(facts["netns"])
+    p = chaoskit("run", str(exp), "--out", str(tmp_path / "o"), state=state_dir, env={"CHAOSKIT_REF_DIR": str(root)})
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 1, out + err
+    events = [json.loads(line) for line in (tmp_path / "o" / "journal.jsonl").read_text().splitlines()]
+    fault = next(e for e in events if e["event"] == "fault_applied")
+    reverted = next(e["t"] for e in events if e["event"] == "fault_reverted")
+    samples = [e for e in events if e["event"] == "sample" and e["probe"] == "slo"]
+    overlapping = [s for s in samples if s["t"] <= reverted and s["t"] + s["duration_ms"] / 1000 >= fault["applied_at"]]
+    assert overlapping and all(s["phase"] == "during" for s in overlapping), samples
+    assert any(s["verdict"] == "fail" for s in overlapping)
+    assert any(d.startswith("slo deviated during the method") for d in json.loads(
+        (tmp_path / "o" / "summary.json").read_text())["deviations"])
+    assert ns_state(facts["netns"]) == before
