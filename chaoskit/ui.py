@@ -14,12 +14,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from chaoskit.model.enums import Phase
 from chaoskit.model.events import (
     HIDDEN,
     Event,
     FaultApplied,
     FaultReverted,
+    Judgement,
     Planned,
     RevertFailed,
     RunEnded,
@@ -164,10 +164,12 @@ class LiveView:
             keys = [key] if key is not None else []
             if key != ALL_REQUESTS and any(ALL_REQUESTS in h.values for h in history):
                 keys.append(ALL_REQUESTS)  # the all-requests p99 too, when the judged key is another
-            trend = Text("\n").join(_trend(k, [_num(h.values.get(k)) for h in history]) for k in keys)
+            trend = Text("\n").join(_trend(k, [_num(h.values.get(k)) for h in history], _judged(history, k))
+                                    for k in keys)
             counts = Text()
-            for phase, (n, bad) in phases.items():
-                style = "red" if bad and Phase(phase).judged else ("yellow" if bad else "green")
+            for phase, (n, bad) in phases.items():  # red: the engine's judgement of the phase failed
+                outcome = self.view.phase_outcome(name, phase)
+                style = "red" if outcome == "fail" else ("yellow" if bad else "green")
                 counts.append(f"{phase} {bad}/{n} ", style=style)
             probes.add_row(name, s.phase, Text(s.verdict, style=VERDICT_STYLE.get(s.verdict, "")), trend,
                            counts, _values(s)[:100])
@@ -191,10 +193,19 @@ class LiveView:
         return guards
 
 
-def _trend(key: str, values: list[float | None]) -> Text:
-    """`key ▁▂▇ last`: one history line of the live view."""
+def _trend(key: str, values: list[float | None], judged: Judgement | None = None) -> Text:
+    """`key ▁▂▇ last`: one history line of the live view, and how the engine judged the key last
+    (`✗ < 3x baseline = 120`: the rule with the threshold it came to)."""
     last = next((x for x in reversed(values) if x is not None), None)
-    return Text.assemble((key + " ", "dim"), sparkline(values, HISTORY), f" {last:g}" if last is not None else "")
+    verdict = ("", "") if judged is None else (f"  {'✓' if judged.ok else '✗'} {judged.bound()}",
+                                               "green" if judged.ok else "red")
+    return Text.assemble((key + " ", "dim"), sparkline(values, HISTORY), f" {last:g}" if last is not None else "",
+                         verdict)
+
+
+def _judged(history: list[Sample], key: str) -> Judgement | None:
+    """The engine's latest judgement of `key` (None: it judges no such key)."""
+    return next((j for s in reversed(history) if (j := s.judgement(key)) is not None), None)
 
 
 def _left(f: AppliedFault) -> str:

@@ -51,6 +51,12 @@ class RunMetrics:
                                  (*RUN, "probe", "key"), registry=r)
         self.sample_ok = Gauge("chaoskit_probe_sample_ok", "1 when the probe's latest sample in this phase was "
                                "ok, 0 when it failed or was an error", (*RUN, "probe", "phase"), registry=r)
+        self.key_ok = Gauge("chaoskit_probe_judgement_ok", "1 when the engine judged the key ok in the probe's "
+                            "latest sample of this phase, 0 when it failed", (*RUN, "probe", "key", "phase"),
+                            registry=r)
+        self.threshold = Gauge("chaoskit_probe_threshold", "what the engine compared the key with in the probe's "
+                               "latest sample judged against a number (a baseline rule's, resolved)",
+                               (*RUN, "probe", "key"), registry=r)
         self.phase = Gauge("chaoskit_run_phase", "1 for the state the run is in, 0 for the others",
                            (*RUN, "phase"), registry=r)
         self.verdict = Gauge("chaoskit_run_verdict", "1 for the run's verdict (unfinished until it ends)",
@@ -99,6 +105,10 @@ class RunMetrics:
             v = number(value)
             if v is not None:
                 self.probe_value.labels(**self.run, probe=s.probe, key=key).set(v)
+        for j in s.judgements or ():  # the engine's judgement of each key, as it made it
+            self.key_ok.labels(**self.run, probe=s.probe, key=j.key, phase=s.phase.value).set(j.ok)
+            if j.threshold is not None:
+                self.threshold.labels(**self.run, probe=s.probe, key=j.key).set(j.threshold)
 
     def _state(self, state: str) -> None:
         for known in State:

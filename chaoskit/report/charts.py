@@ -7,7 +7,7 @@ sparkline of the live view. Plain data in, a string out."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from html import escape
 
 PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#7f7f7f", "#bcbd22", "#e377c2")
@@ -149,6 +149,20 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
+LABEL_CHAR_W = 6.8  # a generous width of one character of an 11px sans-serif label
+
+
+def fit_labels(lay: Layout, panels: list[Panel]) -> Layout:
+    """The layout with a right margin wide enough for every tolerance and safeguard label (with the ↑/↓ of one
+    drawn off its scale): a label is never cut off at the chart's edge, so `abort if latency_ms > 8000` keeps
+    its last digit. The plot keeps its width; the chart grows."""
+    longest = max((len(ln.label) + 2 for p in panels for ln in p.lines), default=0)
+    need = math.ceil(4 + LABEL_CHAR_W * longest + 4)
+    if need <= lay.right:
+        return lay
+    return replace(lay, width=lay.width + need - lay.right, right=need)
+
+
 def _label_rows(windows: list[Window], x: Scale, char_w: float = 6.2) -> list[int]:
     """A text row for each fault label so that labels of overlapping windows do not overprint (greedy)."""
     ends: list[float] = []
@@ -169,7 +183,7 @@ def timeline_svg(probe: str, t0: float, t1: float, panels: list[Panel], verdicts
     """The timeline of one probe. Every element a test or a reader looks for has a class: `fault-window`,
     `phase`, `series` (data-probe, data-key), `sample` (+ `deviating` when a judged sample failed), `tolerance`,
     `safeguard-line`, `moment`."""
-    lay = layout or Layout()
+    lay = fit_labels(layout or Layout(), panels)
     x = lay.x(t0, t1)
     rows = _label_rows(faults, x)
     head = lay.strip_h + 4 + lay.label_row_h * max(1, (max(rows) + 1) if rows else 1)

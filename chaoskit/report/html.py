@@ -15,7 +15,7 @@ from chaoskit.model.faults import AppliedFault
 from chaoskit.report.charts import Layout, timeline_svg
 from chaoskit.report.detection import AlertOutcome, Detection
 from chaoskit.report.panels import fault_windows, moments, panels_for, phase_windows, verdict_marks
-from chaoskit.report.view import RunView, SuiteRow, phase_table
+from chaoskit.report.view import RunView, SuiteRow, counted, phase_table
 
 VERDICT_COLOUR = {"held": "#1a7f37", "deviated": "#b35900", "planned": "#1f6feb"}
 CSS = """
@@ -111,10 +111,10 @@ def _verdicts(view: RunView) -> str:
         cells = []
         for p in phases:
             n, bad = table.get(probe, {}).get(p, (0, 0))
-            judged = p in ("before", "during", "after")
-            css = "" if not n else ("unjudged" if not judged else ("bad" if bad else "ok"))
-            text = "" if not n else (f"{bad}/{n} failed" if bad else f"{n}/{n} ok")
-            cells.append(f"<td class='{css}'>{text}{'' if judged or not n else ' (not judged)'}</td>")
+            outcome = view.phase_outcome(probe, p)  # the engine's judgement of the phase, not the count's
+            css = "" if not n else {"unjudged": "unjudged", "fail": "bad", "ok": "ok"}.get(outcome, "")
+            text = "" if not n else counted(n, bad, outcome)
+            cells.append(f"<td class='{css}'>{text}{' (not judged)' if n and outcome == 'unjudged' else ''}</td>")
         rows.append(f"<tr><td>{escape(probe)}</td>{''.join(cells)}</tr>")
     return (f"<h2>Verdicts per phase</h2><table class='verdicts'><tr><th>probe</th>{head}</tr>{''.join(rows)}</table>"
             "<p class='legend'>grace: within steadyState.during.grace of an apply; between: no fault in effect; "

@@ -3,9 +3,10 @@ the HTML report) or a suite (one row per experiment)."""
 
 from __future__ import annotations
 
-from chaoskit.report.view import RunView, SuiteRow, phase_table
+from chaoskit.report.view import RunView, SuiteRow, counted, phase_table
 
 ICON = {"held": "✅", "deviated": "❌", "planned": "📝"}
+OUTCOME_MARK = {"ok": "✅", "fail": "❌", "unjudged": "⚪", "undecided": "⏳"}
 
 
 def _cell(text: str) -> str:
@@ -40,9 +41,8 @@ def render(view: RunView, report_path: str | None = None) -> str:
             cells = []
             for p in phases:
                 n, bad = table.get(probe, {}).get(p, (0, 0))
-                judged = p in ("before", "during", "after")
-                mark = "" if not n else ("⚪" if not judged else ("❌" if bad else "✅"))
-                cells.append("" if not n else f"{mark} {f'{bad}/{n} failed' if bad else f'{n}/{n} ok'}")
+                outcome = view.phase_outcome(probe, p)  # the engine's judgement of the phase, not the count's
+                cells.append("" if not n else f"{OUTCOME_MARK[outcome]} {counted(n, bad, outcome)}")
             lines.append(f"| {_cell(probe)} | " + " | ".join(cells) + " |")
         lines.append("")
     if view.faults:

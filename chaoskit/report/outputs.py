@@ -19,7 +19,7 @@ from chaoskit.errors import (
     EXIT_SIGINT,
     EXIT_SIGTERM,
 )
-from chaoskit.model.enums import RunVerdict, Verdict
+from chaoskit.model.enums import Phase, RunVerdict, Verdict
 from chaoskit.model.events import Sample
 from chaoskit.report import html
 from chaoskit.report.view import RunView, SuiteRow
@@ -79,7 +79,11 @@ def phase_seconds(states: list[tuple[str, float]]) -> dict[str, float]:
 
 def junit_suite(view: RunView) -> ET.Element:
     """One testsuite: a testcase per (phase, probe) lasting the phase, plus one for rollback and one for
-    safeguards. Failure lines are stamped with seconds since the run started."""
+    safeguards. A phase's testcase fails exactly when the engine's judgement of it failed (RunView.phase_outcome:
+    never a grace/between/interim/safeguard sample, never an after sample the steady state recovered from in
+    time); a run that deviated for a reason no such testcase shows (a target that exited, a fault no sample
+    judged) fails a `deviations` testcase. Failure lines are stamped with seconds since the run started, in time
+    order."""
     cases: dict[tuple[str, str], list[Sample]] = {}
     for s in view.samples:
         cases.setdefault((s.phase, s.probe), []).append(s)
@@ -94,13 +98,18 @@ def junit_suite(view: RunView) -> ET.Element:
     spans = phase_seconds(view.states)
     for (phase, probe), samples in cases.items():
         tc = case(f"{phase}: {probe}", f"chaoskit.{name}.{phase}", spans.get(phase, 0.0))
-        # interim: an `over: phase` probe's samples before the one that judges the whole span; not judged alone
-        bad = [s for s in samples if s.verdict is not Verdict.OK] if phase != "interim" else []
-        if bad:
+        bad = sorted((s for s in samples if s.verdict is not Verdict.OK), key=lambda s: s.t)
+        outcome = view.phase_outcome(probe, phase)
+        lines = "\n".join(f"+{s.t - view.started:.3f}s {s.verdict}: {s.why()}" for s in bad)
+        if outcome == "fail":
             failures += 1
-            el = ET.SubElement(tc, "failure", message=f"{len(bad)}/{len(samples)} samples did not hold: "
-                               f"{bad[0].why()}")
-            el.text = "\n".join(f"+{s.t - view.started:.3f}s {s.verdict}: {s.why()}" for s in bad)
+            last = bad[-1] if phase == Phase.AFTER else bad[0]  # after: what kept it from holding at the end
+            what = ("the steady state did not hold again" if phase == Phase.AFTER else
+                    f"{len(bad)}/{len(samples)} samples did not hold")
+            ET.SubElement(tc, "failure", message=f"{what}: {last.why()}").text = lines
+        elif bad and outcome == "ok":  # after: failed first, then held again within steadyState.after.within
+            ET.SubElement(tc, "system-out").text = (f"{len(bad)}/{len(samples)} samples did not hold before the "
+                                                    f"steady state held again (not a failure):\n{lines}")
     tc = case("rollback", f"chaoskit.{name}")
     if not view.rollback_complete:
         errors += 1
@@ -109,6 +118,9 @@ def junit_suite(view: RunView) -> ET.Element:
     if view.verdict is RunVerdict.ABORTED:
         failures += 1
         ET.SubElement(tc, "failure", message=view.reason)
+    if view.deviations and not failures:  # the run deviated, and no testcase above says why
+        failures += 1
+        ET.SubElement(case("deviations", f"chaoskit.{name}"), "failure", message="; ".join(view.deviations))
     if view.verdict is RunVerdict.FAILED:
         errors += 1
         ET.SubElement(case("run", f"chaoskit.{name}"), "error", message=view.reason)

@@ -1,5 +1,6 @@
-"""What a report's charts show of a RunView: per probe the panels (which measurements, their tolerance lines,
-each measurement judged by its Tolerance), the verdict lane, the fault and phase windows, the moments."""
+"""What a report's charts show of a RunView: per probe the panels (which measurements, the thresholds the engine
+judged them against, each measurement marked as the engine judged it: nothing is judged here), the verdict lane,
+the fault and phase windows, the moments."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import re
 from typing import Any
 
-from chaoskit.model.enums import Phase, Verdict
+from chaoskit.model.enums import Verdict
 from chaoskit.model.events import RuleRecord, Sample
 from chaoskit.model.tolerance import Tolerance
 from chaoskit.report.charts import Line, Mark, Moment, Panel, Series, Window
@@ -61,24 +62,21 @@ def panel_title(fam: str, families: dict[str, list[str]]) -> str:
     return fam
 
 
-def baseline_of(view: RunView, probe: str, key: str) -> float | None:
-    for s in view.samples:
-        if s.probe == probe and s.phase is Phase.BEFORE:
-            return number(s.values.get(key))
-    return None
-
-
-def thresholds(tol: Tolerance, baseline: float | None) -> list[tuple[float, str]]:
-    """The numbers a tolerance compares with, each with how it reads ('< 950', '<= 3x baseline = 361.5'): the
-    lines a chart draws."""
+def fixed_bounds(tol: Tolerance) -> list[tuple[float, str]]:
+    """The fixed numbers of a rule, each with how it reads ('< 950'; a range's two): the lines drawn for a key no
+    sample has a judgement of (a journal written before judgements were recorded, every sample an error). A
+    baseline rule has none: its threshold is what the engine resolved, recorded on each judgement."""
     if tol.kind == "range":
         return [(tol.low, f">= {tol.low:g}"), (tol.high, f"<= {tol.high:g}")]
-    if tol.kind == "baseline" and baseline is not None:
-        value = tol.value.scale * baseline + tol.value.offset
-        return [(value, f"{tol.op} {tol.value.text} = {value:g}")]
     if tol.kind in ("cmp", "eq") and isinstance(tol.value, (int, float)) and not isinstance(tol.value, bool):
         return [(float(tol.value), f"{tol.op} {float(tol.value):g}")]
     return []
+
+
+def judged_bounds(samples: list[Sample], key: str, tol: Tolerance | None) -> list[tuple[float, str]]:
+    """The numbers the engine judged `key` against (a baseline resolved: '< 3x baseline = 120'), each once."""
+    seen = {b: None for s in samples if (j := s.judgement(key)) is not None for b in j.bounds()}
+    return list(seen) if seen else (fixed_bounds(tol) if tol is not None else [])
 
 
 def panels_for(view: RunView, probe: str) -> tuple[list[Panel], list[Panel]]:
@@ -101,13 +99,17 @@ def panels_for(view: RunView, probe: str) -> tuple[list[Panel], list[Panel]]:
             [_panel(view, probe, f, families, samples, expect, guards) for f in extra])
 
 
-def mark_state(sample: Sample, key: str, tol: Tolerance | None, baseline: float | None) -> str:
-    """How a chart marks one measurement: error (the sample is one), fail (its tolerance does not hold), ok."""
+def mark_state(sample: Sample, key: str) -> str:
+    """How a chart marks one measurement: as the engine judged it. error (the sample is one), else the outcome
+    of the key's judgement (ok for a key it did not judge). A sample written before judgements were recorded:
+    its verdict for a key its words judged, ok for the others."""
     if sample.verdict is Verdict.ERROR:
         return "error"
-    if tol is None or key not in sample.values:
-        return "ok"
-    return "ok" if tol.check(sample.values[key], baseline)[0] else "fail"
+    if sample.judgements is not None:
+        judged = sample.judgement(key)
+        return judged.outcome if judged is not None else "ok"
+    said = any(d.startswith(f"{key}: ") for d in sample.details)
+    return sample.verdict.value if said else "ok"
 
 
 def _panel(view: RunView, probe: str, fam: str, families: dict[str, list[str]], samples: list[Sample],
@@ -115,17 +117,18 @@ def _panel(view: RunView, probe: str, fam: str, families: dict[str, list[str]], 
     t0, keys = view.started, families[fam]
     series, lines = [], []
     for key in keys:
-        tol, base = expect.get(key), baseline_of(view, probe, key)
+        tol = expect.get(key)
         marks = []
         for s in samples:
             value = number(s.values.get(key))
-            state = mark_state(s, key, tol, base)
+            state = mark_state(s, key)
             if value is None and state != "error":
                 continue  # the key was not measured in this sample (and it is no error sample)
             marks.append(Mark(s.t, value, state, s.phase.judged, _title(s, t0, key, value)))
         series.append(Series(probe, key, marks))
         if tol is not None:
-            lines += [Line(v, f"{key} {text}" if len(keys) > 1 else text) for v, text in thresholds(tol, base)]
+            lines += [Line(v, f"{key} {text}" if len(keys) > 1 else text)
+                      for v, text in judged_bounds(samples, key, tol)]
     for rule in guards:
         if rule.metric in keys and rule.value is not None:
             lines.append(Line(rule.value, f"abort if {rule.text}", "safeguard"))
@@ -134,7 +137,9 @@ def _panel(view: RunView, probe: str, fam: str, families: dict[str, list[str]], 
 
 def _title(s: Sample, t0: float, key: str, value: float | None) -> str:
     what = f"{key} = {value:g}" if value is not None else (s.error or "no value")
-    detail = next((d for d in s.details if d.startswith(f"{key}: ")), "")
+    judged = s.judgement(key)
+    detail = f"{key}: {judged.why}" if judged is not None else next(
+        (d for d in s.details if d.startswith(f"{key}: ")), "")
     return (f"+{s.t - t0:.2f}s [{s.phase}] {s.verdict}: {what}" + (f" ({detail})" if detail else "")
             + f", took {s.duration_ms:.0f} ms")
 

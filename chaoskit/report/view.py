@@ -97,6 +97,25 @@ class RunView:
         names = [n for n in self.expects if n in sampled] + [s.probe for s in self.samples]
         return list(dict.fromkeys(names))
 
+    def phase_outcome(self, probe: str, phase: str) -> str:
+        """How the engine judged `probe` in `phase`, as the run's deviations have it (never judged again here):
+        `fail`, `ok`, `unjudged` (grace, between, interim and safeguard samples are never judged) or `undecided`
+        (an after phase that is still going, or was interrupted). Before and during, every sample that did not
+        hold is a deviation. The after phase is judged as a whole: ok once the steady state held again, however
+        many samples failed before that within steadyState.after.within; failed when the run ended deviated
+        without it, for each probe whose last after sample did not hold."""
+        n, bad = self.counts.get(probe, {}).get(Phase(phase), (0, 0))
+        if not Phase(phase).judged:
+            return "unjudged"
+        if phase != Phase.AFTER:
+            return "fail" if bad else "ok"
+        if self.recovered_at is not None or not bad:
+            return "ok"
+        if not self.complete or self.verdict is not RunVerdict.DEVIATED:
+            return "undecided"
+        last = next((s for s in reversed(self.samples) if s.probe == probe and s.phase is Phase.AFTER), None)
+        return "fail" if last is not None and last.verdict is not Verdict.OK else "ok"
+
     def add(self, ev: Event) -> None:
         """Fold one event into the view."""
         if isinstance(ev, (FaultApplied, FaultObserved, FaultReverted, RevertFailed, TargetExited)):
@@ -207,3 +226,10 @@ def phase_table(view: RunView) -> tuple[list[str], dict[str, dict[str, tuple[int
     """(the phases sampled, in run order; probe -> phase -> (samples, failed))."""
     sampled = {phase for phases in view.counts.values() for phase in phases}
     return [p.value for p in TABLE_ORDER if p in sampled], view.counts
+
+
+def counted(n: int, bad: int, outcome: str) -> str:
+    """A phase table's cell: `2/5 failed`, `5/5 ok`; an after phase that held again after failing says so."""
+    if not bad:
+        return f"{n}/{n} ok"
+    return f"{bad}/{n} failed" + (", then held again" if outcome == "ok" else "")

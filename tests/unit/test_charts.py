@@ -3,12 +3,17 @@ spans x(apply)..x(revert), tolerance lines sit at their value, failed judged sam
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any, ClassVar
 from xml.etree import ElementTree as ET
 
 import pytest
 
+from chaoskit.engine.steady_state import Baselines, take_sample
 from chaoskit.model.events import from_json
 from chaoskit.model.tolerance import Tolerance, parse_tolerance
+from chaoskit.probes.base import Probe
+from chaoskit.probes.slo import SloProbeSpec
 from chaoskit.report.charts import (
     Layout,
     Line,
@@ -25,7 +30,8 @@ from chaoskit.report.charts import (
     value_domain,
 )
 from chaoskit.report.html import render
-from chaoskit.report.panels import family, mark_state, panels_for, thresholds
+from chaoskit.report.outputs import junit_suite
+from chaoskit.report.panels import family, fixed_bounds, mark_state, panels_for
 from chaoskit.report.view import last_run, run_view
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -120,6 +126,24 @@ def test_a_bound_far_above_the_data_is_noted_at_the_edge_not_scaled_into_it():
     assert off and "< 500" in "".join(off[0].itertext())
 
 
+def test_a_safeguard_label_is_never_cut_at_the_charts_edge():
+    """`abort if latency_ms > 8000` read `... > 800` in the report: the label ran past the chart's right edge.
+    The chart is as wide as its longest label needs; the plot keeps its width."""
+    marks = [Mark(T0 + 1, 120.0, "ok", True), Mark(T0 + 2, 9000.0, "ok", False)]
+    lines = [Line(8000.0, "abort if latency_ms > 8000", "safeguard"),
+             Line(1e9, "abort if all_requests_ttft_p999_ms[tenant-with-a-long-name] > 123456789", "safeguard")]
+    root = _svg([Panel("latency_ms", [Series("p", "latency_ms", marks)], lines)])
+    width = float(root.get("width"))
+    assert root.get("viewBox") == f"0 0 {root.get('width')} {root.get('height')}"
+    for g in _by_class(root, "safeguard-line"):
+        text = g.find(f"{SVG}text")
+        label = "".join(text.itertext())
+        assert label.endswith(("8000", "123456789"))
+        assert float(text.get("x")) + 6.8 * len(label) <= width, label  # all of it inside the chart
+    plot = _by_class(root, "panel")[0].find(f"{SVG}rect")
+    assert float(plot.get("width")) == Layout().width - Layout().left - Layout().right
+
+
 def test_ticks_and_steps_are_round():
     assert nice_step(10, 5) == 2 and nice_step(7, 4) == 2 and nice_step(0.9, 4) == 0.25
     assert ticks(0, 7, 4) == [0, 2, 4, 6]
@@ -141,25 +165,78 @@ def test_families_and_thresholds():
     assert family("all_ttft_p50_ms") == "ttft_percentiles (ms, all requests)"
     assert family("p99_ms[triton-0]") == family("p99_ms[triton-1]") == "p99_ms by group"
     assert family("error_rate") == "error_rate"
-    assert thresholds(parse_tolerance("< 950"), None) == [(950.0, "< 950")]
+    assert fixed_bounds(parse_tolerance("< 950")) == [(950.0, "< 950")]
     base = Tolerance.from_json({"kind": "baseline", "op": "<", "expr": "3x baseline", "scale": 3.0, "offset": 0.0})
-    assert thresholds(base, 120.5) == [(361.5, "< 3x baseline = 361.5")] and thresholds(base, None) == []
-    assert thresholds(parse_tolerance("1..2"), None) == [(1.0, ">= 1"), (2.0, "<= 2")]
-    assert thresholds(parse_tolerance("~ ok"), None) == []
+    assert fixed_bounds(base) == []  # a baseline rule's threshold is the engine's, on each judgement
+    assert fixed_bounds(parse_tolerance("1..2")) == [(1.0, ">= 1"), (2.0, "<= 2")]
+    assert fixed_bounds(parse_tolerance("~ ok")) == []
 
 
-def test_marks_are_judged_by_the_tolerance_not_by_the_sample_text():
-    def sample(verdict, **values):
+def test_marks_are_the_engines_judgements_not_the_tolerance_judged_again():
+    def sample(verdict, judgements=None, **values):
         return from_json({"t": 1.0, "event": "sample", "probe": "p", "phase": "during", "verdict": verdict,
-                          "values": values, "details": ["v: said to fail, but no word of it is read"]})
+                          "values": values, "details": ["v: said to fail, but no word of it is read"],
+                          **({"judgements": judgements} if judgements is not None else {})})
 
-    base = parse_tolerance("< 3x baseline")
-    assert mark_state(sample("fail", v=400), "v", base, 120.5) == "fail"
-    assert mark_state(sample("fail", v=300), "v", base, 120.5) == "ok"  # another key failed the sample
-    assert mark_state(sample("ok", v=1.5), "v", parse_tolerance("1..2"), None) == "ok"
-    assert mark_state(sample("fail", v="nope"), "v", parse_tolerance("~ ^ok$"), None) == "fail"
-    assert mark_state(sample("fail", v=3), "v", None, None) == "ok"  # no tolerance on it: nothing to fail
-    assert mark_state(sample("error"), "v", base, 120.5) == "error"
+    def judged(outcome, value):
+        return {"key": "v", "rule": "< 3x baseline", "value": value, "threshold": 361.5, "baseline": 120.5,
+                "outcome": outcome}
+
+    assert mark_state(sample("fail", [judged("fail", 400)], v=400), "v") == "fail"
+    assert mark_state(sample("fail", [judged("ok", 300)], v=300), "v") == "ok"  # another key failed the sample
+    # what the engine said stands, even where the rule read today would say otherwise
+    assert mark_state(sample("ok", [judged("ok", 400)], v=400), "v") == "ok"
+    assert mark_state(sample("fail", [judged("fail", 3)], v=3), "w") == "ok"  # a key it did not judge
+    assert mark_state(sample("error"), "v") == "error"
+    # a journal written before judgements were recorded: the sample's verdict for a key its words judged
+    assert mark_state(sample("fail", v=400), "v") == "fail" and mark_state(sample("fail", v=400), "w") == "ok"
+
+
+class _Scripted(Probe):
+    type: ClassVar[str] = "scripted"
+    summary: ClassVar[str] = "test"
+
+    def __init__(self, spec: Any, answers: list[dict[str, Any]]):
+        super().__init__(spec)
+        self.answers = answers
+
+    async def measure(self) -> dict[str, Any]:
+        return self.answers.pop(0)
+
+
+def test_a_report_of_a_baseline_run_marks_exactly_the_samples_the_engine_failed():
+    """`< baseline`: the before sample is the baseline (ok for the engine; judged again against itself it read
+    `40 < 40`, false, and the chart marked it failed). The report, its charts and JUnit show the engine's
+    judgement and its threshold, resolved from the baseline."""
+    spec = SloProbeSpec(type="slo", name="sla", load={"url": "http://127.0.0.1:9/", "rate": 10, "duration": 1},
+                        expect={"p99_ms": "< baseline"})
+    probe = _Scripted(spec, [{"p99_ms": v} for v in (40.0, 30.0, 55.0, 39.0, 41.0)])
+    baselines = Baselines()
+    phases = ["before", "during", "during", "during", "after"]
+    samples = []
+    for i, phase in enumerate(phases):
+        s = asyncio.run(take_sample(probe, phase, baselines))
+        samples.append(s.model_copy(update={"t": T0 + 1 + i}))
+    engine = [s.judgement("p99_ms").outcome for s in samples]
+    assert engine == ["ok", "ok", "fail", "ok", "fail"]
+    tol = parse_tolerance("< baseline")
+    events = [from_json({"t": T0, "event": "experiment", "file": "e.yaml", "document": {"metadata": {"name": "e"}},
+                         "expect": {"sla": {"p99_ms": tol.to_json()}}}),
+              from_json({"t": T0, "event": "run", "run_id": "r1", "experiment": "e"}), *samples,
+              from_json({"t": T0 + 9, "event": "end", "verdict": "deviated", "exit_code": 1,
+                         "deviations": ["sla deviated during the method"]})]
+    view = run_view(events)
+    main, _ = panels_for(view, "sla")
+    p99 = next(series for panel in main for series in panel.series if series.key == "p99_ms")
+    assert [m.state for m in p99.marks] == engine
+    assert [ln.value for panel in main for ln in panel.lines if ln.kind == "tolerance"] == [40.0]
+    root = ET.fromstring(render(view).split("<div class='chart'>", 1)[1].split("</div>", 1)[0])
+    deviating = [float(el.get("data-t")) for el in _by_class(root, "deviating") if el.get("data-t")
+                 and "verdict" not in (el.get("class") or "")]
+    assert deviating == [T0 + 3, T0 + 5]
+    suite = junit_suite(view)
+    failed = [tc.get("name") for tc in suite.iter("testcase") if tc.find("failure") is not None]
+    assert failed == ["during: sla", "after: sla"]
 
 
 def _journal():
@@ -170,9 +247,12 @@ def _journal():
            "safeguards": [{"probe": "sla", "rules": [{"metric": "error_rate", "op": ">", "value": 0.5,
                                                         "text": "error_rate > 0.5"}]}]}
 
-    def sample(dt, phase, verdict, **values):
+    def sample(dt, phase, verdict, **values):  # judged as the engine judges `< 950` and `< 0.01`
+        judgements = [{"key": k, "rule": f"< {bound:g}", "value": values[k], "threshold": bound,
+                       "outcome": "ok" if values[k] < bound else "fail"}
+                      for k, bound in (("p99_ms", 950.0), ("error_rate", 0.01))]
         return {"t": t + dt, "event": "sample", "probe": "sla", "phase": phase, "verdict": verdict,
-                "values": values, "details": [], "error": None, "duration_ms": 5.0}
+                "values": values, "details": [], "error": None, "duration_ms": 5.0, "judgements": judgements}
 
     return [exp, {"t": t, "event": "run", "run_id": "r1", "experiment": "e"},
             {"t": t + 0.1, "event": "state", "state": "hypothesis_before"},

@@ -2,7 +2,11 @@
 frozen HTTP server that deviates, and a safeguard that aborts with a fault in effect) render exactly the report,
 Markdown summary, JUnit file and summary.json that run wrote, so a change to how events are typed or read cannot
 change what a run reports. (That code wrote summary.json from its in-memory clocks; the journal holds the same
-moments read a few microseconds later, so only those times may differ, by under a millisecond.)"""
+moments read a few microseconds later, so only those times may differ, by under a millisecond.) The two
+report.html files were rewritten once, deliberately, by issue 43: the report draws the judgements the engine
+recorded and never judges again, so a version 1 journal (which has none) has no `< 3x baseline = 21` line
+(only the engine could say what its baseline was), and a chart is as wide as its longest threshold label (the
+safeguard label `abort if stdout_number > 100` had been cut off at the edge)."""
 
 from __future__ import annotations
 
