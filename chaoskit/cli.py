@@ -242,6 +242,24 @@ def _print_outcome(rec: Outcome) -> None:
                   "  fix the cause, then run: chaoskit rollback --ledger " + str(ledger))
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def method_size(steps: list[Any]) -> str:
+    """What `validate` says of a method: its steps (the method's own list) and the faults and pauses they hold,
+    parallel blocks counted in: `1 step: 3 faults` for one parallel step of three, `2 steps: 1 fault, 1 pause`."""
+    faults = pauses = 0
+    todo = list(steps)
+    while todo:
+        step = todo.pop()
+        faults += step.inject is not None
+        pauses += step.pause is not None
+        todo += step.parallel or []
+    return f"{_count(len(steps), 'step')}: {_count(faults, 'fault')}" + (f", {_count(pauses, 'pause')}" if pauses
+                                                                        else "")
+
+
 @app.command()
 def validate(files: list[Path] = typer.Argument(..., help="experiment YAML files (or bundled experiments' names)")
              ) -> None:
@@ -258,8 +276,8 @@ def validate(files: list[Path] = typer.Argument(..., help="experiment YAML files
             for line in str(e).splitlines():
                 err.print(f"[red]✗[/] {escape(line)}", highlight=False, soft_wrap=True)
             continue
-        out.print(f"[green]✓[/] {f}: {loaded.experiment.metadata.name} "
-                  f"({len(loaded.experiment.method)} steps)", highlight=False)
+        out.print(f"[green]✓[/] {f}: {loaded.experiment.metadata.name} ({method_size(loaded.experiment.method)})",
+                  highlight=False)
         for note in loaded.notes:
             out.print(f"  [yellow]note:[/] {escape(note)}", highlight=False)
         for warning in loaded.warnings:

@@ -43,16 +43,20 @@ def _values(sample: Sample) -> str:
 
 
 class PlainView:
-    """One line per event; what CI logs want."""
+    """One line per event; what CI logs want. Its stamps are in time order."""
 
     def __init__(self, console: Console):
         self.console = console
+        self._last = 0.0  # the latest stamp printed
 
     def __call__(self, ev: Event) -> None:
         # a sample's `t` is when it started; the line is printed (and stamped) when its verdict is known, so the
-        # log never goes back in time; the journal keeps the start
+        # log never goes back in time; the journal keeps the start. Samples taken together (the before and after
+        # checks) arrive together when the slowest answers, in probe order: one that answered earlier is stamped
+        # when its line is printed, not before the line above it
         t = ev.t + ev.duration_ms / 1000 if isinstance(ev, Sample) else ev.t
-        ts = time.strftime("%H:%M:%S", time.localtime(t))
+        self._last = max(self._last, t)
+        ts = time.strftime("%H:%M:%S", time.localtime(self._last))
         self.console.print(f"{ts} {_line(ev)}", markup=False, highlight=False, soft_wrap=True)
 
 

@@ -190,7 +190,7 @@ def _notes(view: RunView) -> str:
     if not view.notes:
         return ""
     rows = "".join(f"<tr><td>{_t(view, t)}</td><td>{escape(k)}</td><td>{escape(text)}</td></tr>"
-                   for t, k, text in view.notes)
+                   for t, k, text in sorted(view.notes, key=lambda n: n[0]))  # in time order, not as journaled
     return f"<h2>Events</h2><table><tr><th>t</th><th>event</th><th>what</th></tr>{rows}</table>"
 
 
