@@ -17,6 +17,7 @@ from chaoskit.term import console
 
 if TYPE_CHECKING:
     from chaoskit.app.orphans import OrphanReplay
+    from chaoskit.targets.ref_registry import Found, Search
 
 ref_app = typer.Typer(no_args_is_help=True, help="The bundled reference deployment: real Triton (or vLLM) "
                                                   "replicas behind a latency-stamping gateway.")
@@ -24,6 +25,9 @@ out = console()
 err = console(stderr=True)
 
 DIR_OPT = typer.Option(None, "--dir", help="state dir (default $CHAOSKIT_REF_DIR or .chaoskit/ref)")
+FIND_OPT = typer.Option(None, "--dir", help="the deployment's state dir (default $CHAOSKIT_REF_DIR; unset: "
+                                            ".chaoskit/ref, else the one `ref up` started anywhere, from the "
+                                            "registry of running deployments)")
 
 
 def _fail(e: ChaoskitError) -> None:
@@ -121,6 +125,7 @@ def up(
 ) -> None:
     """Start the deployment, wait until it really serves, print URLs and facts."""
     from chaoskit.reference.deploy import Deployment, RefOptions
+    from chaoskit.targets.ref_registry import command
     from chaoskit.units import parse_duration
 
     try:
@@ -138,12 +143,15 @@ def up(
         from chaoskit.app.orphans import replay_orphans
 
         say_orphans(replay_orphans())
-        facts = Deployment(dir).up(opts, say=lambda m: err.print(m, highlight=False))
+        dep = Deployment(dir)
+        facts = dep.up(opts, say=lambda m: err.print(m, highlight=False), register=True)
     except ChaoskitError as e:
         _fail(e)
         return
+    hint = f"stop it with `{command('down', dep.root)}`; `{command('status', dep.root)}` checks each process"
     if as_json:
         print(json.dumps(facts, indent=2))
+        err.print(hint, highlight=False, markup=False, soft_wrap=True)
         return
     out.print(f"[green]up[/] in {facts['startup_s']}s — gateway {facts['url']}")
     for r in facts["replicas"]:
@@ -151,33 +159,64 @@ def up(
                   + (f" model processes {', '.join(map(str, r['model_pids']))}" if r.get("model_pids") else ""),
                   highlight=False)
     out.print("facts for experiments ({target.*}): " + ", ".join(k for k in facts if k not in ("replicas", "settings")), highlight=False)
+    out.print(hint, highlight=False, markup=False, soft_wrap=True)
+
+
+def _find(dir: Path | None, verb: str) -> tuple[Found | None, Search]:
+    """The deployment `ref VERB` acts on (chaoskit.targets.ref_registry.search: --dir, else $CHAOSKIT_REF_DIR, else
+    .chaoskit/ref, else the registry), None when none was found, and where it looked; several found: exit 2 naming
+    each with its --dir."""
+    from chaoskit.targets.ref_registry import search
+
+    found = search(dir)
+    try:
+        return found.one(verb), found
+    except ChaoskitError as e:
+        _fail(e)
+        raise  # not reached: _fail exits
+
+
+def _looked(found: Search) -> None:
+    err.print("looked in:\n" + found.where(), highlight=False, markup=False, soft_wrap=True)
 
 
 @ref_app.command()
-def down(dir: Path | None = DIR_OPT) -> None:
+def down(dir: Path | None = FIND_OPT) -> None:
     """Stop exactly the processes `up` started (process groups) and delete its namespaces."""
     from chaoskit.reference.deploy import Deployment
 
-    stopped = Deployment(dir).down(say=lambda m: err.print(m, highlight=False))
+    one, found = _find(dir, "down")
+    if one is None:
+        out.print("down: nothing was running")
+        _looked(found)
+        return
+    if not found.named:
+        err.print(f"the deployment in {one.dir} ({one.source})", highlight=False, markup=False, soft_wrap=True)
+    stopped = Deployment(one.dir).down(say=lambda m: err.print(m, highlight=False))
     out.print(f"down: {len(stopped)} process group(s) stopped" if stopped else "down: nothing was running")
 
 
 @ref_app.command()
 def status(as_json: bool = typer.Option(False, "--json", help="facts and processes as JSON"),
-           dir: Path | None = DIR_OPT) -> None:
+           dir: Path | None = FIND_OPT) -> None:
     """Each process, its URL, whether it is alive and ready (a replica: each model answers a real 1-token request;
     `check` says what failed)."""
     from chaoskit.reference.deploy import Deployment
 
-    st = Deployment(dir).status()
+    one, found = _find(dir, "status")
+    st = Deployment(one.dir).status() if one else {"dir": None, "facts": {}, "processes": [], "netns": []}
+    st |= {"found_by": one.source if one else None, "looked": list(found.looked)}
     ok = bool(st["processes"]) and all(p["alive"] and p["ready"] for p in st["processes"])
     if as_json:
         print(json.dumps(st, indent=2))
         raise typer.Exit(0 if ok else 1)
     if not st["processes"]:
-        out.print(f"no reference deployment recorded in {st['dir']}")
+        out.print(f"no reference deployment recorded in {st['dir']}" if found.named
+                  else "no reference deployment found", highlight=False)
+        _looked(found)
         raise typer.Exit(1)
-    table = Table(title=f"reference deployment ({st['dir']})")
+    assert one is not None  # it has processes
+    table = Table(title=f"reference deployment ({st['dir']}" + ("" if found.named else f"; {one.source}") + ")")
     for col in ("name", "pid", "alive", "ready", "check", "url", "log"):
         table.add_column(col)
     for p in st["processes"]:
@@ -190,11 +229,15 @@ def status(as_json: bool = typer.Option(False, "--json", help="facts and process
 
 @ref_app.command()
 def logs(name: str = typer.Argument("gateway", help="gateway, triton-0, triton-1, ..."),
-         lines: int = typer.Option(50, "-n", help="last N lines"), dir: Path | None = DIR_OPT) -> None:
+         lines: int = typer.Option(50, "-n", help="last N lines"), dir: Path | None = FIND_OPT) -> None:
     """The last lines of one process's log."""
     from chaoskit.reference.deploy import Deployment
 
+    one, found = _find(dir, "logs")
+    if one is None:
+        _fail(ChaoskitError(f"no reference deployment found; looked in:\n{found.where()}"))
+        return
     try:
-        print(Deployment(dir).tail(name, lines))
+        print(Deployment(one.dir).tail(name, lines))
     except ChaoskitError as e:
         _fail(e)

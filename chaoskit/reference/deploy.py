@@ -22,6 +22,7 @@ from typing import Any
 
 from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.reference import triton
+from chaoskit.targets import ref_registry
 from chaoskit.targets.process import ProcessRef, group_members, is_alive, proc_ref, proc_state
 
 READY_TIMEOUT_S = 180.0
@@ -36,7 +37,8 @@ GATEWAY_PARAMS = {"gateway_retry": "retry", "gateway_retry_on_death": "retry_on_
 
 
 def ref_dir() -> Path:
-    return Path(os.environ.get("CHAOSKIT_REF_DIR", ".chaoskit/ref"))
+    """Where `ref up` starts a deployment when told no --dir: $CHAOSKIT_REF_DIR, else .chaoskit/ref."""
+    return ref_registry.default_dir()
 
 
 @dataclass
@@ -197,16 +199,25 @@ class Deployment:
 
     # ---------------------------------------------------------------- up
 
-    def up(self, opts: RefOptions, say: Callable[[str], None] = print) -> dict[str, Any]:
+    def up(self, opts: RefOptions, say: Callable[[str], None] = print, register: bool = False) -> dict[str, Any]:
+        """Start it; its facts. `register`: also record it in the registry of running deployments
+        (chaoskit.targets.ref_registry), so that commands told no --dir find it (`chaoskit ref up` does; a run's own
+        deployment is the run's, and tests' are their own)."""
         if self.processes():
             raise ChaoskitError(f"a reference deployment is already recorded in {self.root}; "
-                                "`chaoskit ref down` first (or `chaoskit ref status`)")
+                                f"`{ref_registry.command('down', self.root)}` first "
+                                f"(or `{ref_registry.command('status', self.root)}`)")
         if opts.engine == "vllm":
             from chaoskit.reference import vllm
 
             vllm.install(say)  # on demand: its own venv, once per checkout
         if opts.netns and os.geteuid() != 0:
             raise PreflightError("--netns needs root (it creates network namespaces)")
+        if opts.engine == "triton" and not opts.disaggregated and any(c.isspace() for c in str(self.root)):
+            # Triton launches its python backend's stub through a shell, unquoted: the models never load
+            raise PreflightError(f"{self.root}: tritonserver cannot load models from a directory whose path has "
+                                 "white space (its python backend's stub is started by a shell, unquoted); "
+                                 "choose a --dir without spaces")
         if not 1 <= opts.replicas <= 8:
             raise ChaoskitError("--replicas must be between 1 and 8")
         servers = sum(opts.disaggregated) if opts.disaggregated else opts.replicas
@@ -215,6 +226,11 @@ class Deployment:
         if busy:
             raise PreflightError(f"ports in use: {', '.join(map(str, busy))}; choose another --port "
                                  f"(uses {ports[0]}..{ports[-1]})")
+        if register:  # before anything starts: a killed `up` is found by `ref down` too
+            try:
+                ref_registry.register(self.root, PD_ENGINE if opts.disaggregated else opts.engine)
+            except ChaoskitError as e:
+                say(f"warning: {e}; commands find this deployment only with --dir {self.root}")
         t_start = time.monotonic()
         try:
             if opts.disaggregated:
@@ -440,8 +456,9 @@ class Deployment:
                 say(f"deleted netns {name}")
             except OSError:
                 pass
-        for f in ("processes.json", "facts.json", "netns.json"):
+        for f in (ref_registry.PROCESSES, ref_registry.FACTS, ref_registry.NETNS):
             (self.root / f).unlink(missing_ok=True)
+        ref_registry.unregister(self.root)
         return stopped
 
     def status(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from chaoskit.engine.rollback import rollback
 from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.experiment.models import Reference
 from chaoskit.reference.deploy import Deployment, RefOptions, port_free, ref_dir
+from chaoskit.targets.ref_registry import every_dir
 
 FIRST_PORT, PORT_STRIDE = 18000, 40  # FIRST_PORT: unless $CHAOSKIT_REF_FIRST_PORT says otherwise
 
@@ -139,8 +140,9 @@ def _own_dir(opts: RefOptions) -> Path:
 
 
 def _running(opts: RefOptions) -> tuple[Path, dict[str, Any]] | None:
-    """A running deployment with these settings (`chaoskit ref up`'s, else one a scenario left): (dir, facts)."""
-    for d in (ref_dir(), _own_dir(opts)):
+    """A running deployment with these settings (`chaoskit ref up`'s: $CHAOSKIT_REF_DIR, else .chaoskit/ref or one
+    of the registry's; else one a scenario left): (dir, facts)."""
+    for d in dict.fromkeys([*every_dir(), _own_dir(opts).resolve()]):
         if (facts := _running_with(d, opts.settings())) is not None:
             return d, facts
     return None

@@ -5,13 +5,12 @@ from __future__ import annotations
 import difflib
 import itertools
 import json
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from chaoskit.errors import PreflightError
+from chaoskit.targets.ref_registry import FACTS, command, facts_dir, search
 
 # What reference/deploy.py publishes (tests/integration/test_reference.py checks a real deployment against these).
 REFERENCE_FACTS = ("engine", "url", "gateway_port", "health_mode", "replicas", "replica_url", "replica_host",
@@ -29,13 +28,21 @@ _INDEX = re.compile(r"\[\d+\]")
 
 
 def reference_facts(engine: str) -> dict[str, Any]:
-    """Facts published by `chaoskit ref up` (state dir .chaoskit/ref or $CHAOSKIT_REF_DIR)."""
-    state = Path(os.environ.get("CHAOSKIT_REF_DIR", ".chaoskit/ref")) / "facts.json"
+    """Facts published by `chaoskit ref up`: of the deployment in $CHAOSKIT_REF_DIR when that is set, else of the
+    one running in the working directory's .chaoskit/ref or, failing that, the one running deployment of the
+    registry (chaoskit.targets.ref_registry). Not found: a PreflightError naming every place looked."""
+    root, why = facts_dir(search(), engine or "triton")
+    if root is None:
+        raise PreflightError(f"target.reference: {engine}: {why}")
+    state = root / FACTS
     try:
         facts = json.loads(state.read_text())
-    except (OSError, ValueError):
-        raise PreflightError(f"target.reference: {engine}: the reference deployment is not running "
-                             f"(no {state}); start it with `chaoskit ref up --engine {engine}`") from None
+    except (OSError, ValueError) as e:
+        raise PreflightError(f"target.reference: {engine}: cannot read the reference deployment's facts {state}: "
+                             f"{e}") from None
+    if not isinstance(facts, dict):
+        raise PreflightError(f"target.reference: {engine}: {state} is not a JSON object of facts; "
+                             f"`{command('down', root)}` and `chaoskit ref up` again")
     return facts
 
 
