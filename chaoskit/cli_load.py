@@ -84,15 +84,16 @@ def load(
 
     from chaoskit.load.runner import run_load
     from chaoskit.load.spec import LoadSpec
+    from chaoskit.model.types import written
 
     try:
         try:
-            spec = LoadSpec(url=url, api=api, rate=rate, duration=duration, arrival=arrival, burstiness=burstiness,
-                            ramp_to=ramp_to, trace=trace, model=model, prompt_tokens=prompt_tokens,
-                            max_tokens=max_tokens, stream=stream, prompts_file=prompts_file, timeout=timeout,
-                            stall_timeout=stall_timeout,
-                            concurrency_cap=concurrency_cap, slo=parse_slo(slo), workers=workers, seed=seed,
-                            sender=sender)
+            given = dict(url=url, api=api, rate=rate, duration=duration, arrival=arrival, burstiness=burstiness,
+                         ramp_to=ramp_to, trace=trace, model=model, prompt_tokens=prompt_tokens,
+                         max_tokens=max_tokens, stream=stream, prompts_file=prompts_file, timeout=timeout,
+                         stall_timeout=stall_timeout, concurrency_cap=concurrency_cap, slo=parse_slo(slo),
+                         workers=workers, seed=seed, sender=sender)
+            spec = LoadSpec.model_validate(given, context=written())  # --duration 10: write 10s (or 10ms)
         except ValidationError as e:
             raise _validation(e) from None
         live_table = Table.grid(padding=(0, 2))

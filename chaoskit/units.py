@@ -21,10 +21,14 @@ _BITRATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
 def parse_duration(value: object) -> float:
-    """Return seconds. Bare numbers are seconds; negative or malformed values raise ValueError."""
+    """Return seconds. A bare number is seconds here (Python callers, JSON written by chaoskit itself); the
+    experiment loader refuses one other than 0 (see `bare_duration`). Negative, infinite or malformed values
+    raise ValueError."""
     if isinstance(value, bool):
         raise ValueError("expected a duration like '15ms' or '2s'")
     if isinstance(value, (int, float)):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"expected a duration like '15ms' or '2s' (got {value!r})")
         if value < 0:
             raise ValueError("a duration cannot be negative")
         return float(value)
@@ -35,6 +39,21 @@ def parse_duration(value: object) -> float:
         if m:
             return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
     raise ValueError(f"expected a duration like '15ms' or '2s' (got {value!r})")
+
+
+def bare_duration(value: object) -> str | None:
+    """The number as written when `value` is a duration without a unit other than zero (`200`, `1.5`, `"200"`),
+    else None. Such a value is ambiguous in a file a person wrote (`delay: 200` meant as milliseconds was
+    200 s), so the loader refuses it, naming both readings."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value) if value else None
+    if isinstance(value, float):
+        return f"{value:g}" if value else None
+    if isinstance(value, str) and (m := _DURATION_RE.match(value)) and m.group(2) is None:
+        return m.group(1) if float(m.group(1)) else None
+    return None
 
 
 def parse_percent(value: object) -> float:

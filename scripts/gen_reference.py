@@ -154,7 +154,9 @@ class Types:
 
     @staticmethod
     def bare(schema: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in schema.items() if k not in ("title", "description", "default")}
+        """The schema without its words, and without the field's own bounds pydantic leaves on the non-null
+        alternative of an optional field (`Duration | None = Field(None, gt=0)`): that is still a duration."""
+        return {k: v for k, v in schema.items() if k not in ("title", "description", "default", "gt", "ge", "lt", "le")}
 
     def name_of(self, schema: dict[str, Any]) -> str | None:
         b = self.bare(schema)
@@ -226,11 +228,14 @@ def model_table(schema: dict[str, Any], types: Types, page_defs: set[str], skip:
     for name, prop in props.items():
         if name in skip:
             continue
+        kind = types.render(prop, page_defs)
         default = "required" if name in required else (code(prop["default"]) if "default" in prop else "optional")
+        if kind.startswith("duration") and isinstance(prop.get("default"), int | float):
+            default = code(f"{prop['default']:g}s")  # as a file must write it: a bare number is refused there
         desc = prop.get("description", "")
         if not desc and "$ref" in prop:
             desc = ""
-        rows.append(f"| `{name}` | {types.render(prop, page_defs)} | {default} | "
+        rows.append(f"| `{name}` | {kind} | {default} | "
                     f"{cell('; '.join(constraints(prop, types)))} | {cell(desc)} |")
     if len(rows) == 2:
         return "No fields.\n"

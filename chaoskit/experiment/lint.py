@@ -1,4 +1,4 @@
-"""Warnings about a valid experiment that does not do what it seems to: a request hold that no client waits out."""
+"""Warnings about a valid experiment that does not do what it seems to: a hold or delay that no client waits out."""
 
 from __future__ import annotations
 
@@ -9,30 +9,37 @@ from urllib.parse import urlsplit
 
 from chaoskit.experiment.models import Experiment, Step
 from chaoskit.experiment.yamlsafe import Located, Path_
-from chaoskit.injectors.llm_proxy import DelayFault, LlmProxySpec, StallFault
-from chaoskit.injectors.proxy import LatencyToxic, ProxySpec, SlowCloseToxic
+from chaoskit.injectors.cuda_fault import CudaFaultSpec
+from chaoskit.injectors.kv_notify import KvNotifySpec
+from chaoskit.injectors.llm_proxy import DelayFault, LlmProxySpec, StallFault, TokenDelayFault
+from chaoskit.injectors.network import NetemSpec
+from chaoskit.injectors.proxy import LatencyToxic, ProxySpec, SlicerToxic, SlowCloseToxic
 from chaoskit.injectors.proxy_server import split_addr
+from chaoskit.probes.correctness import CorrectnessProbeSpec
 from chaoskit.probes.http import HttpProbeSpec
 from chaoskit.probes.slo import SloProbeSpec
 
 
 def hold_warnings(exp: Experiment, loc: Located) -> list[str]:
-    """A delay or stall at least as long as its step (nothing it holds is answered while the fault lasts), or
-    that every probe sending through the fault gives up on first (their request timeouts are all shorter, so
-    the fault shows as timeouts and never as slow answers)."""
+    """A delay or stall, in any fault that delays (an inject or a fallback), at least as long as its step
+    (nothing it holds is answered while the fault lasts), or that every probe sending through the fault gives up
+    on first (their request timeouts are all shorter or equal, so the fault shows as timeouts and never as slow
+    answers)."""
     out = []
     for path, step in _inject_steps(exp.method, ("method",)):
-        clients = _clients_through(exp, step.inject)
-        for where, seconds, what in _holds(step.inject):
-            at = f"{loc.where((*path, 'inject', *where))}: {what} {seconds:g}s"
-            if step.duration is not None and seconds >= step.duration:
-                out.append(f"{at} is at least the step's duration ({step.duration:g}s): no request it holds is "
-                           "answered while the fault is in effect (bare numbers are seconds)")
-            if clients and all(timeout <= seconds for _, timeout in clients):
-                names = ", ".join(f"'{name}' ({timeout:g}s)" for name, timeout in clients)
-                out.append(f"{at} is at least the request timeout of every probe sending through it ({names}): "
-                           "they give up first, so they see timeouts, never slow answers (bare numbers are "
-                           "seconds)")
+        specs = [(("inject",), step.inject), *((("fallback", i), f) for i, f in enumerate(step.fallback))]
+        for at_spec, spec in specs:
+            clients = _clients_through(exp, spec)
+            for where, seconds, what in _holds(spec):
+                at = f"{loc.where((*path, *at_spec, *where))}: {what} {seconds:g}s"
+                if step.duration is not None and seconds >= step.duration:
+                    out.append(f"{at} is at least the step's duration ({step.duration:g}s): no request it holds "
+                               "is answered while the fault is in effect")
+                if clients and all(timeout <= seconds for _, timeout in clients):
+                    names = ", ".join(f"'{name}' ({timeout:g}s)" for name, timeout in clients)
+                    through = "sending through it" if _is_proxy(spec) else "that may send through it"
+                    out.append(f"{at} is at least the request timeout of every probe {through} ({names}): they "
+                               "give up first, so they see timeouts, never slow answers")
     return out
 
 
@@ -45,11 +52,14 @@ def _inject_steps(steps: list[Step], path: Path_) -> Iterator[tuple[Path_, Step]
 
 
 def _holds(spec: Any) -> Iterator[tuple[Path_, float, str]]:
-    """(path in the inject spec, seconds, what) of each hold on a request the fault adds."""
+    """(path in the spec, seconds, what) of each hold or delay the fault adds to a request (a packet's delay
+    at least: a request's packets may each wait it)."""
     if isinstance(spec, LlmProxySpec):
         for i, f in enumerate(spec.faults):
             if isinstance(f, DelayFault):
                 yield ("faults", i, "delay"), f.delay + f.jitter, "delay"
+            elif isinstance(f, TokenDelayFault):
+                yield ("faults", i, "delay"), f.delay + f.jitter, "token delay"
             elif isinstance(f, StallFault) and f.duration:
                 yield ("faults", i, "duration"), f.duration, "stall"
     elif isinstance(spec, ProxySpec):
@@ -58,25 +68,69 @@ def _holds(spec: Any) -> Iterator[tuple[Path_, float, str]]:
                 yield ("toxics", i, "latency"), t.latency + t.jitter, "latency"
             elif isinstance(t, SlowCloseToxic):
                 yield ("toxics", i, "delay"), t.delay, "slow close"
+            elif isinstance(t, SlicerToxic) and t.delay:
+                yield ("toxics", i, "delay"), t.delay, "slice delay"
+    elif isinstance(spec, NetemSpec) and spec.delay:
+        yield ("delay",), spec.delay + spec.jitter, "delay"
+    elif isinstance(spec, KvNotifySpec) and spec.delay:
+        yield ("delay",), spec.delay, "notification delay"
+    elif isinstance(spec, CudaFaultSpec):
+        for kind in ("alloc", "launch", "sync"):
+            rule = getattr(spec, kind)
+            if rule is not None and rule.delay:
+                yield (kind, "delay"), rule.delay, f"{kind} call delay"
+
+
+def _is_proxy(spec: Any) -> bool:
+    return isinstance(spec, LlmProxySpec | ProxySpec)
 
 
 def _clients_through(exp: Experiment, spec: Any) -> list[tuple[str, float]]:
-    """(probe name, per-request timeout) of the probes whose requests go to this proxy's listen address."""
-    if not isinstance(spec, LlmProxySpec | ProxySpec):
+    """(probe name, per-request timeout) of the probes whose requests go through this fault: for a proxy, those
+    sent to its listen address; for a fault on a network path or inside a server (netem, kv.notify, cuda_fault),
+    whose path a spec does not tell, every probe that sends requests."""
+    probes = [*exp.steady_state.probes, *(sg.probe for sg in exp.safeguards if not isinstance(sg.probe, str))]
+    if not _is_proxy(spec):
+        return [(p.name, timeout) for p in probes if (timeout := _request_timeout(p)) is not None]
+    try:
+        listen = split_addr(spec.listen)
+    except ValueError:  # a listen address only known at run time
         return []
-    listen = split_addr(spec.listen)
     out = []
-    for p in exp.steady_state.probes:
+    for p in probes:
         if isinstance(p, SloProbeSpec) and _addr(p.load.url) == listen:
             out.append((p.name, p.load.timeout))
-        elif isinstance(p, HttpProbeSpec) and _addr(p.url) == listen and _held_path(spec, urlsplit(p.url).path):
+        elif isinstance(p, HttpProbeSpec) and _addr(p.url) == listen and _held_path(spec, _path(p.url)):
             out.append((p.name, p.timeout))
+        elif isinstance(p, CorrectnessProbeSpec) and _addr(p.url) == listen:
+            out.append((p.name, p.request_timeout))
     return out
 
 
+def _request_timeout(probe: Any) -> float | None:
+    if isinstance(probe, SloProbeSpec):
+        return probe.load.timeout
+    if isinstance(probe, HttpProbeSpec):
+        return probe.timeout
+    if isinstance(probe, CorrectnessProbeSpec):
+        return probe.request_timeout
+    return None
+
+
 def _addr(url: str) -> tuple[str, int] | None:
-    u = urlsplit(url)
-    return (u.hostname or "", u.port or (443 if u.scheme == "https" else 80)) if u.hostname else None
+    """(host, port) a URL sends to; None when that is not known now (a port still a run-time placeholder)."""
+    try:
+        u = urlsplit(url)
+        return (u.hostname or "", u.port or (443 if u.scheme == "https" else 80)) if u.hostname else None
+    except ValueError:
+        return None
+
+
+def _path(url: str) -> str:
+    try:
+        return urlsplit(url).path
+    except ValueError:
+        return "/"
 
 
 def _held_path(spec: Any, path: str) -> bool:

@@ -17,6 +17,7 @@ from chaoskit.errors import SpecError
 from chaoskit.experiment.lint import hold_warnings
 from chaoskit.experiment.models import Experiment, Reference
 from chaoskit.experiment.yamlsafe import Located, Path_, load_yaml, read_text
+from chaoskit.model.types import written
 from chaoskit.targets.facts import Pending, pending_shape, reference_running, reference_shape, target_facts
 
 _PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_][\w\-]*(?:\[\d+\])?(?:\.[A-Za-z_][\w\-]*(?:\[\d+\])?)*)\}(?!\})")
@@ -61,9 +62,11 @@ def library_dirs(experiment_path: Path, kind: str = "probes") -> list[Path]:
     return out
 
 
-def _include(entry: dict, where: str, experiment_path: Path, kind: str = "probes") -> dict:
+def _include(entry: dict, path: Path_, loc: Located, experiment_path: Path, kind: str = "probes") -> dict:
+    """The definition `entry` includes with its other keys laid over it; errors in the keys that came from the
+    definition's file name that file's lines."""
     what = "probe" if kind == "probes" else "fault step"
-    name = entry["include"]
+    name, where = entry["include"], loc.where(path)
     if not isinstance(name, str) or not _VAR_NAME.match(name):
         example = "triton-ready" if kind == "probes" else "freeze-replica-0"
         raise SpecError(f"{where}: include: expected a {what} name like '{example}' (got {name!r})")
@@ -71,11 +74,13 @@ def _include(entry: dict, where: str, experiment_path: Path, kind: str = "probes
     for d in dirs:
         f = d / f"{name}.yaml"
         if f.is_file():
-            base = load_yaml(read_text(f), str(f)).data
+            included = load_yaml(read_text(f), str(f))
+            base = included.data
             if not isinstance(base, dict):
                 raise SpecError(f"{f}: a {what} definition must be a mapping")
             merged = {**base, **{k: v for k, v in entry.items() if k != "include"}}
             merged.setdefault("name", name)
+            loc.includes[path] = included
             return merged
     raise SpecError(f"{where}: include: no {what} definition '{name}.yaml' in "
                     + (", ".join(str(d) for d in dirs) or f"any {kind}/ directory"))
@@ -87,7 +92,7 @@ def _include_steps(steps: Any, path: Path_, loc: Located, experiment_path: Path,
         return
     for i, step in enumerate(steps):
         if isinstance(step, dict) and "include" in step:
-            steps[i] = step = _include(step, loc.where(path + (i,)), experiment_path, "faults")
+            steps[i] = step = _include(step, path + (i,), loc, experiment_path, "faults")
         if isinstance(step, dict):
             _include_steps(step.get("parallel"), path + (i, "parallel"), loc, experiment_path, depth + 1)
 
@@ -99,11 +104,11 @@ def _resolve_includes(loc: Located, experiment_path: Path) -> None:
     if isinstance(ss, dict) and isinstance(ss.get("probes"), list):
         for i, entry in enumerate(ss["probes"]):
             if isinstance(entry, dict) and "include" in entry:
-                ss["probes"][i] = _include(entry, loc.where(("steadyState", "probes", i)), experiment_path)
+                ss["probes"][i] = _include(entry, ("steadyState", "probes", i), loc, experiment_path)
     guards = data.get("safeguards")
     for i, sg in enumerate(guards if isinstance(guards, list) else []):
         if isinstance(sg, dict) and isinstance(sg.get("probe"), dict) and "include" in sg["probe"]:
-            sg["probe"] = _include(sg["probe"], loc.where(("safeguards", i, "probe")), experiment_path)
+            sg["probe"] = _include(sg["probe"], ("safeguards", i, "probe"), loc, experiment_path)
 
 
 def _facts(data: dict, variables: dict[str, Any], strict: bool,
@@ -142,10 +147,13 @@ def _file_facts(path: Path) -> dict[str, Any]:
     return {"experiment.dir": str(path.resolve().parent)}
 
 
-def _substitute(loc: Located, facts: dict[str, Any], pending: Pending | None, notes: list[str]) -> set[Path_]:
+def _substitute(loc: Located, facts: dict[str, Any], pending: Pending | None, notes: list[str],
+                sources: dict[Path_, str] | None = None) -> set[Path_]:
     """Replace placeholders in place; return the paths still holding placeholders that `pending` (a deployment
-    not running yet) will provide at run time. Any other unknown placeholder is an error now."""
+    not running yet) will provide at run time. Any other unknown placeholder is an error now. `sources` gets
+    the text as written of each value a placeholder changed (errors about the value name it)."""
     deferred: set[Path_] = set()
+    sources = {} if sources is None else sources
 
     def visit(value: Any, path: Path_) -> Any:
         if isinstance(value, dict):
@@ -174,8 +182,12 @@ def _substitute(loc: Located, facts: dict[str, Any], pending: Pending | None, no
 
         whole = _PLACEHOLDER.fullmatch(value)
         if whole and whole.group(1) in facts and not isinstance(facts[whole.group(1)], str):
+            sources[path] = value
             return facts[whole.group(1)]  # keep numbers numbers
-        return _PLACEHOLDER.sub(repl, value).replace("{{", "{").replace("}}", "}")
+        out = _PLACEHOLDER.sub(repl, value).replace("{{", "{").replace("}}", "}")
+        if _PLACEHOLDER.search(value):
+            sources[path] = value
+        return out
 
     for key in list(loc.data):
         if key not in ("vars", "metadata"):
@@ -192,7 +204,7 @@ def _validate(loc: Located, deferred: set[Path_]) -> Experiment:
     tried: dict[Path_, int] = {}
     while True:
         try:
-            return Experiment.model_validate(loc.data)
+            return Experiment.model_validate(loc.data, context=written())
         except ValidationError as e:
             paths = {_data_path(loc.data, tuple(x["loc"])) for x in e.errors()}
             retry = [p for p in paths if p in deferred and tried.get(p, 0) < len(_STAND_INS)]
@@ -251,10 +263,12 @@ def _data_path(data: Any, loc: tuple) -> Path_:
     return tuple(path)
 
 
-def format_validation_error(err: ValidationError, loc: Located) -> list[str]:
+def format_validation_error(err: ValidationError, loc: Located, sources: dict[Path_, str] | None = None
+                            ) -> list[str]:
     problems = []
     for e in err.errors(include_url=False):
         path = _data_path(loc.data, tuple(e["loc"]))
+        came_from = (sources or {}).get(path)
         msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
         if e["type"] == "extra_forbidden":
             key = path[-1] if path else "?"
@@ -273,6 +287,8 @@ def format_validation_error(err: ValidationError, loc: Located) -> list[str]:
             msg = "needs a 'type' field"
         elif e["type"] == "expect_key":
             path = _data_path(loc.data, (*path, "expect", e["ctx"]["key"]))
+        if came_from is not None and e["type"] not in ("extra_forbidden", "missing"):
+            msg += f" (the value came from {came_from!r})"
         problems.append(f"{loc.where(path)}: {_dotted(path)}: {msg}")
     return problems
 
@@ -316,11 +332,12 @@ def load_experiment(path: str | Path, cli_vars: dict[str, str] | None = None, st
     variables.update(cli_vars or {})
     facts, notes = _facts(loc.data, variables, strict, deployed)
     facts.update(_file_facts(path))
-    deferred = _substitute(loc, facts, _pending(loc.data, variables, deployed), notes)
+    sources: dict[Path_, str] = {}
+    deferred = _substitute(loc, facts, _pending(loc.data, variables, deployed), notes, sources)
     try:
         exp = _validate(loc, deferred)
     except ValidationError as e:
-        raise SpecError(format_validation_error(e, loc)) from None
+        raise SpecError(format_validation_error(e, loc, sources)) from None
     except RecursionError:
         raise SpecError(f"{path}: nesting too deep") from None
     return Loaded(exp, path, loc, notes, variables, deferred, hold_warnings(exp, loc))

@@ -34,9 +34,15 @@ class Located:
     data: Any
     file: str
     positions: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    includes: dict[Path_, Located] = field(default_factory=dict)  # where an included file's mapping was merged
 
     def where(self, path: Path_) -> str:
-        """`file:line:col` of the deepest known prefix of `path`."""
+        """`file:line:col` of the deepest known prefix of `path`; a key that came from an included file (and
+        was not overridden beside its `include:`) is placed in that file."""
+        for prefix in sorted(self.includes, key=len, reverse=True):
+            n = len(prefix)
+            if len(path) > n and tuple(path[:n]) == prefix and (*prefix, path[n]) not in self.positions:
+                return self.includes[prefix].where(tuple(path[n:]))
         for n in range(len(path), -1, -1):
             pos = self.positions.get(tuple(path[:n]))
             if pos:

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from chaoskit.injectors import helper_proc
 from chaoskit.load.spec import LoadSpec, Poison
-from chaoskit.model.types import StrictModel
+from chaoskit.model.types import Duration, StrictModel
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -29,7 +29,7 @@ class FloodLoad(StrictModel):
     burstiness: float = Field(1.0, gt=0, description="gamma: squared coefficient of variation of the gaps")
     trace: str | None = Field(None, description="replay: file of send offsets (seconds), e.g. bursts")
     prompts_file: str | None = Field(None, description="prompts, one per line, used in turn")
-    timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="per request, seconds")
+    timeout: Duration = Field(DEFAULT_TIMEOUT_S, gt=0, description="per request")
     concurrency_cap: int | None = Field(None, gt=0, description="most requests in flight")
     prompt_tokens: int = Field(128, gt=0)
     max_tokens: int = Field(16, gt=0)

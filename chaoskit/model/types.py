@@ -4,10 +4,28 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationInfo,
+    WithJsonSchema,
+)
 
 from chaoskit.model.tolerance import Rule, Tolerance, parse_rule, parse_tolerance
-from chaoskit.units import parse_duration, parse_percent
+from chaoskit.units import bare_duration, parse_duration, parse_percent
+
+WRITTEN = "chaoskit.written"  # validation context key: the data is what a person wrote (a file, a CLI option)
+
+
+def written() -> dict[str, Any]:
+    """The validation context of data a person wrote (an experiment file and what it includes, a CLI option):
+    there a duration needs its unit. Python code and chaoskit's own JSON validate without it (bare numbers are
+    seconds)."""
+    return {WRITTEN: True}
 
 
 class StrictModel(BaseModel):
@@ -17,11 +35,22 @@ class StrictModel(BaseModel):
 
 
 Port = Annotated[int, Field(gt=0, lt=65536, description="TCP/UDP port 1..65535")]
+
+
+def _duration(value: Any, info: ValidationInfo) -> float:
+    seconds = parse_duration(value)
+    if info.context and info.context.get(WRITTEN) and (number := bare_duration(value)) is not None:
+        raise ValueError(f"a bare number is ambiguous: write {number}ms or {number}s")
+    return seconds
+
+
 Duration = Annotated[
     float,
-    BeforeValidator(parse_duration),
-    WithJsonSchema({"type": ["string", "number"], "pattern": r"^\d+(\.\d+)?(us|ms|s|m|h)?$",
-                    "description": "duration like '15ms', '2s', '5m' (bare numbers are seconds)"}),
+    BeforeValidator(_duration),
+    WithJsonSchema({"type": ["string", "number"], "pattern": r"^\s*(\d+(\.\d+)?\s*(us|µs|ms|s|m|h)|0+(\.0+)?)\s*$",
+                    "minimum": 0, "maximum": 0,  # the one bare number allowed is 0
+                    "description": "duration with its unit: '250us', '15ms', '2s', '5m', '1h' (a bare number "
+                                   "other than 0 is refused)"}),
 ]
 Percent = Annotated[
     float,

@@ -332,9 +332,9 @@ method:
 
 
 @pytest.mark.parametrize("delay, port, want", [
-    ("15", 18080, ["step's duration (8s)", "every probe sending through it ('sla' (10s))"]),
+    ("15s", 18080, ["step's duration (8s)", "every probe sending through it ('sla' (10s))"]),
     ("9s", 18080, ["step's duration (8s)"]),
-    ("15", 8000, ["step's duration (8s)"]),  # the probe goes to the server directly: no client of the fault
+    ("15s", 8000, ["step's duration (8s)"]),  # the probe goes to the server directly: no client of the fault
     ("150ms", 18080, []),
 ])
 def test_a_hold_no_client_waits_out_is_a_warning(tmp_path, delay, port, want):
