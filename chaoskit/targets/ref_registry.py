@@ -106,6 +106,14 @@ class Search:
         raise ChaoskitError("\n".join(lines))
 
 
+def _abs(path: Path) -> Path:
+    """`path` resolved; as given where it cannot be (a relative path in a working directory that was removed)."""
+    try:
+        return path.resolve()
+    except OSError:
+        return path
+
+
 def default_dir() -> Path:
     """The directory `ref up` uses when told none: $CHAOSKIT_REF_DIR, else .chaoskit/ref in the working directory."""
     return Path(os.environ.get(REF_DIR_ENV) or DEFAULT_DIR)
@@ -114,7 +122,7 @@ def default_dir() -> Path:
 def command(verb: str, root: Path, named: bool = False) -> str:
     """`chaoskit ref VERB` as the user types it for the deployment in `root`: with --dir unless `root` is where the
     command looks first without it (or `named`: always)."""
-    if not named and root.resolve() == default_dir().resolve():
+    if not named and _abs(root) == _abs(default_dir()):
         return f"chaoskit ref {verb}"
     return f"chaoskit ref {verb} --dir {shlex.quote(str(root))}"
 
@@ -124,7 +132,7 @@ def registry_dir() -> Path:
 
 
 def _entry_file(root: Path) -> Path:
-    return registry_dir() / f"{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]}.json"
+    return registry_dir() / f"{hashlib.sha256(str(_abs(root)).encode()).hexdigest()[:16]}.json"
 
 
 def register(root: Path, engine: str) -> Path:
@@ -132,7 +140,7 @@ def register(root: Path, engine: str) -> Path:
     when the state directory cannot be written."""
     me = proc_ref(os.getpid())
     assert me is not None  # this process
-    entry = Entry(dir=str(root.resolve()), engine=engine, started_at=time.time(),
+    entry = Entry(dir=str(_abs(root)), engine=engine, started_at=time.time(),
                   started_by=StartedBy(pid=me.pid, start_time=me.start_time, comm=me.comm))
     path = _entry_file(root)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -198,15 +206,22 @@ def registered(exclude: Iterable[Path] = ()) -> tuple[list[Found], str]:
     """The registry's deployments that have something left (oldest first), less those in `exclude`; and what the
     registry held, in words. Entries whose deployment is gone are removed; unreadable ones are skipped (named)."""
     reg = registry_dir()
-    skip = {p.resolve() for p in exclude}
+    skip = {_abs(p) for p in exclude}
     found: list[Found] = []
     pruned: list[str] = []
     unreadable: list[str] = []
-    for f in sorted(reg.glob("*.json")) if reg.is_dir() else []:
+    try:
+        files = sorted(reg.glob("*.json")) if reg.is_dir() else []
+    except OSError as e:
+        return [], f"the registry of deployments `chaoskit ref up` started ({reg}): cannot be read: {e}"
+    for f in files:
         try:
             entry = Entry.model_validate_json(f.read_bytes())
-        except OSError:
+        except FileNotFoundError:
             continue  # removed meanwhile
+        except OSError as e:
+            unreadable.append(f"{f.name} ({e.strerror or e})")
+            continue
         except ValidationError as e:
             unreadable.append(f"{f.name} ({e.error_count()} problem{'s' if e.error_count() != 1 else ''}: "
                               f"{e.errors()[0]['msg']})")
@@ -214,10 +229,13 @@ def registered(exclude: Iterable[Path] = ()) -> tuple[list[Found], str]:
         root = Path(entry.dir)
         st = state(root, entry.started_by.ref())
         if st is State.GONE:
-            f.unlink(missing_ok=True)
+            try:
+                f.unlink(missing_ok=True)
+            except OSError:
+                pass  # another user's registry: gone from what we report all the same
             pruned.append(entry.dir)
             continue
-        if root.resolve() in skip:
+        if _abs(root) in skip:
             continue
         found.append(Found(root, "the registry", st, _engine(root) or entry.engine, entry.started_at))
     found.sort(key=lambda x: x.started_at or 0.0)
@@ -233,18 +251,23 @@ def _content(root: Path, st: State) -> str:
     return "nothing recorded" if st is State.GONE else str(st)
 
 
+def _here() -> Path:
+    """The working directory's .chaoskit/ref, absolute."""
+    return _abs(DEFAULT_DIR)
+
+
 def search(named: Path | None = None) -> Search:
     """Where the reference deployment is: `named` (--dir) alone, else $CHAOSKIT_REF_DIR alone, else the working
     directory's .chaoskit/ref when something of a deployment is left there, else every deployment in the registry."""
     for source, given in (("--dir", named), (f"${REF_DIR_ENV}", os.environ.get(REF_DIR_ENV) or None)):
         if given is not None:
-            root = Path(given).resolve()
+            root = _abs(Path(given))
             st = state(root)
             looked = f"{source} {root}: {_content(root, st)}"
             if source != "--dir":
                 looked += " (the registry is not read while it is set)"
             return Search((Found(root, source, st, _engine(root)),), (looked,), named=True)
-    here = DEFAULT_DIR.resolve()
+    here = _here()
     st = state(here)
     looked = [f"the working directory's {DEFAULT_DIR} ({here}): {_content(here, st)}"]
     if st is not State.GONE:
@@ -258,8 +281,8 @@ def every_dir() -> list[Path]:
     """Every deployment directory a run may reuse a deployment from (one with the settings it declares):
     $CHAOSKIT_REF_DIR alone when set; else the working directory's .chaoskit/ref and each of the registry's."""
     if os.environ.get(REF_DIR_ENV):
-        return [Path(os.environ[REF_DIR_ENV]).resolve()]
-    here = DEFAULT_DIR.resolve()
+        return [_abs(Path(os.environ[REF_DIR_ENV]))]
+    here = _here()
     return [here, *(f.dir for f in registered(exclude=(here,))[0])]
 
 
