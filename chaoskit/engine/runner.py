@@ -362,10 +362,10 @@ class Runner:
                 sample = sample.model_copy(update={"phase": Phase.DURING})  # a fault came in while it was taken
                 judging = True
             self._record(sample)
-            if judging and not interim:
+            if judging:  # an interim sample's requests are judged by its span's final sample
                 self._judged.append(_window(sample))
-                if sample.verdict is not Verdict.OK:
-                    self._deviate(sample)
+            if judging and not interim and sample.verdict is not Verdict.OK:
+                self._deviate(sample)
             for g in guards:
                 reason = tripped(g, sample)
                 if reason:
@@ -408,14 +408,18 @@ class Runner:
             self.status.deviate(f"{sample.probe} deviated during the method: "
                                 + sample.why())
 
-    async def _end_span(self, stop_last: bool) -> list[Cut]:
-        """A span with faults in effect ends, before its revert: its continuous probes are cut there (spans)."""
-        return await self.spans.cut(stop_last, {n for n, p in self.probes.items() if "after" in p.spec.phases})
+    async def _end_span(self, stop_last: bool) -> tuple[list[Cut], float]:
+        """A span with faults in effect ends, before its revert: its continuous probes are cut there (spans);
+        the cuts and when they were made."""
+        at = time.time()
+        return await self.spans.cut(stop_last, {n for n, p in self.probes.items() if "after" in p.spec.phases}), at
 
-    async def _final_samples(self, cuts: list[Cut]) -> None:
+    async def _final_samples(self, span: tuple[list[Cut], float]) -> None:
+        """The final samples of a span's continuous probes: what they judge ended at the cut, before the revert."""
+        cuts, cut_at = span
         for sample in await final_samples(cuts, self.baselines):
             self._record(sample)
-            self._judged.append(_window(sample))
+            self._judged.append((cut_at, cut_at))
             if sample.verdict is not Verdict.OK:
                 self._deviate(sample)
 
@@ -457,7 +461,8 @@ class Runner:
             return  # stays until the rollback phase
         await asyncio.sleep(step.duration)
         self._active -= 1  # from here on, samples see the revert, not the fault
-        cut = await self._end_span(stop_last=self._unapplied == 0) if self._active == 0 and self.spans.open else []
+        cut = await self._end_span(stop_last=self._unapplied == 0) if self._active == 0 and self.spans.open \
+            else ([], 0.0)
         await self.faults.end(entry_id, step.label())
         await self._final_samples(cut)
 

@@ -35,9 +35,10 @@ class FaultWatch:
 
 
 def services_of(refs: list[ProcessRef]) -> list[Watched]:
-    """`refs`, then each one's ancestors in its own process group (the server it is part of), each PID once."""
+    """`refs`, then each one's ancestors in its own process group (the server it is part of), each PID once; not
+    this process's own ancestors (a shell or CI job that started both the target and chaoskit is no service)."""
     out = [Watched(r) for r in refs]
-    seen = {r.pid for r in refs}
+    seen = {r.pid for r in refs} | _ancestors(os.getpid())
     for r in refs:
         try:
             group = os.getpgid(r.pid)
@@ -56,6 +57,13 @@ def services_of(refs: list[ProcessRef]) -> list[Watched]:
             seen.add(pid)
             out.append(Watched(ref, service_of=r.pid))
             pid = parent_pid(pid)
+    return out
+
+
+def _ancestors(pid: int) -> set[int]:
+    out = {pid}
+    while (pid := parent_pid(pid) or 0) > 1 and pid not in out:
+        out.add(pid)
     return out
 
 

@@ -149,7 +149,7 @@ TWO_FAULTS = EXPERIMENT.replace("    duration: 3.5s\n", """    duration: 2.5s
   - name: stop-it-again
     inject: {{type: process.signal, pid: {pid}, signal: SIGSTOP}}
     duration: 2.5s
-""")
+""").replace("grace: 0s}}", "grace: 0s, between: record}}")  # the pause's samples: recorded, not judged
 
 
 def test_over_phase_judges_each_span_of_faults_and_stops_after_the_last(tmp_path, state_dir, bystander):

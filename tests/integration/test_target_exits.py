@@ -1,5 +1,5 @@
 """A fault's target that exits while the fault is in effect is reported (journal, plain view, report, summary),
-once, without changing the verdict: a real `chaoskit run` SIGSTOPs the two `sleep` children of a parent this test
+once; the run deviates for it unless the experiment declares target.may_exit: a real `chaoskit run` SIGSTOPs the two `sleep` children of a parent this test
 started (child_of + name, like a Triton replica's python stubs) and the test kills one of them mid-fault; the
 parent does not reap it, so it stays a zombie, as a stub Triton killed does."""
 
@@ -25,6 +25,7 @@ EXPERIMENT = """\
 apiVersion: chaoskit/v1
 kind: Experiment
 metadata: {name: stop-two-sleeps}
+target: {may_exit: MAY_EXIT}
 steadyState:
   probes:
     - {name: probe, type: command, argv: ["true"], phases: [before, after]}
@@ -57,9 +58,11 @@ def parent() -> Iterator[tuple[subprocess.Popen, list[int]]]:
         proc.wait()
 
 
-def test_a_target_killed_during_the_fault_is_reported_once(tmp_path: Path, state_dir: Path, parent) -> None:
+@pytest.mark.parametrize("may_exit", [True, False])
+def test_a_target_killed_during_the_fault_is_reported_once(tmp_path: Path, state_dir: Path, parent,
+                                                           may_exit: bool) -> None:
     proc, (victim, survivor) = parent
-    (tmp_path / "exp.yaml").write_text(EXPERIMENT)
+    (tmp_path / "exp.yaml").write_text(EXPERIMENT.replace("MAY_EXIT", str(may_exit).lower()))
     out_dir = tmp_path / "out"
     run = chaoskit("run", str(tmp_path / "exp.yaml"), "--var", f"parent={proc.pid}", "--out", str(out_dir),
                    "--ci", state=state_dir)
@@ -72,11 +75,12 @@ def test_a_target_killed_during_the_fault_is_reported_once(tmp_path: Path, state
         if run.poll() is None:
             run.kill()
             run.communicate()
-    assert run.returncode == 0, out + err  # information, not a status change: the run held
+    assert run.returncode == (0 if may_exit else 1), out + err  # declared: information; not declared: deviated
     assert proc_state(victim) == "Z" and proc_state(survivor) == "S"  # the survivor was resumed
     events = read_journal(out_dir / "journal.jsonl")
     exits = [e for e in events if isinstance(e, TargetExited)]
-    assert [(e.id, e.pid, e.comm, e.zombie) for e in exits] == [(1, victim, "sleep", True)], exits
+    assert [(e.id, e.pid, e.comm, e.zombie, e.expected) for e in exits] == [(1, victim, "sleep", True, may_exit)], \
+        exits  # the parent, the sleeps' service, is watched too, but alive
     text = f"PID {victim} sleep exited during the fault"
     assert exits[0].text.startswith(text) and exits[0].step == "stop-sleeps"
     reverted = next(e.t for e in events if isinstance(e, FaultReverted))
@@ -86,8 +90,13 @@ def test_a_target_killed_during_the_fault_is_reported_once(tmp_path: Path, state
     assert killed_at <= exits[0].t < reverted - 1.0, (killed_at, reverted, exits)
     assert f"fault #1 process.signal (stop-sleeps): {text}" in out  # the plain view (--ci)
     summary = json.loads((out_dir / "summary.json").read_text())
-    assert summary["verdict"] == "held" and summary["deviations"] == []
+    if may_exit:
+        assert summary["verdict"] == "held" and summary["deviations"] == [] and summary["recovery_s"] is not None
+    else:
+        assert summary["verdict"] == "deviated" and summary["recovery_s"] is None
+        assert summary["deviations"][0].startswith(f"stop-sleeps: {text}"), summary["deviations"]
     assert [e["pid"] for e in summary["faults"][0]["exited"]] == [victim]
     html = (out_dir / "report.html").read_text()
-    assert html.count(text) == 2  # the fault's row and the events table
+    # the fault's row and the events table (deviated: also the two deviations, in the header and the verdict)
+    assert html.count(text) == (2 if may_exit else 4)
     assert f"- fault #1 stop-sleeps: {text}" in (out_dir / "summary.md").read_text()
