@@ -106,14 +106,14 @@ class Runner:
         self._active = 0  # faults in effect now: "during" samples are judged only while one is
         self._applied_at = 0.0  # monotonic time of the latest apply (steadyState.during.grace counts from it)
         self._applies = 0  # faults applied so far: a sample that saw this change saw a fault come in
-        self._judged: list[tuple[float, float]] = []
-        self._judging: set[asyncio.Task] = set()  # samplers taking a sample that may be judged  # wall-clock windows of the samples judged during the method
+        self._judged: list[tuple[float, float]] = []  # wall-clock windows of the samples judged during the method
+        self._judging: set[asyncio.Task] = set()  # samplers taking a sample that may be judged
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
         self._blocks = 0  # parallel blocks started (each names the group of its faults in the ledger)
         self._unapplied = 0  # inject steps of the method neither applied nor skipped yet
         self.spans = Spans()  # continuous probes judged in the current span of faults in effect
         self._deviated: set[str] = set()  # probes that deviated during the method (the first one is the news)
-        self._lost: list[str] = []  # target exits not declared expected: the run cannot be called recovered
+        self._lost: list[TargetExited] = []  # target exits not declared expected: the run is never recovered
 
     # -- events -------------------------------------------------------------------------------------
     def _on_state(self, old: State, new: State, reason: str) -> None:
@@ -479,7 +479,7 @@ class Runner:
         """A target process (or its service) exited from the apply to the end of the after phase: unless the
         experiment said its targets may exit, the run deviates and is not called recovered."""
         if not exit.expected:
-            self._lost.append(exit.text)
+            self._lost.append(exit)
             self.status.deviate(f"{exit.step}: {exit.text}")
 
     async def _service_problems(self) -> list[str]:
@@ -508,7 +508,8 @@ class Runner:
                 self.journal.emit(Recovered(seconds=self.result.recovery_s))
                 break
             if self._lost:
-                self.status.deviate("not recovered: a target exited (" + "; ".join(self._lost) + ")")
+                self.status.deviate("not recovered: target process" + ("es " if len(self._lost) > 1 else " ")
+                                    + ", ".join(f"{e.pid} ({e.comm})" for e in self._lost) + " exited")
                 break
             if self.status.stopped:
                 break
