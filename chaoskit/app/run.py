@@ -245,7 +245,10 @@ def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, dis
                                                       before_step=stepper, service_check=service_check),
                     run_id=run_id)
     jr.sinks.append(FaultFeed(lambda: [*runner.probes.values(), *(p for _, p in runner.safeguard_probes)]))
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack on stderr
+    except (AttributeError, ValueError, OSError):  # a stderr with no file descriptor (output captured in-process)
+        pass
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from chaoskit.injectors import helper_proc
 from chaoskit.load.spec import LoadSpec, Poison
-from chaoskit.model.types import Duration, StrictModel
+from chaoskit.model.types import Duration, StrictModel, Url
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -21,7 +21,7 @@ DEFAULT_TIMEOUT_S = 30.0
 class FloodLoad(StrictModel):
     """The flood's requests: LoadSpec's fields except duration (the step's duration is the flood's)."""
 
-    url: str = Field(min_length=1, pattern=r"^https?://", description="base URL (openai, triton) or full URL (http)")
+    url: Url = Field(min_length=1, pattern=r"^https?://", description="base URL (openai, triton) or full URL (http)")
     api: Literal["openai", "openai-chat", "triton", "http"] = "triton"
     model: str | None = Field(None, description="model name (openai: required; triton: default tiny_lm)")
     rate: float = Field(gt=0, le=5000, description="requests per second")

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from chaoskit.model.types import Duration, StrictModel
+from chaoskit.model.types import Duration, StrictModel, check_url
 
 
 class Poison(StrictModel):
@@ -62,7 +62,7 @@ class LoadSpec(StrictModel):
     def _url(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
             raise ValueError(f"expected an http:// or https:// URL (got {v!r})")
-        return v
+        return check_url(v)
 
     @model_validator(mode="after")
     def _shape(self) -> LoadSpec:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -35,6 +38,30 @@ class StrictModel(BaseModel):
 
 
 Port = Annotated[int, Field(gt=0, lt=65536, description="TCP/UDP port 1..65535")]
+_RUN_TIME = re.compile(r"\{[A-Za-z_][\w\-]*(?:\[\d+\])?(?:\.[A-Za-z_][\w\-]*(?:\[\d+\])?)*\}")  # a placeholder
+
+
+def check_url(url: str) -> str:
+    """An http(s) URL whose host:port can be read: a port, where given, is a number 0..65535 or a placeholder
+    resolved at run time (`{target.gateway_port}`); ValueError naming the port otherwise (a URL the loader let
+    through would otherwise fail later, in whatever reads its port)."""
+    rest = url.split("://", 1)[-1]
+    hostport = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")[2]
+    host_end = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
+    port = host_end.partition(":")[2] if "]" in hostport or not hostport.startswith("[") else ""
+    if _RUN_TIME.fullmatch(port):
+        return url
+    try:
+        urlsplit(url).port  # noqa: B018 - the check is whether it can be read
+    except ValueError as e:
+        if port and not port.isdigit():
+            raise ValueError(f"{url!r}: the port {port!r} is not a number (a placeholder is written {{NAME}}, "
+                             "{var.NAME} or {target.FACT})") from None
+        raise ValueError(f"{url!r}: {e}") from None
+    return url
+
+
+Url = Annotated[str, AfterValidator(check_url)]  # an http(s) URL field's checks beyond its pattern
 
 
 def _duration(value: Any, info: ValidationInfo) -> float:

@@ -13,7 +13,7 @@ import aiohttp
 from pydantic import Field, model_validator
 
 from chaoskit.model.events import Event, FaultApplied, FaultReverted
-from chaoskit.model.types import Duration, StrictModel
+from chaoskit.model.types import Duration, StrictModel, Url
 from chaoskit.probes.base import Probe, ProbeSpecBase
 
 ACTIVE = ("pending", "firing")
@@ -45,7 +45,7 @@ class AlertProbeSpec(ProbeSpecBase):
     source: Literal["prometheus", "alertmanager"] = Field(
         "prometheus", description="prometheus: GET URL/api/v1/alerts (pending and firing alerts); alertmanager: "
         "GET URL/api/v2/alerts (alerts Prometheus sent it: firing)")
-    url: str = Field(pattern=r"^https?://", description="the server's base URL, e.g. http://127.0.0.1:9090")
+    url: Url = Field(pattern=r"^https?://", description="the server's base URL, e.g. http://127.0.0.1:9090")
     alerts: list[ExpectedAlert] = Field(min_length=1, description="the alerts the faults should raise")
     detect_within: Duration = Field(30.0, gt=0, description="each alert must be firing this soon after each "
                                     "fault's apply (seen by a sample: sample often enough, steadyState.during.every)")

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import aiohttp
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
-from chaoskit.model.types import Duration, StrictModel
+from chaoskit.model.types import Duration, StrictModel, Url, check_url
 from chaoskit.probes.base import Probe, ProbeSpecBase
 
 KINDS = ("mismatch", "empty", "truncated", "error")  # a failed answer's kind (classify: error, empty, truncated, mismatch)
@@ -35,7 +35,7 @@ class CorrectnessProbeSpec(ProbeSpecBase):
     model_config = {"json_schema_extra": {"examples": [EXAMPLE]}}
 
     type: Literal["correctness"]
-    url: str = Field(pattern=r"^https?://", description="base URL of the endpoint (http://host:port)")
+    url: Url = Field(pattern=r"^https?://", description="base URL of the endpoint (http://host:port)")
     record_url: str | None = Field(None, pattern=r"^https?://", description="where the answers are recorded "
                                    "from (the probe's first sample; default: url): the upstream itself when url "
                                    "is an llm.proxy that only listens while its fault is in effect")
@@ -57,6 +57,11 @@ class CorrectnessProbeSpec(ProbeSpecBase):
     timeout: Duration | None = Field(None, description="the whole sample (default: request_timeout x the rounds "
                                      "of concurrency requests + 5s)")
     expect_keys: ClassVar[tuple[str, ...]] = _KEYS
+
+    @field_validator("record_url")
+    @classmethod
+    def _record_url(cls, v: str | None) -> str | None:
+        return v if v is None else check_url(v)
 
     @model_validator(mode="after")
     def _check_spec(self) -> CorrectnessProbeSpec:

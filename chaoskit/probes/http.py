@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 import aiohttp
 from pydantic import Field
 
+from chaoskit.model.types import Url
 from chaoskit.probes.base import Probe, ProbeSpecBase
 
 _PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
@@ -17,7 +18,7 @@ _PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 class HttpProbeSpec(ProbeSpecBase):
     type: Literal["http"]
-    url: str = Field(pattern=r"^https?://", description="URL to request")
+    url: Url = Field(pattern=r"^https?://", description="URL to request")
     method: Literal["GET", "POST", "PUT", "HEAD", "DELETE"] = "GET"
     headers: dict[str, str] = Field(default_factory=dict, description="request headers")
     body: str | dict[str, Any] | list[Any] | None = Field(None, description="request body (maps go as JSON)")
