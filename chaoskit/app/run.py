@@ -177,7 +177,8 @@ def _host_preflight(loaded: Loaded) -> None:
         raise PreflightError("\n".join(problems) + "\n(the reference deployment was not started)")
 
 
-def _service_check(loaded: Loaded, facts: dict[str, Any] | None) -> Callable[[], list[str]] | None:
+def _service_check(loaded: Loaded, facts: dict[str, Any] | None
+                   ) -> Callable[[frozenset[tuple[int, int]]], list[str]] | None:
     """The after phase's check of a reference deployment's replicas (the one the experiment brought up, or
     the running one `target.reference: ENGINE` names), or None for any other target."""
     from chaoskit.reference.replica_check import ReplicaCheck
@@ -221,7 +222,8 @@ def _deploy(deployed: ExitStack, own: Reference, loaded: Loaded, file: Path, arg
 
 
 def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, display: Display,
-             levers: Levers | None, service_check: Callable[[], list[str]] | None = None) -> RunResult:
+             levers: Levers | None,
+             service_check: Callable[[frozenset[tuple[int, int]]], list[str]] | None = None) -> RunResult:
     """Journal, view, runner: run the experiment, watching the halt levers (not in a dry run). A dry run plans
     the steps whose target needs facts not known yet as "at run time", never with a stand-in that could select
     more."""

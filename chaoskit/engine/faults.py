@@ -55,6 +55,7 @@ class Faults:
         self._inflight: dict[asyncio.Future, int] = {}  # applies still running in their thread -> entry id
         self._watchdog: ProcessRef | None = None
         self._exits = ExitWatch()  # the target processes of the faults applied, until the after phase ends
+        self.ended: set[tuple[int, int]] = set()  # (pid, start time) of the processes a fault of the run ends itself
 
     # -- the watchdog ---------------------------------------------------------------------------------
     async def start_watchdog(self) -> str | None:
@@ -111,7 +112,7 @@ class Faults:
 
     def _note_exits(self, exits: list[TargetExited]) -> None:
         for e in exits:
-            e = e.model_copy(update={"expected": self.may_exit})
+            e = e.model_copy(update={"expected": self.may_exit or (e.pid, e.start_time) in self.ended})
             self.faults[e.id].exits.append(e)
             self.journal.emit(e)
             if self.on_exit is not None:
@@ -128,6 +129,8 @@ class Faults:
             executor_name, placement = route_of(inj)
             executor = get_executor(executor_name)
             record = executor.prepare(inj)
+            if executor_name == "local":  # known before the apply, so an exit it causes is never seen unexplained
+                self.ended.update((r.pid, r.start_time) for r in inj.ended_processes(record))
             entry_id = await asyncio.to_thread(  # its fsync off the loop: a parallel step's overlap
                 self.ledger.intent, inj.type, record, executor.plan(inj),
                 expires_at=time.time() + step.timeout + step.lifetime(), executor=executor_name,

@@ -60,7 +60,8 @@ class RunOptions:
     use_watchdog: bool = True
     unresolved_steps: frozenset[str] = frozenset()  # dry run: paths of the steps whose target is not known yet
     before_step: Callable[[Step, list[PlanStep]], Awaitable[str]] | None = None  # --step: continue|skip|abort
-    service_check: Callable[[], list[str]] | None = None  # the after phase: what is wrong with the target service
+    # the after phase: what is wrong with the target service, given the processes the run's faults ended (pid, start)
+    service_check: Callable[[frozenset[tuple[int, int]]], list[str]] | None = None
 
 
 @dataclass
@@ -107,7 +108,6 @@ class Runner:
         self._applied_at = 0.0  # monotonic time of the latest apply (steadyState.during.grace counts from it)
         self._applies = 0  # faults applied so far: a sample that saw this change saw a fault come in
         self._judged: list[tuple[float, float]] = []  # wall-clock windows of the samples judged during the method
-        self._judging: set[asyncio.Task] = set()  # samplers taking a sample that may be judged
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
         self._blocks = 0  # parallel blocks started (each names the group of its faults in the ledger)
         self._unapplied = 0  # inject steps of the method neither applied nor skipped yet
@@ -256,8 +256,6 @@ class Runner:
             self.status.fail(FailureKind.APPLY, str(e))
         finally:
             self._sampling = False
-            if self._judging and not abort and not self.status.stopped:  # a during sample still out is judged
-                await asyncio.wait(list(self._judging), timeout=max(p.spec.timeout for p in self.probes.values()))
             for t in samplers:
                 t.cancel()
             await asyncio.gather(*samplers, return_exceptions=True)
@@ -341,6 +339,8 @@ class Runner:
         start = time.monotonic()
         continuous = probe if isinstance(probe, Continuous) and probe.is_continuous else None
         while self._sampling and probe.spec.name not in self.spans.finished:
+            if judged and not guards and self._unapplied == 0 and self._active == 0:
+                return  # the last fault has ended: what follows is the after phase's to judge
             in_effect, applies = self._active > 0, self._applies
             graced = in_effect and time.monotonic() - self._applied_at < grace
             judging = judged and not graced and (in_effect or between == "judge")
@@ -352,7 +352,7 @@ class Runner:
             # interim: judged once over the span, at its end (over: phase), not sample by sample
             phase = Phase.INTERIM if interim else (Phase.DURING if judging else (
                 Phase.GRACE if judged and graced else (Phase.BETWEEN if judged else Phase.SAFEGUARD)))
-            sample = await self._take(probe, phase, guards, judging or judged and phase is Phase.BETWEEN)
+            sample = await take_guarded(probe, phase, guards, self.baselines)
             if probe.spec.name in self.spans.finished and (isinstance(sample, str) or sample.verdict is Verdict.ERROR):
                 return  # its load stopped at the end of its last phase while this sample waited for a window
             if isinstance(sample, str):  # a latency safeguard tripped while the probe was still out
@@ -371,21 +371,9 @@ class Runner:
                 if reason:
                     self._trip(probe, reason, abort)
                     return
-            if not self._sampling:
-                return  # the method ended while it was taken
             # next slot on the fixed grid; slots missed by a slow sample are skipped, not bunched
             elapsed = time.monotonic() - start
             await asyncio.sleep((int(elapsed / every) + 1) * every - elapsed)
-
-    async def _take(self, probe: Probe, phase: Phase, guards: list[Safeguard], may_judge: bool) -> Sample | str:
-        """One sample; one that may be judged is waited for if the method ends while it is out (not cancelled)."""
-        task = asyncio.current_task()
-        if may_judge and task is not None:
-            self._judging.add(task)
-        try:
-            return await take_guarded(probe, phase, guards, self.baselines)
-        finally:
-            self._judging.discard(task)  # type: ignore[arg-type]
 
     def _unjudged_faults(self) -> list[str]:
         """The faults in effect (by their own observation at apply) during which no sample was judged, where the
@@ -487,7 +475,8 @@ class Runner:
         if self.opts.service_check is None:
             return []
         try:
-            problems = await asyncio.to_thread(self.opts.service_check)
+            ended = frozenset(self.faults.ended if self.faults is not None else ())
+            problems = await asyncio.to_thread(self.opts.service_check, ended)
         except Exception as e:  # a check that cannot run is a problem, not a crash
             problems = [f"the service check failed: {type(e).__name__}: {e}"]
         self.journal.emit(ServiceChecked(problems=problems))

@@ -194,6 +194,11 @@ class Injector(ABC):
         """What the fault is doing right now, for the journal (journaled after apply and before revert)."""
         return {"in_effect": cls.observe(record)}
 
+    def ended_processes(self, record: dict[str, Any]) -> list[ProcessRef]:
+        """The processes this fault ends itself (a terminating signal), from the record `prepare` made, before
+        the apply: their exit is the fault, not news, and a replica they belong to is not expected to answer."""
+        return []
+
     def watched_processes(self, record: dict[str, Any]) -> list[ProcessRef]:
         """The processes this fault acted on, alive when it did (from the record `apply` returned), whose exit
         while it is in effect the run reports: by default those of its resolved local target, for a cgroup

@@ -345,6 +345,11 @@ class ProcessSignal(Injector):
                     pass
         _wait_state([t.to_json() for t in r.targets], lambda st: st not in ("T", "t"))
 
+    def ended_processes(self, record: dict[str, Any]) -> list[ProcessRef]:
+        """The processes a terminating signal goes to."""
+        r: SignalRecord = self.read_record(record)
+        return [] if r.signal == "SIGSTOP" else list(r.targets)
+
     def watched_processes(self, record: dict[str, Any]) -> list[ProcessRef]:
         """The processes stopped (those signalled); none for a terminating signal, whose exit is the fault."""
         r: SignalRecord = self.read_record(record)

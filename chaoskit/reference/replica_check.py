@@ -16,7 +16,7 @@ from chaoskit.targets.process import ProcessRef, is_alive, proc_ref
 class Replica:
     name: str
     url: str
-    processes: tuple[ProcessRef, ...]  # its server (and, for Triton, its model processes), as found at the start
+    processes: tuple[ProcessRef, ...]  # its server (vLLM: and its EngineCore), as found at the start
 
 
 class ReplicaCheck:
@@ -28,15 +28,16 @@ class ReplicaCheck:
         self.may_exit = may_exit  # target.may_exit: a replica that exited is expected (only a live one is checked)
         self.replicas = [_replica(r) for r in facts.get("replicas", [])]
 
-    def __call__(self) -> list[str]:
+    def __call__(self, ended: frozenset[tuple[int, int]] = frozenset()) -> list[str]:
+        """`ended`: the processes (pid, start time) the run's own faults ended: their replica is not checked."""
         if not self.replicas:
             return []
         with ThreadPoolExecutor(len(self.replicas)) as pool:  # a hung replica's check takes seconds
-            return [p for problems in pool.map(self._one, self.replicas) for p in problems]
+            return [p for problems in pool.map(lambda r: self._one(r, ended), self.replicas) for p in problems]
 
-    def _one(self, replica: Replica) -> list[str]:
+    def _one(self, replica: Replica, ended: frozenset[tuple[int, int]]) -> list[str]:
         dead = [p for p in replica.processes if not is_alive(p)]
-        if dead and self.may_exit:
+        if dead and (self.may_exit or any((p.pid, p.start_time) in ended for p in replica.processes)):
             return []
         if dead:
             return [f"{replica.name}: process not running (PID {p.pid}{' ' + p.comm if p.comm else ''})"
@@ -46,6 +47,7 @@ class ReplicaCheck:
 
 
 def _replica(facts: dict[str, Any]) -> Replica:
-    pids = [facts.get("pid"), *(facts.get("model_pids") or []), facts.get("engine_pid")]
+    pids = [facts.get("pid"), facts.get("engine_pid")]  # not Triton's stubs: a model reload replaces them (its
+    # 1-token requests tell a dead stub: HTTP 400)
     refs = tuple(ref for pid in pids if isinstance(pid, int) and (ref := proc_ref(pid)) is not None)
     return Replica(str(facts.get("name", "?")), str(facts.get("url", "")), refs)

@@ -86,7 +86,7 @@ steadyState:
   probes:
     - name: slo
       type: slo
-      load: {url: "{target.replica_url}", api: triton, model: tiny_lm, rate: 10, duration: 2s, timeout: 1s}
+      load: {url: "{target.replica_url}", api: triton, model: tiny_lm, rate: 10, duration: 1s, timeout: 1s}
       expect: {completed_ratio: "> 0.9"}
   during: {every: 1s}
   after: {within: 10s, every: 500ms}

@@ -24,9 +24,9 @@ steadyState:
   probes:
     - name: load
       type: slo
-      load: {{url: "{{target.url}}", api: triton, model: tiny_lm, rate: 10, duration: 2s, timeout: 2s}}
+      load: {{url: "{{target.url}}", api: triton, model: tiny_lm, rate: 10, duration: 1s, timeout: 1s}}
       expect: {{error_rate: "< {during_errors}"}}
-  during: {{every: 2s}}
+  during: {{every: 1s}}
   after: {{within: 10s, every: 500ms}}
 method:
   - name: stop-stub
