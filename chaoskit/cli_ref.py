@@ -126,13 +126,15 @@ def up(
     """Start the deployment, wait until it really serves, print URLs and facts."""
     from chaoskit.reference.deploy import Deployment, RefOptions
     from chaoskit.targets.ref_registry import command
-    from chaoskit.units import parse_duration
+    from chaoskit.units import bare_duration, parse_duration
 
     try:
         if engine not in ("triton", "vllm"):
             raise ChaoskitError(f"--engine {engine!r}: expected triton or vllm")
         if health not in ("status", "latency"):
             raise ChaoskitError(f"--health {health!r}: expected status or latency")
+        if (bare := bare_duration(latency_threshold)) is not None:
+            raise ChaoskitError(f"--latency-threshold {bare}: a bare number is ambiguous: write {bare}ms or {bare}s")
         try:
             threshold_ms = parse_duration(latency_threshold) * 1e3
         except ValueError as e:

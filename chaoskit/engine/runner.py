@@ -231,13 +231,19 @@ class Runner:
             raise PreflightError("\n".join(problems))
 
     async def _check_once(self, phase: Phase) -> bool:
-        probes = [p for p in self.probes.values() if phase in p.spec.phases]
-        samples = await asyncio.gather(*(take_sample(p, phase, self.baselines) for p in probes))
+        """Sample every probe of `phase` at once; each sample is journaled as it ends (the log in time order)."""
+        tasks = [asyncio.create_task(take_sample(p, phase, self.baselines))
+                 for p in self.probes.values() if phase in p.spec.phases]
         held = True
-        for s in samples:
-            self._record(s)
-            if s.verdict is not Verdict.OK:
-                held = False
+        try:
+            for done in asyncio.as_completed(tasks):
+                s = await done
+                self._record(s)
+                held = held and s.verdict is Verdict.OK
+        finally:  # cancelled (an interrupt): so are the samples still out
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         return held
 
     # -- method ---------------------------------------------------------------------------------------

@@ -161,6 +161,14 @@ def test_chaoskit_load_options_need_their_unit():
         assert line in result.output
 
 
+def test_ref_up_latency_threshold_needs_its_unit(tmp_path):
+    """Refused before anything starts (the directory is not even made)."""
+    result = CliRunner().invoke(app, ["ref", "up", "--latency-threshold", "300", "--dir", str(tmp_path / "ref")])
+    assert result.exit_code == 2, result.output
+    assert "--latency-threshold 300: a bare number is ambiguous: write 300ms or 300s" in result.output
+    assert not (tmp_path / "ref").exists()
+
+
 def warnings(tmp_path: Path, text: str = HEAD + PROBE + NETEM, **values: str) -> list[str]:
     return load_experiment(write(tmp_path, text, **values), strict=False).warnings
 
