@@ -1,19 +1,31 @@
 """Typed revert records: what apply wrote reads back into the family's Record model, and a record that does not
-(torn, foreign, hand-edited) is refused before anything is undone, naming each wrong field."""
+(torn, foreign, hand-edited) is refused before anything is undone, naming each wrong field.
+
+The refused records never name the host's own objects (its /etc/passwd, PID 1, its network namespace, its nft
+tables, its cgroups, a real cluster, a token as broad as `python`): each names a stand-in this test made under its
+tmp_path (or a path that cannot exist), so a validator that lets one through makes revert act on the stand-in, and
+the test fails, without harm to the host."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors import INJECTORS
-from chaoskit.injectors.base import RecordError
+from chaoskit.injectors.base import RecordError, RevertRecord
 from chaoskit.injectors.cpu import CpuStress, CpuThrottle
 from chaoskit.injectors.disk import DiskThrottle
 from chaoskit.injectors.diskfill import DiskFill
-from chaoskit.injectors.exec import Exec
+from chaoskit.injectors.exec import TOKEN_VAR, Exec
 from chaoskit.injectors.firewall import Drop, Partition
 from chaoskit.injectors.helper_proc import TOKEN
 from chaoskit.injectors.kube import DeploymentScale, PodDelete, PodKill
@@ -28,19 +40,82 @@ from chaoskit.injectors.xid import XidEvent
 from chaoskit.targets.process import ProcessRef, proc_ref
 from tests.conftest import proc_state, wait_for
 
-HOLDER = "chaoskit-holder-0123456789abcdef0123456789abcdef"
-NETEMQ = "chaoskit-netemq-0123456789abcdef0123456789abcdef"
-NS = {"ns": "/proc/1/ns/net", "ns_inode": 4026531840}
-ETH0 = {**NS, "ifindex": 2, "ifname": "eth0"}
-QUEUE = {**ETH0, "mode": "queue", "direction": "egress", "table": "chaoskit_nq_0123456789ab", "token": NETEMQ}
+HOLDER = f"chaoskit-holder-{uuid.uuid4().hex}"  # of chaoskit's shape, and no process carries it
+NETEMQ = f"chaoskit-netemq-{uuid.uuid4().hex}"
+SLEEP = "import time; time.sleep(600)"
 
 
-def test_the_typed_families():
-    assert {c.type for c in INJECTORS if c.Record is not None} == {
-        "process.signal", "network.proxy", "llm.proxy", "network.drop", "network.partition", "host.cpu_stress",
-        "load.flood", "host.memory_pressure", "gpu.memory_pressure", "disk.fill", "process.cpu_throttle",
-        "process.memory_limit", "disk.throttle", "exec", "deployment.scale", "gpu.mig", "pod.delete", "pod.kill",
-        "gpu.xid", "network.netem", "network.bandwidth", "gpu.cuda_fault", "kv.notify"}
+@dataclass
+class Host:
+    """Stand-ins for what the records would otherwise name on this host, all the test's own: a file in place of
+    /etc/passwd, a cgroup tree under tmp_path, a plain file in place of a network namespace (with its inode, so
+    a record naming it reads as "the same namespace"; entering it fails), a namespace path that does not exist, a
+    kubeconfig that does not exist, and a process carrying `token` (on its command line and as exec's token in its
+    environment) in place of PID 1 and of every process a broad token matches."""
+
+    dir: Path
+    proc: subprocess.Popen
+    token: str
+
+    def __post_init__(self) -> None:
+        self.passwd = self.dir / "passwd"
+        self.passwd.write_text("root:x:0:0:root:/root:/bin/sh\n")
+        self.stats = self.dir / "x.json"
+        self.stats.write_text("{}\n")
+        self.helper_stats = self.dir / f"{NETEMQ}.json"
+        self.helper_stats.write_text("{}\n")
+        self.cgroups = self.dir / "cgroup"
+        self.slice = self.cgroups / "system.slice"  # empty, as a cgroup looks to rmdir: a revert would remove it
+        self.own_cgroup = self.cgroups / "chaoskit-0123456789ab"
+        self.io_cgroup = self.cgroups / "x"
+        for d in (self.slice, self.own_cgroup, self.io_cgroup):
+            d.mkdir(parents=True)
+        (self.io_cgroup / "io.max").write_text("8:0 rbps=1048576 wbps=max riops=max wiops=max\n")
+        self.hierarchy = {"version": 2, "root": str(self.cgroups)}
+        netns = self.dir / "netns"
+        netns.write_text("not a namespace\n")
+        self.ns = {"ns": str(netns), "ns_inode": netns.stat().st_ino}
+        # the host namespace's inode, at a path that does not exist: the path decides (gone)
+        self.gone_ns = {"ns": str(self.dir / "no-such-netns"), "ns_inode": 4026531840}
+        self.eth0 = {**self.ns, "ifindex": 2, "ifname": "eth0"}
+        self.cluster = {"kubeconfig": str(self.dir / "no-such-kubeconfig")}
+        self.pid = self.proc.pid
+        self.start_time = proc_ref(self.pid).start_time
+        self.before = self._state()
+
+    def queue(self, where: dict[str, Any]) -> dict[str, Any]:
+        return {**where, "ifindex": 2, "ifname": "eth0", "mode": "queue", "direction": "egress",
+                "table": "chaoskit_nq_0123456789ab", "token": NETEMQ}
+
+    def _state(self) -> dict[str, str]:
+        return {str(p.relative_to(self.dir)): "dir" if p.is_dir() else p.read_text() for p in self.dir.rglob("*")}
+
+    def changes(self) -> list[str]:
+        """What the verbs did to the stand-ins (nothing, when the records were refused)."""
+        now = self._state()
+        out = [f"{k}: {self.before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(self.before) | set(now))
+               if self.before.get(k) != now.get(k)]
+        return out + ([f"process {self.pid} ended ({self.proc.returncode})"] if self.proc.poll() is not None else [])
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[Host]:
+    token = f"ckt-sentinel-{uuid.uuid4().hex}"  # not of chaoskit's shape: no record may name it
+    proc = subprocess.Popen([sys.executable, "-S", "-c", SLEEP, token], env={**os.environ, TOKEN_VAR: token})
+    try:
+        wait_for(lambda: proc_ref(proc.pid) is not None and token in Path(f"/proc/{proc.pid}/cmdline").read_text())
+        (tmp_path / "host").mkdir()
+        yield Host(tmp_path / "host", proc, token)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_every_bundled_family_declares_its_record():
+    """Every fault family chaoskit ships (as the registry lists them) reads its record back into a model."""
+    bundled = [c for c in INJECTORS if c.__module__.startswith("chaoskit.")]
+    assert bundled and [c.type for c in bundled if c.Record is None] == []
+    assert all(issubclass(c.Record, RevertRecord) for c in bundled)
 
 
 def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
@@ -59,94 +134,125 @@ def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
         sleeper.wait()
 
 
-@pytest.mark.parametrize(("cls", "record", "wrong"), [
-    (ProcessSignal, {"targets": []}, "(signal: Field required)"),
-    (ProcessSignal, {"signal": "SIGSTOP", "targets": [{"pid": "x", "start_time": 1}]},
+# (family, the record given the stand-ins, what is wrong with it: a string, or one given the stand-ins)
+REFUSED = [
+    (ProcessSignal, lambda h: {"targets": []}, "(signal: Field required)"),
+    (ProcessSignal, lambda h: {"signal": "SIGSTOP", "targets": [{"pid": "x", "start_time": 1}]},
      "(targets.0.pid: Input should be a valid integer, unable to parse string as an integer)"),
-    (Proxy, {"listen": "127.0.0.1:1", "upstream": "127.0.0.1:2"}, "(token: Field required)"),
-    (Proxy, {"token": "python", "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "proxy": {"pid": 1}},
+    (Proxy, lambda h: {"listen": "127.0.0.1:1", "upstream": "127.0.0.1:2"}, "(token: Field required)"),
+    # revert stops every process carrying the token: only a token of chaoskit's shape (this one is the stand-in's)
+    (Proxy, lambda h: {"token": h.token, "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "proxy": {"pid": h.pid}},
      f"(token: String should match pattern '{TOKEN}'; proxy.start_time: Field required)"),
-    (MemoryPressure, {"token": HOLDER, "status": "/etc/passwd"},  # revert removes it: only the holder's own file
-     f"(record: Value error, /etc/passwd is not a file of helper {HOLDER})"),
-    (CpuStress, {"token": HOLDER, "worker_procs": [{"pid": 1}]}, "(worker_procs.0.start_time: Field required)"),
-    (CpuThrottle, {"hierarchy": {}, "cgroup": "/sys/fs/cgroup/system.slice", "quota": 1000, "period": 100000},
-     "(record: Value error, a dedicated cgroup is a chaoskit-* one, not /sys/fs/cgroup/system.slice)"),
-    (MemoryLimit, {"hierarchy": {}, "cgroup": "/sys/fs/cgroup/chaoskit-0123456789ab", "token": "python"},
+    (MemoryPressure, lambda h: {"token": HOLDER, "status": str(h.passwd)},  # revert removes it: only the holder's
+     lambda h: f"(record: Value error, {h.passwd} is not a file of helper {HOLDER})"),
+    (CpuStress, lambda h: {"token": HOLDER, "worker_procs": [{"pid": h.pid}]},
+     "(worker_procs.0.start_time: Field required)"),
+    (CpuThrottle, lambda h: {"hierarchy": h.hierarchy, "cgroup": str(h.slice), "quota": 1000, "period": 100000},
+     lambda h: f"(record: Value error, a dedicated cgroup is a chaoskit-* one, not {h.slice})"),  # revert rmdirs it
+    (MemoryLimit, lambda h: {"hierarchy": h.hierarchy, "cgroup": str(h.own_cgroup), "token": h.token},
      f"(token: String should match pattern '{TOKEN}')"),
-    (DiskThrottle, {"hierarchy": {}, "cgroup": "/sys/fs/cgroup/x", "dedicated": False, "dev": "8:0",
-                    "limits": {"rbps": "1048576"}, "procs": [{"pid": 1, "start_time": 2}]},
+    (DiskThrottle, lambda h: {"hierarchy": h.hierarchy, "cgroup": str(h.io_cgroup), "dedicated": False, "dev": "8:0",
+                              "limits": {"rbps": "1048576"}, "procs": [{"pid": h.pid, "start_time": h.start_time}]},
      "(procs.0.from: Field required)"),
-    (Exec, {"apply": ["/bin/true"], "revert": [], "timeout": 5, "token": "x"},
+    (Exec, lambda h: {"apply": ["/bin/true"], "revert": [], "timeout": 5, "token": h.token},
      "(revert: List should have at least 1 item after validation, not 0; token: String should match pattern "
      "'^[0-9a-f]{32}$')"),
-    (DeploymentScale, {"cluster": {}, "namespace": "default", "deployment": "web", "replicas": -1},
+    (DeploymentScale, lambda h: {"cluster": h.cluster, "namespace": "default", "deployment": "web", "replicas": -1},
      "(previous_replicas: Field required; replicas: Input should be greater than or equal to 0)"),
-    (PodDelete, {"cluster": {}, "grace_period_s": -1, "pods": [{"pod": "web-0"}]},
+    (PodDelete, lambda h: {"cluster": h.cluster, "grace_period_s": -1, "pods": [{"pod": "web-0"}]},
      "(grace_period_s: Input should be greater than or equal to 0; pods.0.namespace: Field required; "
      "pods.0.uid: Field required)"),
-    (PodKill, {"grace_period_s": 0, "pods": []}, "(cluster: Field required)"),
-    (XidEvent, {"event": True, "pci_bus_id": "PCI:3b", "xid": 0, "level": 4, "written": [{"line": "x"}]},
+    (PodKill, lambda h: {"grace_period_s": 0, "pods": []}, "(cluster: Field required)"),
+    (XidEvent, lambda h: {"event": True, "pci_bus_id": "PCI:3b", "xid": 0, "level": 4, "written": [{"line": "x"}]},
      "(pci_bus_id: String should match pattern '^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]$'; xid: Input should "
      "be greater than or equal to 1; written.0.at: Field required)"),
-    (XidEvent, {"pci_bus_id": "0000:3b:00.0", "xid": 79, "level": 4}, "(event: Field required)"),
-    (MigReconfigure, {"device": 0, "checkpoint": "MIG 1g.18gb x7"}, "(checkpoint: Input should be a valid dictionary)"),
-    (Bandwidth, {**NS, "ifindex": 0, "ifname": "eth0/x", "direction": "ingress", "ifb": "eth0"},  # revert deletes it
+    (XidEvent, lambda h: {"pci_bus_id": "0000:3b:00.0", "xid": 79, "level": 4}, "(event: Field required)"),
+    (MigReconfigure, lambda h: {"uuid": "GPU-no-such-gpu", "checkpoint": "MIG 1g.18gb x7"},
+     "(checkpoint: Input should be a valid dictionary)"),
+    (Bandwidth, lambda h: {**h.ns, "ifindex": 0, "ifname": "eth0/x", "direction": "ingress", "ifb": "eth0"},
      "(ifindex: Input should be greater than 0; ifname: String should match pattern '^[^/:\\s]{1,15}$'; "
-     "ifb: String should match pattern '^ck[0-9a-f]{10}$')"),
-    (Bandwidth, {**ETH0, "direction": "ingress"}, "(record: Value error, an ingress record names its IFB device (ifb))"),
-    (Bandwidth, {**ETH0, "direction": "egress", "previous": {"handle": 1, "parent": 1, "kind": "tbf",
-                                                            "options": {"type": 2, "hex": "zz"}}},
+     "ifb: String should match pattern '^ck[0-9a-f]{10}$')"),  # revert deletes the link named so
+    (Bandwidth, lambda h: {**h.eth0, "direction": "ingress"},
+     "(record: Value error, an ingress record names its IFB device (ifb))"),
+    (Bandwidth, lambda h: {**h.eth0, "direction": "egress", "previous": {"handle": 1, "parent": 1, "kind": "tbf",
+                                                                        "options": {"type": 2, "hex": "zz"}}},
      "(previous.options.hex: String should match pattern '^(?:[0-9a-f]{2})*$')"),
-    (Netem, {"ns": "/proc/1/ns/net", "ifindex": 2, "ifname": "eth0", "direction": "both", "mode": "qdisc"},
+    (Netem, lambda h: {"ns": h.ns["ns"], "ifindex": 2, "ifname": "eth0", "direction": "both", "mode": "qdisc"},
      "(ns_inode: Field required; direction: Input should be 'egress' or 'ingress')"),
-    (Netem, {**QUEUE, "table": "filter", "token": "python", "stats": "/tmp/x.json"},  # never a table not ours
+    (Netem, lambda h: {**h.queue(h.ns), "table": "filter", "token": h.token, "stats": str(h.stats)},  # never a
      "(table: String should match pattern '^chaoskit_nq_[0-9a-f]{12}$'; token: String should match pattern "
-     "'^chaoskit-netemq-[0-9a-f]{32}$')"),
-    (Netem, {**QUEUE, "stats": f"/tmp/{NETEMQ}.json", "helper": {"pid": 1}}, "(helper.start_time: Field required)"),
-    (Netem, {**QUEUE, "stats": "/etc/passwd"},  # revert deletes it: only the helper's own stats file
-     f"(record: Value error, /etc/passwd is not the stats file of helper {NETEMQ})"),
-    (DiskFill, {"file": "/etc/passwd", "bytes": 0},  # revert deletes it: only a fill file of chaoskit's
+     "'^chaoskit-netemq-[0-9a-f]{32}$')"),  # table not ours, nor a token not of chaoskit's shape
+    # a namespace that is gone: revert goes straight to the helper and its stats file
+    (Netem, lambda h: {**h.queue(h.gone_ns), "stats": str(h.helper_stats), "helper": {"pid": h.pid}},
+     "(helper.start_time: Field required)"),
+    (Netem, lambda h: {**h.queue(h.gone_ns), "stats": str(h.passwd)},  # revert deletes it: only the helper's own
+     lambda h: f"(record: Value error, {h.passwd} is not the stats file of helper {NETEMQ})"),
+    (DiskFill, lambda h: {"file": str(h.passwd), "bytes": 0},  # revert deletes it: only a fill file of chaoskit's
      "(file: String should match pattern '/\\.chaoskit-fill-[0-9a-f]{12}$')"),
-    (Drop, {"ns": "/proc/1/ns/net", "ns_inode": 4026531840, "table": "filter"},  # never a table not chaoskit's
+    (Drop, lambda h: {**h.ns, "table": "filter"},  # never a table not chaoskit's
      "(table: String should match pattern '^chaoskit_[0-9a-f]{12}$')"),
-    (Partition, {"ns": "/proc/1/ns/net", "table": "chaoskit_0123456789ab"}, "(ns_inode: Field required)"),
-])
-def test_a_record_that_does_not_read_back_is_refused_before_any_undo(cls, record, wrong):
-    for verb in (cls.revert, cls.observe):
-        with pytest.raises(RecordError) as e:
-            verb(record)
-        assert str(e.value) == f"{cls.type}: its revert record does not read back {wrong}"
+    (Partition, lambda h: {"ns": h.ns["ns"], "table": "chaoskit_0123456789ab"}, "(ns_inode: Field required)"),
+]
+APART_FROM_HOST = {"/bin/true"}  # a program an apply would run; no verb here runs it
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+@pytest.mark.parametrize(("cls", "make", "wrong"), REFUSED,
+                         ids=[f"{c.type}-{i}" for i, (c, _, _) in enumerate(REFUSED)])
+def test_a_record_that_does_not_read_back_is_refused_before_any_undo(host, cls, make, wrong):
+    record = make(host)
+    named = [s for s in _strings(record) if s.startswith("/") and s not in APART_FROM_HOST]
+    assert all(Path(s).is_relative_to(host.dir) for s in named), f"the record names a path of the host's: {named}"
+    wrong = wrong(host) if callable(wrong) else wrong
+    try:
+        for verb in (cls.revert, cls.observe):
+            with pytest.raises(RecordError) as e:
+                verb(record)
+            assert str(e.value) == f"{cls.type}: its revert record does not read back {wrong}"
+    finally:  # what a verb that let the record through did, shown even where it failed on it
+        assert host.changes() == [], f"{cls.type} acted on a record it should have refused"
 
 
 def test_unknown_keys_are_left_alone_and_a_prepared_record_is_enough():
-    token = "chaoskit-proxy-0123456789abcdef0123456789abcdef"
+    token = f"chaoskit-proxy-{uuid.uuid4().hex}"
     prepared = {"token": token, "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "later": 1}
     assert Proxy.read_record(prepared) == ProxyRecord(token=token, listen="127.0.0.1:1", upstream="127.0.0.1:2")
     Proxy.revert(prepared)  # killed before the helper started: nothing to stop, and no error
     assert not Proxy.observe(prepared)
 
 
-def test_network_records_written_the_old_way_read_back():
+def test_network_records_written_the_old_way_read_back(host):
     """network.bandwidth / network.netem records as the ledger has always kept them (no mode before queue mode
     came; the snapshot of the previous qdisc with its ifindex) read back, and a foreign namespace is left alone."""
     tbf = {"ifindex": 2, "handle": 0x50000, "parent": 0xFFFFFFFF, "kind": "tbf",
            "options": {"type": 2, "hex": "0123abcd"}}
-    egress = {**ETH0, "direction": "egress", "previous": tbf}
-    ingress = {**ETH0, "direction": "ingress", "ifb": "ck0123456789", "had_ingress": False}
+    egress = {**host.eth0, "direction": "egress", "previous": tbf}
+    ingress = {**host.eth0, "direction": "ingress", "ifb": "ck0123456789", "had_ingress": False}
     for cls in (Bandwidth, Netem):
         r = cls.read_record(egress)
         assert isinstance(r, QdiscRecord) and r.mode == "qdisc" and r.previous is not None
         assert {k: v for k, v in tbf.items() if k != "ifindex"} == {k: v for k, v in r.previous.to_json().items()
                                                                    if k != "ifindex"}
-        assert cls.read_record({**ETH0, "direction": "egress", "previous": None}).previous is None
+        assert cls.read_record({**host.eth0, "direction": "egress", "previous": None}).previous is None
         assert cls.read_record(ingress).ifb == "ck0123456789"
     assert Netem.read_record({**egress, "mode": "qdisc", "mode_reason": "auto: this kernel has sch_netem"}).mode_reason
-    queue = {**QUEUE, "mode_reason": "mode: queue asked", "stats": f"/tmp/{NETEMQ}.json",
+    queue = {**host.queue(host.ns), "mode_reason": "mode: queue asked", "stats": str(host.helper_stats),
              "helper": {"pid": 12345, "start_time": 678, "comm": "netemq"}, "queue": 20001}
     r = Netem.read_record(queue)
     assert isinstance(r, QueueRecord) and r.helper == ProcessRef(12345, 678, "netemq") and r.queue == 20001
-    assert Netem.read_record({**QUEUE, "stats": f"/tmp/{NETEMQ}.json"}).helper is None  # as prepare writes it
-    other_ns = {**NS, "ns_inode": 1}  # the path names another namespace now: nothing is touched
+    assert Netem.read_record({**host.queue(host.ns), "stats": str(host.helper_stats)}).helper is None  # as prepared
+    other_ns = {**host.ns, "ns_inode": host.ns["ns_inode"] + 1}  # the path names another namespace now: untouched
     for record in ({**egress, **other_ns}, {**queue, **other_ns, "helper": None}):
         assert not Netem.observe(record)
     Bandwidth.revert({**egress, **other_ns})
+    assert host.changes() == []
