@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import psutil
 import pytest
 
-from chaoskit.injectors.process import ProcessSignal, descendants, protected_pids
+from chaoskit.injectors.process import ProcessSignal, descendants, protected_pids, select_processes
 from chaoskit.reference.vllm import engine_core_pid
 from chaoskit.targets.process import (
     ProcessRef,
@@ -96,6 +96,17 @@ def test_descendants_are_the_live_children_and_grandchildren(tree):
 def test_descendants_of_a_zombie_or_a_gone_process_are_none(tree):
     assert descendants(tree.pids["ck-zombie"]) == []
     assert descendants(4_000_000) == []
+
+
+def test_child_of_narrows_a_name_selection_to_that_tree(tree):
+    """child_of + name: the processes of that name among that PID's descendants only, never one of that name
+    elsewhere (ck-child itself matches the name, and is not its own descendant)."""
+    child, grandchild = tree.pids["ck-child"], tree.pids["ck-grandchild"]
+    assert {child, grandchild} <= {r.pid for r in select_processes(None, "^ck-")}  # the name alone: both
+    assert [r.pid for r in select_processes(None, "^ck-", child_of=child)] == [grandchild]
+    assert {r.pid for r in select_processes(None, "^ck-", child_of=tree.root.pid)} == {child, grandchild}
+    spec = ProcessSignal.Spec(type="process.signal", name="^ck-", child_of=child, select="all")
+    assert [r.pid for r in ProcessSignal(spec).resolve_target().processes] == [grandchild]
 
 
 def test_parent_pid_and_names(tree):
