@@ -13,9 +13,10 @@ import pytest
 
 from tests.conftest import chaoskit
 from tests.helpers.fake_kube import FakeKubeApi, run_pod_here
+from tests.helpers.gpu_host import writes_xid
 from tests.helpers.health_controller import HealthController
 
-pytestmark = pytest.mark.usefixtures("no_kube_env")
+pytestmark = [pytest.mark.usefixtures("no_kube_env"), writes_xid]  # its fault writes a real XID line
 BUS = "cafe:7a:00.0"  # domain cafe: the line names no real GPU
 BOUNDS = ["window=1500ms", "detect=3s", "cordon=3s", "drain=4s", "reschedule=4s", "recover=4s", "every=250ms"]
 

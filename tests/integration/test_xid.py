@@ -15,6 +15,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors.xid import XidEvent, XidSpec, driver_pci
 from chaoskit.probes.kernel_log import KernelLogProbe, KernelLogProbeSpec
 from tests.conftest import chaoskit
+from tests.helpers.gpu_host import writes_xid
 
 
 def _kmsg_missing() -> str | None:
@@ -60,6 +61,7 @@ def measure(p: KernelLogProbe) -> dict:
     return asyncio.run(p.measure())
 
 
+@writes_xid
 def test_apply_writes_a_line_dmesg_shows():
     bus = unique_bus()
     record = inject(bus, pid=4242, process_name="python3")
@@ -75,6 +77,7 @@ def test_apply_writes_a_line_dmesg_shows():
     assert XidEvent.observe(record) is False
 
 
+@writes_xid
 def test_repeated_lines_get_increasing_sequence_numbers():
     record = inject(unique_bus(), xid=48, count=3, interval="50ms")
     seqs = [w["seq"] for w in record["written"]]
@@ -85,6 +88,7 @@ def test_repeated_lines_get_increasing_sequence_numbers():
                for w in record["written"])
 
 
+@writes_xid
 def test_probe_counts_exactly_the_lines_written_after_it_started():
     bus = unique_bus()
     inject(bus)  # before the probe started: never counted
@@ -106,6 +110,7 @@ def test_probe_counts_exactly_the_lines_written_after_it_started():
     assert p.tail is None
 
 
+@writes_xid
 def test_probe_for_another_xid_counts_nothing():
     bus = unique_bus()
     p = probe_for(bus, xid=48)
@@ -155,6 +160,7 @@ def _run(tmp_path: Path, state: Path, name: str, *variables: str) -> tuple[int, 
     return run.returncode, summary, out + err
 
 
+@writes_xid
 def test_experiment_holds_when_the_detector_sees_the_xid(tmp_path, state_dir):
     bus = unique_bus()
     rc, s, log = _run(tmp_path, state_dir, "held", f"bus={bus}", f"watch_bus={driver_pci(bus)}")
@@ -166,6 +172,7 @@ def test_experiment_holds_when_the_detector_sees_the_xid(tmp_path, state_dir):
     assert [f["type"] for f in s["faults"]] == ["gpu.xid"] and s["faults"][0]["reverted_at"]
 
 
+@writes_xid
 @pytest.mark.parametrize("miss", ["watch_xid=48", "other_bus"])
 def test_experiment_deviates_when_the_detector_misses_it(tmp_path, state_dir, miss):
     bus = unique_bus()
