@@ -235,6 +235,22 @@ def vllm_facts(root: Path) -> dict:
     return json.loads((root / "facts.json").read_text())
 
 
+_RUNNING: list[str] = []  # the test running now, for a stream stopped by scripts/test.sh's time limit (SIGINT)
+
+
+def pytest_runtest_logstart(nodeid: str) -> None:
+    _RUNNING[:] = [nodeid]
+
+
+def pytest_runtest_logfinish() -> None:
+    _RUNNING.clear()
+
+
+def pytest_keyboard_interrupt() -> None:
+    if _RUNNING:
+        print(f"\ninterrupted in {_RUNNING[0]}", file=sys.stderr, flush=True)
+
+
 def pytest_collection_modifyitems(items: list) -> None:
     """Tests on the shared vLLM pair last, together (a stable sort keeps every other order as it was)."""
     items.sort(key=lambda item: "vllm_pair" in getattr(item, "fixturenames", ()))

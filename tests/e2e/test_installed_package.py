@@ -198,6 +198,7 @@ method:
 
 
 @pytest.mark.skipif(TRITON_MISSING is not None, reason=f"Triton not installed: {TRITON_MISSING}")
+@pytest.mark.timeout(900)  # above its own timeouts (ref install 600 s, the run 180 s), which fail with the output
 def test_a_bundled_scenario_runs_by_name(user, tmp_path):
     """The scenario brings up its own Triton replicas (in ./.chaoskit/, the directory it runs in), whose python
     backend imports chaoskit from the installed package, and takes them down; no ledger of the run (nor of its

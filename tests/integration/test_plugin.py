@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import ROOT, ledger_ops, ledgers, wait_for
 
 FIXTURE = ROOT / "tests" / "fixtures" / "plugin"
+pytestmark = pytest.mark.timeout(600)  # the first test's setup: a venv (60 s) and a pip install (300 s) at most
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ import pytest
 from chaoskit.reference import triton
 from tests.conftest import ROOT, free_port
 
+pytestmark = pytest.mark.timeout(900)  # above cli()'s own 600 s (a real pip install), which fails with pip's output
+
 
 def cli(*args: str, env: dict[str, str], timeout: float = 600) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()

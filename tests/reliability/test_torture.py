@@ -17,6 +17,7 @@ from tests.helpers.netpair import Pair
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, qdiscs, nftables, cgroups)")
 
 
+@pytest.mark.timeout(900)  # above the torture runs' own 600 s, which fail with their output
 def test_short_torture_leaves_nothing_behind():
     out = subprocess.run([sys.executable, "bench/torture.py", "--runs", "6", "--seed", "2"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
