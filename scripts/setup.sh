@@ -14,6 +14,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   for p in "${APT_PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
+  # Node and npm (ajv, installed below, checks the published JSON Schema in strict mode): Debian's nodejs and npm
+  # where the commands are missing (a NodeSource nodejs brings its own npm and conflicts with Debian's)
+  command -v node >/dev/null || missing+=(nodejs)
+  command -v npm >/dev/null || missing+=(npm)
   if [ ${#missing[@]} -gt 0 ]; then
     log "apt install ${missing[*]}"
     apt-get update -qq
