@@ -27,6 +27,18 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return d
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every cache a test session fills is its own, never the user's ~/.cache: chaoskit's (what cbuild compiles:
+    the native sender, the netem queue helper, the CUDA fault library) and every XDG-following tool's (pip,
+    pytriton), in the session's temporary directory. The CLI and the helpers the tests start inherit it."""
+    root = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(root))
+        mp.setenv("CHAOSKIT_CACHE_DIR", str(root / "chaoskit"))
+        yield root
+
+
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen]:
     """A real process to stop and resume; killed at the end whatever happens."""

@@ -3,11 +3,14 @@ missing or failing compiler is a ChaoskitError saying so (never a traceback)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from chaoskit import cbuild
+from chaoskit import cbuild, paths
 
 
 @pytest.fixture
@@ -68,3 +71,14 @@ def test_what_the_image_prebuilds_is_used_without_a_compiler_and_nothing_is_writ
     assert sorted((p.name, p.stat().st_mtime_ns) for p in cache.iterdir()) == listing
     dockerfile = (package_parent() / "deploy/k8s/chaoskit/Dockerfile").read_text()
     assert 'netem_queue.build(), native.build()' in dockerfile and "ENV CHAOSKIT_CACHE_DIR=" in dockerfile
+
+
+def test_a_test_session_builds_into_its_own_cache_never_the_users(tmp_path_factory):
+    """tests/conftest.py's own_caches: chaoskit's cache and every XDG cache of this session are in its temporary
+    directory, never ~/.cache, for the tests and the processes they start."""
+    home_cache = Path.home() / ".cache"
+    for path in (paths.cache_dir(), Path(os.environ["XDG_CACHE_HOME"])):
+        assert not path.is_relative_to(home_cache) and path.is_relative_to(tmp_path_factory.getbasetemp()), path
+    child = subprocess.run([sys.executable, "-c", "from chaoskit import paths; print(paths.cache_dir())"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(child) == paths.cache_dir()
