@@ -16,6 +16,7 @@ import pytest
 from chaoskit.errors import PreflightError
 from chaoskit.targets.cgroups import IoHierarchy, find_io_hierarchy
 from chaoskit.targets.process import proc_state  # noqa: F401  (re-exported for the tests)
+from tests.helpers.skipguard import pytest_configure  # noqa: F401  (CI set: a skip not in skips-allowed.txt fails)
 
 ROOT = Path(__file__).resolve().parent.parent
 
