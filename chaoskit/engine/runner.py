@@ -111,6 +111,7 @@ class Runner:
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
         self._blocks = 0  # parallel blocks started (each names the group of its faults in the ledger)
         self._unapplied = 0  # inject steps of the method neither applied nor skipped yet
+        self._applying = 0  # applies under way
         self.spans = Spans()  # continuous probes judged in the current span of faults in effect
         self._deviated: set[str] = set()  # probes that deviated during the method (the first one is the news)
         self._lost: list[TargetExited] = []  # target exits not declared expected: the run is never recovered
@@ -345,7 +346,7 @@ class Runner:
         start = time.monotonic()
         continuous = probe if isinstance(probe, Continuous) and probe.is_continuous else None
         while self._sampling and probe.spec.name not in self.spans.finished:
-            if judged and not guards and self._unapplied == 0 and self._active == 0:
+            if judged and not guards and self._unapplied == 0 and self._active == 0 and not self._applying:
                 return  # the last fault has ended: what follows is the after phase's to judge
             in_effect, applies = self._active > 0, self._applies
             graced = in_effect and time.monotonic() - self._applied_at < grace
@@ -364,8 +365,9 @@ class Runner:
             if isinstance(sample, str):  # a latency safeguard tripped while the probe was still out
                 self._trip(probe, sample, abort)
                 return
-            if phase is Phase.BETWEEN and (self._active > 0 or self._applies != applies):
-                sample = sample.model_copy(update={"phase": Phase.DURING})  # a fault came in while it was taken
+            if continuous is None and phase is Phase.BETWEEN and (self._active > 0 or self._applies != applies):
+                # a fault came in while it was taken (a continuous probe's span begins at its next sample)
+                sample = sample.model_copy(update={"phase": Phase.DURING})
                 judging = True
             self._record(sample)
             if judging:  # an interim sample's requests are judged by its span's final sample
@@ -445,7 +447,11 @@ class Runner:
     async def _inject(self, step: Step, path: str, group: str | None) -> None:
         assert self.faults is not None
         self._unapplied -= 1
-        entry_id = await self.faults.apply(step, self.injectors[path], group)
+        self._applying += 1
+        try:
+            entry_id = await self.faults.apply(step, self.injectors[path], group)
+        finally:
+            self._applying -= 1
         self._active += 1
         self._applied_at = time.monotonic()
         self._applies += 1

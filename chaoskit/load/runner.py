@@ -228,6 +228,11 @@ class ContinuousLoad:
         self._taken_at = until
         return part
 
+    @property
+    def stopped(self) -> bool:
+        """stop() was called: it sends nothing more, and window() raises."""
+        return self._stop_at is not None
+
     async def window(self, timeout: float) -> Part:
         half = self.window_s / 2
         await self._until(lambda: self._stop_at is not None

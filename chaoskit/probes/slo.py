@@ -16,6 +16,7 @@ ended, a failed or timed-out one counting at `load.timeout` (or the time it fail
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import re
 from typing import Any, ClassVar, Literal
@@ -141,6 +142,8 @@ class SloProbe(Probe, Continuous):
         self._warm = False  # the warm-up windows are behind it
         self._stopped = False  # its load was stopped: its last phase has ended
         self._draining = False  # stopped by a cut: end_phase waits for the requests in flight
+        self._drained = asyncio.Event()  # cleared from a cut to the end of its drain: no new load starts before
+        self._drained.set()
         self._phase: Part | None = None  # over: phase: what the current span's samples reported so far
         self._last: Part | None = None  # the span's latest window (a short final one is judged with it)
         self._tail: Part | None = None  # what the cut left
@@ -151,13 +154,7 @@ class SloProbe(Probe, Continuous):
             summary = await run_load(self.spec.load, group_by=self.spec.group_by)
             summary.pop("recorder", None)
             return self._values(summary)
-        if self._stopped:
-            raise ChaoskitError("its load was stopped at the end of the probe's last phase")
-        if self._continuous is None:
-            self._continuous = ContinuousLoad(self.spec.load, self.spec.window, group_by=self.spec.group_by)
-            await self._continuous.start()
-            await self._warm_up()
-        part = await self._continuous.window(timeout=self.spec.timeout or 60.0)
+        part = await self._window()
         if self._phase is not None:
             self._phase.merge(part)
         self._last = part
@@ -173,6 +170,34 @@ class SloProbe(Probe, Continuous):
             for group in self.spec.expected_groups() | {NO_GROUP}:
                 summary.setdefault(f"requests[{group}]", 0)  # no answer carried this value: say so, as a number
         return summary
+
+    async def _window(self) -> Part:
+        """The next window of the running load; a load a span's cut stopped is drained into that span's final
+        sample first, then a new one starts (its requests all sent after the cut)."""
+        while True:
+            if self._stopped:
+                raise ChaoskitError("its load was stopped at the end of the probe's last phase")
+            await self._drained.wait()
+            if self._continuous is None:  # the first sample, or the first after a span's cut
+                self._continuous = await self._start()
+                if not self._warm:  # once: a load started again after a revert is measured from its first send
+                    await self._warm_up()
+            load = self._continuous
+            try:
+                return await load.window(timeout=self.spec.timeout or 60.0)
+            except ChaoskitError:
+                if not load.stopped:
+                    raise  # else a cut stopped it while this sample waited: take the next load's window
+
+    async def _start(self) -> ContinuousLoad:
+        """A new running load; one whose start is cancelled (its sampler stopped) is closed, not kept half-made."""
+        load = ContinuousLoad(self.spec.load, self.spec.window, group_by=self.spec.group_by)
+        try:
+            await load.start()
+        except BaseException:
+            await asyncio.shield(load.close())
+            raise
+        return load
 
     async def _warm_up(self) -> None:
         assert self._continuous is not None
@@ -195,30 +220,33 @@ class SloProbe(Probe, Continuous):
         self._last = self._tail = None
 
     async def cut(self, stop: bool) -> None:
+        """The load stops sending here, so every request of the span is judged in the span's final sample, never
+        in a later phase (a request stuck in a fault's delay is not the after phase's, nor its recovery time);
+        without `stop` the next sample starts a new load, whose requests are all sent after the revert."""
         load = self._continuous
+        self._stopped = stop
         if load is None or not self._warm:  # nothing measured in the span yet
             self._span, self._phase, self._last = (self._phase, None), None, None
             self._tail = Part(Recorder(), 0.0, 0)
             if stop:
-                self._stopped = True
                 await self.close()
             return
-        if stop:
-            self._stopped = self._draining = True
-            self._span, self._phase, self._last = (self._phase, self._last), None, None
-            # no window() takes anything from here on; the requests in flight end before the revert if they can
-            await load.stop(CUT_TIMEOUT_S, settle_s=min(SETTLE_S, self.spec.load.timeout))
-        else:
-            self._tail = await load.cut(CUT_TIMEOUT_S)
-            # at once (no await since the cut took its part): a sample still waiting takes what came after it
-            self._span, self._phase, self._last = (self._phase, self._last), None, None
+        self._draining = True
+        self._drained.clear()
+        self._span, self._phase, self._last = (self._phase, self._last), None, None
+        # no window() takes anything from here on; with `stop` (the probe's last phase) the requests in flight
+        # end before the revert if they can, else they end after it, still judged here
+        await load.stop(CUT_TIMEOUT_S, settle_s=min(SETTLE_S, self.spec.load.timeout) if stop else 0.0)
 
     async def end_phase(self) -> dict[str, Any]:
         if self._draining:
             assert self._continuous is not None
             self._draining = False
-            tail = await self._continuous.drain(self.spec.load.timeout + CUT_TIMEOUT_S)
-            await self.close()
+            try:
+                tail = await self._continuous.drain(self.spec.load.timeout + CUT_TIMEOUT_S)
+            finally:
+                await self.close()
+                self._drained.set()
         else:
             tail, self._tail = self._tail or Part(Recorder(), 0.0, 0), None
         (whole, last), self._span = self._span, (None, None)

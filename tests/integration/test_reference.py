@@ -197,7 +197,8 @@ method:
 
 def test_a_stub_that_dies_during_its_fault_is_reported_and_ref_status_says_not_ready(tmp_path, state_dir):
     """The issue's story on this test's own deployment: a run SIGSTOPs replica 0's tiny_lm stub (by its fact) and
-    the stub dies during the fault (the test kills it, as Triton did there): the run reports the exit, and
+    the stub dies during the fault (the test kills it, as Triton did there): the run reports the exit and
+    deviates for it (never "recovered"), and
     `ref status`, which asks each model for a token, says replica 0 is not ready while its tritonserver still
     runs and answers /v2/health/ready 200 (the blind spot of a liveness-only status)."""
     d, facts = start(tmp_path / "ref", 18400)
@@ -224,8 +225,10 @@ def test_a_stub_that_dies_during_its_fault_is_reported_and_ref_status_says_not_r
             if run.poll() is None:
                 run.kill()
                 run.communicate()
-        assert run.returncode == 1 and "did not hold again" in out, out + err  # the after phase: 400s
         text = f"PID {stub} triton_python_backend_stub exited during the fault (a zombie"
+        assert run.returncode == 1 and f"deviation: stop-stub: {text}" in out, out + err  # recovered means alive
+        assert f"deviation: not recovered: target process {stub} (triton_python_backend_stub) exited" in out
+        assert "recovered" not in out.replace("not recovered", "")
         assert f"fault #1 process.signal (stop-stub): {text}" in out
         assert text in (tmp_path / "out" / "report.html").read_text()
         assert http(f"{r0['url']}/v2/health/ready")[0] == 200  # what a liveness check sees

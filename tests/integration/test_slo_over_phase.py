@@ -254,3 +254,48 @@ def test_over_phase_needs_continuous_mode_and_the_during_phase():
         _spec(mode="continuous", over="phase", phases=["before", "after"])
     with pytest.raises(ValidationError, match="over"):
         _spec(mode="continuous", over="run")
+
+
+STUCK = """\
+apiVersion: chaoskit/v1
+kind: Experiment
+metadata: {{name: requests-judged-where-sent}}
+steadyState:
+  probes:
+    - name: share
+      type: slo
+      mode: continuous
+      window: 1s
+      phases: [during, after]
+      load: {{url: "http://127.0.0.1:{port}/gen", rate: 20, duration: 1s, arrival: constant, timeout: 5s}}
+      expect: {{error_rate: "< 0.01"}}
+  during: {{every: 1s}}
+  after: {{within: 10s, every: 500ms}}
+method:
+  - name: freeze-the-server
+    inject: {{type: process.signal, pid: {pid}, signal: SIGSTOP}}
+    duration: 3s
+"""
+
+
+def test_requests_are_judged_in_the_phase_they_were_sent_in(tmp_path, state_dir):
+    """issue 43: the requests a fault held (here: the server itself stopped for 3 s; the load sends from ~1 s in)
+    complete after the revert;
+    they are the fault's final sample's, and the after phase judges only requests sent after the revert."""
+    server, port = _server(10**9)  # answers every request 200
+    try:
+        exp = write(tmp_path / "e.yaml", STUCK.format(port=port, pid=server.pid))
+        run = chaoskit("run", str(exp), "--out", str(tmp_path / "o"), state=state_dir)
+        out, err = run.communicate(timeout=120)
+        stats = _stats(port)
+    finally:
+        server.kill()
+        server.wait()
+    assert run.returncode == 0, out + err
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    during, after = _samples(s, "during"), _samples(s, "after")
+    print(f"\nserver answered {stats}; during all_p99_ms {[x['values'].get('all_p99_ms') for x in during]}, "
+          f"after {[x['values'].get('all_p99_ms') for x in after]}, recovered in {s['recovery_s']} s")
+    assert during[-1]["values"]["all_p99_ms"] > 1000  # the held requests, judged with the fault
+    assert after and all(x["values"]["all_p99_ms"] < 500 for x in after), after  # none of them here
+    assert s["recovery_s"] is not None and s["recovery_s"] < 4  # a new load's start (~1 s) and one window
