@@ -9,7 +9,6 @@ import subprocess
 import time
 
 import psutil
-
 from rich.console import Console
 
 from chaoskit.engine.target_exits import ExitWatch
