@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -16,8 +19,9 @@ import pytest
 from chaoskit.engine.ledger import Ledger
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.memory import MemoryPressure, MemoryPressureSpec
-from chaoskit.injectors.process import ProcessSignal, ProcessSignalSpec
+from chaoskit.injectors.process import ProcessSignal, ProcessSignalSpec, descendants
 from chaoskit.probes.http import HttpProbe, HttpProbeSpec
+from chaoskit.targets.process import ProcessRef, is_alive, proc_ref
 from tests.conftest import chaoskit, ledgers, proc_state, wait_for, write
 
 
@@ -49,17 +53,33 @@ def test_memory_pressure_refuses_unsafe_sizes():
         MemoryPressure(MemoryPressureSpec(type="host.memory_pressure", size="95%")).preflight()
 
 
-def test_process_signal_by_name_and_guards(sleeper):
-    # by name among this test's own children only: never another job's `sleep` on a shared host
+@pytest.fixture
+def stray_sleep() -> Iterator[ProcessRef]:
+    """A `sleep` that is not this test's descendant (its parent shell exits at once: it is reparented)."""
+    out = subprocess.run(["sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                         check=True).stdout
+    ref = proc_ref(int(out))
+    assert ref is not None and ref.pid not in {r.pid for r in descendants(os.getpid())}
+    yield ref
+    if is_alive(ref):
+        os.kill(ref.pid, signal.SIGKILL)
+
+
+def test_process_signal_by_name_and_guards(sleeper, stray_sleep):
+    # by name among this test's own children only: never another job's `sleep` on a shared host (stray_sleep)
     spec = ProcessSignalSpec(type="process.signal", name="^sleep$", child_of=os.getpid(), select="all")
     inj = ProcessSignal(spec)
-    record = inj.apply(inj.prepare())
+    prepared = inj.prepare()
+    # checked before anything is sent: a child_of that stopped narrowing would SIGSTOP every `sleep` on the host
+    assert prepared["targets"] == [proc_ref(sleeper.pid).to_json()], prepared
+    record = inj.apply(prepared)
     try:
         assert [t["pid"] for t in record["targets"]] == [sleeper.pid]
         assert proc_state(sleeper.pid) == "T" and ProcessSignal.observe(record)
     finally:
         ProcessSignal.revert(record)
     wait_for(lambda: proc_state(sleeper.pid) in ("S", "R"), timeout=2)  # just continued: may still be running
+    assert proc_state(stray_sleep.pid) == "S"
     with pytest.raises(PreflightError, match="refusing"):
         ProcessSignal(ProcessSignalSpec(type="process.signal", pid=1)).preflight()
     with pytest.raises(PreflightError, match="no running process"):
@@ -145,8 +165,6 @@ safeguards:
 def test_safeguard_aborts_within_one_interval(tmp_path, state_dir, server):
     """The fault stops a sleeper; mid-run the live server starts answering 500 and the safeguard must abort
     within one probe interval (exit 3), with the fault reverted."""
-    import subprocess
-
     target = subprocess.Popen(["sleep", "600"])
     try:
         exp = write(tmp_path / "e.yaml", SAFEGUARD.replace("URL", server))
