@@ -21,6 +21,7 @@ from chaoskit.injectors.process import ProcessSignal, ProcessSignalSpec
 from chaoskit.targets.cgroups import CpuHierarchy, IoHierarchy, find_cpu_hierarchy
 from chaoskit.targets.process import ProcessRef, is_alive, proc_state
 from tests.conftest import ROOT, wait_for
+from tests.helpers import cgroup_check
 
 TICK = os.sysconf("SC_CLK_TCK")
 # A busy process with a second (sleeping) thread; on SIGUSR1 it forks a sleeping child and prints its PID.
@@ -72,12 +73,8 @@ def threads(pid: int) -> list[int]:
 
 @pytest.fixture
 def hier() -> CpuHierarchy:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create cgroups and move processes")
-    try:
-        return find_cpu_hierarchy()
-    except PreflightError as e:
-        pytest.skip(str(e))
+    """Skipped only where /proc/mounts shows no hierarchy with cpu (chaoskit's finder must find the one there is)."""
+    return cgroup_check.hierarchy_or_skip(find_cpu_hierarchy, "cpu", "cpu")
 
 
 @pytest.fixture

@@ -16,15 +16,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-pb = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
+# a dependency of ours (opentelemetry-exporter-otlp-proto-http brings it): missing is a broken install, not a skip
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 
-from chaoskit.injectors.base import FaultContext  # noqa: E402
-from chaoskit.injectors.flood import Flood  # noqa: E402
-from chaoskit.injectors.llm_proxy import LlmProxy, stats_of  # noqa: E402
-from chaoskit.load.runner import run_load  # noqa: E402
-from chaoskit.load.spec import LoadSpec  # noqa: E402
-from chaoskit.load.traceparent import parse  # noqa: E402
-from tests.conftest import chaoskit, free_port, write  # noqa: E402
+from chaoskit.injectors.base import FaultContext
+from chaoskit.injectors.flood import Flood
+from chaoskit.injectors.llm_proxy import LlmProxy, stats_of
+from chaoskit.load.runner import run_load
+from chaoskit.load.spec import LoadSpec
+from chaoskit.load.traceparent import parse
+from tests.conftest import chaoskit, free_port, write
 
 EXPERIMENT = """\
 apiVersion: chaoskit/v1
