@@ -9,14 +9,18 @@
 #   alone        tests/reliability (the torture test compares the whole host before and after),
 #                test_memory_pressure.py (it holds the host's used memory within 2% of a target) and the tests
 #                that hold timings to a few ms (the load generator's, the proxies' latency, the SLO windows', the
-#                gateway's token-by-token streaming).
+#                gateway's token-by-token streaming, queue-mode netem's delay within ±1 ms).
 # Every output is shown, the background ones after the foreground's. Ctrl-C stops every stream (each tears its
 # fixtures down) and skips the last one. Extra pytest arguments: PYTEST_ARGS (given to each; "no tests
 # collected" is then not a failure).
+# Time limits: each test has pytest-timeout's (pyproject.toml, 300 s unless it says more), and the whole run
+# CHAOSKIT_TEST_TIMEOUT_S (default 1800 s; clean runs take 14-21 min here): a stream still running then is stopped
+# as Ctrl-C would (SIGINT, SIGKILL 60 s later) and the run fails naming it; the last stream gets what is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 read -r -a extra <<< "${PYTEST_ARGS:-}"
+budget=${CHAOSKIT_TEST_TIMEOUT_S:-1800}
 tmp=$(mktemp -d /tmp/chaoskit-test-XXXXXX)
 pids=()
 stopped=0
@@ -35,42 +39,81 @@ stop_background() {  # SIGINT (pytest tears its fixtures down), SIGKILL what is 
 trap 'stopped=1' INT TERM
 trap 'stop_background; rm -rf "$tmp"' EXIT
 
-background() {  # NAME ENV... -- PYTEST ARGS...: pytest in the background, its output in $tmp/NAME.log
-    local name=$1 envs=()
-    shift
+# Each stream runs under timeout(1), in a process group of its own: a stream past its limit gets SIGINT there (then
+# SIGKILL 60 s later), and Ctrl-C reaches the streams once, from stop_background (timeout passes it on).
+stream() {  # NAME LIMIT_S LOG ENV... -- PYTEST ARGS...: pytest in the background (output to LOG, - for this one's)
+    local name=$1 limit=$2 log=$3 envs=()
+    shift 3
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
-    # a background job of a script starts with SIGINT ignored: give it back, so Ctrl-C reaches it too
-    env --default-signal=INT ${envs[@]+"${envs[@]}"} "$PY" -m pytest -q -p no:cacheprovider \
-        --basetemp "$tmp/$name" "$@" ${extra[@]+"${extra[@]}"} > "$tmp/$name.log" 2>&1 &
+    local cmd=(timeout --signal=INT --kill-after=60 "$limit" env ${envs[@]+"${envs[@]}"} "$PY" -m pytest -q
+               -p no:cacheprovider --basetemp "$tmp/$name" "$@" ${extra[@]+"${extra[@]}"})
+    if [ "$log" = - ]; then "${cmd[@]}" 2>&1 & else "${cmd[@]}" > "$log" 2>&1 & fi
     pids+=($!)
+}
+
+finish() {  # PID: its exit status, once it has ended (a wait cut short by Ctrl-C stops every stream, waits again)
+    local rc again
+    while :; do
+        wait "$1"; rc=$?
+        if [ "$rc" -gt 128 ] && kill -0 "$1" 2>/dev/null; then
+            [ "$stopped" -eq 1 ] && stop_background
+            continue
+        fi
+        wait "$1" 2>/dev/null; again=$?
+        [ "$again" -ne 127 ] && rc=$again  # the first wait was cut short as the stream ended
+        return "$rc"
+    done
+}
+
+timed_out() {  # NAME LIMIT_S STATUS: say so when timeout(1) stopped the stream (124, or 137 after the SIGKILL)
+    if [ "$stopped" -eq 0 ] && { [ "$3" -eq 124 ] || [ "$3" -eq 137 ]; }; then
+        echo "--- TIMEOUT: the $1 stream ran past its limit of $2 s (the run's: CHAOSKIT_TEST_TIMEOUT_S=$budget) and" \
+             "was stopped; its output above ends where it was (\"interrupted in\" names the test)"
+    fi
 }
 
 alone=(tests/reliability tests/integration/test_memory_pressure.py tests/integration/test_load.py
        tests/integration/test_load_senders.py tests/integration/test_slo_over_phase.py tests/integration/test_proxy.py
        tests/integration/test_reference.py tests/integration/test_slo_prom_probes.py)
+# single tests of other files that hold timings to ±1 ms: alone too (deselected from the integration stream)
+timed=(tests/integration/test_netem_queue.py::test_delay_with_uniform_jitter_adds_20ms_to_udp_and_tcp_round_trips
+       tests/integration/test_netem_queue.py::test_normal_jitter_has_the_asked_standard_deviation)
 start=$SECONDS
-background unit -- tests/unit
-background scenarios CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
+stream unit "$budget" "$tmp/unit.log" -- tests/unit
+stream scenarios "$budget" "$tmp/scenarios.log" CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
     tests/integration/test_llm_proxy.py
-"$PY" -m pytest -q -p no:cacheprovider --durations=15 tests/integration \
-    --ignore=tests/integration/test_llm_proxy.py $(printf -- '--ignore=%s ' "${alone[@]:1}") \
-    ${extra[@]+"${extra[@]}"}
-integration=$?
+stream integration "$budget" - -- --durations=15 tests/integration --ignore=tests/integration/test_llm_proxy.py \
+    $(printf -- '--ignore=%s ' "${alone[@]:1}") $(printf -- '--deselect=%s ' "${timed[@]}")
+finish "${pids[2]}"; integration=$?
+timed_out integration "$budget" "$integration"
 [ "$stopped" -eq 1 ] && stop_background
-wait "${pids[0]}"; unit=$?
-wait "${pids[1]}"; scenarios=$?
+finish "${pids[0]}"; unit=$?
+finish "${pids[1]}"; scenarios=$?
 for name in scenarios unit; do
     echo "--- $name (ran beside the integration tests above)"
     cat "$tmp/$name.log"
+    timed_out "$name" "$budget" "${!name}"
 done
 if [ "$stopped" -eq 1 ]; then
     echo "--- stopped (Ctrl-C or SIGTERM) after $((SECONDS - start)) s"
     exit 130
 fi
-echo "--- alone (after $((SECONDS - start)) s)"
-"$PY" -m pytest -q -p no:cacheprovider "${alone[@]}" ${extra[@]+"${extra[@]}"}
-lone=$?
+left=$((budget - (SECONDS - start)))
+echo "--- alone (after $((SECONDS - start)) s; $left s left of the run's $budget)"
+if [ "$left" -gt 0 ]; then
+    pids=()
+    stream alone "$left" - -- "${alone[@]}" "${timed[@]}"
+    finish "${pids[0]}"; lone=$?
+    timed_out alone "$left" "$lone"
+else
+    echo "--- TIMEOUT: no time left for the alone stream (the run's limit: CHAOSKIT_TEST_TIMEOUT_S=$budget)"
+    lone=124
+fi
+if [ "$stopped" -eq 1 ]; then
+    echo "--- stopped (Ctrl-C or SIGTERM) after $((SECONDS - start)) s"
+    exit 130
+fi
 echo "--- make test: $((SECONDS - start)) s of tests; exit: integration $integration, scenarios $scenarios," \
      "unit $unit, alone $lone"
 ok() { [ "$1" -eq 0 ] || { [ "$1" -eq 5 ] && [ ${#extra[@]} -gt 0 ]; }; }
