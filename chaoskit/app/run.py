@@ -198,12 +198,14 @@ def _deploy(deployed: ExitStack, own: Reference, loaded: Loaded, file: Path, arg
     """Bring up (or reuse) the deployment the experiment declares, inside `deployed`; the experiment loaded
     again with its facts, and the facts. A dry run starts nothing."""
     from chaoskit.experiment.loader import load_experiment
-    from chaoskit.reference.scenario import deployment_for, describe, running_facts
+    from chaoskit.reference.scenario import deployment_for, describe, looked_in, running_facts
 
     if args.dry_run:
         facts = running_facts(own)
         if facts is None:
-            display.say(f"[yellow]note:[/] would start the reference deployment: {describe(own)}")
+            where = ", ".join(map(str, dict.fromkeys(looked_in(own))))
+            display.say(f"[yellow]note:[/] would start the reference deployment: {describe(own)} (none running "
+                        f"with these settings in {where})")
             return loaded, None
         display.say(f"[yellow]note:[/] would reuse the running reference deployment at {facts['url']}: "
                     f"{describe(own)}")

@@ -139,10 +139,20 @@ def _own_dir(opts: RefOptions) -> Path:
     return ref_dir().parent / f"ref-{digest}"
 
 
+def _candidates(opts: RefOptions) -> list[Path]:
+    """Where a running deployment with these settings is looked for, in order."""
+    return list(dict.fromkeys([*every_dir(), _own_dir(opts).resolve()]))
+
+
+def looked_in(ref: Reference) -> list[Path]:
+    """Every directory a run looks in for a running deployment with these settings (a dry run says them)."""
+    return _candidates(options(ref)) + (_candidates(options(ref.neighbour)) if ref.neighbour is not None else [])
+
+
 def _running(opts: RefOptions) -> tuple[Path, dict[str, Any]] | None:
     """A running deployment with these settings (`chaoskit ref up`'s: $CHAOSKIT_REF_DIR, else .chaoskit/ref or one
     of the registry's; else one a scenario left): (dir, facts)."""
-    for d in dict.fromkeys([*every_dir(), _own_dir(opts).resolve()]):
+    for d in _candidates(opts):
         if (facts := _running_with(d, opts.settings())) is not None:
             return d, facts
     return None

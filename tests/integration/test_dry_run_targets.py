@@ -132,3 +132,14 @@ def test_the_dry_run_plans_the_processes_the_run_signals(tmp_path, state_dir, pa
     assert p.returncode == 0, out + err
     planned = [e for e in read_journal(tmp_path / "j.jsonl") if isinstance(e, Planned)]
     assert [line for step in planned[0].steps for line in step.changes] == dry
+
+
+def test_a_dry_run_of_its_own_deployment_says_where_it_looked_for_a_running_one(tmp_path, state_dir, no_ref):
+    """A scenario that brings up its own deployment: with none running, the dry run names every directory it
+    looked in (here $CHAOSKIT_REF_DIR), not only that it would start one."""
+    exp = experiment(tmp_path, "replica_pid", "{engine: triton, replicas: 1}")
+    p = chaoskit("run", str(exp), "--dry-run", state=state_dir)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, out + err
+    assert "would start the reference deployment: triton x1" in out + err
+    assert f"none running with these settings in {no_ref}" in out + err, out + err
