@@ -9,7 +9,7 @@ a lint that could not run or an engine "internal error" is a crash.
     .venv/bin/python bench/fuzz.py [--docs 10000] [--args 2000] [--seed 1]
 
 Last line: `RESULT docs=N docs_ok=N docs_invalid=N doc_crashes=N validate_crashes=N dry_runs=N dry_crashes=N
-args=N arg_crashes=N docs_per_s=R`.
+args=N arg_crashes=N docs_per_s=R goal_met=B` (goal: no crash of any kind; exit 1 when missed).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def main() -> int:
         print(c)
     print(f"RESULT docs={a.docs} docs_ok={counts['ok']} docs_invalid={counts['invalid']} doc_crashes={doc_crashes} "
           f"validate_crashes={validate_crashes} dry_runs={dry_runs} dry_crashes={dry_crashes} args={a.args} "
-          f"arg_crashes={arg_crashes} docs_per_s={a.docs / docs_s:.0f}")
+          f"arg_crashes={arg_crashes} docs_per_s={a.docs / docs_s:.0f} goal_met={not crashes}")
     return 1 if crashes else 0
 
 

@@ -14,7 +14,8 @@ Just before each kill the run's ledger is read: a run killed while at least one 
 reverted is one that tested cleanup; one killed before any apply (or after everything was reverted) is clean
 whatever the cleanup does. Prints a line per run (with what the ledger held at the kill), `N/N clean`, the seed
 and diff of any failure. Last line:
-`RESULT clean=N runs=N cgroup_kills=K sigkills=K max_clean_s=S killed_with_faults_applied=K`.
+`RESULT clean=N runs=N cgroup_kills=K sigkills=K max_clean_s=S killed_with_faults_applied=K goal_met=B` (goal:
+every run clean; exit 1 when missed).
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def main() -> int:
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("torture needs root (namespaces, qdiscs, nftables, cgroups)")
-        print("RESULT clean=0 runs=0 cgroup_kills=0 sigkills=0 max_clean_s=nan killed_with_faults_applied=0")
+        print("RESULT clean=0 runs=0 cgroup_kills=0 sigkills=0 max_clean_s=nan killed_with_faults_applied=0 "
+              "goal_met=False")
         return 4
     rng = random.Random(args.seed)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up the namespaces and the target on SIGTERM
@@ -169,7 +171,7 @@ def main() -> int:
           f"(clean: {sum(1 for r in results if r['with_faults'] and not r['diff'])})")
     print(f"RESULT clean={clean} runs={len(results)} cgroup_kills={kinds['cgroup']} sigkills={kinds['sigkill']} "
           f"max_clean_s={max((r['clean_s'] for r in results), default=0):.2f} "
-          f"killed_with_faults_applied={with_faults}")
+          f"killed_with_faults_applied={with_faults} goal_met={clean == len(results)}")
     return 0 if clean == len(results) else 1
 
 
