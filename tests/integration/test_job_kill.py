@@ -127,6 +127,8 @@ def test_a_hung_run_loses_its_fault_at_its_maximum_lifetime(tmp_path, state_dir,
         took = time.monotonic() - t0
         assert proc_state(run.pid) == "T"  # the run is still there, hung
         assert 0.5 < took < 3.5, took
+        # the watchdog resumes the target, then records the revert: a read in between saw 'applied' (a clean CI run)
+        wait_for(lambda: ledger_ops(ledger)[-1] == "reverted", timeout=2)
         assert ledger_ops(ledger)[-1] == "reverted"
         assert "outlived its maximum lifetime" in Path(str(ledger) + ".watchdog.log").read_text()
         run.send_signal(signal.SIGCONT)
