@@ -33,20 +33,9 @@ docs: setup
 	$(PY) scripts/gen_reference.py
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir build/site
 
+# Every benchmark, each to its end, then a summary; red (exit 1) when any missed a goal (scripts/bench.sh).
 bench: setup
-	$(PY) bench/rollback_bench.py
-	$(PY) bench/proxy_bench.py
-	$(PY) bench/netem_bench.py
-	$(PY) bench/reference_bench.py
-	$(PY) bench/load_bench.py
-	$(PY) bench/ebpf_overhead.py
-	$(PY) bench/memory_bench.py
-	$(PY) bench/llm_proxy_bench.py
-	$(PY) bench/scale_bench.py
-	$(PY) bench/kube_scale.py
-	$(PY) bench/torture.py --runs 50
-	$(PY) bench/fuzz.py
-	$(PY) bench/soak.py
+	./scripts/bench.sh
 
 clean:
 	rm -rf .venv build *.egg-info chaoskit-runs .pytest_cache

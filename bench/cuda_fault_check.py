@@ -14,6 +14,12 @@ RESULT keys (shares over N calls per kind; goal: the asked share +-0.03, 0 after
                  printed: `usable` is x[0] after a synchronize, or the error it raised)
   after_revert   failures of any kind after revert, summed over every child
   sync_delay_ms  mean added time per cuCtxSynchronize with delay 2 ms armed, minus the disarmed mean
+  goal_met, missed=  the goals missed (unjudged=: torch's, where PyTorch is not installed)
+
+Goals (GOALS below; exit 1 when one is missed; `--goal key=value` sets one for a run, see bench/goals.py): each
+failed share within 0.03 of the asked one (the `*_error` goals: |share - asked|), nothing failing after revert.
+torch_cached_alloc has no goal: the caching allocator retries a failed allocation once (about asked^2 is what a
+service sees; docs/benchmarks.md). Without a CUDA driver it prints a RESULT line of nans and exits 1, as before.
 """
 
 from __future__ import annotations
@@ -31,6 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from chaoskit.gpu import cuda_fault_ctl as ctl  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from goals import Goal, Goals  # noqa: E402
+
+ASKED = {"alloc": 0.2, "launch": 0.05}
+GOALS = Goals(*(Goal(f"{mode}_{kind}_error", "<=", 0.03, f"|{mode}_{kind} - {asked}|")
+                for mode in ("ctypes", "procaddr", "torch") for kind, asked in ASKED.items()),
+              Goal("after_revert", "<=", 0, "failures after revert, every child"))
 N = 2000
 PTX = b""".version 7.0
 .target sm_50
@@ -130,13 +143,14 @@ class Child:
         self.p.wait(timeout=60)
 
 
-def main() -> None:
+def main() -> int:
     try:
         ctypes.CDLL(os.environ.get("CHAOSKIT_LIBCUDA", "libcuda.so.1"))
     except OSError as e:
         print(f"no GPU here: no libcuda: {e} (no NVIDIA driver?)")
-        print("RESULT ctypes_alloc=nan ctypes_launch=nan procaddr_alloc=nan procaddr_launch=nan after_revert=nan")
-        sys.exit(1)
+        print("RESULT ctypes_alloc=nan ctypes_launch=nan procaddr_alloc=nan procaddr_launch=nan after_revert=nan "
+              "goal_met=False")
+        return 1
     library = ctl.build()
     result: dict[str, float] = {"after_revert": 0}
     modes = ["ctypes", "procaddr"]
@@ -155,7 +169,8 @@ def main() -> None:
                 with ctl.Control(control) as c:
                     before = child.calls(200)
                     # torch: LAUNCH_OUT_OF_RESOURCES (701), an error the runtime does not treat as fatal to the context
-                    c.arm({"alloc": ctl.Rule(0.2, 2), "launch": ctl.Rule(0.05, 701 if mode.startswith("torch") else 719)})
+                    c.arm({"alloc": ctl.Rule(ASKED["alloc"], 2),
+                           "launch": ctl.Rule(ASKED["launch"], 701 if mode.startswith("torch") else 719)})
                     armed = child.calls(N)
                     c.disarm()
                     after = child.calls(N)
@@ -171,7 +186,9 @@ def main() -> None:
                     result["after_revert"] += sum(v for k, v in after.items() if isinstance(v, int))
             finally:
                 child.close()
-    print("RESULT " + " ".join(f"{k}={v:.4g}" for k, v in result.items()))
+    errors = {f"{k}_error": abs(v - ASKED[k.rpartition("_")[2]]) for k, v in result.items()
+              if k.endswith(("_alloc", "_launch")) and not k.startswith("torch_cached")}
+    return GOALS.result({k: f"{v:.4g}" for k, v in result.items()}, **errors)
 
 
 if __name__ == "__main__":
@@ -181,4 +198,4 @@ if __name__ == "__main__":
         else:
             _driver_child(sys.argv[2])
     else:
-        main()
+        sys.exit(main())

@@ -16,6 +16,11 @@ RESULT keys:
   frag_largest_ratio  after `fragment: {holes: 8, hole_size: 256MiB}`: the largest single allocation that
                    succeeds / the free memory left (1.0 = fragmentation hidden by virtual addressing,
                    0.125 = fully fragmented)
+  goal_met, missed=  the goal missed
+
+Goal (GOALS below; exit 1 when missed; `--goal hold_error=F` sets it for a run, see bench/goals.py): the steady
+hold within 2% of the device (hold_error, the p99, <= 0.02; docs/how-to/gpu-hosts.md). Without a GPU it prints a
+RESULT line of nans (goal_met=False) and exits 4, a skip, as before.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ from chaoskit.errors import PreflightError  # noqa: E402
 from chaoskit.gpu.cuda import Driver  # noqa: E402
 from chaoskit.gpu.hold import Holder, Target  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from goals import Goal, Goals  # noqa: E402
+
+GOALS = Goals(Goal("hold_error", "<=", 0.02, "p99 |device used - target| / total, against a bursting neighbour"))
 GiB = 1 << 30
 TRIALS = 3
 ALLOC_GIB = 8
@@ -190,7 +199,7 @@ def main() -> int:
         drv.open_device(0)
     except PreflightError as e:
         print(f"no GPU here: {e}")
-        print("RESULT hold_error=nan nvml_agreement=nan alloc_s_per_gib=nan frag_largest_ratio=nan")
+        GOALS.result({k: "nan" for k in ("hold_error", "nvml_agreement", "alloc_s_per_gib", "frag_largest_ratio")})
         return 4
     f = drv.facts(0)
     free, total = drv.info()
@@ -228,11 +237,13 @@ def main() -> int:
         print(f"    {line}")
     print(f"took {time.time() - t_start:.0f}s")
     print(json.dumps({"speed": speed, "steady_errors_n": len(errs)}))
-    print(f"RESULT hold_error={pct(errs, 0.99):.4f} hold_error_max={max(errs) if errs else float('nan'):.4f} "
-          f"nvml_agreement={agreement if agreement is not None else float('nan'):.4f} "
-          f"nvml_process_agreement={proc_agreement if proc_agreement is not None else float('nan'):.4f} "
-          f"alloc_s_per_gib={ours:.3g} alloc_ratio={ours / raw:.3f} frag_largest_ratio={fr['largest_ratio']:.4f}")
-    return 0
+    nan = float("nan")
+    return GOALS.result({
+        "hold_error": f"{pct(errs, 0.99):.4f}", "hold_error_max": f"{max(errs) if errs else nan:.4f}",
+        "nvml_agreement": f"{agreement if agreement is not None else nan:.4f}",
+        "nvml_process_agreement": f"{proc_agreement if proc_agreement is not None else nan:.4f}",
+        "alloc_s_per_gib": f"{ours:.3g}", "alloc_ratio": f"{ours / raw:.3f}",
+        "frag_largest_ratio": f"{fr['largest_ratio']:.4f}"})
 
 
 if __name__ == "__main__":
