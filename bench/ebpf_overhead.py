@@ -41,9 +41,12 @@ loss_at_equal_cpu / ci95_at_equal_cpu = the same from requests per CPU-second le
 program_runs_per_request / program_ns_per_request = BPF program runs per request, and ns spent in them, over a
 last COST_S seconds with every program attached and kernel.bpf_stats_enabled (the kernel's own count; its clock
 reads per run are included, entering the program is not); cpu_ns_per_request = the CPU-ns one request takes
-without the probes (CPUs / rps_without), the scale for the two before it; goal_met = whether ci95's upper end
-is <= 0.03. The lines before it give, per program, the events it saw in
+without the probes (CPUs / rps_without), the scale for the two before it; ci95_hi = ci95's upper end;
+goal_met, missed= (the goal missed). The lines before it give, per program, the events it saw in
 the "with" windows beside what the workload did in them; the bench exits 1 if a program saw none.
+
+Goal (GOALS below; exit 1 when missed; `--goal ci95_hi=F` sets it for a run, see bench/goals.py): the probes cost
+<= 3% of the workload's throughput at the upper end of the 95% confidence interval (ci95_hi <= 0.03).
 BENCH_ROUNDS (pairs, default 180) and BENCH_ROUND_S (seconds per window, default 1): about 7.5 minutes.
 """
 
@@ -83,7 +86,10 @@ CLIENTS = SERVERS = PAIRS
 BLOCK = 4096
 DISK_BYTES = 64 << 20
 OOM_LIMIT = 32 << 20
-GOAL = 0.03
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from goals import Goal, Goals  # noqa: E402
+
+GOALS = Goals(Goal("ci95_hi", "<=", 0.03, "throughput loss with every probe attached, 95% CI's upper end"))
 # shared counter slots: requests per client, then O_DIRECT reads per server, then the side process's two
 REQ, READS, SYNS, OOMS = 0, CLIENTS, CLIENTS + SERVERS, CLIENTS + SERVERS + 1
 SLOTS = CLIENTS + SERVERS + 2
@@ -468,7 +474,7 @@ def report_events(with_: list[Window]) -> list[str]:
     return [name for name, n in zip(PROGRAMS, seen, strict=True) if n == 0]
 
 
-def main() -> None:
+def main() -> int:
     if os.geteuid() != 0:
         sys.exit("ebpf_overhead: needs root (BPF programs, a loop device, a memory cgroup)")
     with tempfile.TemporaryDirectory(prefix="chaoskit-ebpfbench-") as tmp:
@@ -494,12 +500,13 @@ def main() -> None:
     cpu_loss, cpu_lo, cpu_hi = interval([1 - on.per_cpu_s / off.per_cpu_s for off, on in zip(without, with_,
                                                                                                strict=True)])
     rps_off, rps_on = statistics.mean(x.rps for x in without), statistics.mean(x.rps for x in with_)
-    print(f"RESULT throughput_loss={loss:.4f} ci95={lo:.4f}..{hi:.4f} rounds={len(with_)} rps_without={rps_off:.1f} "
-          f"rps_with={rps_on:.1f} loss_sd={sd:.4f} loss_at_equal_cpu={cpu_loss:.4f} "
-          f"ci95_at_equal_cpu={cpu_lo:.4f}..{cpu_hi:.4f} program_runs_per_request={runs:.2f} "
-          f"program_ns_per_request={program_ns:.0f} cpu_ns_per_request={os.cpu_count() * 1e9 / rps_off:.0f} "
-          f"goal_met={str(hi <= GOAL).lower()}")
+    return GOALS.result({
+        "throughput_loss": f"{loss:.4f}", "ci95": f"{lo:.4f}..{hi:.4f}", "ci95_hi": f"{hi:.4f}",
+        "rounds": len(with_), "rps_without": f"{rps_off:.1f}", "rps_with": f"{rps_on:.1f}", "loss_sd": f"{sd:.4f}",
+        "loss_at_equal_cpu": f"{cpu_loss:.4f}", "ci95_at_equal_cpu": f"{cpu_lo:.4f}..{cpu_hi:.4f}",
+        "program_runs_per_request": f"{runs:.2f}", "program_ns_per_request": f"{program_ns:.0f}",
+        "cpu_ns_per_request": f"{os.cpu_count() * 1e9 / rps_off:.0f}"})
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -24,7 +24,11 @@ RESULT keys: added_p50_us, added_p99_us (goal p50 <= 200 us), l4_added_p50_us (n
 itl_p50_ms, itl_error_ms (|p50 - 20|, goal <= 1), abort_share, abort_share_error (|share - 0.2|, goal <= 0.015),
 direct_mbps, proxy_mbps (medians of the rounds), throughput_ratio (the median of the rounds' proxy / direct;
 goal >= 0.8), throughput_ratio_min/_max, events_mbps (every event parsed), events_ratio (median, parsed / direct),
-errors (short, cut or wrong answers in all of the above).
+errors (short, cut or wrong answers in all of the above), goal_met, missed= (the goals missed).
+
+Goals (GOALS below; exit 1 when one is missed; `--goal key=value` sets one for a run, see bench/goals.py): added
+p50 <= 200 us, token gap p50 within 1 ms of 20 ms, abort share within 1.5 points of 0.2, relayed SSE >= 0.95x
+direct (raised from 0.8: 0.89 measured), no error.
 """
 
 from __future__ import annotations
@@ -47,6 +51,15 @@ sys.path.insert(0, str(ROOT))
 
 from chaoskit.injectors.llm_proxy import LlmProxy  # noqa: E402
 from chaoskit.injectors.proxy import Proxy  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from goals import Goal, Goals  # noqa: E402
+
+GOALS = Goals(Goal("added_p50_us", "<=", 200, "median completion through llm.proxy - direct"),
+              Goal("itl_error_ms", "<=", 1, "|token gap p50 - 20 ms| through token_delay 20ms"),
+              Goal("abort_share_error", "<=", 0.015, "|share of 503s - 0.2| through abort share 0.2"),
+              Goal("throughput_ratio", ">=", 0.95, "relayed SSE stream / direct, median round"),
+              Goal("errors", "<=", 0, "short, cut or wrong answers"))
 
 N = int(os.environ.get("BENCH_REQUESTS", "5000"))
 M = int(os.environ.get("BENCH_ABORTS", "6000"))
@@ -382,13 +395,13 @@ def main() -> int:
           + "; ".join(f"{k} {' '.join(f'{x:.0f}' for x in v)}" for k, v in mbps.items()))
     print(f"  medians: direct {direct_mbps:.1f}, proxy {proxy_mbps:.1f} (ratio per round: median {ratio:.3f}, "
           f"{ratio_min:.3f}-{ratio_max:.3f}), proxy parsing every event {events_mbps:.1f}")
-    print(f"RESULT added_p50_us={added50:.1f} added_p99_us={added99:.1f} l4_added_p50_us={l4_added50:.1f} "
-          f"itl_p50_ms={itl50:.3f} "
-          f"itl_error_ms={abs(itl50 - GAP_MS):.3f} abort_share={share:.4f} abort_share_error={abs(share - 0.2):.4f} "
-          f"direct_mbps={direct_mbps:.1f} proxy_mbps={proxy_mbps:.1f} throughput_ratio={ratio:.3f} "
-          f"throughput_ratio_min={ratio_min:.3f} throughput_ratio_max={ratio_max:.3f} "
-          f"events_mbps={events_mbps:.1f} events_ratio={events_ratio:.3f} errors={len(errors)}")
-    return 1 if len(errors) else 0
+    return GOALS.result({
+        "added_p50_us": f"{added50:.1f}", "added_p99_us": f"{added99:.1f}", "l4_added_p50_us": f"{l4_added50:.1f}",
+        "itl_p50_ms": f"{itl50:.3f}", "itl_error_ms": f"{abs(itl50 - GAP_MS):.3f}", "abort_share": f"{share:.4f}",
+        "abort_share_error": f"{abs(share - 0.2):.4f}", "direct_mbps": f"{direct_mbps:.1f}",
+        "proxy_mbps": f"{proxy_mbps:.1f}", "throughput_ratio": f"{ratio:.3f}",
+        "throughput_ratio_min": f"{ratio_min:.3f}", "throughput_ratio_max": f"{ratio_max:.3f}",
+        "events_mbps": f"{events_mbps:.1f}", "events_ratio": f"{events_ratio:.3f}", "errors": len(errors)})
 
 
 if __name__ == "__main__":

@@ -24,7 +24,10 @@ throughput_ratio (proxy / direct on loopback, each trial's; goal >= 0.8) and its
 line_ratio (proxy / direct at the paced line) and its min, line_gbit, proxy_cpu_s_per_gib (the proxy helper's CPU,
 all its threads, per GiB it relayed) beside receiver_cpu_s_per_gib (the CPU of the direct download's receiving
 thread per GiB), host_cpu_s_per_gib_direct / _proxied and relay_host_cpu_vs_direct ((proxied - direct) / direct),
-trials, errors (short or wrong answers, direct and proxied; the exit status is 1 when it is not 0).
+trials, errors (short or wrong answers, direct and proxied), goal_met, missed= (the goals missed).
+
+Goals (GOALS below; exit 1 when one is missed; `--goal key=value` sets one for a run, see bench/goals.py): added
+p50 <= 50 us, throughput on loopback >= 0.8x direct (not met on a 2-core box, see docs/benchmarks.md), no error.
 """
 
 from __future__ import annotations
@@ -40,6 +43,13 @@ import time
 import psutil
 
 from chaoskit.injectors.proxy import Proxy
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from goals import Goal, Goals  # noqa: E402
+
+GOALS = Goals(Goal("proxy_added_p50_us", "<=", 50, "median round trip through the proxy - direct"),
+              Goal("throughput_ratio", ">=", 0.8, "loopback download through the proxy / direct, median trial"),
+              Goal("errors", "<=", 0, "short or wrong answers"))
 
 N = int(os.environ.get("BENCH_RTTS", "2000"))
 BULK = int(os.environ.get("BENCH_BYTES", str(256 << 20)))
@@ -213,14 +223,16 @@ def main() -> int:
           f"{spread(line_ratios)}; host CPU per GiB (mean) direct {mean(host_direct):.3f} s, proxied "
           f"{mean(host_proxy):.3f} s: the relay adds {extra:.2f}x a direct download's (1.0: one more direct "
           f"download's worth)")
-    print(f"RESULT proxy_added_p50_us={med(added50):.1f} proxy_added_p99_us={med(added99):.1f} "
-          f"proxy_mbps={med(proxy_mb):.1f} direct_mbps={med(direct_mb):.1f} throughput_ratio={med(ratios):.3f} "
-          f"throughput_ratio_min={min(ratios):.3f} throughput_ratio_max={max(ratios):.3f} "
-          f"line_ratio={med(line_ratios):.3f} line_ratio_min={min(line_ratios):.3f} line_gbit={LINE * 8 / 1e9:g} "
-          f"proxy_cpu_s_per_gib={med(proxy_cpu):.3f} receiver_cpu_s_per_gib={med(receiver_cpu):.3f} "
-          f"host_cpu_s_per_gib_direct={mean(host_direct):.3f} host_cpu_s_per_gib_proxied={mean(host_proxy):.3f} "
-          f"relay_host_cpu_vs_direct={extra:.3f} trials={TRIALS} errors={len(errors)}")
-    return 1 if errors else 0
+    return GOALS.result({
+        "proxy_added_p50_us": f"{med(added50):.1f}", "proxy_added_p99_us": f"{med(added99):.1f}",
+        "proxy_mbps": f"{med(proxy_mb):.1f}", "direct_mbps": f"{med(direct_mb):.1f}",
+        "throughput_ratio": f"{med(ratios):.3f}", "throughput_ratio_min": f"{min(ratios):.3f}",
+        "throughput_ratio_max": f"{max(ratios):.3f}", "line_ratio": f"{med(line_ratios):.3f}",
+        "line_ratio_min": f"{min(line_ratios):.3f}", "line_gbit": f"{LINE * 8 / 1e9:g}",
+        "proxy_cpu_s_per_gib": f"{med(proxy_cpu):.3f}", "receiver_cpu_s_per_gib": f"{med(receiver_cpu):.3f}",
+        "host_cpu_s_per_gib_direct": f"{mean(host_direct):.3f}",
+        "host_cpu_s_per_gib_proxied": f"{mean(host_proxy):.3f}", "relay_host_cpu_vs_direct": f"{extra:.3f}",
+        "trials": TRIALS, "errors": len(errors)})
 
 
 if __name__ == "__main__":

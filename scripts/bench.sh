@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: every benchmark in turn, each to its end even when one before it missed a goal or failed, then a
 # summary (one line per bench: its goal_met and missed= from its RESULT line, or how it failed). Exit 1 when any
-# bench missed a goal or exited non-zero, else 0.
+# bench missed a goal, exited non-zero or printed no goal_met=True|False (a bench that judges nothing is not green),
+# else 0.
 # Arguments: bench command lines to run instead of the full list (each one word-split, run with the venv's python),
 # e.g. scripts/bench.sh "bench/soak.py --runs 20" "bench/kube_scale.py --goal rollback_s=0".
 # Each bench states its goals at its top (bench/goals.py); BENCH_GOALS="key=value ..." in the environment or
@@ -40,13 +41,13 @@ for i in "${!benches[@]}"; do
     result=$(grep '^RESULT ' "$out/$i.log" | tail -n 1)
     goal=$(grep -o 'goal_met=[A-Za-z]*' <<< "$result" | tail -n 1)
     missed=$(grep -o ' missed=[^ ]*' <<< "$result" | tail -n 1)
-    if [ "$rc" -eq 0 ] && [ "$goal" != "goal_met=False" ]; then
-        summary+=("ok      ${benches[$i]}: ${goal:-no goal_met in its RESULT line}")
+    if [ "$rc" -eq 0 ] && [ "$goal" = "goal_met=True" ]; then
+        summary+=("ok      ${benches[$i]}: $goal")
     elif [ -n "$goal" ]; then
         summary+=("MISSED  ${benches[$i]}: exit $rc, $goal$missed")
         failed=1
     else
-        summary+=("FAILED  ${benches[$i]}: exit $rc, no RESULT line with goal_met")
+        summary+=("FAILED  ${benches[$i]}: exit $rc, no RESULT line with goal_met")  # unjudged is not green
         failed=1
     fi
 done

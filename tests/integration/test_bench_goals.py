@@ -60,3 +60,11 @@ def test_make_bench_runs_every_bench_and_is_red_when_one_misses():
     green = subprocess.run(["scripts/bench.sh", "bench/kube_scale.py"], cwd=ROOT, env=ENV, capture_output=True,
                            text=True, timeout=120)
     assert green.returncode == 0, green.stdout[-3000:]
+
+
+def test_a_bench_that_judges_nothing_is_not_green():
+    # bench/goals.py run as a script exits 0 and prints no RESULT line: a bench without goal_met
+    out = subprocess.run(["scripts/bench.sh", "bench/goals.py"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1, out.stdout[-2000:]
+    assert out.stdout.splitlines()[-1] == "FAILED  bench/goals.py: exit 0, no RESULT line with goal_met"
