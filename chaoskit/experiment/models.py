@@ -7,6 +7,9 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, model_validator
 
 from chaoskit.injectors import INJECTORS
+from chaoskit.model.gateways import CHAOSKIT as GATEWAY_CHAOSKIT
+from chaoskit.model.gateways import NAMES as GATEWAY_NAMES
+from chaoskit.model.gateways import PARAMS as GATEWAY_PARAMS
 from chaoskit.model.types import Duration, Port, RuleSpec, StrictModel
 from chaoskit.probes import PROBES
 
@@ -35,6 +38,8 @@ class RefSettings(StrictModel):
     latency_threshold: Duration | None = Field(None, gt=0, description="for health: latency")
     netns: bool | None = Field(None, description="each replica in its own network namespace")
     model_params: dict[str, ParamValue] = Field(default_factory=dict, description="tiny_lm parameters")
+    gateway_params: dict[str, ParamValue] = Field(default_factory=dict, description="a third-party gateway's "
+                                                  "settings, e.g. {retry_max_retries: 0}")
 
 
 class Disaggregated(StrictModel):
@@ -48,7 +53,16 @@ class Reference(StrictModel):
     """The reference deployment a scenario needs: `chaoskit run` brings it up (or reuses a running one with
     the same settings), runs, and takes it down again; ledgered, so a killed run leaves no replica behind."""
 
-    engine: Literal["triton", "vllm"] = Field("triton", description="triton (light) or vllm")
+    engine: Literal["triton", "vllm", "tiny-openai"] = Field(
+        "triton", description="triton (light), vllm, or tiny-openai (a light OpenAI-compatible server: completions "
+                              "and chat, streamed or not, deterministic tokens; each replica logs its requests)")
+    gateway: Literal[GATEWAY_NAMES] = Field(  # type: ignore[valid-type]
+        "chaoskit", description="the gateway in front of the replicas: chaoskit (its own: latency stamping, health "
+                                "modes) or a third-party one, installed with `chaoskit ref install gateway-NAME`: "
+                                + ", ".join(GATEWAY_NAMES[1:]) + " (with engine tiny-openai or vllm)")
+    gateway_params: dict[str, ParamValue] = Field(
+        default_factory=dict, description="a third-party gateway's settings over chaoskit's defaults for it "
+        "(`chaoskit ref up --gateway NAME` prints them), e.g. {retry_max_retries: 0} or {max_fails: 3}")
     replicas: int = Field(2, ge=1, le=8, description="replicas behind the gateway")
     health: Literal["status", "latency"] = Field("status", description="gateway health checks: status (HTTP 200 "
                                                  "only) or latency (also eject replicas slower than the threshold)")
@@ -75,20 +89,38 @@ class Reference(StrictModel):
             raise ValueError("disaggregated: splits tiny_lm (engine: triton, the default)")
         return self
 
+    @model_validator(mode="after")
+    def _gateway(self) -> Reference:
+        if self.gateway == GATEWAY_CHAOSKIT:
+            if self.gateway_params or any(o.gateway_params for o in self.when.values()):
+                raise ValueError("gateway_params: for a third-party gateway only (chaoskit's takes health:)")
+            return self
+        if self.engine == "triton" or self.disaggregated is not None:
+            raise ValueError(f"gateway: {self.gateway} serves OpenAI-compatible replicas: engine tiny-openai or vllm")
+        if self.health != "status" or any(o.health not in (None, "status") for o in self.when.values()):
+            raise ValueError(f"health: latency is chaoskit's gateway's; {self.gateway} uses its own health checks")
+        for where, params in (("gateway_params", self.gateway_params),
+                              *((f"when.{k}.gateway_params", o.gateway_params) for k, o in self.when.items())):
+            if unknown := GATEWAY_PARAMS[self.gateway].unknown(params):
+                raise ValueError(f"{where}: {self.gateway} takes no {', '.join(unknown)} (it takes: "
+                                 f"{', '.join(sorted(GATEWAY_PARAMS[self.gateway].known()))})")
+        return self
+
     def effective(self, variables: dict[str, Any]) -> Reference:
         """These settings with every `when` block of a true variable laid over them."""
         out = self
         for name, overlay in self.when.items():
             if str(variables.get(name, "")).strip().lower() in ("true", "1", "yes", "on"):
-                given = overlay.model_dump(exclude_none=True, exclude={"model_params"})
-                out = out.model_copy(update={**given, "model_params": {**out.model_params, **overlay.model_params}})
+                given = overlay.model_dump(exclude_none=True, exclude={"model_params", "gateway_params"})
+                out = out.model_copy(update={**given, "model_params": {**out.model_params, **overlay.model_params},
+                                             "gateway_params": {**out.gateway_params, **overlay.gateway_params}})
         return out
 
 
 class Target(StrictModel):
     url: str | None = Field(None, pattern=r"^https?://", description="base URL of the service; {target.url}")
-    reference: Literal["triton", "vllm"] | Reference | None = Field(
-        None, description="triton|vllm: the facts of a deployment started with `chaoskit ref up`; a mapping: "
+    reference: Literal["triton", "vllm", "tiny-openai"] | Reference | None = Field(
+        None, description="triton|vllm|tiny-openai: the facts of a deployment started with `chaoskit ref up`; a mapping: "
                           "the deployment this experiment brings up itself (engine, replicas, health, ...)")
     facts: dict[str, str | int | float] = Field(default_factory=dict,
                                                 description="extra facts, usable as {target.NAME}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import shutil
@@ -12,17 +11,16 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chaoskit import __version__ as chaoskit_version
 from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.reference import openai_stack, triton
+from chaoskit.reference.httpcheck import http_answer, http_status
+from chaoskit.reference.options import RefOptions
 from chaoskit.targets import ref_registry
 from chaoskit.targets.process import ProcessRef, group_members, is_alive, proc_ref, proc_state
 
@@ -33,54 +31,11 @@ UNREADY_GRACE_S = 3.0  # `down` of a deployment whose `up` never finished
 PD_ENGINE = "tiny_lm-pd"  # the engine of a disaggregated deployment (chaoskit.reference.pd_server)
 PD_PROBE = {"model": "tiny_lm", "prompt": "ready?", "max_tokens": 1}
 OPENAI_ENGINES = ("vllm", "tiny-openai")
-GATEWAY_PARAMS = {"gateway_retry": "retry", "gateway_retry_on_death": "retry_on_death",  # model_params the gateway
-                  "gateway_pd_abort": "pd_abort"}
-# takes (GatewayConfig's retry settings, "true"/"false"), not the model: a scenario's `when: {fix: ...}` sets them
 
 
 def ref_dir() -> Path:
     """Where `ref up` starts a deployment when told no --dir: $CHAOSKIT_REF_DIR, else .chaoskit/ref."""
     return ref_registry.default_dir()
-
-
-@dataclass
-class RefOptions:
-    engine: str = "triton"
-    replicas: int = 2
-    port: int = 8000
-    netns: bool = False
-    health: str = "status"
-    latency_threshold_ms: float = 500.0
-    model_params: dict[str, str] = field(default_factory=dict)
-    disaggregated: tuple[int, int] | None = None  # (prefill, decode) servers of tiny_lm split (pd_server)
-    gateway: str = "chaoskit"  # or a third-party one (chaoskit.reference.gateways)
-    gateway_params: dict[str, str] = field(default_factory=dict)  # a third-party gateway's settings
-
-    @property
-    def third_party(self) -> bool:
-        return self.gateway != "chaoskit"
-
-    def settings(self) -> dict[str, Any]:
-        """What makes two deployments' replicas the same, whatever their ports (an experiment reuses a running
-        one, switching the gateway's health settings where they differ)."""
-        return {"engine": self.engine, "replicas": self.replicas, "netns": self.netns,
-                "model_params": dict(sorted(self.model_params.items())),
-                **({"disaggregated": list(self.disaggregated)} if self.disaggregated else {}),
-                **({"gateway": self.gateway, "gateway_params": dict(sorted(self.gateway_params.items()))}
-                   if self.third_party else {})}
-
-    def model_settings(self) -> dict[str, str]:
-        """The tiny_lm parameters: model_params less the gateway's (GATEWAY_PARAMS)."""
-        return {k: v for k, v in self.model_params.items() if k not in GATEWAY_PARAMS}
-
-    def gateway_settings(self) -> dict[str, bool]:
-        """The gateway's retry settings named in model_params (GATEWAY_PARAMS), as GatewayConfig fields."""
-        return {name: self.model_params[k].strip().lower() == "true" for k, name in GATEWAY_PARAMS.items()
-                if k in self.model_params}
-
-    def health_settings(self) -> dict[str, Any]:
-        """The gateway's health settings (POST /gateway/config takes the same)."""
-        return {"health_mode": self.health, "latency_threshold_ms": round(self.latency_threshold_ms, 3)}
 
 
 def port_free(host: str, port: int) -> bool:
@@ -91,59 +46,6 @@ def port_free(host: str, port: int) -> bool:
             return True
         except OSError:
             return False
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What one request got: the HTTP status (0: nothing answered) and, unless 2xx, why (the server's error
-    message, or why nothing answered)."""
-
-    status: int
-    message: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status < 300
-
-    def describe(self) -> str:
-        if self.status == 0:
-            return f"no answer ({self.message})"
-        return f"HTTP {self.status}" + (f": {self.message}" if self.message else "")
-
-
-def http_answer(url: str, body: dict | None = None, timeout: float = 5.0) -> Answer:
-    """A GET (or a JSON POST when `body` is given), read to the end."""
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method="POST" if data else "GET",
-                                 headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            r.read()
-            return Answer(r.status)
-    except urllib.error.HTTPError as e:
-        return Answer(e.code, error_message(e.read()))
-    except urllib.error.URLError as e:
-        return Answer(0, str(e.reason))
-    except (OSError, http.client.HTTPException) as e:  # timed out, reset, a torn answer
-        return Answer(0, str(e) or type(e).__name__)
-
-
-def error_message(body: bytes) -> str:
-    """The error a server put in its answer: Triton's {"error": "..."}, OpenAI's {"error": {"message": ...}},
-    else the start of the body."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return body.decode(errors="replace").strip()[:200]
-    err = doc.get("error", doc) if isinstance(doc, dict) else doc
-    if isinstance(err, dict):
-        err = err.get("message", err)
-    return str(err)[:200]
-
-
-def http_status(url: str, body: dict | None = None, timeout: float = 5.0) -> int:
-    """HTTP status of a GET (or a JSON POST when `body` is given); 0 when nothing answered."""
-    return http_answer(url, body, timeout).status
 
 
 def replica_checks(engine: str) -> list[tuple[str, dict[str, Any]]]:

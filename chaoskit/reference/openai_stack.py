@@ -7,23 +7,33 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from chaoskit.errors import ChaoskitError
 from chaoskit.reference import gateways
 from chaoskit.reference.gateways.base import Upstream
+from chaoskit.reference.httpcheck import http_status
+from chaoskit.reference.options import RefOptions
 from chaoskit.reference.tiny_openai import SERVED_NAME
 
-if TYPE_CHECKING:
-    from chaoskit.reference.deploy import Deployment, RefOptions
+
+class Deployment(Protocol):
+    """What these starters need of chaoskit.reference.deploy.Deployment."""
+
+    root: Path
+    logs: Path
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]: ...
+    def wait_ready(self, name: str, ready: Callable[[], bool], pid: int) -> None: ...
+    def subnet_base(self, count: int) -> int: ...
+    def create_netns(self, i: int, octet: int) -> tuple[str, str]: ...
 
 PROBE = {"model": SERVED_NAME, "prompt": "ready?", "max_tokens": 1}
 
 
 def start_replicas(dep: Deployment, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
     """opts.replicas tiny-openai servers, each logging its requests to logs/NAME.requests.jsonl."""
-    from chaoskit.reference.deploy import http_status
-
     replicas = []
     base = dep.subnet_base(opts.replicas) if opts.netns else 0
     rate = opts.model_settings().get("token_rate", "200")
@@ -48,8 +58,6 @@ def start_gateway(dep: Deployment, opts: RefOptions, replicas: list[dict[str, An
                   say: Callable[[str], None]) -> dict[str, Any]:
     """The gateway `opts.gateway` over the replicas, on opts.port (its metrics, if any, on the port after the
     replicas' block); its facts: kind, version, pid, URL, configuration file and settings."""
-    from chaoskit.reference.deploy import http_status
-
     kind = gateways.kind(opts.gateway)
     if not kind.installed():
         raise ChaoskitError(f"gateway {kind.name} is not installed: run `chaoskit ref install gateway-{kind.name}` "

@@ -17,6 +17,8 @@ from chaoskit.engine.ledger import Ledger
 from chaoskit.engine.rollback import rollback
 from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.experiment.models import Reference
+from chaoskit.model.gateways import CHAOSKIT as GATEWAY_CHAOSKIT
+from chaoskit.model.gateways import PARAMS as GATEWAY_PARAMS
 from chaoskit.reference.deploy import Deployment, RefOptions, port_free, ref_dir
 from chaoskit.targets.ref_registry import every_dir
 
@@ -37,16 +39,21 @@ def first_port() -> int:
 def options(ref: Reference, port: int = 0) -> RefOptions:
     params = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in ref.model_params.items()}
     split = (ref.disaggregated.prefill, ref.disaggregated.decode) if ref.disaggregated else None
+    gateway_params = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in ref.gateway_params.items()}
     return RefOptions(engine=ref.engine, replicas=ref.replicas, port=ref.port or port, netns=ref.netns,
                       health=ref.health, latency_threshold_ms=ref.latency_threshold * 1e3, model_params=params,
-                      disaggregated=split)
+                      disaggregated=split, gateway=ref.gateway, gateway_params=gateway_params)
 
 
 def describe(ref: Reference) -> str:
     params = ", ".join(f"{k}={v}" for k, v in options(ref).model_params.items())
     engine = (f"tiny_lm split: {ref.disaggregated.prefill} prefill + {ref.disaggregated.decode} decode"
               if ref.disaggregated else f"{ref.engine} x{ref.replicas}")
-    return (f"{engine}, health {ref.health}"
+    gateway = ""
+    if ref.gateway != GATEWAY_CHAOSKIT:
+        settings = {**GATEWAY_PARAMS[ref.gateway].defaults, **options(ref).gateway_params}
+        gateway = f", gateway {ref.gateway} ({', '.join(f'{k}={v}' for k, v in settings.items())})"
+    return (f"{engine}{gateway}, health {ref.health}"
             + (f" ({ref.latency_threshold * 1e3:g} ms)" if ref.health == "latency" else "")
             + (", netns" if ref.netns else "") + (f", {params}" if params else ""))
 
@@ -79,6 +86,10 @@ def _reused(d: Path, facts: dict[str, Any], opts: RefOptions, ledger: Ledger,
             say: Callable[[str], None]) -> Iterator[dict[str, Any]]:
     """A running deployment with these replicas; its gateway switched to this run's health settings (ledgered,
     switched back after)."""
+    if opts.third_party:  # its settings are part of the deployment's: the same already
+        say(f"reusing the running reference deployment in {d} (gateway {opts.gateway})")
+        yield facts
+        return
     want = opts.health_settings()
     try:
         previous = gateway_health(facts["url"])

@@ -4,15 +4,15 @@ by name; `chaoskit` (the default) is chaoskit's own gateway (chaoskit.reference.
 from __future__ import annotations
 
 from chaoskit.errors import ChaoskitError
+from chaoskit.model.gateways import CHAOSKIT, NAMES
 from chaoskit.reference.gateways.base import GatewayKind
 from chaoskit.reference.gateways.haproxy import HAProxy
 from chaoskit.reference.gateways.litellm import LiteLLM
 from chaoskit.reference.gateways.nginx import Nginx
 from chaoskit.reference.gateways.rust_router import SglangRouter, VllmRouter
 
-CHAOSKIT = "chaoskit"
 KINDS: tuple[type[GatewayKind], ...] = (VllmRouter, SglangRouter, LiteLLM, Nginx, HAProxy)
-NAMES = (CHAOSKIT, *(k.name for k in KINDS))
+__all__ = ["CHAOSKIT", "KINDS", "NAMES", "kind"]
 
 
 def kind(name: str) -> GatewayKind:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from chaoskit.errors import ChaoskitError
+from chaoskit.model.gateways import PARAMS
 
 
 @dataclass(frozen=True)
@@ -36,15 +37,11 @@ class Launch:
 
 
 class GatewayKind:
-    """One gateway product. `defaults` are the settings chaoskit starts it with (its documented recommendation
-    for health checks, retries and breaker; each overridable by a gateway_params key of the same name);
-    `extra_params`: what else gateway_params may name."""
+    """One gateway product; the settings it is started with (its documented recommendation for health checks,
+    retries and breaker) and the gateway_params it takes are chaoskit.model.gateways.PARAMS[name]."""
 
     name: ClassVar[str]
     package: ClassVar[str]  # what `chaoskit ref install gateway-NAME` installs (pinned where the source allows)
-    defaults: ClassVar[dict[str, str]] = {}
-    extra_params: ClassVar[frozenset[str]] = frozenset()
-    needs_aux_port: ClassVar[bool] = False  # a second port (its metrics listener) besides the serving one
 
     def installed(self) -> bool:
         raise NotImplementedError
@@ -62,9 +59,8 @@ class GatewayKind:
 
     def settings(self, params: dict[str, str]) -> dict[str, str]:
         """The defaults with `params` over them; an unknown key is a ChaoskitError naming the known ones."""
-        known = set(self.defaults) | set(self.extra_params)
-        unknown = sorted(set(params) - known)
-        if unknown:
+        catalog = PARAMS[self.name]
+        if unknown := catalog.unknown(params):
             raise ChaoskitError(f"gateway_params for {self.name}: unknown {', '.join(unknown)} (known: "
-                                f"{', '.join(sorted(known))})")
-        return {**self.defaults, **params}
+                                f"{', '.join(sorted(catalog.known()))})")
+        return {**catalog.defaults, **params}

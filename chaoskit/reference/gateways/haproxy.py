@@ -19,11 +19,6 @@ def binary() -> str:
 class HAProxy(GatewayKind):
     name = "haproxy"
     package = "haproxy"
-    defaults = {
-        "inter": "1s", "fall": "2", "rise": "2",  # active checks every second; 2 failures eject, 2 passes readmit
-        "retries": "2", "retry_on": "conn-failure empty-response response-timeout 503",
-        "timeout_connect": "2s", "timeout_server": "60s",
-    }
 
     def installed(self) -> bool:
         return Path(binary()).exists()

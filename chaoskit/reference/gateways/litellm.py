@@ -22,8 +22,6 @@ def number(text: str) -> int | float:
 class LiteLLM(GatewayKind):
     name = "litellm"
     package = f"litellm[proxy]=={PIN}"
-    defaults = {"routing_strategy": "simple-shuffle", "num_retries": "2", "allowed_fails": "1",
-                "cooldown_time": "10", "timeout": "60", "stream_timeout": "60"}
 
     def installed(self) -> bool:
         return pip_installed(self.name, self.package)

@@ -20,11 +20,6 @@ def binary() -> str:
 class Nginx(GatewayKind):
     name = "nginx"
     package = "nginx"
-    defaults = {
-        "max_fails": "1", "fail_timeout": "10s",  # passive health: 1 failed attempt ejects a replica for 10 s
-        "proxy_next_upstream": "error timeout http_502 http_503 non_idempotent",  # POST is retried too
-        "proxy_next_upstream_tries": "2", "proxy_connect_timeout": "2s", "proxy_read_timeout": "60s",
-    }
 
     def installed(self) -> bool:
         return Path(binary()).exists()

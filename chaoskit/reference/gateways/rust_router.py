@@ -9,22 +9,11 @@ from pathlib import Path
 from chaoskit.reference.gateways.base import GatewayKind, Launch, Upstream
 from chaoskit.reference.gateways.install import pip_install, pip_installed, venv_bin
 
-# what gateway_params may set: each becomes --NAME VALUE (underscores as dashes); "true" a bare flag
-FLAGS = frozenset({"retry_max_retries", "retry_initial_backoff_ms", "retry_max_backoff_ms", "disable_retries",
-                   "cb_failure_threshold", "cb_success_threshold", "cb_timeout_duration_secs",
-                   "cb_window_duration_secs", "disable_circuit_breaker", "health_failure_threshold",
-                   "health_success_threshold", "health_check_timeout_secs", "health_check_interval_secs",
-                   "health_check_endpoint", "request_timeout_secs", "max_concurrent_requests", "queue_size",
-                   "queue_timeout_secs"})
-
 
 class RustRouter(GatewayKind):
     pin: str
     program: str
     launch_args: tuple[str, ...] = ()
-    defaults = {"policy": "round_robin"}  # the default, cache_aware, sends one prompt to one replica
-    extra_params = FLAGS
-    needs_aux_port = True  # its Prometheus listener (a fixed default port otherwise: two would collide)
 
     def installed(self) -> bool:
         return pip_installed(self.name, self.pin)

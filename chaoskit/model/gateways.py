@@ -1,0 +1,45 @@
+"""What each third-party gateway of the reference deployment accepts: its name, and the settings chaoskit starts
+it with (each overridable by a gateway_params key of the same name) plus the other keys it takes; read by the
+experiment's validation and by the gateway kinds (chaoskit.reference.gateways) alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CHAOSKIT = "chaoskit"  # chaoskit's own gateway (chaoskit.reference.gateway): no gateway_params
+RUST_ROUTER_FLAGS = frozenset({
+    "retry_max_retries", "retry_initial_backoff_ms", "retry_max_backoff_ms", "disable_retries",
+    "cb_failure_threshold", "cb_success_threshold", "cb_timeout_duration_secs", "cb_window_duration_secs",
+    "disable_circuit_breaker", "health_failure_threshold", "health_success_threshold", "health_check_timeout_secs",
+    "health_check_interval_secs", "health_check_endpoint", "request_timeout_secs", "max_concurrent_requests",
+    "queue_size", "queue_timeout_secs"})  # each becomes --NAME VALUE (underscores as dashes); "true" a bare flag
+
+
+@dataclass(frozen=True)
+class GatewayParams:
+    defaults: dict[str, str]
+    extra: frozenset[str] = field(default_factory=frozenset)
+
+    def known(self) -> frozenset[str]:
+        return frozenset(self.defaults) | self.extra
+
+    def unknown(self, params: dict[str, object]) -> list[str]:
+        return sorted(set(params) - self.known())
+
+
+ROUTER = GatewayParams({"policy": "round_robin"}, RUST_ROUTER_FLAGS)  # cache_aware (default) pins a prompt
+PARAMS: dict[str, GatewayParams] = {
+    "vllm-router": ROUTER,
+    "sglang-router": ROUTER,
+    "litellm": GatewayParams({"routing_strategy": "simple-shuffle", "num_retries": "2", "allowed_fails": "1",
+                              "cooldown_time": "10", "timeout": "60", "stream_timeout": "60"}),
+    "nginx": GatewayParams({  # passive health (open source nginx has no active checks): 1 failure ejects for 10 s
+        "max_fails": "1", "fail_timeout": "10s",
+        "proxy_next_upstream": "error timeout http_502 http_503 non_idempotent",  # POST is retried too
+        "proxy_next_upstream_tries": "2", "proxy_connect_timeout": "2s", "proxy_read_timeout": "60s"}),
+    "haproxy": GatewayParams({  # active checks every second; 2 failures eject, 2 passes readmit
+        "inter": "1s", "fall": "2", "rise": "2", "retries": "2",
+        "retry_on": "conn-failure empty-response response-timeout 503", "timeout_connect": "2s",
+        "timeout_server": "60s"}),
+}
+NAMES = (CHAOSKIT, *PARAMS)
