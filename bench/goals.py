@@ -79,6 +79,9 @@ class Goals:
 
 
 def number(v: Any) -> float:
+    """A RESULT value as a number: True/False (or their text) as 1/0, what is no number as nan."""
+    if isinstance(v, str) and v in ("True", "False"):
+        return float(v == "True")
     try:
         return float(v)
     except (TypeError, ValueError):

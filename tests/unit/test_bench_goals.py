@@ -42,3 +42,9 @@ def test_a_goal_that_is_not_one_is_exit_2(argv):
     with pytest.raises(SystemExit) as e:
         goals(argv)
     assert e.value.code == 2
+
+
+def test_a_yes_no_key_is_judged_as_1_or_0(capsys):
+    g = Goals(Goal("clean", ">=", 1), argv=["bench"], env={})
+    assert g.result({"clean": True}) == 0 and g.result({"clean": "True"}) == 0
+    assert g.result({"clean": "False"}) == 1 and g.result({"clean": "no"}) == 1
