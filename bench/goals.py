@@ -6,8 +6,8 @@ A bench states its goals once, at its top, each on a key of its RESULT line:
 
 and ends with `return GOALS.result(keys)`: it prints one line per goal (measured, limit, met or NOT met), then
 `RESULT k=v ... goal_met=True|False` (with `missed=key,...` naming the goals missed, `unjudged=key,...` those the
-run did not measure: a part left out) and returns the exit code, 0 when every measured goal is met, else 1. A
-value that is nan, or missing from a part that ran, is a miss: what was not measured cannot be met.
+run did not measure: a part left out) and returns the exit code, 0 when every measured goal is met (and at least
+one was measured), else 1. A value that is nan is a miss: what was not measured cannot be met.
 
 A goal's limit can be set for one run, to see a bench go red or green without editing it: `--goal key=value`
 (repeatable; taken out of sys.argv before the bench reads its own arguments) or `BENCH_GOALS="key=value ..."` in
@@ -66,16 +66,18 @@ class Goals:
 
     def result(self, keys: Mapping[str, Any], **judged: Any) -> int:
         """Print the goals and the RESULT line (`keys` as given, then goal_met, missed, unjudged); return 0 or 1.
-        `judged` are values a goal reads that the line does not show as such (e.g. a confidence interval's end)."""
+        `judged` are values a goal reads that the line does not show as such (e.g. |share - asked|). A run that
+        judged no goal at all (every part left out) is not met: nothing was shown to be."""
         missed, unjudged = self.judge({**keys, **judged})
+        met = not missed and len(unjudged) < len(self.goals)
         line = " ".join(f"{k}={v}" for k, v in keys.items())
-        line += f" goal_met={not missed}"
+        line += f" goal_met={met}"
         if missed:
             line += f" missed={','.join(missed)}"
         if unjudged:
             line += f" unjudged={','.join(unjudged)}"
         print(f"RESULT {line}", flush=True)
-        return 1 if missed else 0
+        return 0 if met else 1
 
 
 def number(v: Any) -> float:

@@ -28,6 +28,11 @@ def test_nan_is_a_miss_and_a_part_left_out_is_unjudged(capsys):
     assert capsys.readouterr().out.splitlines()[-1] == "RESULT ms=nan goal_met=False missed=ms unjudged=ratio"
 
 
+def test_a_run_that_judged_nothing_is_not_met(capsys):
+    assert goals().result({"other": 1}) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "RESULT other=1 goal_met=False unjudged=ms,ratio"
+
+
 def test_a_limit_set_for_a_run_flag_over_environment():
     argv = ["bench", "--runs", "3", "--goal", "ms=5", "--goal=ratio=2"]
     g = goals(argv, {"BENCH_GOALS": "ms=1 ratio=0.5"})
