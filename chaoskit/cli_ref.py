@@ -140,6 +140,8 @@ def up(
                                                  "(`chaoskit ref install gateway-NAME` first)"),
     gateway_param: list[str] = typer.Option([], "--gateway-param", help="a third-party gateway's setting "
                                             "KEY=VALUE over chaoskit's defaults for it, e.g. retry_max_retries=0"),
+    tap: bool = typer.Option(True, "--tap/--no-tap", help="a third-party gateway reaches each replica through a "
+                             "counting pass-through (logs/tap.requests.jsonl); --no-tap: directly"),
     replicas: int = typer.Option(2, help="replicas behind the gateway"),
     port: int = typer.Option(8000, help="gateway port; replicas use the next 3 ports each"),
     netns: bool = typer.Option(False, "--netns", help="run each replica in its own network namespace "
@@ -175,7 +177,7 @@ def up(
         opts = RefOptions(engine=engine, replicas=replicas, port=port, netns=netns, health=health,
                           latency_threshold_ms=threshold_ms, model_params=_params(model_param),
                           disaggregated=_split(disaggregated, engine), gateway=gateway,
-                          gateway_params=_params(gateway_param, "--gateway-param"))
+                          gateway_params=_params(gateway_param, "--gateway-param"), tap=tap)
         from chaoskit.app.orphans import replay_orphans
 
         say_orphans(replay_orphans())

@@ -63,6 +63,11 @@ class Reference(StrictModel):
     gateway_params: dict[str, ParamValue] = Field(
         default_factory=dict, description="a third-party gateway's settings over chaoskit's defaults for it "
         "(`chaoskit ref up --gateway NAME` prints them), e.g. {retry_max_retries: 0} or {max_fails: 3}")
+    tap: bool = Field(True, description="a third-party gateway reaches each replica through a counting pass-through "
+                      "that logs every request and its answer ({target.gateway.tap_log}), so that a frozen replica "
+                      "cannot hide what was sent to it. It accepts connections for the replica: a replica that "
+                      "refuses them (killed) is seen by the gateway as a connection closed before any answer, "
+                      "not as connection refused; false keeps connection refused, without the count")
     replicas: int = Field(2, ge=1, le=8, description="replicas behind the gateway")
     health: Literal["status", "latency"] = Field("status", description="gateway health checks: status (HTTP 200 "
                                                  "only) or latency (also eject replicas slower than the threshold)")

@@ -168,7 +168,7 @@ class Deployment:
             "startup_s": round(time.monotonic() - t_start, 2), "settings": opts.settings(),
             "gateway": {"kind": opts.gateway, "version": gw.get("version", chaoskit_version),
                         "config": gw.get("config", str(self.root / "gateway.json")),
-                        "settings": gw.get("settings", opts.health_settings())},
+                        "settings": gw.get("settings", opts.health_settings()), "tap_log": gw.get("tap_log")},
             "gateway_pid": gw["pid"],
         }
         if opts.netns:
@@ -407,8 +407,10 @@ class Deployment:
         alive = is_alive(ProcessRef.from_json(p))
         if not alive:
             ready, check = False, "process not running"
-        elif not url:
+        elif not url and p["name"] != "tap":
             ready, check = False, "no URL in the facts"
+        elif p["name"] == "tap":
+            ready, check = True, "relaying"
         elif p["name"] == "gateway" and third_party:  # a real 1-token completion through it
             ready, check = check_replica(url, engine)
         elif p["name"] == "gateway":

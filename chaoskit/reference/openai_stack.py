@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -63,16 +64,41 @@ def start_gateway(dep: Deployment, opts: RefOptions, replicas: list[dict[str, An
         raise ChaoskitError(f"gateway {kind.name} is not installed: run `chaoskit ref install gateway-{kind.name}` "
                             f"(installs {kind.package})")
     settings = kind.settings(opts.gateway_params)
-    upstreams = [Upstream(r["name"], r["host"], r["port"]) for r in replicas]
+    taps = start_tap(dep, replicas) if opts.tap else {}
+    upstreams = [Upstream(r["name"], *taps.get(r["name"], (r["host"], r["port"]))) for r in replicas]
     launch = kind.launch(dep.root, upstreams, opts.port, aux_port(opts), settings)
     p = dep.spawn("gateway", launch.argv, {**os.environ, **launch.env})
     url = f"http://127.0.0.1:{opts.port}"
     dep.wait_ready("gateway", lambda: http_status(f"{url}/v1/completions", probe, timeout=30) == 200, p["pid"])
     facts = {"url": url, "pid": p["pid"], "kind": kind.name, "version": kind.version(), "package": kind.package,
-             "config": str(launch.config) if launch.config else None, "settings": settings, "argv": launch.argv}
+             "config": str(launch.config) if launch.config else None, "settings": settings, "argv": launch.argv,
+             "tap_log": str(tap_log(dep)) if taps else None}
     say(f"gateway {kind.name} {facts['version']} ready at {url} over {len(replicas)} replicas "
         f"({', '.join(f'{k}={v}' for k, v in settings.items())})")
     return facts
+
+
+def start_tap(dep: Deployment, replicas: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
+    """The counting pass-through (chaoskit.reference.tap) in front of each replica, on the port after the
+    replica's; {replica name: (host, port) the gateway is given instead}."""
+    routes = {r["name"]: ("127.0.0.1", r["port"] + 1) for r in replicas}
+    argv = [sys.executable, "-m", "chaoskit.reference.tap", "--log", str(tap_log(dep)),
+            *(f"--route={r['name']}={routes[r['name']][1]}={r['host']}:{r['port']}" for r in replicas)]
+    p = dep.spawn("tap", argv)
+    dep.wait_ready("tap", lambda: all(listening(*hp) for hp in routes.values()), p["pid"])
+    return routes
+
+
+def tap_log(dep: Deployment) -> Path:
+    return dep.logs / "tap.requests.jsonl"
+
+
+def listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
 
 
 def aux_port(opts: RefOptions) -> int:

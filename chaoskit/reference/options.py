@@ -22,6 +22,7 @@ class RefOptions:
     disaggregated: tuple[int, int] | None = None  # (prefill, decode) servers of tiny_lm split (pd_server)
     gateway: str = "chaoskit"  # or a third-party one (chaoskit.reference.gateways)
     gateway_params: dict[str, str] = field(default_factory=dict)  # a third-party gateway's settings
+    tap: bool = True  # a third-party gateway reaches each replica through a counting pass-through (reference.tap)
 
     @property
     def third_party(self) -> bool:
@@ -33,8 +34,8 @@ class RefOptions:
         return {"engine": self.engine, "replicas": self.replicas, "netns": self.netns,
                 "model_params": dict(sorted(self.model_params.items())),
                 **({"disaggregated": list(self.disaggregated)} if self.disaggregated else {}),
-                **({"gateway": self.gateway, "gateway_params": dict(sorted(self.gateway_params.items()))}
-                   if self.third_party else {})}
+                **({"gateway": self.gateway, "gateway_params": dict(sorted(self.gateway_params.items())),
+                    "tap": self.tap} if self.third_party else {})}
 
     def model_settings(self) -> dict[str, str]:
         """The tiny_lm parameters: model_params less the gateway's (GATEWAY_PARAMS)."""

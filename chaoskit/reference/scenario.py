@@ -42,7 +42,7 @@ def options(ref: Reference, port: int = 0) -> RefOptions:
     gateway_params = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in ref.gateway_params.items()}
     return RefOptions(engine=ref.engine, replicas=ref.replicas, port=ref.port or port, netns=ref.netns,
                       health=ref.health, latency_threshold_ms=ref.latency_threshold * 1e3, model_params=params,
-                      disaggregated=split, gateway=ref.gateway, gateway_params=gateway_params)
+                      disaggregated=split, gateway=ref.gateway, gateway_params=gateway_params, tap=ref.tap)
 
 
 def describe(ref: Reference) -> str:

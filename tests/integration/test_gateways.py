@@ -75,7 +75,7 @@ def test_a_gateway_serves_two_tiny_replicas_and_leaves_nothing(gateway: str, tmp
     try:
         assert took <= UP_WITHIN_S.get(gateway, 10.0), f"ref up took {took:.1f} s"
         assert facts["gateway"]["kind"] == gateway and facts["gateway"]["version"] not in ("", "unknown")
-        sent = []
+        sent, sending = [], time.time()
         for i in range(REQUESTS):
             chat, stream = i % 2 == 1, i % 3 == 0
             prompt = f"request {i} through {gateway}"
@@ -94,6 +94,13 @@ def test_a_gateway_serves_two_tiny_replicas_and_leaves_nothing(gateway: str, tmp
         # the independent count: each request reached exactly one replica once, and round robin used both
         assert sorted(served) == sorted(sent) and all(len(v) == 1 for v in served.values()), served
         assert {v[0] for v in served.values()} == {r["name"] for r in facts["replicas"]}, served
+        # the tap saw what each replica logged: as many completions sent on to it, each answered 200 to the end
+        tapped = [json.loads(line) for line in Path(facts["gateway"]["tap_log"]).read_text().splitlines()]
+        for r in facts["replicas"]:
+            at_tap = [t for t in tapped if t["replica"] == r["name"] and t["t"] >= sending
+                      and t["path"].endswith("completions")]
+            assert len(at_tap) == sum(v == [r["name"]] for v in served.values()), (r["name"], at_tap)
+            assert all(t["status"] == 200 and t["outcome"] == "complete" for t in at_tap), at_tap
     finally:
         down = cli("ref", "down", "--dir", str(state))
     assert down.returncode == 0, down.stderr

@@ -1,0 +1,169 @@
+"""A counting pass-through between a third-party gateway and each replica: bytes relayed unchanged, every request
+and its answer written as a JSON line (when it reached the replica's door, status, when its answer ended or how
+it broke), in a process of its own so that a frozen or killed replica cannot hide what was sent to it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, TextIO
+
+import httptools
+
+CHUNK = 65536
+
+
+@dataclass
+class Exchange:
+    """One request through the tap and what came back."""
+
+    replica: str
+    conn: int
+    method: str
+    path: str
+    t: float = field(default_factory=time.time)  # its head arrived from the gateway
+    status: int = 0
+    t_status: float | None = None  # the answer's head came from the replica
+    t_end: float | None = None  # the answer ended
+    outcome: str = "pending"  # complete | upstream_closed | gateway_closed | refused
+
+    def line(self) -> str:
+        return json.dumps(asdict(self)) + "\n"
+
+
+class Connection:
+    """One gateway connection and its upstream one, both directions parsed as they are relayed; answers are
+    matched to requests in order (HTTP/1.1 keeps the order)."""
+
+    def __init__(self, replica: str, conn: int, log: TextIO):
+        self.replica, self.conn, self.log = replica, conn, log
+        self.waiting: deque[Exchange] = deque()  # requests sent on, their answers not ended yet
+        self.requests = httptools.HttpRequestParser(RequestSide(self))
+        self.answers = httptools.HttpResponseParser(AnswerSide(self))
+
+    def finish(self, outcome: str) -> None:
+        ex = self.waiting.popleft()
+        ex.t_end, ex.outcome = time.time(), outcome
+        self.log.write(ex.line())
+
+    def close(self, outcome: str) -> None:
+        """The connection ended: every request still waiting for (the rest of) its answer ends with `outcome`."""
+        while self.waiting:
+            self.finish(outcome)
+
+
+class RequestSide:
+    """httptools callbacks of the gateway -> replica direction."""
+
+    def __init__(self, c: Connection):
+        self.c = c
+        self.path = ""
+
+    def on_message_begin(self) -> None:
+        self.path = ""
+
+    def on_url(self, url: bytes) -> None:
+        self.path += url.decode(errors="replace")
+
+    def on_headers_complete(self) -> None:
+        method = self.c.requests.get_method().decode()
+        self.c.waiting.append(Exchange(self.c.replica, self.c.conn, method, self.path))
+
+
+class AnswerSide:
+    """httptools callbacks of the replica -> gateway direction."""
+
+    def __init__(self, c: Connection):
+        self.c = c
+
+    def on_headers_complete(self) -> None:
+        if self.c.waiting:
+            self.c.waiting[0].status = self.c.answers.get_status_code()
+            self.c.waiting[0].t_status = time.time()
+
+    def on_message_complete(self) -> None:
+        if self.c.waiting:
+            self.c.finish("complete")
+
+
+async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, parse: Any) -> None:
+    try:
+        while data := await reader.read(CHUNK):
+            try:
+                parse(data)
+            except httptools.HttpParserError:
+                pass  # still relayed: the tap counts, it does not judge
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        try:
+            writer.write_eof()
+        except (OSError, RuntimeError):
+            pass
+
+
+async def relay(replica: str, host: str, port: int, log: TextIO, ids: itertools.count,
+                down: asyncio.StreamReader, up: asyncio.StreamWriter) -> None:
+    c = Connection(replica, next(ids), log)
+    try:
+        r_reader, r_writer = await asyncio.open_connection(host, port)
+    except OSError:  # the replica refuses: the gateway's connection is closed, its request (if sent) counted
+        try:
+            c.requests.feed_data(await asyncio.wait_for(down.read(CHUNK), 1.0))
+        except (TimeoutError, OSError, httptools.HttpParserError):
+            pass
+        c.close("refused")
+        up.close()
+        return
+    to_replica = asyncio.create_task(pump(down, r_writer, c.requests.feed_data))
+    from_replica = asyncio.create_task(pump(r_reader, up, c.answers.feed_data))
+    done, _ = await asyncio.wait({to_replica, from_replica}, return_when=asyncio.FIRST_COMPLETED)
+    if from_replica in done:  # the replica closed or reset: whatever waits is lost
+        c.close("upstream_closed")
+        to_replica.cancel()
+    else:  # the gateway closed its side: the replica may still answer what is in flight
+        await from_replica
+        c.close("gateway_closed")
+    for w in (r_writer, up):
+        w.close()
+
+
+async def serve(routes: list[tuple[str, int, str, int]], log: TextIO) -> None:
+    """routes: (replica name, tap port, replica host, replica port)."""
+    ids = itertools.count(1)
+    servers = []
+    for name, listen, host, port in routes:
+        servers.append(await asyncio.start_server(
+            lambda d, u, name=name, host=host, port=port: relay(name, host, port, log, ids, d, u),
+            "127.0.0.1", listen))
+    print("ready", flush=True)
+    await asyncio.gather(*(s.serve_forever() for s in servers))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m chaoskit.reference.tap", description=__doc__)
+    ap.add_argument("--route", action="append", required=True, metavar="NAME=LISTEN_PORT=HOST:PORT")
+    ap.add_argument("--log", required=True, help="append a JSON line per request here")
+    a = ap.parse_args(argv)
+    routes = []
+    for spec in a.route:
+        name, listen, target = spec.split("=")
+        host, _, port = target.rpartition(":")
+        routes.append((name, int(listen), host, int(port)))
+    with open(a.log, "a", buffering=1) as log:
+        try:
+            asyncio.run(serve(routes, log))
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""The counting pass-through between a gateway and a replica (chaoskit.reference.tap), against a real tiny-openai
+replica: it relays unchanged and logs each request when it reached the replica's door, also while the replica is
+frozen (whose own log shows the request only once thawed) or gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chaoskit.reference.tiny_openai import tokens
+from tests.conftest import free_port, wait_for
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int, Path, Path]]:
+    """(the replica's process, the tap's port, the replica's log, the tap's log)."""
+    replica_port, tap_port = free_port(), free_port()
+    replica_log, tap_log = tmp_path / "replica.jsonl", tmp_path / "tap.jsonl"
+    replica = subprocess.Popen([sys.executable, "-m", "chaoskit.reference.tiny_openai", "--port", str(replica_port),
+                                "--name", "r0", "--log", str(replica_log)])
+    tap = subprocess.Popen([sys.executable, "-m", "chaoskit.reference.tap", "--log", str(tap_log),
+                            f"--route=r0={tap_port}=127.0.0.1:{replica_port}"], stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: listening(replica_port) and listening(tap_port), timeout=20, every=0.1)
+        yield replica, tap_port, replica_log, tap_log
+    finally:
+        for p in (tap, replica):
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.terminate()
+                p.wait(10)
+
+
+def complete(port: int, prompt: str, timeout: float = 10, stream: bool = False) -> bytes:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", method="POST",
+                                 data=json.dumps({"prompt": prompt, "max_tokens": 4, "stream": stream}).encode())
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read()
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_tap_relays_unchanged_and_logs_each_answer(pair) -> None:
+    _, port, _, tap_log = pair
+    assert json.loads(complete(port, "one"))["choices"][0]["text"] == "".join(tokens("one", 4))
+    streamed = complete(port, "two", stream=True).decode()
+    assert streamed.endswith("data: [DONE]\n\n") and streamed.count("data: ") == 5
+    wait_for(lambda: len(lines(tap_log)) == 2, timeout=5)
+    assert [(x["path"], x["status"], x["outcome"]) for x in lines(tap_log)] == \
+        [("/v1/completions", 200, "complete")] * 2
+
+
+def test_a_request_to_a_frozen_replica_is_logged_when_it_arrived(pair) -> None:
+    replica, port, replica_log, tap_log = pair
+    complete(port, "warm")
+    os.kill(replica.pid, signal.SIGSTOP)
+    sent = time.time()
+    with pytest.raises((TimeoutError, urllib.error.URLError)):
+        complete(port, "frozen", timeout=1.0)
+    thawed = time.time()
+    os.kill(replica.pid, signal.SIGCONT)
+    wait_for(lambda: len(lines(replica_log)) == 2 and len(lines(tap_log)) == 2, timeout=10)
+    at_tap, at_replica = lines(tap_log)[1], lines(replica_log)[1]
+    assert sent <= at_tap["t"] < sent + 0.5, at_tap  # at the door at once
+    assert at_tap["status"] == 0 and at_tap["outcome"] == "gateway_closed", at_tap
+    assert at_replica["t0"] >= thawed, at_replica  # the replica saw it only once thawed
+
+
+def test_a_request_to_a_dead_replica_is_logged_as_refused(pair) -> None:
+    replica, port, _, tap_log = pair
+    replica.kill()
+    replica.wait(5)
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        complete(port, "dead", timeout=5)
+    wait_for(lambda: len(lines(tap_log)) == 1, timeout=5)
+    assert [(x["path"], x["outcome"]) for x in lines(tap_log)] == [("/v1/completions", "refused")]
