@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +148,47 @@ def test_a_request_larger_than_the_socket_buffer_is_sent_whole(load_sender, tmp_
     finally:
         shutdown()
     assert s["ok"] == 2 and s["errors"] == {} and s["output_tokens"] == 2
+
+
+def _sockets() -> set[str]:
+    out = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            out.add(target)
+    return out
+
+
+def test_native_warm_opens_each_connection_once_and_close_leaves_none():
+    """warm(n) opens n connections the sender then uses; an earlier ck_warm dialled one connection struct n times
+    and leaked n - 1 connected sockets that stayed in its epoll set, writable, so every poll returned them (15
+    spurious events a poll at 10k req/s, most of the sender's CPU)."""
+    native_sender_or_skip()
+    srv = socket.create_server(("127.0.0.1", 0), backlog=64)
+    port = srv.getsockname()[1]
+    from chaoskit.load.recorder import Recorder
+
+    before = _sockets()
+    sender = native.Sender(LoadSpec(url=f"http://127.0.0.1:{port}", rate=1, duration=1),
+                           [b"GET / HTTP/1.1\r\n\r\n"], Recorder())
+    try:
+        sender.warm(8)
+        accepted = []
+        srv.settimeout(2)
+        for _ in range(8):
+            accepted.append(srv.accept()[0])
+        srv.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            accepted.append(srv.accept()[0])  # no ninth connection
+        opened = _sockets() - before - {f"socket:[{os.stat(f'/proc/self/fd/{s.fileno()}').st_ino}]"
+                                        for s in [srv, *accepted]}
+        assert len(opened) == 8, opened  # the sender's 8 (its epoll and timer fds are anon inodes)
+    finally:
+        sender.close()
+        for s in accepted:
+            s.close()
+        srv.close()
+    assert not (_sockets() - before), "the sender left sockets open"
