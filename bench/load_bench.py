@@ -31,7 +31,12 @@ omitting one.
 
 RESULT keys: rate_vs_wrk (chaoskit max rate / wrk req/s), rate_vs_vllm_bench (when vLLM is present),
 co_p99_error, co_uncorrected_p99_error (fractions), wrk_spread, chaoskit_max_rps, wrk_rps, sender (the chaoskit
-sender measured: native unless it cannot be built here).
+sender measured: native unless it cannot be built here), goal_met, missed= (the goals missed).
+
+Goals (GOALS below; exit 1 when one is missed; `--goal key=value` sets one for a run, see bench/goals.py):
+rate_vs_wrk >= 0.8; co_p99_error <= 0.05 (the bound tests/integration/test_load.py holds the sender to) and
+co_uncorrected_p99_error >= 0.5 (the case still tells an omitting measurement from a correct one);
+rate_vs_vllm_bench >= 10 where the vLLM venv exists (else unjudged).
 Needs root or the packages `nginx-light` and `wrk` (installed with apt when missing).
 """
 
@@ -56,6 +61,14 @@ from typing import Any
 from chaoskit.load import native
 from chaoskit.load.runner import run_load
 from chaoskit.load.spec import LoadSpec
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from goals import Goal, Goals  # noqa: E402
+
+GOALS = Goals(Goal("rate_vs_wrk", ">=", 0.8, "chaoskit's max kept-up rate / wrk's best median req/s"),
+              Goal("co_p99_error", "<=", 0.05, "|CO-corrected p99 - analytic| / analytic, stall case"),
+              Goal("co_uncorrected_p99_error", ">=", 0.5, "the p99 from the actual send is visibly wrong"),
+              Goal("rate_vs_vllm_bench", ">=", 10, "chaoskit's max kept-up rate / vllm bench serve's"))
 
 ROOT = Path(__file__).resolve().parent.parent
 STALL_SERVER = ROOT / "tests" / "helpers" / "timed_server.py"
@@ -304,7 +317,7 @@ def co_errors() -> tuple[float, float]:
 
 # ---------------------------------------------------------------- main
 
-def main() -> None:
+def main() -> int:
     ensure_tools()
     t0 = time.monotonic()
     print(f"policy: {TRIALS} trials of {TRIAL_S} s per setting, median per setting, best setting per tool")
@@ -331,11 +344,13 @@ def main() -> None:
             nginx.wait()
     co, co_unc = co_errors()
     print(f"total {time.monotonic() - t0:.0f} s")
-    vs_vllm = f" rate_vs_vllm_bench={best / vb.median:.3f}" if vb else ""
-    print(f"RESULT rate_vs_wrk={best / wrk.median:.3f}{vs_vllm} co_p99_error={co:.4f} "
-          f"co_uncorrected_p99_error={co_unc:.4f} wrk_spread={wrk.spread:.3f} chaoskit_max_rps={best:.0f} "
-          f"wrk_rps={wrk.median:.0f} sender={sender}")
+    keys: dict[str, Any] = {"rate_vs_wrk": f"{best / wrk.median:.3f}"}
+    if vb:
+        keys["rate_vs_vllm_bench"] = f"{best / vb.median:.3f}"
+    keys.update(co_p99_error=f"{co:.4f}", co_uncorrected_p99_error=f"{co_unc:.4f}", wrk_spread=f"{wrk.spread:.3f}",
+                chaoskit_max_rps=f"{best:.0f}", wrk_rps=f"{wrk.median:.0f}", sender=sender)
+    return GOALS.result(keys)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
