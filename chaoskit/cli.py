@@ -35,6 +35,7 @@ def _add_subcommands() -> None:
     from chaoskit.cli_halt import halt, status
     from chaoskit.cli_init import init
     from chaoskit.cli_load import load
+    from chaoskit.cli_matrix import matrix
     from chaoskit.cli_ref import ref_app
     from chaoskit.cli_report import report
 
@@ -42,6 +43,7 @@ def _add_subcommands() -> None:
     app.command()(init)
     app.command("cuda-wrap")(cuda_wrap)
     app.command()(load)
+    app.command()(matrix)
     app.command()(report)
     app.command()(halt)
     app.command()(status)

@@ -10,7 +10,7 @@ from pathlib import Path
 import chaoskit
 from chaoskit.errors import ChaoskitError
 
-LIBRARY_KINDS = ("bpf", "probes", "faults", "experiments")
+LIBRARY_KINDS = ("bpf", "probes", "faults", "experiments", "matrices")
 
 
 def state_dir() -> Path:

@@ -30,6 +30,7 @@ class Deployment(Protocol):
     def subnet_base(self, count: int) -> int: ...
     def create_netns(self, i: int, octet: int) -> tuple[str, str]: ...
 
+
 PROBE = {"model": SERVED_NAME, "prompt": "ready?", "max_tokens": 1}
 
 

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import signal
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -30,7 +31,7 @@ class Exchange:
     status: int = 0
     t_status: float | None = None  # the answer's head came from the replica
     t_end: float | None = None  # the answer ended
-    outcome: str = "pending"  # complete | upstream_closed | gateway_closed | refused
+    outcome: str = "pending"  # complete | upstream_closed | gateway_closed | refused | tap_stopped
 
     def line(self) -> str:
         return json.dumps(asdict(self)) + "\n"
@@ -109,9 +110,17 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, parse
             pass
 
 
-async def relay(replica: str, host: str, port: int, log: TextIO, ids: itertools.count,
+async def relay(replica: str, host: str, port: int, log: TextIO, ids: itertools.count, live: set[Connection],
                 down: asyncio.StreamReader, up: asyncio.StreamWriter) -> None:
     c = Connection(replica, next(ids), log)
+    live.add(c)
+    try:
+        await _relay(c, host, port, down, up)
+    finally:
+        live.discard(c)
+
+
+async def _relay(c: Connection, host: str, port: int, down: asyncio.StreamReader, up: asyncio.StreamWriter) -> None:
     try:
         r_reader, r_writer = await asyncio.open_connection(host, port)
     except OSError:  # the replica refuses: the gateway's connection is closed, its request (if sent) counted
@@ -128,9 +137,9 @@ async def relay(replica: str, host: str, port: int, log: TextIO, ids: itertools.
     if from_replica in done:  # the replica closed or reset: whatever waits is lost
         c.close("upstream_closed")
         to_replica.cancel()
-    else:  # the gateway closed its side: the replica may still answer what is in flight
-        await from_replica
+    else:  # the gateway closed: what it waited for ends now (a frozen replica may answer much later, or never)
         c.close("gateway_closed")
+        from_replica.cancel()
     for w in (r_writer, up):
         w.close()
 
@@ -138,13 +147,19 @@ async def relay(replica: str, host: str, port: int, log: TextIO, ids: itertools.
 async def serve(routes: list[tuple[str, int, str, int]], log: TextIO) -> None:
     """routes: (replica name, tap port, replica host, replica port)."""
     ids = itertools.count(1)
+    live: set[Connection] = set()
     servers = []
     for name, listen, host, port in routes:
         servers.append(await asyncio.start_server(
-            lambda d, u, name=name, host=host, port=port: relay(name, host, port, log, ids, d, u),
+            lambda d, u, name=name, host=host, port=port: relay(name, host, port, log, ids, live, d, u),
             "127.0.0.1", listen))
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     print("ready", flush=True)
-    await asyncio.gather(*(s.serve_forever() for s in servers))
+    await stop.wait()
+    for c in list(live):  # stopped (`ref down`): what still waits for an answer is written, not lost
+        c.close("tap_stopped")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,10 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         host, _, port = target.rpartition(":")
         routes.append((name, int(listen), host, int(port)))
     with open(a.log, "a", buffering=1) as log:
-        try:
-            asyncio.run(serve(routes, log))
-        except KeyboardInterrupt:
-            pass
+        asyncio.run(serve(routes, log))
     return 0
 
 

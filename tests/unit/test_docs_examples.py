@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from chaoskit.app.matrix import prepare
 from chaoskit.experiment.loader import load_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +62,10 @@ def test_there_are_examples():
 def test_each_yaml_example_validates(where, text, tmp_path, monkeypatch):
     monkeypatch.setenv("CHAOSKIT_REF_DIR", str(tmp_path / "no-ref"))  # its facts wait for run time
     f = tmp_path / "example.yaml"
+    if "kind: Matrix" in text:  # a matrix file: it and every cell's experiment
+        f.write_text(text)
+        prepare(f, tmp_path / "out", resume=False)
+        return
     f.write_text(_as_experiment(text))
     load_experiment(f, strict=False)
 

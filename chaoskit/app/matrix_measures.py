@@ -1,0 +1,117 @@
+"""What one matrix cell measured, from its run's journal and the tap's log of every upstream attempt: the clients'
+errors and p99 while the fault was in effect, how the gateway spread attempts (amplification, time to eject
+and to readmit replica 0), whether goodput came back after the revert. The clients' load is continuous at a
+constant rate: the clients' errors come from the during samples (each a window of what ended in it), the spread
+of attempts from the tap over the fault's own span, divided by what the clients sent in it (rate x span: the
+samples' sent_on_time_ratio, kept in the measures, says whether they kept the schedule)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+EJECTED_SHARE = 0.05  # replica 0 is ejected once its share of new attempts stays at most this
+BIN_S = 0.5  # the share is counted in bins this long
+STREAM_ERRORS = ("stream_truncated", "stream_stalled", "stream_malformed", "stream_error")
+
+
+@dataclass
+class CellMeasures:
+    verdict: str
+    exit_code: int
+    client_requests: int = 0  # requests that ended (answered, failed or timed out) in the during windows
+    sent_on_time_ratio: float | None = None  # the lowest of the during samples: 1.0 = the schedule was kept
+    client_errors: int = 0
+    error_rate: float | None = None
+    all_p99_ms: float | None = None  # the worst during sample's p99 of all requests (failed ones at their timeout)
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    stream_outcomes: dict[str, int] = field(default_factory=dict)
+    fault_s: float | None = None  # from the apply to the revert
+    upstream_attempts: int | None = None  # completions the tap passed to a replica in that span
+    amplification: float | None = None  # upstream attempts per client request sent in that span (rate x span)
+    to_replica0: int | None = None  # of those, to the faulty replica
+    time_to_eject_s: float | None = None  # None: never ejected while the fault lasted
+    time_to_readmit_s: float | None = None  # None: no attempt reached replica 0 after the revert
+    recovered_s: float | None = None
+    metastable: bool = False  # goodput did not come back within the recovery window
+    deviations: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a torn last line
+    return out
+
+
+def measure(journal: Path, tap_log: Path | None, replica0: str, rate: float) -> CellMeasures:
+    events = read_jsonl(journal)
+    end = next((e for e in reversed(events) if e.get("event") == "end"), {})
+    m = CellMeasures(verdict=end.get("verdict", "incomplete"), exit_code=int(end.get("exit_code", 3)),
+                     deviations=list(end.get("deviations", [])))
+    recovered = next((e for e in events if e.get("event") == "recovered"), None)
+    m.recovered_s = recovered["seconds"] if recovered else None
+    applied = next((e for e in events if e.get("event") == "fault_applied"), None)
+    reverted = next((e for e in events if e.get("event") == "fault_reverted"), None)
+    m.metastable = applied is not None and recovered is None and m.verdict != "incomplete"
+    during = [e for e in events if e.get("event") == "sample" and e.get("phase") == "during"]
+    _clients(m, during)
+    if tap_log is not None and applied is not None and reverted is not None:
+        attempts = [a for a in read_jsonl(tap_log) if a.get("path", "").endswith("completions")]
+        _spread(m, attempts, replica0, applied["applied_at"], reverted["t"], rate)
+    return m
+
+
+def _clients(m: CellMeasures, during: list[dict[str, Any]]) -> None:
+    values = [e.get("values", {}) for e in during]
+    ratios = [v["sent_on_time_ratio"] for v in values if isinstance(v.get("sent_on_time_ratio"), (int, float))]
+    m.sent_on_time_ratio = min(ratios) if ratios else None
+    m.client_requests = sum(int(v.get("requests", 0)) for v in values)
+    m.client_errors = sum(int(v.get("requests", 0)) - int(v.get("ok", 0)) for v in values)
+    m.error_rate = round(m.client_errors / m.client_requests, 4) if m.client_requests else None
+    p99 = [v["all_p99_ms"] for v in values if isinstance(v.get("all_p99_ms"), (int, float))]
+    m.all_p99_ms = max(p99) if p99 else None
+    kinds: dict[str, int] = {}
+    for v in values:
+        for k, n in (v.get("errors") or {}).items():
+            kinds[k] = kinds.get(k, 0) + int(n)
+    m.errors_by_kind = kinds
+    m.stream_outcomes = {k: kinds.get(k, 0) for k in STREAM_ERRORS}
+
+
+def _spread(m: CellMeasures, attempts: list[dict[str, Any]], replica0: str, start: float, end: float,
+            rate: float) -> None:
+    within = [a for a in attempts if start <= a["t"] <= end]
+    m.fault_s = round(end - start, 3)
+    m.upstream_attempts = len(within)
+    m.to_replica0 = sum(a["replica"] == replica0 for a in within)
+    m.amplification = round(len(within) / (rate * (end - start)), 3) if end > start else None
+    m.time_to_eject_s = time_to_eject(within, replica0, start, end)
+    after = [a["t"] for a in attempts if a["t"] >= end and a["replica"] == replica0]
+    m.time_to_readmit_s = round(min(after) - end, 3) if after else None
+
+
+def time_to_eject(attempts: list[dict[str, Any]], replica0: str, start: float, stop: float) -> float | None:
+    """From `start` until replica 0's share of attempts stays <= EJECTED_SHARE in every BIN_S bin that has
+    attempts, to `stop`, with at least two such bins after it; None if it never does."""
+    n = max(1, int((stop - start) / BIN_S + 0.999))
+    bins: list[tuple[int, int]] = [(0, 0)] * n  # (attempts, to replica 0) per bin
+    for a in attempts:
+        i = min(n - 1, int((a["t"] - start) / BIN_S))
+        total, bad = bins[i]
+        bins[i] = (total + 1, bad + (a["replica"] == replica0))
+    for i in range(n):
+        rest = [(t, b) for t, b in bins[i:] if t]
+        if len(rest) >= 2 and all(b / t <= EJECTED_SHARE for t, b in rest):
+            return round(i * BIN_S, 3)
+    return None

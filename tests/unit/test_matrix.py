@@ -1,0 +1,120 @@
+"""The matrix: its file checked at validation (file, line, field; every cell's experiment before any runs), the
+cells in order, and the measures computed from a journal and a tap log written here, by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chaoskit.app.matrix import prepare
+from chaoskit.app.matrix_measures import measure, time_to_eject
+from chaoskit.app.matrix_report import markdown
+from chaoskit.errors import SpecError
+from chaoskit.experiment.loader import load_experiment
+from chaoskit.experiment.matrix import cells, experiment, load_matrix
+from chaoskit.paths import library
+
+HEAD = """apiVersion: chaoskit/v1
+kind: Matrix
+metadata: {name: m}
+gateways: [nginx, haproxy]
+"""
+HANG = """faults:
+  - name: hang
+    inject: {type: process.signal, pid: "{target.replica_pids[0]}", signal: SIGSTOP}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "m.yaml").write_text(text)
+    return tmp_path / "m.yaml"
+
+
+def test_cells_run_gateway_by_gateway_and_each_is_a_valid_experiment(tmp_path: Path) -> None:
+    spec = load_matrix(write(tmp_path, HEAD + HANG + """  - name: slow
+    inject: {type: process.cpu_throttle, pid: "{target.replica_pids[0]}", cpu: "5%"}
+"""))
+    assert [c.id for c in cells(spec)] == ["nginx--hang", "nginx--slow", "haproxy--hang", "haproxy--slow"]
+    doc = experiment(spec, cells(spec)[0])
+    assert doc["target"]["reference"] == {"engine": "tiny-openai", "replicas": 2, "gateway": "nginx", "netns": True}
+    assert doc["steadyState"]["probes"][0]["mode"] == "continuous"
+    out = tmp_path / "out"
+    _, todo = prepare(tmp_path / "m.yaml", out, resume=False)
+    for c in todo:
+        load_experiment(out / "cells" / c.id / "experiment.yaml", strict=False)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (HEAD.replace("haproxy", "traefik") + HANG, "m.yaml:4:"),
+    (HEAD + HANG + HANG.removeprefix("faults:\n"), "faults: names must differ: hang"),
+    (HEAD + "gateway_params: {nginx: {maxfails: 2}}\n" + HANG, "nginx takes no maxfails"),
+    (HEAD + HANG.replace("hang", "Hang!"), "lower case letters"),
+])
+def test_a_wrong_matrix_file_is_refused_naming_where(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(SpecError) as e:
+        load_matrix(write(tmp_path, text))
+    assert expected in str(e.value)
+
+
+def test_a_cell_whose_fault_is_wrong_stops_the_matrix_before_any_cell_runs(tmp_path: Path) -> None:
+    bad = HEAD + HANG.replace("signal: SIGSTOP", "signal: SIGNOPE")
+    with pytest.raises(SpecError) as e:
+        prepare(write(tmp_path, bad), tmp_path / "out", resume=False)
+    assert "cell nginx--hang" in str(e.value) and "signal" in str(e.value)
+    assert not (tmp_path / "out" / "matrix.json").exists()
+
+
+def test_the_bundled_matrix_has_five_gateways_and_nine_faults_all_valid(tmp_path: Path) -> None:
+    spec, todo = prepare(library("matrices") / "gateways.yaml", tmp_path / "out", resume=False)
+    assert len(spec.gateways) == 5 and len(spec.faults) >= 9 and len(todo) == 45
+
+
+def test_time_to_eject_is_where_replica_0s_share_stays_at_most_5_percent() -> None:
+    start = 100.0
+    # 0.0-1.0 s: half the attempts to replica 0; from 1.0 s on: none
+    attempts = [{"t": start + i * 0.05, "replica": "r0" if (i < 20 and i % 2) else "r1"} for i in range(80)]
+    assert time_to_eject(attempts, "r0", start, start + 4.0) == 1.0
+    # replica 0 keeps a third: never
+    attempts = [{"t": start + i * 0.05, "replica": "r0" if i % 3 == 0 else "r1"} for i in range(80)]
+    assert time_to_eject(attempts, "r0", start, start + 4.0) is None
+
+
+def journal(path: Path, applied: float, reverted: float, samples: list[dict], recovered: bool) -> Path:
+    events = [{"t": applied, "event": "fault_applied", "applied_at": applied},
+              *({"t": t, "event": "sample", "phase": "during", "values": v} for t, v in samples),
+              {"t": reverted, "event": "fault_reverted"},
+              *([{"t": reverted + 2, "event": "recovered", "seconds": 2.0}] if recovered else []),
+              {"t": reverted + 3, "event": "end", "verdict": "deviated", "exit_code": 1, "deviations": ["x"]}]
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return path
+
+
+def test_measures_from_a_journal_and_a_tap_log(tmp_path: Path) -> None:
+    applied, reverted = 1000.0, 1004.0
+    j = journal(tmp_path / "j.jsonl", applied, reverted, [
+        (1002.0, {"requests": 40, "ok": 30, "sent_on_time_ratio": 1.0, "all_p99_ms": 2010.0,
+                  "errors": {"timeout": 8, "stream_truncated": 2}}),
+        (1004.0, {"requests": 40, "ok": 40, "sent_on_time_ratio": 0.97, "all_p99_ms": 80.0, "errors": {}})],
+        recovered=False)
+    # 20/s for 4 s = 80 client requests; 10 retried once (90 attempts); replica 0 gets none after 1 s
+    attempts = [{"t": applied + 0.05 * i, "replica": "r0" if (i < 20 and i % 2) else "r1",
+                 "path": "/v1/completions"} for i in range(80)]
+    attempts += [{"t": applied + 0.05 * i + 0.01, "replica": "r1", "path": "/v1/completions"} for i in range(10)]
+    attempts += [{"t": applied + 0.5, "replica": "r0", "path": "/health"}, {"t": reverted + 1.5, "replica": "r0",
+                 "path": "/v1/chat/completions"}]
+    tap = tmp_path / "tap.jsonl"
+    tap.write_text("".join(json.dumps(a) + "\n" for a in attempts))
+    m = measure(j, tap, "r0", rate=20)
+    assert (m.client_requests, m.client_errors, m.error_rate) == (80, 10, 0.125)
+    assert (m.all_p99_ms, m.sent_on_time_ratio) == (2010.0, 0.97)
+    assert m.stream_outcomes["stream_truncated"] == 2 and m.errors_by_kind["timeout"] == 8
+    assert (m.upstream_attempts, m.to_replica0, m.amplification) == (90, 10, 1.125)
+    assert (m.time_to_eject_s, m.time_to_readmit_s, m.metastable) == (1.0, 1.5, True)
+    text = markdown({"matrix": "m", "description": "", "chaoskit": "0", "engine": "tiny-openai", "replicas": 2,
+                     "host": "h", "date": "d", "duration_s": 4, "recovery_s": 4, "load": {},
+                     "gateways": ["nginx", "haproxy"], "versions": {"nginx": "1"},
+                     "faults": [{"name": "hang", "description": "frozen"}],
+                     "cells": [{"gateway": "nginx", "fault": "hang", "measures": m.to_json()}]})
+    assert "| nginx 1 | deviated |" in text and "| haproxy | - |" in text and "| nginx 1 | 12.5% |" in text
