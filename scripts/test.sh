@@ -2,8 +2,9 @@
 # `make test`. A whole run in one process uses under half of 2 cores (it mostly waits on scenario durations), so
 # the suite runs as three pytest processes side by side, then one alone:
 #   unit         tests/unit (no namespace, port or other host state outside pytest's own temporary directory);
-#   scenarios    tests/e2e, tests/vllm and tests/integration/test_llm_proxy.py (every test on the shared vLLM
-#                pair in one process: it starts once); its reference deployments search for free ports from
+#   scenarios    tests/e2e, tests/vllm, tests/integration/test_llm_proxy.py (every test on the shared vLLM
+#                pair in one process: it starts once) and test_matrix.py (the gateway matrix, ~3 min: it keeps the
+#                two foreground streams about as long); its reference deployments search for free ports from
 #                28000 (CHAOSKIT_REF_FIRST_PORT), the other stream's from 18000, so the two never race for a block;
 #   integration  the rest of tests/integration, in the foreground;
 #   alone        tests/reliability (the torture test compares the whole host before and after),
@@ -82,8 +83,9 @@ timed=(tests/integration/test_netem_queue.py::test_delay_with_uniform_jitter_add
 start=$SECONDS
 stream unit "$budget" "$tmp/unit.log" -- tests/unit
 stream scenarios "$budget" "$tmp/scenarios.log" CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
-    tests/integration/test_llm_proxy.py
+    tests/integration/test_llm_proxy.py tests/integration/test_matrix.py
 stream integration "$budget" - -- --durations=15 tests/integration --ignore=tests/integration/test_llm_proxy.py \
+    --ignore=tests/integration/test_matrix.py \
     $(printf -- '--ignore=%s ' "${alone[@]:1}") $(printf -- '--deselect=%s ' "${timed[@]}")
 finish "${pids[2]}"; integration=$?
 timed_out integration "$budget" "$integration"

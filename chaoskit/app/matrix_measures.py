@@ -27,7 +27,9 @@ class CellMeasures:
     error_rate: float | None = None
     all_p99_ms: float | None = None  # the worst during sample's p99 of all requests (failed ones at their timeout)
     errors_by_kind: dict[str, int] = field(default_factory=dict)
-    stream_outcomes: dict[str, int] = field(default_factory=dict)
+    stream_outcomes: dict[str, int] = field(default_factory=dict)  # the clients' load: streams cut, stalled ...
+    answers: int = 0  # the answers probe's requests while the fault was in effect
+    answer_grades: dict[str, int] = field(default_factory=dict)  # of those, each kind of wrong answer
     fault_s: float | None = None  # from the apply to the revert
     upstream_attempts: int | None = None  # completions the tap passed to a replica in that span
     amplification: float | None = None  # upstream attempts per client request sent in that span (rate x span)
@@ -65,7 +67,8 @@ def measure(journal: Path, tap_log: Path | None, replica0: str, rate: float) -> 
     reverted = next((e for e in events if e.get("event") == "fault_reverted"), None)
     m.metastable = applied is not None and recovered is None and m.verdict != "incomplete"
     during = [e for e in events if e.get("event") == "sample" and e.get("phase") == "during"]
-    _clients(m, during)
+    _clients(m, [e for e in during if e.get("probe") == "clients"])
+    _answers(m, [e for e in during if e.get("probe") == "answers"])
     if tap_log is not None and applied is not None and reverted is not None:
         attempts = [a for a in read_jsonl(tap_log) if a.get("path", "").endswith("completions")]
         _spread(m, attempts, replica0, applied["applied_at"], reverted["t"], rate)
@@ -87,6 +90,17 @@ def _clients(m: CellMeasures, during: list[dict[str, Any]]) -> None:
             kinds[k] = kinds.get(k, 0) + int(n)
     m.errors_by_kind = kinds
     m.stream_outcomes = {k: kinds.get(k, 0) for k in STREAM_ERRORS}
+
+
+def _answers(m: CellMeasures, during: list[dict[str, Any]]) -> None:
+    grades: dict[str, int] = {}
+    for e in during:
+        v = e.get("values") or {}
+        m.answers += int(v.get("requests", 0))
+        for key, n in v.items():
+            if key.startswith("failures.") and n:
+                grades[key.removeprefix("failures.")] = grades.get(key.removeprefix("failures."), 0) + int(n)
+    m.answer_grades = grades
 
 
 def _spread(m: CellMeasures, attempts: list[dict[str, Any]], replica0: str, start: float, end: float,

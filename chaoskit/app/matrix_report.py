@@ -37,6 +37,9 @@ def text(key: str, m: dict[str, Any]) -> str:
     v = m.get(key)
     if key == "stream_outcomes":
         return ", ".join(f"{k.removeprefix('stream_')} {n}" for k, n in v.items() if n) or "none"
+    if key == "answer_grades":
+        wrong = sum(v.values())
+        return f"{m['answers'] - wrong}/{m['answers']} whole" + "".join(f", {k} {n}" for k, n in v.items())
     if v is None:
         return "never" if key in ("time_to_eject_s", "time_to_readmit_s") else "n/a"
     if key == "metastable":
@@ -49,7 +52,8 @@ def markdown(summary: dict[str, Any]) -> str:
              f"chaoskit {summary['chaoskit']}, engine {summary['engine']} x{summary['replicas']}, host "
              f"{summary['host']}, {summary['date']}; each fault {summary['duration_s']} s on replica 0, recovery "
              f"window {summary['recovery_s']} s; clients: {json.dumps(summary['load'])}", ""]
-    for key, title in (*SHOWN, ("stream_outcomes", "stream outcomes seen by the clients")):
+    for key, title in (*SHOWN, ("stream_outcomes", "stream outcomes seen by the clients"),
+                       ("answer_grades", "answers graded against the ones recorded before the fault")):
         faults, rows = grid(summary, key)
         lines += [f"## {title}", "", "| gateway | " + " | ".join(faults) + " |",
                   "|---|" + "---|" * len(faults), *("| " + " | ".join(r) + " |" for r in rows), ""]

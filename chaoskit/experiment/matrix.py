@@ -1,5 +1,6 @@
 """A matrix file (kind: Matrix): gateways x faults over one template; each cell expanded into a plain experiment
-that brings up its own reference deployment (replica 0 is the one every fault acts on)."""
+that brings up its own reference deployment (replica 0 is the one every fault acts on): continuous client load
+(probe `clients`) and answers graded against the ones recorded before the fault (probe `answers`)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ class MatrixLoad(StrictModel):
     timeout: Duration = Field(3.0, gt=0, description="client timeout per request")
     window: Duration = Field(2.0, gt=0, description="the load runs all through the cell; each sample reports this "
                              "long a window of it")
+
+
+class MatrixAnswers(StrictModel):
+    """Answers graded token by token: each cell also sends these greedy requests in turn (prompts of its own)
+    and grades each streamed answer against the one recorded before the fault (complete, truncated, restarted,
+    duplicated, gap, mismatch, error)."""
+
+    requests: int = Field(8, ge=1, le=200, description="requests per sample")
+    concurrency: int = Field(4, ge=1, le=64, description="in flight at once")
+    failed: str = Field("== 0", description="tolerance of the answers that were not whole and right, per sample")
 
 
 class MatrixHypothesis(StrictModel):
@@ -73,6 +84,7 @@ class MatrixSpec(StrictModel):
     faults: list[MatrixFault] = Field(min_length=1, description="the columns")
     load: MatrixLoad = Field(default_factory=MatrixLoad)
     hypothesis: MatrixHypothesis = Field(default_factory=MatrixHypothesis)
+    answers: MatrixAnswers = Field(default_factory=MatrixAnswers)
     duration: Duration = Field(8.0, gt=0, description="how long each fault is in effect")
     recovery: Duration = Field(10.0, gt=0, description="after the revert, goodput must come back within this "
                                "(else the cell is flagged metastable)")
@@ -124,6 +136,11 @@ def experiment(spec: MatrixSpec, cell: Cell) -> dict[str, Any]:
                       "timeout": f"{load.timeout}s", "prompt_tokens": load.prompt_tokens,
                       "max_tokens": load.max_tokens},
              "expect": {"error_rate": spec.hypothesis.error_rate, "all_p99_ms": spec.hypothesis.all_p99_ms}}
+    answers = {"name": "answers", "type": "correctness", "phases": ["before", "during"], "url": "{target.url}",
+               "api": "openai", "model": "{target.model}", "stream": True, "max_tokens": load.max_tokens,
+               "prompts": [f"matrix answer {i}: where did the tokens go?" for i in range(4)],
+               "requests": spec.answers.requests, "concurrency": spec.answers.concurrency,
+               "request_timeout": f"{load.timeout}s", "expect": {"failed": spec.answers.failed}}
     reference: dict[str, Any] = {"engine": spec.engine, "replicas": spec.replicas, "gateway": cell.gateway,
                                  "netns": True}
     if params := spec.gateway_params.get(cell.gateway):
@@ -134,7 +151,7 @@ def experiment(spec: MatrixSpec, cell: Cell) -> dict[str, Any]:
                      "description": f"{cell.fault.description or cell.fault.name} behind {cell.gateway}",
                      "tags": ["matrix", spec.metadata.name, cell.gateway, cell.fault.name]},
         "target": {"reference": reference, "may_exit": cell.fault.may_exit},
-        "steadyState": {"probes": [probe], "during": {"every": f"{load.window}s"},
+        "steadyState": {"probes": [probe, answers], "during": {"every": f"{load.window}s"},
                         "after": {"within": f"{spec.recovery}s", "every": f"{load.window}s"}},
         "method": [{"name": cell.fault.name, "inject": cell.fault.inject, "duration": f"{spec.duration}s"}],
     }

@@ -6,6 +6,7 @@ import asyncio
 import difflib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -17,7 +18,10 @@ from chaoskit.errors import PreflightError
 from chaoskit.model.types import Duration, StrictModel, Url, check_url
 from chaoskit.probes.base import Probe, ProbeSpecBase
 
-KINDS = ("mismatch", "empty", "truncated", "error")  # a failed answer's kind (classify: error, empty, truncated, mismatch)
+# a failed answer's kind (classify): error, empty, truncated, and against the expected answer: restarted (a prefix
+# of it, then all of it: a failover that started the stream again), duplicated (a piece of it twice), gap (a piece
+# of it missing), mismatch (anything else)
+KINDS = ("mismatch", "empty", "truncated", "error", "restarted", "duplicated", "gap")
 _KEYS = ("requests", "ok", "failed", "failed_share", "recorded", "failures.", "failure_share.")
 EXAMPLE = {"name": "answers", "type": "correctness", "url": "http://127.0.0.1:8000", "api": "openai-chat",
            "model": "my-model", "prompts": ["What is the capital of France?", {"prompt": "2 + 2 =", "answer": " 4"}],
@@ -129,8 +133,23 @@ def classify(a: Answer, expected: str | None) -> str | None:
     if not a.finished or (expected is not None and len(a.text) < len(expected) and expected.startswith(a.text)):
         return "truncated"
     if expected is not None and a.text != expected:
-        return "mismatch"
+        return against(a.text, expected)
     return None
+
+
+def against(text: str, expected: str) -> str:
+    """How a whole answer differs from the expected one: restarted, duplicated, gap or mismatch."""
+    head = len(os.path.commonprefix([text, expected]))
+    tail = len(os.path.commonprefix([text[::-1], expected[::-1]]))
+    if len(text) > len(expected):
+        start = len(text) - len(expected)
+        if text.endswith(expected) and expected.startswith(text[:start]):
+            return "restarted"
+        if head + tail >= len(expected):  # the expected answer with a piece of it repeated
+            return "duplicated"
+    elif head + tail >= len(text) and head < len(text):  # the expected answer with a piece of it cut out
+        return "gap"
+    return "mismatch"
 
 
 def request_for(s: CorrectnessProbeSpec, base: str, prompt: str, stream: bool) -> tuple[str, dict[str, Any]]:

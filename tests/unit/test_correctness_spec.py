@@ -62,6 +62,14 @@ def test_golden_answers_need_no_before_phase_and_the_timeout_follows_the_rounds(
     (Answer("", True), "Paris", "empty"),
     (Answer("", True), None, "empty"),
     (Answer("", False, "HTTP 503"), "Paris", "error"),
+    (Answer(" a b a b c d", True), " a b c d", "restarted"),  # a failover that started the stream again
+    (Answer(" a b c d", True), " a b c d", None),
+    (Answer(" a b c c d", True), " a b c d", "duplicated"),
+    (Answer(" a b b c d", True), " a b c d", "duplicated"),
+    (Answer(" a d", True), " a b c d", "gap"),
+    (Answer(" a b c", True), " a b c d", "truncated"),  # a prefix, even ended cleanly
+    (Answer(" x b c d", True), " a b c d", "mismatch"),
+    (Answer(" a b x d e", True), " a b c d", "mismatch"),
 ])
 def test_classify(answer, expected, kind):
     assert classify(answer, expected) == kind

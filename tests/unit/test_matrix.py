@@ -81,9 +81,9 @@ def test_time_to_eject_is_where_replica_0s_share_stays_at_most_5_percent() -> No
     assert time_to_eject(attempts, "r0", start, start + 4.0) is None
 
 
-def journal(path: Path, applied: float, reverted: float, samples: list[dict], recovered: bool) -> Path:
+def journal(path: Path, applied: float, reverted: float, samples: list[tuple], recovered: bool) -> Path:
     events = [{"t": applied, "event": "fault_applied", "applied_at": applied},
-              *({"t": t, "event": "sample", "phase": "during", "values": v} for t, v in samples),
+              *({"t": t, "event": "sample", "probe": probe, "phase": "during", "values": v} for t, probe, v in samples),
               {"t": reverted, "event": "fault_reverted"},
               *([{"t": reverted + 2, "event": "recovered", "seconds": 2.0}] if recovered else []),
               {"t": reverted + 3, "event": "end", "verdict": "deviated", "exit_code": 1, "deviations": ["x"]}]
@@ -94,9 +94,13 @@ def journal(path: Path, applied: float, reverted: float, samples: list[dict], re
 def test_measures_from_a_journal_and_a_tap_log(tmp_path: Path) -> None:
     applied, reverted = 1000.0, 1004.0
     j = journal(tmp_path / "j.jsonl", applied, reverted, [
-        (1002.0, {"requests": 40, "ok": 30, "sent_on_time_ratio": 1.0, "all_p99_ms": 2010.0,
-                  "errors": {"timeout": 8, "stream_truncated": 2}}),
-        (1004.0, {"requests": 40, "ok": 40, "sent_on_time_ratio": 0.97, "all_p99_ms": 80.0, "errors": {}})],
+        (1002.0, "clients", {"requests": 40, "ok": 30, "sent_on_time_ratio": 1.0, "all_p99_ms": 2010.0,
+                             "errors": {"timeout": 8, "stream_truncated": 2}}),
+        (1003.0, "answers", {"requests": 8, "ok": 5, "failures.restarted": 2, "failures.gap": 1,
+                             "failures.mismatch": 0}),
+        (1004.0, "clients", {"requests": 40, "ok": 40, "sent_on_time_ratio": 0.97, "all_p99_ms": 80.0,
+                             "errors": {}}),
+        (1004.0, "answers", {"requests": 8, "ok": 7, "failures.restarted": 1})],
         recovered=False)
     # 20/s for 4 s = 80 client requests; 10 retried once (90 attempts); replica 0 gets none after 1 s
     attempts = [{"t": applied + 0.05 * i, "replica": "r0" if (i < 20 and i % 2) else "r1",
@@ -112,9 +116,11 @@ def test_measures_from_a_journal_and_a_tap_log(tmp_path: Path) -> None:
     assert m.stream_outcomes["stream_truncated"] == 2 and m.errors_by_kind["timeout"] == 8
     assert (m.upstream_attempts, m.to_replica0, m.amplification) == (90, 10, 1.125)
     assert (m.time_to_eject_s, m.time_to_readmit_s, m.metastable) == (1.0, 1.5, True)
+    assert (m.answers, m.answer_grades) == (16, {"restarted": 3, "gap": 1})
     text = markdown({"matrix": "m", "description": "", "chaoskit": "0", "engine": "tiny-openai", "replicas": 2,
                      "host": "h", "date": "d", "duration_s": 4, "recovery_s": 4, "load": {},
                      "gateways": ["nginx", "haproxy"], "versions": {"nginx": "1"},
                      "faults": [{"name": "hang", "description": "frozen"}],
                      "cells": [{"gateway": "nginx", "fault": "hang", "measures": m.to_json()}]})
     assert "| nginx 1 | deviated |" in text and "| haproxy | - |" in text and "| nginx 1 | 12.5% |" in text
+    assert "| nginx 1 | 12/16 whole, restarted 3, gap 1 |" in text
