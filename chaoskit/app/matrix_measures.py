@@ -14,6 +14,7 @@ from typing import Any
 
 EJECTED_SHARE = 0.05  # replica 0 is ejected once its share of new attempts stays at most this
 BIN_S = 0.5  # the share is counted in bins this long
+LOAD_PATH = "/v1/completions"  # the clients' load (the answers probe sends chat completions, not counted here)
 STREAM_ERRORS = ("stream_truncated", "stream_stalled", "stream_malformed", "stream_error")
 
 
@@ -70,7 +71,7 @@ def measure(journal: Path, tap_log: Path | None, replica0: str, rate: float) -> 
     _clients(m, [e for e in during if e.get("probe") == "clients"])
     _answers(m, [e for e in during if e.get("probe") == "answers"])
     if tap_log is not None and applied is not None and reverted is not None:
-        attempts = [a for a in read_jsonl(tap_log) if a.get("path", "").endswith("completions")]
+        attempts = [a for a in read_jsonl(tap_log) if a.get("path") == LOAD_PATH]
         _spread(m, attempts, replica0, applied["applied_at"], reverted["t"], rate)
     return m
 

@@ -34,9 +34,9 @@ class MatrixLoad(StrictModel):
 
 
 class MatrixAnswers(StrictModel):
-    """Answers graded token by token: each cell also sends these greedy requests in turn (prompts of its own)
-    and grades each streamed answer against the one recorded before the fault (complete, truncated, restarted,
-    duplicated, gap, mismatch, error)."""
+    """Answers graded token by token: each cell also sends these greedy chat requests in turn (prompts of its
+    own; chat, so that the tap tells them from the clients' completions) and grades each streamed answer against
+    the one recorded before the fault (complete, truncated, restarted, duplicated, gap, mismatch, error)."""
 
     requests: int = Field(8, ge=1, le=200, description="requests per sample")
     concurrency: int = Field(4, ge=1, le=64, description="in flight at once")
@@ -137,7 +137,7 @@ def experiment(spec: MatrixSpec, cell: Cell) -> dict[str, Any]:
                       "max_tokens": load.max_tokens},
              "expect": {"error_rate": spec.hypothesis.error_rate, "all_p99_ms": spec.hypothesis.all_p99_ms}}
     answers = {"name": "answers", "type": "correctness", "phases": ["before", "during"], "url": "{target.url}",
-               "api": "openai", "model": "{target.model}", "stream": True, "max_tokens": load.max_tokens,
+               "api": "openai-chat", "model": "{target.model}", "stream": True, "max_tokens": load.max_tokens,
                "prompts": [f"matrix answer {i}: where did the tokens go?" for i in range(4)],
                "requests": spec.answers.requests, "concurrency": spec.answers.concurrency,
                "request_timeout": f"{load.timeout}s", "expect": {"failed": spec.answers.failed}}

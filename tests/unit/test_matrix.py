@@ -106,8 +106,9 @@ def test_measures_from_a_journal_and_a_tap_log(tmp_path: Path) -> None:
     attempts = [{"t": applied + 0.05 * i, "replica": "r0" if (i < 20 and i % 2) else "r1",
                  "path": "/v1/completions"} for i in range(80)]
     attempts += [{"t": applied + 0.05 * i + 0.01, "replica": "r1", "path": "/v1/completions"} for i in range(10)]
-    attempts += [{"t": applied + 0.5, "replica": "r0", "path": "/health"}, {"t": reverted + 1.5, "replica": "r0",
-                 "path": "/v1/chat/completions"}]
+    attempts += [{"t": applied + 0.5, "replica": "r0", "path": "/health"},  # neither the health checks nor the
+                 {"t": applied + 0.6, "replica": "r0", "path": "/v1/chat/completions"},  # answers probe's chats
+                 {"t": reverted + 1.5, "replica": "r0", "path": "/v1/completions"}]
     tap = tmp_path / "tap.jsonl"
     tap.write_text("".join(json.dumps(a) + "\n" for a in attempts))
     m = measure(j, tap, "r0", rate=20)
