@@ -35,6 +35,8 @@ enum { C_SIZE, C_DATA, C_CRLF, C_TRAILER };
 #define BURST 16     /* sends in a row before reading, when behind schedule */
 #define DENSE 4      /* sends closer than DENSE x lead apart: no polling before each (it would take most of a core
                         that a server on the same host needs); the loop sleeps until the next send instead, */
+#define SPARSE_S 0.0002 /* sends at least this far apart (up to 5,000/s) always poll before each: on a busy box
+                           the lead grows past a fifth of their gap, and a sleep then sends late */
 #define BATCH_S 0.0001 /* but at least this long, so that dense sends leave in small batches (each up to 100 us
                           after its time, a tenth of what counts as late) instead of a timer wake-up each */
 
@@ -697,7 +699,7 @@ int64_t ck_run(ck *c, double t0, const double *offsets, int64_t n, double until)
         if (next <= now) { /* due but waiting for a slot: a completion frees one */
             arm(c, until < now + SWEEP_S ? until : now + SWEEP_S);
             poll_once(c, -1);
-        } else if (next - c->lead <= now && c->gap > DENSE * c->lead) {
+        } else if (next - c->lead <= now && (c->gap >= SPARSE_S || c->gap > DENSE * c->lead)) {
             poll_once(c, 0); /* close to a send: poll, do not sleep (a wake-up can come late) */
         } else if (next - c->lead <= now) { /* dense sends: sleep until the next, BATCH_S at least */
             double wake = next < now + BATCH_S ? now + BATCH_S : next;
