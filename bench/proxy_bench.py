@@ -39,7 +39,7 @@ import time
 
 import psutil
 
-from chaoskit.injectors.proxy import Proxy
+from chaoskit.injectors.proxy.fault import Proxy
 
 N = int(os.environ.get("BENCH_RTTS", "2000"))
 BULK = int(os.environ.get("BENCH_BYTES", str(256 << 20)))

@@ -148,7 +148,7 @@ def _watchdog() -> Check:
 
 
 def _memory() -> Check:
-    from chaoskit.injectors.memory import meminfo
+    from chaoskit.injectors.memory.pressure import meminfo
     from chaoskit.units import format_size
 
     m = meminfo()

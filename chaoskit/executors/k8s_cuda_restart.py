@@ -25,7 +25,7 @@ from chaoskit.executors.k8s_pods import HelperPlacement
 from chaoskit.executors.k8s_records import KeyUnavailable, read_key
 from chaoskit.gpu.cuda_fault_ctl import ENV
 from chaoskit.injectors import Injector, injector_class
-from chaoskit.injectors.cuda_fault import CudaFault, PodRestartRecord
+from chaoskit.injectors.gpu.cuda_fault import CudaFault, PodRestartRecord
 from chaoskit.targets.kube import ClusterRef, KubeNodeSelector, api_client, choose, running_pods
 
 

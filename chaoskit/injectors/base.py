@@ -39,7 +39,7 @@ NODE_EXECUTORS = frozenset({LOCAL, K8S_HELPER})
 
 
 class Forkserver(Protocol):
-    """What forks a run's proxy helpers (injectors.forkserver.Forkserver)."""
+    """What forks a run's proxy helpers (injectors.forkserver.client.Forkserver)."""
 
     def spawn(self, token: str, args: list[str], what: str, extra_env: dict[str, str] | None = None
               ) -> ProcessRef: ...

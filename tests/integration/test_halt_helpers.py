@@ -22,7 +22,7 @@ from chaoskit.agent import LEVER_POLL_S
 from chaoskit.executors.k8s_halt import HALT_CONFIGMAP, HaltLever, pull_lever
 from chaoskit.executors.k8s_helper import HelperPlacement, K8sHelperExecutor
 from chaoskit.executors.k8s_pods import API_DIR, API_ENV
-from chaoskit.injectors.process import ProcessSignal
+from chaoskit.injectors.process.fault import ProcessSignal
 from chaoskit.targets.kube import ClusterRef, api_client
 from tests.conftest import ROOT, proc_state, wait_for
 from tests.helpers.fake_kube import FakeKubeApi, InClusterKubelet

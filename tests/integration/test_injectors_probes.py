@@ -18,8 +18,8 @@ import pytest
 
 from chaoskit.engine.ledger import Ledger
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.memory import MemoryPressure, MemoryPressureSpec
-from chaoskit.injectors.process import ProcessSignal, ProcessSignalSpec, descendants
+from chaoskit.injectors.memory.pressure import MemoryPressure, MemoryPressureSpec
+from chaoskit.injectors.process.fault import ProcessSignal, ProcessSignalSpec, descendants
 from chaoskit.probes.http import HttpProbe, HttpProbeSpec
 from chaoskit.targets.process import ProcessRef, is_alive, proc_ref
 from tests.conftest import chaoskit, ledgers, proc_state, wait_for, write

@@ -18,7 +18,7 @@ from chaoskit.engine.rollback import rollback
 from chaoskit.executors import get_executor
 from chaoskit.executors.k8s_helper import K8sHelperExecutor, replay_cluster
 from chaoskit.executors.revert_store import RevertStore
-from chaoskit.injectors.process import ProcessSignal
+from chaoskit.injectors.process.fault import ProcessSignal
 from chaoskit.targets.kube import api_client
 from chaoskit.targets.process import proc_ref
 from tests.conftest import ROOT, proc_state, wait_for

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.firewall import Drop, Partition
-from chaoskit.injectors.netem_netlink import dist_table, netem_message
-from chaoskit.injectors.network import Bandwidth, Netem
+from chaoskit.injectors.firewall.fault import Drop, Partition
+from chaoskit.injectors.netem.fault import Bandwidth, Netem
+from chaoskit.injectors.netem.netlink import dist_table, netem_message
 from chaoskit.targets import nftables
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.tc import netem_missing_reason
@@ -218,7 +218,7 @@ def test_previous_root_qdisc_is_restored_byte_exactly(pair):
 
 REVERT_IN_A_FRESH_PROCESS = """\
 import json, sys
-from chaoskit.injectors.network import Bandwidth
+from chaoskit.injectors.netem.fault import Bandwidth
 Bandwidth.revert(json.loads(sys.argv[1]))
 """
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.xid import XidEvent, XidSpec, driver_pci
+from chaoskit.injectors.gpu.xid import XidEvent, XidSpec, driver_pci
 from chaoskit.probes.kernel_log import KernelLogProbe, KernelLogProbeSpec
 from tests.conftest import chaoskit
 from tests.helpers.gpu_host import writes_xid

@@ -16,7 +16,7 @@ from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.experiment.loader import load_experiment
 from chaoskit.experiment.schema import experiment_schema
 from chaoskit.injectors import INJECTORS, injector_class
-from chaoskit.injectors.exec import TOKEN_VAR, CommandFailed, Exec, ExecSpec, run_command
+from chaoskit.injectors.exec.fault import TOKEN_VAR, CommandFailed, Exec, ExecSpec, run_command
 
 
 def spec(**kw) -> ExecSpec:

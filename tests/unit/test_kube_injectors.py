@@ -9,7 +9,7 @@ import pytest
 
 from chaoskit.errors import EXIT_PREFLIGHT, PreflightError
 from chaoskit.injectors import injector_class
-from chaoskit.injectors.kube import DeploymentScale, PodDelete, PodKill
+from chaoskit.injectors.kube.fault import DeploymentScale, PodDelete, PodKill
 from chaoskit.probes import probe_class
 from chaoskit.probes.kube import KubePodsProbe
 from tests.helpers.fake_kube import FakeKubeApi

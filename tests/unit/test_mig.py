@@ -13,7 +13,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.gpu import mig
 from chaoskit.gpu.mig import ComputeProcess, MigError, MigMismatch, MigPlanError, Placement
 from chaoskit.injectors import injector_class
-from chaoskit.injectors.mig import MigReconfigure, MigSpec
+from chaoskit.injectors.gpu.mig import MigReconfigure, MigSpec
 from tests.helpers.mig_double import SimulatedMigGpu
 
 UUID = "GPU-5171e0a7-0000-4000-8000-00000000c0de"

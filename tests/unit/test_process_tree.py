@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import psutil
 import pytest
 
-from chaoskit.injectors.process import ProcessSignal, descendants, protected_pids, select_processes
+from chaoskit.injectors.process.fault import ProcessSignal, descendants, protected_pids, select_processes
 from chaoskit.reference.vllm import engine_core_pid
 from chaoskit.targets.process import (
     ProcessRef,

@@ -22,21 +22,21 @@ import pytest
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors import INJECTORS
 from chaoskit.injectors.base import RecordError, RevertRecord
-from chaoskit.injectors.cpu import CpuStress, CpuThrottle
-from chaoskit.injectors.disk import DiskThrottle
-from chaoskit.injectors.diskfill import DiskFill
-from chaoskit.injectors.exec import TOKEN_VAR, Exec
-from chaoskit.injectors.firewall import Drop, Partition
+from chaoskit.injectors.cpu.fault import CpuStress, CpuThrottle
+from chaoskit.injectors.disk.fill import DiskFill
+from chaoskit.injectors.disk.throttle import DiskThrottle
+from chaoskit.injectors.exec.fault import TOKEN_VAR, Exec
+from chaoskit.injectors.firewall.fault import Drop, Partition
+from chaoskit.injectors.gpu.mig import MigReconfigure
+from chaoskit.injectors.gpu.xid import XidEvent
 from chaoskit.injectors.helper_proc import TOKEN
-from chaoskit.injectors.kube import DeploymentScale, PodDelete, PodKill
-from chaoskit.injectors.memlimit import MemoryLimit
-from chaoskit.injectors.memory import MemoryPressure
-from chaoskit.injectors.mig import MigReconfigure
-from chaoskit.injectors.netem_queue import QueueRecord
-from chaoskit.injectors.network import Bandwidth, Netem, QdiscRecord
-from chaoskit.injectors.process import ProcessSignal, SignalRecord
-from chaoskit.injectors.proxy import Proxy, ProxyRecord
-from chaoskit.injectors.xid import XidEvent
+from chaoskit.injectors.kube.fault import DeploymentScale, PodDelete, PodKill
+from chaoskit.injectors.memory.limit import MemoryLimit
+from chaoskit.injectors.memory.pressure import MemoryPressure
+from chaoskit.injectors.netem.fault import Bandwidth, Netem, QdiscRecord
+from chaoskit.injectors.netem.nfqueue import QueueRecord
+from chaoskit.injectors.process.fault import ProcessSignal, SignalRecord
+from chaoskit.injectors.proxy.fault import Proxy, ProxyRecord
 from chaoskit.targets.process import ProcessRef, proc_ref
 from tests.conftest import proc_state, wait_for
 

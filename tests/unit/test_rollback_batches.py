@@ -9,7 +9,7 @@ import threading
 from chaoskit.engine import rollback as rollback_mod
 from chaoskit.engine.ledger import Entry, Ledger
 from chaoskit.engine.rollback import batches, rollback
-from chaoskit.injectors.process import ProcessSignal
+from chaoskit.injectors.process.fault import ProcessSignal
 from tests.conftest import proc_state, wait_for
 
 

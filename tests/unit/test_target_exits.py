@@ -12,7 +12,7 @@ import psutil
 from rich.console import Console
 
 from chaoskit.engine.target_exits import ExitWatch
-from chaoskit.injectors.process import ProcessSignal, ProcessSignalSpec
+from chaoskit.injectors.process.fault import ProcessSignal, ProcessSignalSpec
 from chaoskit.model.events import FaultApplied, TargetExited, from_json
 from chaoskit.targets.process import ProcessRef, proc_ref
 from chaoskit.ui import LiveView, PlainView

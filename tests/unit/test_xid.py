@@ -11,7 +11,15 @@ from pydantic import ValidationError
 
 from chaoskit.errors import PreflightError, SpecError
 from chaoskit.experiment.loader import load_experiment
-from chaoskit.injectors.xid import XID_MESSAGES, XidEvent, XidSpec, canonical_bus_id, driver_pci, parse_bus_id, xid_line
+from chaoskit.injectors.gpu.xid import (
+    XID_MESSAGES,
+    XidEvent,
+    XidSpec,
+    canonical_bus_id,
+    driver_pci,
+    parse_bus_id,
+    xid_line,
+)
 from chaoskit.probes.kernel_log import KernelLogProbe, KernelLogProbeSpec, parse_record, unescape, xid_of
 
 # what XID detectors match on (NVSentinel, gpud, dcgm-style dmesg scrapers)
