@@ -98,6 +98,10 @@ class Injector(ABC):
     # True for a ledger-only type no experiment names (the reference deployment a run brought up): found by
     # injector_class, left out of INJECTORS and the experiment schema
     internal: ClassVar[bool] = False
+    # what `chaoskit doctor` checks the host for on its behalf: ids of doctor's checks (doctor.NEEDS: "root",
+    # "netem", "nftables", "cgroup-io", "cuda", "nvml", "kmsg", "kube", "native-sender", ...); a failed check
+    # lists the faults that declare it as what it blocks
+    host_needs: ClassVar[frozenset[str]] = frozenset()
     # the model of its revert record (a RevertRecord), checked by read_record; None: a plain dict, unchecked
     Record: ClassVar[type[RevertRecord] | None] = None
 

@@ -102,6 +102,7 @@ class CpuThrottle(Injector):
     target_field: ClassVar[str | None] = "kubernetes"
     node_helper: ClassVar[NodeHelper] = CGROUP_HELPER
     type: ClassVar[str] = "process.cpu_throttle"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"root"})
     Record = CpuThrottleRecord
     summary: ClassVar[str] = ("cap the CPU time of processes or of a cgroup (cpu.max / cpu.cfs_quota_us; revert: moved "
                               "back, or the cgroup's previous limit restored)")

@@ -80,6 +80,7 @@ class DiskThrottle(Injector):
     node_helper: ClassVar[NodeHelper] = NodeHelper(  # its path is read through /proc/PID/root of the container's init
         capabilities=("SYS_PTRACE",), host_paths=CGROUP_HELPER.host_paths)
     type: ClassVar[str] = "disk.throttle"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"root", "cgroup-io"})
     Record = DiskThrottleRecord
     summary: ClassVar[str] = "throttle read/write bytes and IOPS on the disk behind a path (cgroup io.max / blkio)"
     Spec = DiskThrottleSpec

@@ -196,6 +196,7 @@ class _Firewall(Injector):
 
 class Drop(_Firewall):
     type: ClassVar[str] = "network.drop"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"root", "nftables"})
     summary: ClassVar[str] = "drop a share of packets (nftables numgen random) in a namespace"
     Spec = DropSpec
     spec: DropSpec
@@ -203,6 +204,7 @@ class Drop(_Firewall):
 
 class Partition(_Firewall):
     type: ClassVar[str] = "network.partition"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"root", "nftables"})
     summary: ClassVar[str] = "blackhole traffic to/from peers or ports (nftables) in a namespace"
     Spec = PartitionSpec
     spec: PartitionSpec

@@ -49,6 +49,7 @@ class FloodSpec(StrictModel):
 
 class Flood(helper_proc.HelperFault):
     type: ClassVar[str] = "load.flood"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"native-sender"})
     helper: ClassVar[str | None] = "chaoskit.injectors.flood.helper"
     summary: ClassVar[str] = "send an open-loop request flood from a helper process (revert: it stops)"
     Spec = FloodSpec

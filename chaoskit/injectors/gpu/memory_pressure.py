@@ -123,6 +123,7 @@ class GpuMemoryPressure(helper_proc.HelperFault):
     helper: ClassVar[str | None] = HOLDER
     Record = helper_proc.HelperFiles
     type: ClassVar[str] = "gpu.memory_pressure"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"cuda", "nvml"})
     summary: ClassVar[str] = ("take GPU memory with real CUDA allocations: bytes/percent/leave_free, held "
                               "steady, ramped or fragmented (revert: the holder frees and exits)")
     Spec = GpuMemoryPressureSpec

@@ -63,6 +63,7 @@ class MigRecord(RevertRecord):
 
 class MigReconfigure(Injector):
     type: ClassVar[str] = "gpu.mig"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"nvml"})
     summary: ClassVar[str] = "reconfigure MIG instances (mig-parted layout); revert restores the checkpointed state"
     Spec = MigSpec
     spec: MigSpec

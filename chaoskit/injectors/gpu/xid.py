@@ -217,6 +217,7 @@ class XidRecord(RevertRecord):
 
 class XidEvent(Injector):
     type: ClassVar[str] = "gpu.xid"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"root", "kmsg", "nvml"})
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"
     # the node's kernel log: written through the host's /dev/kmsg, read back (CAP_SYSLOG) to confirm each line

@@ -169,6 +169,7 @@ def _delete_pod(core: Any, pod: dict[str, Any], grace: int | None) -> bool:
 
 class PodDelete(_PodDeletion):
     type: ClassVar[str] = "pod.delete"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"kube"})
     summary: ClassVar[str] = "delete Kubernetes pods gracefully (their controller recreates them)"
     Spec = PodDeleteSpec
     spec: PodDeleteSpec
@@ -179,6 +180,7 @@ class PodDelete(_PodDeletion):
 
 class PodKill(_PodDeletion):
     type: ClassVar[str] = "pod.kill"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"kube"})
     summary: ClassVar[str] = "kill Kubernetes pods: forced deletion, grace period 0 (like SIGKILL)"
     Spec = PodKillSpec
     spec: PodKillSpec
@@ -223,6 +225,7 @@ class ScaleRecord(RevertRecord):
 
 class DeploymentScale(Injector):
     type: ClassVar[str] = "deployment.scale"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"kube"})
     summary: ClassVar[str] = "scale a Kubernetes deployment (revert: the replica count it had)"
     Spec = DeploymentScaleSpec
     spec: DeploymentScaleSpec

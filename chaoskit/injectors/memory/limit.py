@@ -95,6 +95,7 @@ class MemoryLimit(Injector):
     target_field: ClassVar[str | None] = "kubernetes"
     node_helper: ClassVar[NodeHelper] = CGROUP_HELPER
     type: ClassVar[str] = "process.memory_limit"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"root"})
     Record = MemoryLimitRecord
     summary: ClassVar[str] = ("limit the memory of processes in a cgroup, or of an existing cgroup, optionally with "
                               "an OOM-proof holder taking part of it (memory.max / memory.limit_in_bytes; revert: "

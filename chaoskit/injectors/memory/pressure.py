@@ -108,6 +108,7 @@ def deadband_bytes(total: int) -> int:
 
 class MemoryPressure(helper_proc.HelperFault):
     type: ClassVar[str] = "host.memory_pressure"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"meminfo"})
     Record = helper_proc.HelperFiles
     helper: ClassVar[str | None] = "chaoskit.injectors.memory.holder"
     summary: ClassVar[str] = ("hold N bytes of host RAM, or hold MemAvailable at a goal, in a holder process "

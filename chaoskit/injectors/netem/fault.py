@@ -370,6 +370,7 @@ def netem_mode(asked: str) -> tuple[str, str]:
 
 class Netem(_TcFault):
     type: ClassVar[str] = "network.netem"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"root", "netem"})
     # on a pod, queue mode's helper sends its held copies (egress) and duplicates through a raw socket: NET_RAW
     node_helper: ClassVar[NodeHelper] = NodeHelper(capabilities=("NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"))
     summary: ClassVar[str] = ("delay, jitter, loss, duplicate, corrupt, reorder, rate with netem (pyroute2 netlink), "
@@ -461,6 +462,7 @@ class Netem(_TcFault):
 
 class Bandwidth(_TcFault):
     type: ClassVar[str] = "network.bandwidth"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"root"})
     summary: ClassVar[str] = "limit throughput with a token bucket (tbf)"
     Spec = BandwidthSpec
     spec: BandwidthSpec

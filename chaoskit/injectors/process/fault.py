@@ -278,6 +278,7 @@ class ProcessSignal(Injector):
     target_field: ClassVar[str | None] = "kubernetes"
     node_helper: ClassVar[NodeHelper] = NodeHelper(capabilities=("KILL", "SYS_PTRACE"))  # signals to other users
     type: ClassVar[str] = "process.signal"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"signals"})
     summary: ClassVar[str] = "SIGSTOP processes (revert: SIGCONT) or kill them, by PID or name"
     Spec = ProcessSignalSpec
     spec: ProcessSignalSpec
