@@ -30,12 +30,12 @@ from chaoskit.targets.kube import ClusterRef, KubeNodeSelector, api_client, choo
 
 
 def _restarts(injector: Injector) -> bool:
-    """Is this a gpu.cuda_fault on pods that prepares their Deployments itself?"""
-    return injector.type == CudaFault.type and getattr(injector.spec, "prepare", "none") == "restart"
+    """Does this fault on pods prepare their Deployments itself (its pod_preparation hook)?"""
+    return injector.pod_preparation() == "restart"
 
 
 def _cuda_fault(injector: Injector) -> bool:
-    return injector.type == CudaFault.type and getattr(injector.spec, "kubernetes", None) is not None
+    return injector.pod_preparation() != "none"
 
 
 def _apis(hp: HelperPlacement) -> tuple[Any, Any]:

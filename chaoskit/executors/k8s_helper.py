@@ -76,10 +76,9 @@ class K8sHelperExecutor:
         spec = injector.spec.model_dump(mode="json", by_alias=True, exclude_defaults=True,
                                         exclude={"type", "target", "kubernetes"})
         nodes = hp.per_node()
-        own = getattr(injector, "node_plan", None)  # a fault that says itself what it does there (the proxies)
 
-        def does(pods: str) -> str:
-            return own(pods) if callable(own) else f"applies {injector.type} {json.dumps(spec, sort_keys=True)} to {pods}"
+        def does(pods: str) -> str:  # a fault may say itself what it does there (the proxies)
+            return injector.node_plan(pods) or f"applies {injector.type} {json.dumps(spec, sort_keys=True)} to {pods}"
 
         lines = [f"on node {one.node}: a helper pod ({hp.image}, hostPID, capabilities {caps}{host}) "
                  f"{does(_pods_text(one.pods()))}" for one in nodes]

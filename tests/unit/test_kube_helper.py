@@ -241,6 +241,10 @@ def test_the_agent_reverts_every_pod_of_its_node_and_skips_one_whose_container_i
 
     class Stub:
         @classmethod
+        def from_ledger(cls, record):  # the record as the verbs take it: this stub's verbs read the dict
+            return record
+
+        @classmethod
         def revert(cls, record):
             if record.get("fails"):
                 raise OSError(f"cannot revert {record['n']}")

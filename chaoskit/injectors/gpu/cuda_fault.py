@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from chaoskit.errors import PreflightError
 from chaoskit.gpu.cuda_fault_ctl import KINDS, Control, Rule, named_by
-from chaoskit.injectors.base import NODE_EXECUTORS, Injector, NodeHelper, RevertRecord
+from chaoskit.injectors.base import NODE_EXECUTORS, Injector, NodeHelper, PodPreparation, RevertRecord
 from chaoskit.injectors.process.fault import ProcessTargets, check_selector, check_targets
 from chaoskit.model.types import Duration, StrictModel
 from chaoskit.targets.kube import KubeNodeSelector
@@ -201,6 +201,13 @@ class CudaFault(Injector):
                               "interposer: prepare its Deployment once with `chaoskit cuda-wrap --deployment "
                               "NAMESPACE/NAME` (a rollout restarts its pods)")
         return {**{k: v for k, v in spec.items() if k not in KUBE_ONLY}, "pid": pids}
+
+    def pod_preparation(self) -> PodPreparation:
+        """On pods: their containers must have been started with the interposer ("check"), or their Deployments
+        are prepared by the run (`prepare: restart`)."""
+        if self.spec.kubernetes is None:
+            return "none"
+        return "restart" if self.spec.prepare == "restart" else "check"
 
     def resolve_target(self) -> ProcessTarget:
         return ProcessTarget(self.spec.describe(), tuple(self.spec.select()))
