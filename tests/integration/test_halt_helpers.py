@@ -59,7 +59,7 @@ def hold_sigstop(api: FakeKubeApi, tmp_path: Path, pid: int) -> tuple[str, clien
     cluster = ClusterRef(str(api.write_kubeconfig(tmp_path / "kubeconfig")), None)
     hp = HelperPlacement(cluster=cluster.to_json(), node="node-a", run_id="halt-helpers", hold_s=60.0)
     sig = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "pid": pid, "signal": "SIGSTOP"}))
-    K8sHelperExecutor().apply(sig, sig.prepare(), hp.to_json())
+    K8sHelperExecutor().apply(sig, sig.prepare().to_json(), hp.to_json())
     wait_for(lambda: proc_state(pid) == "T", timeout=5)
     (holder,) = [name for (ns, name), pod in api.state.pods.items()
                  if pod["metadata"]["labels"]["chaoskit.io/verb"] == "apply"]

@@ -71,10 +71,10 @@ def test_process_signal_by_name_and_guards(sleeper, stray_sleep):
     inj = ProcessSignal(spec)
     prepared = inj.prepare()
     # checked before anything is sent: a child_of that stopped narrowing would SIGSTOP every `sleep` on the host
-    assert prepared["targets"] == [proc_ref(sleeper.pid).to_json()], prepared
+    assert prepared.targets == [proc_ref(sleeper.pid)], prepared
     record = inj.apply(prepared)
     try:
-        assert [t["pid"] for t in record["targets"]] == [sleeper.pid]
+        assert [t.pid for t in record.targets] == [sleeper.pid]
         assert proc_state(sleeper.pid) == "T" and ProcessSignal.observe(record)
     finally:
         ProcessSignal.revert(record)

@@ -68,9 +68,10 @@ def _wait_child(pid: int) -> ProcessRef:
 def test_process_signal_watches_what_it_stopped_not_what_it_killed() -> None:
     target = {"pid": 123, "start_time": 45, "comm": "x"}
     stop = ProcessSignal(ProcessSignalSpec(type="process.signal", pid=123))
-    assert [r.pid for r in stop.watched_processes({"signal": "SIGSTOP", "targets": [target]})] == [123]
+    assert [r.pid for r in stop.watched_processes(ProcessSignal.read_record({"signal": "SIGSTOP",
+                                                                              "targets": [target]}))] == [123]
     kill = ProcessSignal(ProcessSignalSpec(type="process.signal", pid=123, signal="SIGTERM"))
-    assert kill.watched_processes({"signal": "SIGTERM", "targets": [target]}) == []
+    assert kill.watched_processes(ProcessSignal.read_record({"signal": "SIGTERM", "targets": [target]})) == []
 
 
 EVENT = {"t": 1.0, "event": "target_exited", "id": 1, "step": "stop-stub", "type": "process.signal", "pid": 29566,

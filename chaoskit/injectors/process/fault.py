@@ -259,9 +259,9 @@ def protected_pids() -> set[int]:
     return {1, me.pid, *(p.pid for p in me.parents())}
 
 
-def _wait_state(targets: list[dict[str, Any]], done: Any, timeout: float = 1.0) -> None:
+def _wait_state(targets: list[ProcessRef], done: Any, timeout: float = 1.0) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not all(done(proc_state(t["pid"])) for t in targets):
+    while time.monotonic() < deadline and not all(done(proc_state(t.pid)) for t in targets):
         time.sleep(0.001)
 
 
@@ -272,7 +272,7 @@ class SignalRecord(RevertRecord):
     targets: list[ProcessRef] = Field(default_factory=list)
 
 
-class ProcessSignal(Injector):
+class ProcessSignal(Injector[ProcessSignalSpec, SignalRecord]):
     independent_revert: ClassVar[bool] = True
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"
@@ -283,6 +283,7 @@ class ProcessSignal(Injector):
     Spec = ProcessSignalSpec
     spec: ProcessSignalSpec
     Record = SignalRecord
+    typed: ClassVar[bool] = True
 
     def resolve_target(self) -> ProcessTarget:
         s = self.spec
@@ -313,29 +314,28 @@ class ProcessSignal(Injector):
             return [f"send {self.spec.signal} to {self._what()} (none running now)"]
         return [f"send {self.spec.signal} to PID {r.pid} ({r.comm}); {revert}" for r in refs]
 
-    def prepare(self) -> dict[str, Any]:
-        return {"signal": self.spec.signal, "targets": [r.to_json() for r in self._targets()]}
+    def prepare(self) -> SignalRecord:
+        return SignalRecord(signal=self.spec.signal, targets=self._targets())
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        sig = signal.Signals[record["signal"]]
+    def apply(self, record: SignalRecord) -> SignalRecord:
+        sig = signal.Signals[record.signal]
         done = []
-        for t in record["targets"]:
-            ref = ProcessRef.from_json(t)
+        for ref in record.targets:
             if is_alive(ref):
                 try:
                     os.kill(ref.pid, sig)
-                    done.append(t)
+                    done.append(ref)
                 except ProcessLookupError:
                     pass
         if not done:
             raise RuntimeError("process.signal: every target exited before it could be signalled")
         if sig is signal.SIGSTOP:  # signals are asynchronous: applied means actually stopped
             _wait_state(done, lambda st: st in ("T", "t", None))
-        return {**record, "targets": done}
+        return record.model_copy(update={"targets": done})
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        r: SignalRecord = cls.read_record(record)
+    def revert(cls, record: SignalRecord) -> None:
+        r = record
         if r.signal != "SIGSTOP":
             return  # a terminated process is not ours to restart
         for ref in r.targets:
@@ -344,21 +344,19 @@ class ProcessSignal(Injector):
                     os.kill(ref.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
-        _wait_state([t.to_json() for t in r.targets], lambda st: st not in ("T", "t"))
+        _wait_state(r.targets, lambda st: st not in ("T", "t"))
 
-    def ended_processes(self, record: dict[str, Any]) -> list[ProcessRef]:
+    def ended_processes(self, record: SignalRecord) -> list[ProcessRef]:
         """The processes a terminating signal goes to."""
-        r: SignalRecord = self.read_record(record)
-        return [] if r.signal == "SIGSTOP" else list(r.targets)
+        return [] if record.signal == "SIGSTOP" else list(record.targets)
 
-    def watched_processes(self, record: dict[str, Any]) -> list[ProcessRef]:
+    def watched_processes(self, record: SignalRecord) -> list[ProcessRef]:
         """The processes stopped (those signalled); none for a terminating signal, whose exit is the fault."""
-        r: SignalRecord = self.read_record(record)
-        return list(r.targets) if r.signal == "SIGSTOP" else []
+        return list(record.targets) if record.signal == "SIGSTOP" else []
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        r: SignalRecord = cls.read_record(record)
+    def observe(cls, record: SignalRecord) -> bool:
+        r = record
         if r.signal == "SIGSTOP":
             return any(proc_state(t.pid) == "T" and is_alive(t) for t in r.targets)
         return False  # a terminating signal is an event: nothing stays in effect to take back
