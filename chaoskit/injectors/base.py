@@ -74,7 +74,7 @@ class RevertRecord(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         """The ledger's form of the record (plain JSON; read back by Injector.read_record)."""
-        return self.model_dump(mode="json")
+        return self.model_dump(mode="json", by_alias=True)
 
 
 RecordT = TypeVar("RecordT", bound=RevertRecord)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -37,12 +37,13 @@ class FillRecord(RevertRecord):
     bytes: int = Field(ge=0)
 
 
-class DiskFill(Injector):
+class DiskFill(Injector[DiskFillSpec, FillRecord]):
     type: ClassVar[str] = "disk.fill"
     summary: ClassVar[str] = "fill a filesystem to a usage percentage with an allocated file (revert: delete it)"
     Spec = DiskFillSpec
     spec: DiskFillSpec
     Record = FillRecord
+    typed: ClassVar[bool] = True
 
     def _needed(self) -> int:
         used, total = usage(Path(self.spec.path))
@@ -60,22 +61,22 @@ class DiskFill(Injector):
         return [f"write {format_size(self._needed())} into {self.spec.path}/.chaoskit-fill-* so the filesystem goes "
                 f"from {used / total:.1%} to {self.spec.to:.1%} used; revert deletes the file"]
 
-    def prepare(self) -> dict[str, Any]:
-        return {"file": str(Path(self.spec.path) / f".chaoskit-fill-{uuid.uuid4().hex[:12]}"), "bytes": self._needed()}
+    def prepare(self) -> FillRecord:
+        return FillRecord(file=str(Path(self.spec.path) / f".chaoskit-fill-{uuid.uuid4().hex[:12]}"), bytes=self._needed())
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        fd = os.open(record["file"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    def apply(self, record: FillRecord) -> FillRecord:
+        fd = os.open(record.file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            if record["bytes"]:
-                os.posix_fallocate(fd, 0, record["bytes"])  # real blocks, not a sparse hole
+            if record.bytes:
+                os.posix_fallocate(fd, 0, record.bytes)  # real blocks, not a sparse hole
         finally:
             os.close(fd)
         return record
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        Path(cls.read_record(record).file).unlink(missing_ok=True)
+    def revert(cls, record: FillRecord) -> None:
+        Path(record.file).unlink(missing_ok=True)
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        return Path(cls.read_record(record).file).exists()
+    def observe(cls, record: FillRecord) -> bool:
+        return Path(record.file).exists()

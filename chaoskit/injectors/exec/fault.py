@@ -140,10 +140,10 @@ def run_command(what: str, argv: list[str], env: dict[str, str], cwd: str | None
         return Outcome(code, time.monotonic() - t0, _tail(out), _tail(err))
 
 
-def run_checked(what: str, argv: list[str], record: dict[str, Any], token: str | None = None) -> Outcome:
+def run_checked(what: str, argv: list[str], record: ExecRecord, token: str | None = None) -> Outcome:
     """run_command with the record's env, cwd and timeout; CommandFailed unless it exits 0."""
-    timeout = float(record["timeout"])
-    o = run_command(what, argv, record.get("env") or {}, record.get("cwd"), timeout, token)
+    timeout = record.timeout
+    o = run_command(what, argv, record.env, record.cwd, timeout, token)
     if o.code is None:
         raise CommandFailed(f"{what} command {shlex.join(argv)} timed out after {timeout:g}s (its process group "
                             f"was killed); {o.tail()}")
@@ -212,13 +212,15 @@ class ExecRecord(RevertRecord):
     cwd: str | None = None
     timeout: float = Field(gt=0)
     token: str | None = Field(None, pattern=r"^[0-9a-f]{32}$")
+    applied_in_s: float | None = None  # how long its apply command ran (set by apply)
 
 
-class Exec(Injector):
+class Exec(Injector[ExecSpec, ExecRecord]):
     type: ClassVar[str] = "exec"
     summary: ClassVar[str] = "your own commands (argv, no shell): apply, revert (ledgered before apply), observe"
     Spec = ExecSpec
     Record = ExecRecord
+    typed: ClassVar[bool] = True
     spec: ExecSpec
 
     def _cwd(self) -> Path:
@@ -251,33 +253,33 @@ class Exec(Injector):
             lines.append(f"observe: run {shlex.join(cmds['observe'])} (exit 0 = in effect)")
         return lines
 
-    def prepare(self) -> dict[str, Any]:
-        return {**self._commands(), "env": dict(self.spec.env), "cwd": str(self._cwd()),
-                "timeout": self.spec.timeout, "token": uuid.uuid4().hex}
+    def prepare(self) -> ExecRecord:
+        return ExecRecord(**self._commands(), env=dict(self.spec.env), cwd=str(self._cwd()),
+                          timeout=self.spec.timeout, token=uuid.uuid4().hex)
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        o = run_checked("apply", record["apply"], record, token=record["token"])
-        return {**record, "applied_in_s": round(o.seconds, 3)}
+    def apply(self, record: ExecRecord) -> ExecRecord:
+        o = run_checked("apply", record.apply, record, token=record.token)
+        return record.model_copy(update={"applied_in_s": round(o.seconds, 3)})
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        r: ExecRecord = cls.read_record(record)
+    def revert(cls, record: ExecRecord) -> None:
+        r = record
         if r.token:
             stop_leftovers(r.token)
         run_checked("revert", r.revert, record)
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
+    def observe(cls, record: ExecRecord) -> bool:
         return bool(cls.observe_details(record)["in_effect"])
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
-        argv = cls.read_record(record).observe
+    def observe_details(cls, record: ExecRecord) -> dict[str, Any]:
+        argv = record.observe
         if not argv:
             return {"in_effect": None, "observe": "no observe command"}
-        o = run_command("observe", argv, record.get("env") or {}, record.get("cwd"), float(record["timeout"]))
+        o = run_command("observe", argv, record.env, record.cwd, record.timeout)
         if o.code is None:
-            raise CommandFailed(f"observe command {shlex.join(argv)} timed out after {record['timeout']:g}s; "
+            raise CommandFailed(f"observe command {shlex.join(argv)} timed out after {record.timeout:g}s; "
                                 f"{o.tail()}")
         return {"in_effect": o.code == 0, "exit_code": o.code, "ms": round(o.seconds * 1000, 1),
                 "stdout": o.stdout, "stderr": o.stderr}
