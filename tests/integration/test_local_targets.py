@@ -101,7 +101,7 @@ def test_netns_target_names_the_namespace_by_inode():
         target = inj.placement()["target"]
         assert target == {"kind": "netns", "ns": pair.path(pair.srv), "ns_inode": ns_inode(pair.path(pair.srv)),
                           "label": f"netns {pair.srv}", "ifname": None, "ifindex": None}
-        assert inj.prepare()["ns_inode"] == target["ns_inode"]
+        assert inj.prepare().ns_inode == target["ns_inode"]
     finally:
         pair.close()
 

@@ -294,9 +294,9 @@ def test_table_names_come_from_the_kernel(pair):
     recs = [_partition(pair, port) for port in (7001, 7002, 7003)]
     sh("ip", "netns", "exec", pair.srv, "nft", "add", "table", "ip", "theirs")
     listed = {t["name"] for t in nftables.tables(ns) if t["family"] == "inet"}
-    assert nftables.table_names(ns, "inet") == listed == {r["table"] for r in recs}
+    assert nftables.table_names(ns, "inet") == listed == {r.table for r in recs}
     assert nftables.table_names(ns, "ip") == {"theirs"}
-    assert nftables.has_table(ns, "inet", recs[0]["table"]) and not nftables.has_table(ns, "inet", "chaoskit_no")
+    assert nftables.has_table(ns, "inet", recs[0].table) and not nftables.has_table(ns, "inet", "chaoskit_no")
     for rec in recs:
         Partition.revert(rec)
 

@@ -104,13 +104,13 @@ def test_plan_record_and_revert_are_an_event():
                        "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
     assert "revert: nothing" in plan[1]
     record = inj.prepare()
-    assert record["event"] is True and "cannot be taken back" in record["note"]
-    assert record["pci_bus_id"] == "0000:3b:00.0" and len(record["lines"]) == 3 and record["written"] == []
-    assert XidEvent.read_record(record).pci_bus_id == "0000:3b:00.0"  # the record as prepare writes it reads back
+    assert record.event is True and "cannot be taken back" in record.note
+    assert record.pci_bus_id == "0000:3b:00.0" and len(record.lines) == 3 and record.written == []
+    assert XidEvent.read_record(record.to_json()) == record  # the record as prepare writes it reads back
     XidEvent.revert(record)
     XidEvent.revert(record)  # idempotent: nothing to do, ever
     assert XidEvent.observe(record) is False
-    written = {**record, "written": [{"line": record["lines"][0], "at": 1.0, "seq": 7}]}  # as apply writes it
+    written = XidEvent.read_record({**record.to_json(), "written": [{"line": record.lines[0], "at": 1.0, "seq": 7}]})
     assert XidEvent.observe_details(written) == {"in_effect": False, "event": True, "lines_written": 1, "seq": [7]}
 
 

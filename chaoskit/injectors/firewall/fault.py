@@ -136,9 +136,10 @@ class NftRecord(RevertRecord):
         return same_namespace({"ns": self.ns, "ns_inode": self.ns_inode})
 
 
-class _Firewall(Injector):
+class _Firewall(Injector[DropSpec | PartitionSpec, NftRecord]):
     independent_revert: ClassVar[bool] = True
     Record = NftRecord
+    typed: ClassVar[bool] = True
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "target.kubernetes"
     node_helper: ClassVar[NodeHelper] = NETNS_HELPER
@@ -160,27 +161,27 @@ class _Firewall(Injector):
         return [f"in {self.spec.target.label()}: nft table {FAMILY} chaoskit_<id> that will "
                 f"{self.spec.describe()}; revert deletes the table whole"]
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> NftRecord:
         t = self.target_as(NetnsTarget)
-        return {"ns": t.ns_path, "ns_inode": t.ns_inode, "table": f"chaoskit_{uuid.uuid4().hex[:12]}"}
+        return NftRecord(ns=t.ns_path, ns_inode=t.ns_inode, table=f"chaoskit_{uuid.uuid4().hex[:12]}")
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        nftables.run(record["ns"], self.spec.rules(record["table"]))
+    def apply(self, record: NftRecord) -> NftRecord:
+        nftables.run(record.ns, self.spec.rules(record.table))
         return record
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        r: NftRecord = cls.read_record(record)
+    def revert(cls, record: NftRecord) -> None:
+        r = record
         if r.same_namespace() and nftables.has_table(r.ns, FAMILY, r.table):
             nftables.run(r.ns, [_delete(r.table)])
 
     @classmethod
-    def revert_many(cls, records: list[dict[str, Any]]) -> None:
+    def revert_many(cls, records: list[NftRecord]) -> None:
         """Delete the tables of many faults, one nft transaction per namespace: a transaction costs ~15-40 ms
         however many tables it deletes, and concurrent ones barely overlap. A speed-up only: a failed
         transaction (a table gone meanwhile) deletes nothing, and each fault's own revert still follows."""
         by_ns: dict[str, list[str]] = {}
-        for r in map(cls.read_record, records):
+        for r in records:
             if r.same_namespace():
                 by_ns.setdefault(r.ns, []).append(r.table)
         for ns, names in by_ns.items():
@@ -189,8 +190,8 @@ class _Firewall(Injector):
                 nftables.run(ns, doomed)
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        r: NftRecord = cls.read_record(record)
+    def observe(cls, record: NftRecord) -> bool:
+        r = record
         return r.same_namespace() and nftables.has_table(r.ns, FAMILY, r.table)
 
 

@@ -59,15 +59,22 @@ class MigRecord(RevertRecord):
 
     uuid: str | None = None
     checkpoint: dict[str, Any] | None = None
+    device: int | str | None = None
+    target: dict[str, int] = Field(default_factory=dict)  # the layout apply sets (mig-parted's form)
+    enable_mig: bool = False
+    applied: dict[str, Any] | None = None  # after apply: the state it left (chaoskit.gpu.mig's JSON)
+    changed: bool | None = None
+    note: str = ""
 
 
-class MigReconfigure(Injector):
+class MigReconfigure(Injector[MigSpec, MigRecord]):
     type: ClassVar[str] = "gpu.mig"
     host_needs: ClassVar[frozenset[str]] = frozenset({"nvml"})
     summary: ClassVar[str] = "reconfigure MIG instances (mig-parted layout); revert restores the checkpointed state"
     Spec = MigSpec
     spec: MigSpec
     Record = MigRecord
+    typed: ClassVar[bool] = True
 
     @classmethod
     def backend(cls) -> MigBackend:
@@ -150,21 +157,21 @@ class MigReconfigure(Injector):
             note = "enable MIG mode: takes effect without a GPU reset on this GPU (Hopper or later)"
         return [*refused, note]
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> MigRecord:
         state = self.backend().read_state(self.spec.device)
-        return {"device": self.spec.device, "uuid": state.uuid, "checkpoint": mig.to_json(state),
-                "target": self._target(), "enable_mig": self.spec.enable_mig}
+        return MigRecord(device=self.spec.device, uuid=state.uuid, checkpoint=mig.to_json(state),
+                         target=self._target(), enable_mig=self.spec.enable_mig)
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        before = mig.from_json(record["checkpoint"])
-        now = mig.apply_layout(self.backend(), record["uuid"], record["target"], enable_mig=record["enable_mig"])
+    def apply(self, record: MigRecord) -> MigRecord:
+        before = mig.from_json(record.checkpoint)
+        now = mig.apply_layout(self.backend(), record.uuid, record.target, enable_mig=record.enable_mig)
         changed = not mig.same_state(before, now)
         note = "changed" if changed else "already matches: no change"
-        return {**record, "applied": mig.to_json(now), "changed": changed, "note": note}
+        return record.model_copy(update={"applied": mig.to_json(now), "changed": changed, "note": note})
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        r: MigRecord = cls.read_record(record)
+    def revert(cls, record: MigRecord) -> None:
+        r = record
         if r.checkpoint is None:
             return  # prepare never read the state: nothing was changed
         checkpoint = mig.from_json(r.checkpoint)
@@ -173,8 +180,8 @@ class MigReconfigure(Injector):
         mig.assert_equal(checkpoint, b.read_state(checkpoint.uuid))
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        r: MigRecord = cls.read_record(record)
+    def observe(cls, record: MigRecord) -> bool:
+        r = record
         if r.checkpoint is None:
             return False
         checkpoint = mig.from_json(r.checkpoint)

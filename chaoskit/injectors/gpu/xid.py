@@ -215,7 +215,7 @@ class XidRecord(RevertRecord):
     written: list[WrittenLine] = Field(default_factory=list)
 
 
-class XidEvent(Injector):
+class XidEvent(Injector[XidSpec, XidRecord]):
     type: ClassVar[str] = "gpu.xid"
     host_needs: ClassVar[frozenset[str]] = frozenset({"root", "kmsg", "nvml"})
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
@@ -223,6 +223,7 @@ class XidEvent(Injector):
     # the node's kernel log: written through the host's /dev/kmsg, read back (CAP_SYSLOG) to confirm each line
     node_helper: ClassVar[NodeHelper] = NodeHelper(capabilities=("SYSLOG",), host_paths=("/dev/kmsg",))
     Record = XidRecord
+    typed: ClassVar[bool] = True
     summary: ClassVar[str] = "write NVIDIA driver XID lines for a GPU to the kernel log (an event: nothing to revert)"
     Spec = XidSpec
     spec: XidSpec
@@ -269,41 +270,38 @@ class XidEvent(Injector):
         return [f"write to {KMSG} at priority {s.level}, {times}: {self.lines()[0]}",
                 "revert: nothing (an XID is an event: the kernel log keeps the line)"]
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> XidRecord:
         s = self.spec
-        return {"event": True, "note": "an event cannot be taken back; revert does nothing",
-                "pci_bus_id": self.bus_id(), "xid": s.xid, "level": s.level, "lines": self.lines(),
-                "written": []}
+        return XidRecord(event=True, note="an event cannot be taken back; revert does nothing",
+                         pci_bus_id=self.bus_id(), xid=s.xid, level=s.level, lines=self.lines(), written=[])
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, record: XidRecord) -> XidRecord:
         tail = _tail_or_none()
         written: list[dict[str, Any]] = []
         try:
-            for i, line in enumerate(record["lines"]):
+            for i, line in enumerate(record.lines):
                 if i and self.spec.interval:
                     time.sleep(self.spec.interval)
-                write_kmsg(line, record["level"])
+                write_kmsg(line, record.level)
                 written.append({"line": line, "at": time.time(), "seq": None})
             if tail is not None:
                 _note_sequence_numbers(written, tail.read())
         finally:
             if tail is not None:
                 tail.close()
-        return {**record, "written": written}
+        return record.model_copy(update={"written": [WrittenLine.model_validate(w) for w in written]})
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        """An event cannot be taken back: nothing to do (but a record that is not gpu.xid's is refused)."""
-        cls.read_record(record)
+    def revert(cls, record: XidRecord) -> None:
+        """An event cannot be taken back: nothing to do (a record that is not gpu.xid's was refused reading it)."""
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        cls.read_record(record)
+    def observe(cls, record: XidRecord) -> bool:
         return False  # an event, not a state
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
-        r: XidRecord = cls.read_record(record)
+    def observe_details(cls, record: XidRecord) -> dict[str, Any]:
+        r = record
         return {"in_effect": False, "event": True, "lines_written": len(r.written), "seq": [w.seq for w in r.written]}
 
 

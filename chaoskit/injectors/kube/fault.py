@@ -79,10 +79,11 @@ class PodDeletionRecord(RevertRecord):
     deleted_at: float | None = None
 
 
-class _PodDeletion(Injector):
+class _PodDeletion(Injector[Any, PodDeletionRecord]):
     """Delete the chosen pods (UID precondition: a pod recreated under the same name is never deleted)."""
 
     Record = PodDeletionRecord
+    typed: ClassVar[bool] = True
 
     def __init__(self, spec: Any, ctx: FaultContext | None = None):
         super().__init__(spec, ctx)
@@ -122,46 +123,45 @@ class _PodDeletion(Injector):
         assert self._cluster is not None
         return self._cluster.to_json()
 
-    def prepare(self) -> dict[str, Any]:
-        return {"cluster": self._cluster_json(), "grace_period_s": self.grace_seconds(),
-                "pods": [p.to_json() for p in self._targets()]}
+    def prepare(self) -> PodDeletionRecord:
+        return PodDeletionRecord(cluster=self._cluster_json(), grace_period_s=self.grace_seconds(),
+                                 pods=[DeletedPod.model_validate(p.to_json()) for p in self._targets()])
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        core, _ = _apis(record["cluster"])
-        deleted = [p for p in record["pods"] if _delete_pod(core, p, record["grace_period_s"])]
+    def apply(self, record: PodDeletionRecord) -> PodDeletionRecord:
+        core, _ = _apis(record.cluster)
+        deleted = [p for p in record.pods if _delete_pod(core, p, record.grace_period_s)]
         if not deleted:
             raise RuntimeError(f"{self.type}: every chosen pod was gone before it could be deleted")
-        return {**record, "pods": deleted, "deleted_at": time.time()}
+        return record.model_copy(update={"pods": deleted, "deleted_at": time.time()})
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        r: PodDeletionRecord = cls.read_record(record)
+    def revert(cls, record: PodDeletionRecord) -> None:
+        r = record
         log.info("%s: nothing to revert; deleted %s (their controllers recreate them)", cls.type,
                  ", ".join(p.pod for p in r.pods))
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        cls.read_record(record)
+    def observe(cls, record: PodDeletionRecord) -> bool:
         return False  # an event, not a state
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
-        r: PodDeletionRecord = cls.read_record(record)
+    def observe_details(cls, record: PodDeletionRecord) -> dict[str, Any]:
+        r = record
         return {"in_effect": False, "deleted": [f"{p.namespace}/{p.pod}" for p in r.pods],
                 "grace_period_s": r.grace_period_s}
 
 
-def _delete_pod(core: Any, pod: dict[str, Any], grace: int | None) -> bool:
+def _delete_pod(core: Any, pod: DeletedPod, grace: int | None) -> bool:
     """Delete one pod if it is still the one chosen (same UID); False if it is already gone."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod["uid"]), grace_period_seconds=grace)
+    body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid), grace_period_seconds=grace)
     try:
-        core.delete_namespaced_pod(pod["pod"], pod["namespace"], body=body, grace_period_seconds=grace)
+        core.delete_namespaced_pod(pod.pod, pod.namespace, body=body, grace_period_seconds=grace)
     except ApiException as e:
         if e.status in (404, 409):  # gone, or replaced by a pod of the same name (another UID)
-            log.info("pod %s/%s already gone (%s)", pod["namespace"], pod["pod"], e.status)
+            log.info("pod %s/%s already gone (%s)", pod.namespace, pod.pod, e.status)
             return False
         raise
     return True
@@ -223,13 +223,14 @@ class ScaleRecord(RevertRecord):
     replicas: int = Field(ge=0)
 
 
-class DeploymentScale(Injector):
+class DeploymentScale(Injector[DeploymentScaleSpec, ScaleRecord]):
     type: ClassVar[str] = "deployment.scale"
     host_needs: ClassVar[frozenset[str]] = frozenset({"kube"})
     summary: ClassVar[str] = "scale a Kubernetes deployment (revert: the replica count it had)"
     Spec = DeploymentScaleSpec
     spec: DeploymentScaleSpec
     Record = ScaleRecord
+    typed: ClassVar[bool] = True
 
     def __init__(self, spec: Any, ctx: FaultContext | None = None):
         super().__init__(spec, ctx)
@@ -263,22 +264,22 @@ class DeploymentScale(Injector):
         t = self.spec.target.kubernetes
         return {"cluster": self._current()[0].to_json(), "namespace": t.namespace, "deployment": t.deployment}
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> ScaleRecord:
         ref, before = self._current()
         t = self.spec.target.kubernetes
-        return {"cluster": ref.to_json(), "namespace": t.namespace, "deployment": t.deployment,
-                "previous_replicas": before, "replicas": self.spec.replicas}
+        return ScaleRecord(cluster=ref.to_json(), namespace=t.namespace, deployment=t.deployment,
+                           previous_replicas=before, replicas=self.spec.replicas)
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        _, apps = _apis(record["cluster"])
-        _scale(apps, record["namespace"], record["deployment"], record["replicas"])
+    def apply(self, record: ScaleRecord) -> ScaleRecord:
+        _, apps = _apis(record.cluster)
+        _scale(apps, record.namespace, record.deployment, record.replicas)
         return record
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
+    def revert(cls, record: ScaleRecord) -> None:
         """Back to the previous count if the deployment still has ours; gone or changed by someone else
         (an operator, an HPA) is left alone."""
-        r: ScaleRecord = cls.read_record(record)
+        r = record
         _, apps = _apis(r.cluster)
         try:
             now = _replicas(apps, r.namespace, r.deployment)
@@ -293,8 +294,8 @@ class DeploymentScale(Injector):
                         r.namespace, r.deployment, now, r.replicas)
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        r: ScaleRecord = cls.read_record(record)
+    def observe(cls, record: ScaleRecord) -> bool:
+        r = record
         _, apps = _apis(r.cluster)
         try:
             now = _replicas(apps, r.namespace, r.deployment)
