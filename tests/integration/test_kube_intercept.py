@@ -280,4 +280,4 @@ def test_the_spec_a_helper_validates_again_keeps_every_percentage():
     ]
     for spec in specs:
         assert type(spec).model_validate(wire_spec(spec)) == spec
-    assert wire_spec(specs[0])["toxics"][0]["toxicity"] == 100.0 and wire_spec(specs[2])["loss"] == 0.2
+    assert wire_spec(specs[0])["toxics"][0]["toxicity"] == "100%" and wire_spec(specs[2])["loss"] == "0.2%"
