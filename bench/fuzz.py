@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from typer.testing import CliRunner, Result  # noqa: E402
 
-from chaoskit.cli import app  # noqa: E402
+from chaoskit.cli.main import app  # noqa: E402
 from chaoskit.experiment.loader import LINT_FAILED  # noqa: E402
 from tests.helpers.fuzzdocs import SEEDS, check_document, mutate  # noqa: E402
 

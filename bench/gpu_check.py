@@ -109,7 +109,7 @@ def alloc_speed(drv: Driver) -> dict[str, Any]:
 
 def run_fault(spec: dict[str, Any], settle_s: float, during: Any = None) -> dict[str, Any]:
     """Apply a gpu.memory_pressure fault the way the engine does (prepare, apply, observe, revert)."""
-    from chaoskit.injectors.gpu import GpuMemoryPressure
+    from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure
 
     inj = GpuMemoryPressure(GpuMemoryPressure.Spec.model_validate({"type": "gpu.memory_pressure", **spec}))
     inj.ctx.lifetime_s = 120
@@ -174,7 +174,7 @@ def steady_with_neighbour(total: int) -> dict[str, Any]:
 
 def mig_plan() -> list[str]:
     try:
-        from chaoskit.injectors.mig import MigReconfigure
+        from chaoskit.injectors.gpu.mig import MigReconfigure
     except ImportError as e:
         return [f"gpu.mig unavailable: {e}"]
     inj = MigReconfigure(MigReconfigure.Spec.model_validate({"type": "gpu.mig", "device": 0,

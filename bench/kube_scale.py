@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from chaoskit.executors.k8s_helper import K8sHelperExecutor, replay_cluster  # noqa: E402
 from chaoskit.executors.layer import place  # noqa: E402
 from chaoskit.injectors.base import FaultContext  # noqa: E402
-from chaoskit.injectors.process import ProcessSignal  # noqa: E402
+from chaoskit.injectors.process.fault import ProcessSignal  # noqa: E402
 from chaoskit.targets.kube import ClusterRef  # noqa: E402
 from tests.helpers.fake_kube import FakeKubeApi  # noqa: E402
 

@@ -49,8 +49,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chaoskit.injectors.llm_proxy import LlmProxy  # noqa: E402
-from chaoskit.injectors.proxy import Proxy  # noqa: E402
+from chaoskit.injectors.llm_proxy.fault import LlmProxy  # noqa: E402
+from chaoskit.injectors.proxy.fault import Proxy  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from goals import Goal, Goals  # noqa: E402

@@ -123,7 +123,7 @@ def memset_s(exe: Path, n: int) -> float:
 
 def holder_s(n: int) -> tuple[float, float]:
     """(apply seconds, the holder's own populate seconds) for a fixed size; reverted before returning."""
-    from chaoskit.injectors.memory import MemoryPressure, MemoryPressureSpec
+    from chaoskit.injectors.memory.pressure import MemoryPressure, MemoryPressureSpec
 
     inj = MemoryPressure(MemoryPressureSpec(type="host.memory_pressure", size=n))
     inj.ctx.lifetime_s = 300
@@ -163,7 +163,7 @@ def bench_apply(exe: Path, sizes: list[int]) -> tuple[float, float]:
 
 
 def bench_hold() -> dict[str, str]:
-    from chaoskit.injectors.memory import MemoryPressure, MemoryPressureSpec
+    from chaoskit.injectors.memory.pressure import MemoryPressure, MemoryPressureSpec
 
     total, avail = meminfo()
     target = (total - avail) / total + 0.10

@@ -43,8 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from chaoskit.injectors import netem_queue  # noqa: E402
-from chaoskit.injectors.network import Netem  # noqa: E402
-from chaoskit.injectors.proxy import Proxy  # noqa: E402
+from chaoskit.injectors.netem.fault import Netem  # noqa: E402
+from chaoskit.injectors.proxy.fault import Proxy  # noqa: E402
 from chaoskit.targets.netns import run_in_netns  # noqa: E402
 from tests.helpers.netpair import SERVER_IP, Pair  # noqa: E402
 

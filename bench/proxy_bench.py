@@ -42,7 +42,7 @@ import time
 
 import psutil
 
-from chaoskit.injectors.proxy import Proxy
+from chaoskit.injectors.proxy.fault import Proxy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from goals import Goal, Goals  # noqa: E402

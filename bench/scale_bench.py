@@ -75,7 +75,7 @@ DETECT_ONSETS = int(os.environ.get("DETECT_ONSETS", "3"))
 DETECT_TIMEOUT = float(os.environ.get("DETECT_TIMEOUT", "0.2"))
 PARTS = os.environ.get("SCALE_PARTS", "helpers,scale,soak,detect").split(",")
 HELPER_TRIALS = int(os.environ.get("SCALE_HELPER_TRIALS", "15"))
-HELPERS = {"chaoskit.injectors.proxy_server": "[]", "chaoskit.injectors.llm_proxy_server": '{"faults": []}'}
+HELPERS = {"chaoskit.injectors.proxy.server": "[]", "chaoskit.injectors.llm_proxy.server": '{"faults": []}'}
 KEEP = os.environ.get("SCALE_KEEP", "") == "1"  # keep the run directories (journals) and print where
 SAMPLES_30MIN = 18000
 
@@ -285,12 +285,12 @@ def helper_argv(module: str, args: list[str], env: dict[str, str]) -> tuple[list
     `module`) through helper_proc where it exists, else `python -m module` (chaoskit before proxy_proc)."""
     import importlib.util
 
-    if importlib.util.find_spec("chaoskit.injectors.proxy_proc") is None:
+    if importlib.util.find_spec("chaoskit.injectors.proxy.helper") is None:
         return [sys.executable, "-m", module, *args], env
     from chaoskit.injectors import helper_proc
 
     token, *rest = args
-    return [*helper_proc.command("chaoskit.injectors.proxy_proc"), token, module, *rest], helper_proc.env(base=env)
+    return [*helper_proc.command("chaoskit.injectors.proxy.helper"), token, module, *rest], helper_proc.env(base=env)
 
 
 def part_helpers(env: dict[str, str]) -> dict[str, list[float]]:
@@ -315,14 +315,14 @@ def part_helpers(env: dict[str, str]) -> dict[str, list[float]]:
     return out
 
 
-def start_forkserver():  # noqa: ANN201  (chaoskit.injectors.forkserver.Forkserver, or None before it existed)
+def start_forkserver():  # noqa: ANN201  (chaoskit.injectors.forkserver.client.Forkserver, or None before it existed)
     """The run's proxy forkserver, started (a run starts it before its method): what a run's proxy apply waits
     for is then the fork alone. None for a chaoskit before it."""
     import importlib.util
 
-    if importlib.util.find_spec("chaoskit.injectors.forkserver") is None:
+    if importlib.util.find_spec("chaoskit.injectors.forkserver.client") is None:
         return None
-    from chaoskit.injectors.forkserver import Forkserver
+    from chaoskit.injectors.forkserver.client import Forkserver
 
     fs = Forkserver()
     fs.start()  # the bench times spawns, not the forkserver's own start

@@ -1,5 +1,5 @@
 """`python -m chaoskit` runs the CLI."""
 
-from chaoskit.cli import main
+from chaoskit.cli.main import main
 
 main()

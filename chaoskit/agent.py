@@ -91,9 +91,10 @@ def apply_pods(type_name: str, spec: dict[str, Any], pods: list[dict[str, Any]],
 def _undo(type_name: str, done: list[dict[str, Any]]) -> str:
     """Revert the pods applied before a failure, newest first; the names of those whose revert failed."""
     left = []
+    cls = injector_class(type_name)
     for entry in reversed(done):
         try:
-            injector_class(type_name).revert(entry["record"])
+            cls.revert(cls.from_ledger(entry["record"]))
         except Exception as e:
             left.append(f"{entry['pod']} ({type(e).__name__}: {e})")
     return ", ".join(left)
@@ -106,9 +107,10 @@ def revert_pods(type_name: str, record: dict[str, Any], pods: list[dict[str, Any
     ids = {p["pod"]: p.get("container_id") or "" for p in pods}
     out: dict[str, str] = {}
     failed = []
+    cls = injector_class(type_name)
     for entry in record.get("pods", []):
         try:
-            injector_class(type_name).revert(entry["record"])
+            cls.revert(cls.from_ledger(entry["record"]))
             out[entry["pod"]] = "reverted"
         except Exception as e:
             why = f"{type(e).__name__}: {e}"
@@ -139,7 +141,8 @@ def observe_pods(type_name: str, record: dict[str, Any]) -> dict[str, Any]:
     cls, pods = injector_class(type_name), {}
     for entry in record.get("pods", []):
         try:
-            pods[entry["pod"]] = {**cls.observe_details(entry["record"]), "in_effect": bool(cls.observe(entry["record"]))}
+            r = cls.from_ledger(entry["record"])
+            pods[entry["pod"]] = {**cls.observe_details(r), "in_effect": bool(cls.observe(r))}
         except Exception as e:
             pods[entry["pod"]] = {"in_effect": False, "error": f"{type(e).__name__}: {e}"}
     return {"in_effect": any(d["in_effect"] for d in pods.values()), "details": {"pods": pods}}
@@ -156,13 +159,13 @@ def apply(type_name: str, spec: dict[str, Any], record: dict[str, Any], pod: dic
         spec = localize_on_node(cls, spec, pod["container_id"])
     injector = cls(cls.Spec.model_validate(spec), FaultContext(lifetime_s=lifetime_s) if lifetime_s else None)
     if record:  # prepared by the caller (one fault on one node)
-        return injector.apply(record)
+        return cls.to_ledger(injector.apply(cls.from_ledger(record)))
     injector.preflight()
-    record = injector.prepare()
+    prepared = injector.prepare()
     try:
-        return injector.apply(record)
+        return cls.to_ledger(injector.apply(prepared))
     except BaseException:
-        cls.revert(record)
+        cls.revert(prepared)
         raise
 
 

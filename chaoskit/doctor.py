@@ -15,10 +15,10 @@ from typing import Any
 
 KERNEL = os.uname().release
 TRACEFS = Path("/sys/kernel/tracing")
-EBPF_BLOCKS = ("ebpf probe (tcp_retransmits, tcp_connect_latency, oom_kills, block_io_latency, runqueue_latency)",)
-ROOT_BLOCKS = ("network.netem", "network.bandwidth", "network.drop", "network.partition", "disk.throttle",
-               "process.cpu_throttle", "process.memory_limit", "gpu.xid", "ebpf probe", "kernel_log probe")
-GPU_BLOCKS = ("gpu.memory_pressure", "gpu.mig", "gpu.xid (NVML names the GPU)", "nvml probe")
+# the checks a fault family or probe may name in its class's `host_needs` (what a failed one blocks is derived
+# from those declarations: blocked())
+NEEDS = ("root", "signals", "meminfo", "netem", "nftables", "cgroup-io", "ebpf", "native-sender", "cuda", "nvml",
+         "kmsg", "kube")
 # where distributions put bcc's Python module (Debian/Ubuntu, RHEL/Fedora, a source build)
 SYSTEM_BCC = ("/usr/lib/python3/dist-packages/bcc", "/usr/lib/python3*/site-packages/bcc",
               "/usr/lib64/python3*/site-packages/bcc", "/usr/local/lib/python3*/dist-packages/bcc",
@@ -102,6 +102,16 @@ REQUIREMENTS: dict[str, Requirement] = {r.id: r for r in (
 )}
 
 
+def blocked(need: str) -> tuple[str, ...]:
+    """The fault families and probes whose classes declare `need` in their `host_needs` (probes as `TYPE probe`):
+    what a failed check of it blocks."""
+    from chaoskit.injectors import INJECTORS
+    from chaoskit.probes import PROBES
+
+    return (tuple(sorted(c.type for c in INJECTORS if need in c.host_needs))
+            + tuple(sorted(f"{c.type} probe" for c in PROBES if need in c.host_needs)))
+
+
 @dataclass(frozen=True)
 class Check:
     area: str
@@ -123,13 +133,13 @@ def _root() -> Check:
     ok = _is_root()
     return Check("root", ok, "running as root" if ok else "not root: kernel faults (netns, qdiscs, nftables, "
                                                            "cgroups, eBPF) need root",
-                 ROOT_BLOCKS, () if ok else ("root",))
+                 blocked("root"), () if ok else ("root",))
 
 
 def _process() -> Check:
     return Check("process.signal", True, "signals to processes you own" + (" (any process: root)"
                                                                            if _is_root() else ""),
-                 ("process.signal",))
+                 blocked("signals"))
 
 
 def _watchdog() -> Check:
@@ -148,13 +158,13 @@ def _watchdog() -> Check:
 
 
 def _memory() -> Check:
-    from chaoskit.injectors.memory import meminfo
+    from chaoskit.injectors.memory.pressure import meminfo
     from chaoskit.units import format_size
 
     m = meminfo()
     return Check("host.memory_pressure", True,
                  f"{format_size(m['MemAvailable'])} available of {format_size(m['MemTotal'])}",
-                 ("host.memory_pressure",))
+                 blocked("meminfo"))
 
 
 # ---------------------------------------------------------------- the kernel
@@ -226,7 +236,7 @@ def netem_queue_mode() -> tuple[bool, str]:
 def _netem() -> Check:
     """network.netem runs where sch_netem does (mode qdisc) or, without it, in queue mode: the check passes
     with either; sch_netem is listed as missing only where neither runs."""
-    area, blocks = "network.netem (kernel)", ("network.netem",)
+    area, blocks = "network.netem (kernel)", blocked("netem")
     has, why = netem_in_kernel()
     queue_ok, queue = netem_queue_mode()
     if not _is_root():
@@ -248,7 +258,7 @@ def _netem() -> Check:
 def _nft() -> Check:
     from chaoskit.targets import nftables
 
-    area, blocks = "nftables (network.drop/partition)", ("network.drop", "network.partition")
+    area, blocks = "nftables (network.drop/partition)", blocked("nftables")
     try:
         nftables.libnftables()
     except nftables.NftError as e:
@@ -261,7 +271,7 @@ def _nft() -> Check:
 
 
 def _cgroup_io() -> Check:
-    area, blocks = "block I/O throttling", ("disk.throttle",)
+    area, blocks = "block I/O throttling", blocked("cgroup-io")
     v2 = Path("/sys/fs/cgroup/cgroup.controllers")
     unified = Path("/sys/fs/cgroup/unified/cgroup.controllers")
     for f in (v2, unified):
@@ -318,15 +328,15 @@ def _ebpf() -> Check:
     area = "eBPF probes (bcc)"
     missing, why = _ebpf_missing()
     if missing:
-        return Check(area, False, "; ".join(why), EBPF_BLOCKS, tuple(missing))
+        return Check(area, False, "; ".join(why), blocked("ebpf"), tuple(missing))
     probe = EbpfProbe(EbpfProbeSpec(type="ebpf", name="doctor", program="runqueue_latency"))
     try:
         probe.preflight()  # a real compile + attach
     except PreflightError as e:
-        return Check(area, False, str(e).removeprefix("ebpf: "), EBPF_BLOCKS)
+        return Check(area, False, str(e).removeprefix("ebpf: "), blocked("ebpf"))
     asyncio.run(probe.close())
     btf = "BTF present" if Path("/sys/kernel/btf/vmlinux").exists() else "no BTF (bpftrace limited)"
-    return Check(area, True, f"compiled and attached a tracepoint program; {btf}; {why[0]}", EBPF_BLOCKS)
+    return Check(area, True, f"compiled and attached a tracepoint program; {btf}; {why[0]}", blocked("ebpf"))
 
 
 def _ebpf_missing() -> tuple[list[str], list[str]]:
@@ -357,7 +367,7 @@ def _load_sender() -> Check:
     from chaoskit.load import native
 
     area = "load sender (native)"
-    blocks = ("slo probe and load.flood with load.sender: native (sender: auto falls back to the python sender)",)
+    blocks = blocked("native-sender")  # with load.sender: native (sender: auto falls back to the python sender)
     cc = cbuild.compiler()
     failed = compile_error(cc, native) if cc else "no C compiler ($CC, cc or gcc on PATH)"
     try:
@@ -408,7 +418,7 @@ def _cuda() -> Check:
     from chaoskit.errors import PreflightError
     from chaoskit.gpu.cuda import Driver, library_path
 
-    area, blocks = "GPU memory pressure (CUDA driver)", ("gpu.memory_pressure",)
+    area, blocks = "GPU memory pressure (CUDA driver)", blocked("cuda")
     try:
         drv = Driver()
         n = drv.device_count()
@@ -426,23 +436,23 @@ def _nvml() -> Check:
     try:
         devs = nvml.devices()
     except PreflightError as e:
-        return Check(area, False, str(e), GPU_BLOCKS, _gpu_missing())
+        return Check(area, False, str(e), blocked("nvml"), _gpu_missing())
     mig = {True: "MIG enabled", False: "MIG capable, disabled"}
     rows = [f"{d.index}: {d.name} {d.uuid} {format_size(d.memory_total)} {d.pci_bus_id} "
             + (mig[bool(d.mig_current)] + (" (change pending)" if d.mig_pending != d.mig_current else "")
                if d.mig_capable else "not MIG-capable") for d in devs]
-    return Check(area, bool(devs), "; ".join(rows) or "NVML sees no GPU", GPU_BLOCKS, () if devs else _gpu_missing())
+    return Check(area, bool(devs), "; ".join(rows) or "NVML sees no GPU", blocked("nvml"), () if devs else _gpu_missing())
 
 
 def _kmsg() -> Check:
     ok = os.access("/dev/kmsg", os.W_OK)
     return Check("kernel log (gpu.xid, kernel_log)", ok and os.access("/dev/kmsg", os.R_OK),
                  "/dev/kmsg readable and writable" if ok else "/dev/kmsg not writable (gpu.xid needs root)",
-                 ("gpu.xid", "kernel_log probe"), () if ok or _is_root() else ("root",))
+                 blocked("kmsg"), () if ok or _is_root() else ("root",))
 
 
 def _kube() -> Check:
-    blocks = ("pod.delete", "pod.kill", "deployment.scale", "kube.pods probe")
+    blocks = blocked("kube")
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         return Check("Kubernetes", True, "in-cluster service account", blocks)
     cfg = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))

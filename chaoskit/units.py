@@ -56,6 +56,11 @@ def bare_duration(value: object) -> str | None:
     return None
 
 
+def format_percent(fraction: float) -> str:
+    """A fraction as the percentage parse_percent reads back to it: 0.002 -> '0.2%', 1.0 -> '100%'."""
+    return f"{fraction * 100:.10f}".rstrip("0").rstrip(".") + "%"
+
+
 def parse_percent(value: object) -> float:
     """Return a fraction in [0, 1] from '0.2%' or a bare number of percent."""
     if isinstance(value, bool):

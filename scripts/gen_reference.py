@@ -7,7 +7,7 @@
 The pages come from:
 - injectors: `chaoskit.injectors.INJECTORS` (each class's `type`, `summary` and pydantic `Spec` model);
 - probes: `chaoskit.probes.PROBES` (the same, plus the keys a probe measures: `Spec.expect_keys`);
-- the command line: the typer app `chaoskit.cli.app`, walked as its click command tree;
+- the command line: the typer app `chaoskit.cli.main.app`, walked as its click command tree;
 - exit codes: the `EXIT_*` constants and exception classes of `chaoskit/errors.py`, and the suite's order;
 - the run's state machine: `chaoskit.engine.states` (states, transitions, events);
 - the layers: the import-linter contracts in pyproject.toml ([tool.importlinter]).
@@ -393,7 +393,7 @@ def index_page(injectors: list[Any], probes: list[Any], types: Types) -> str:
 def cli_page() -> str:
     import typer
 
-    from chaoskit.cli import app
+    from chaoskit.cli.main import app
 
     root = typer.main.get_command(app)
     parts = [HEADER, "# Command line\n\n", cell(root.help or ""), "\n\nEvery command and option of `chaoskit`, "

@@ -104,7 +104,7 @@ class Faults:
         if executor != "local":
             return
         try:
-            refs = inj.watched_processes(final)
+            refs = inj.watched_processes(type(inj).from_ledger(final))
         except Exception as e:  # a report, not the fault: never fails the run
             self.journal.emit(ErrorNoted(where=f"watch targets of {step.label()}", error=f"{type(e).__name__}: {e}"))
             return
@@ -130,7 +130,7 @@ class Faults:
             executor = get_executor(executor_name)
             record = executor.prepare(inj)
             if executor_name == "local":  # known before the apply, so an exit it causes is never seen unexplained
-                self.ended.update((r.pid, r.start_time) for r in inj.ended_processes(record))
+                self.ended.update((r.pid, r.start_time) for r in inj.ended_processes(type(inj).from_ledger(record)))
             entry_id = await asyncio.to_thread(  # its fsync off the loop: a parallel step's overlap
                 self.ledger.intent, inj.type, record, executor.plan(inj),
                 expires_at=time.time() + step.timeout + step.lifetime(), executor=executor_name,

@@ -17,7 +17,7 @@ from chaoskit.model.events import PlanStep
 from chaoskit.targets.local import CgroupTarget
 
 if TYPE_CHECKING:
-    from chaoskit.injectors.forkserver import Forkserver
+    from chaoskit.injectors.forkserver.client import Forkserver
 
 
 def step_path(parent: str, index: int) -> str:

@@ -146,11 +146,11 @@ def _revert_many(batch: list[Entry]) -> None:
         if entry.executor == LOCAL:
             by_type.setdefault(entry.type, []).append(entry)
     for type_name, entries in by_type.items():
-        many = getattr(_injector(type_name), "revert_many", None)
-        if many is None or len(entries) < 2:
+        cls = _injector(type_name)
+        if cls is None or len(entries) < 2:
             continue
         try:
-            many([e.record for e in entries])
+            cls.revert_many([cls.from_ledger(e.record) for e in entries])
         except Exception as e:  # each fault's own revert still runs, with its retries
             log.info("revert_many of %d %s failed (%s: %s); reverting one by one", len(entries), type_name,
                      type(e).__name__, e)

@@ -27,7 +27,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.experiment.models import Experiment, Safeguard, Step
 from chaoskit.injectors import Injector
 from chaoskit.injectors.base import LOCAL
-from chaoskit.injectors.forkserver import Forkserver
+from chaoskit.injectors.forkserver.client import Forkserver
 from chaoskit.model.enums import Phase, Verdict
 from chaoskit.model.events import (
     JOURNAL_VERSION,

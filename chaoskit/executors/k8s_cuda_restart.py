@@ -25,17 +25,17 @@ from chaoskit.executors.k8s_pods import HelperPlacement
 from chaoskit.executors.k8s_records import KeyUnavailable, read_key
 from chaoskit.gpu.cuda_fault_ctl import ENV
 from chaoskit.injectors import Injector, injector_class
-from chaoskit.injectors.cuda_fault import CudaFault, PodRestartRecord
+from chaoskit.injectors.gpu.cuda_fault import CudaFault, PodRestartRecord
 from chaoskit.targets.kube import ClusterRef, KubeNodeSelector, api_client, choose, running_pods
 
 
 def _restarts(injector: Injector) -> bool:
-    """Is this a gpu.cuda_fault on pods that prepares their Deployments itself?"""
-    return injector.type == CudaFault.type and getattr(injector.spec, "prepare", "none") == "restart"
+    """Does this fault on pods prepare their Deployments itself (its pod_preparation hook)?"""
+    return injector.pod_preparation() == "restart"
 
 
 def _cuda_fault(injector: Injector) -> bool:
-    return injector.type == CudaFault.type and getattr(injector.spec, "kubernetes", None) is not None
+    return injector.pod_preparation() != "none"
 
 
 def _apis(hp: HelperPlacement) -> tuple[Any, Any]:

@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, get_args, get_origin
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
-from pydantic.fields import FieldInfo
 
 from chaoskit.executors import k8s_cuda_restart as cuda_restart
 from chaoskit.executors.base import Placement, Record
@@ -36,7 +34,6 @@ from chaoskit.executors.k8s_records import SignedRecords, checked_faults
 from chaoskit.executors.revert_store import configmap_name
 from chaoskit.injectors import Injector
 from chaoskit.targets.kube import ClusterRef, api_client
-from chaoskit.units import parse_percent
 
 __all__ = ["GPU_ENV", "REQUEST_ENV", "HelperFailed", "HelperPlacement", "K8sHelperExecutor", "NodePart", "Replayed",
            "grants", "helper_pod", "replay_cluster", "revert_parts", "wire_spec"]
@@ -76,10 +73,9 @@ class K8sHelperExecutor:
         spec = injector.spec.model_dump(mode="json", by_alias=True, exclude_defaults=True,
                                         exclude={"type", "target", "kubernetes"})
         nodes = hp.per_node()
-        own = getattr(injector, "node_plan", None)  # a fault that says itself what it does there (the proxies)
 
-        def does(pods: str) -> str:
-            return own(pods) if callable(own) else f"applies {injector.type} {json.dumps(spec, sort_keys=True)} to {pods}"
+        def does(pods: str) -> str:  # a fault may say itself what it does there (the proxies)
+            return injector.node_plan(pods) or f"applies {injector.type} {json.dumps(spec, sort_keys=True)} to {pods}"
 
         lines = [f"on node {one.node}: a helper pod ({hp.image}, hostPID, capabilities {caps}{host}) "
                  f"{does(_pods_text(one.pods()))}" for one in nodes]
@@ -223,31 +219,8 @@ def revert_parts(core: Any, parts: list[NodePart]) -> dict[int, str]:
 
 
 def wire_spec(spec: BaseModel) -> dict[str, Any]:
-    """The spec as a helper's agent validates it again: plain JSON, but each percentage as a bare number of
-    percent (the model dumps a fraction, 0.05, which would read back as 0.05%; a toxicity of 1.0, 100%, as 1%)."""
-    out = spec.model_dump(mode="json", by_alias=True)
-    for name, field in type(spec).model_fields.items():
-        key, value = field.alias or name, getattr(spec, name)
-        if isinstance(value, BaseModel):
-            out[key] = wire_spec(value)
-        elif isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):
-            out[key] = [wire_spec(v) if isinstance(v, BaseModel) else o for v, o in zip(value, out[key], strict=True)]
-        elif isinstance(value, float) and _is_percent(field):
-            out[key] = round(value * 100, 10)
-    return out
-
-
-def _is_percent(field: FieldInfo) -> bool:
-    """Is the field a model.types.Percent (parsed by parse_percent), optional or not?"""
-    return any(getattr(m, "func", None) is parse_percent for m in [*field.metadata, *_annotated(field.annotation)])
-
-
-def _annotated(tp: Any) -> Iterator[Any]:
-    """The Annotated metadata anywhere in a type (`Percent | None`: that of Percent)."""
-    if get_origin(tp) is Annotated:
-        yield from tp.__metadata__
-    for arg in get_args(tp):
-        yield from _annotated(arg)
+    """The spec as a helper's agent validates it again: plain JSON (a Percent writes itself as '5%')."""
+    return spec.model_dump(mode="json", by_alias=True)
 
 
 def _failures(verb: str, failed: list[str], of: int) -> str:

@@ -1,4 +1,5 @@
-"""The local executor: the injector's own code in this process (every fault before Kubernetes)."""
+"""The local executor: the injector's own code in this process (every fault before Kubernetes). The ledger's plain
+JSON record becomes the family's typed Record here (from_ledger), and the Record JSON again (to_ledger)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,20 @@ class LocalExecutor:
         return injector.plan()
 
     def prepare(self, injector: Injector) -> Record:
-        return injector.prepare()
+        return type(injector).to_ledger(injector.prepare())
 
     def apply(self, injector: Injector, record: Record, placement: Placement) -> Record:
-        return injector.apply(record)
+        cls = type(injector)
+        return cls.to_ledger(injector.apply(cls.from_ledger(record)))
 
     def revert(self, type_name: str, record: Record, placement: Placement) -> None:
-        injector_class(type_name).revert(record)
+        cls = injector_class(type_name)
+        cls.revert(cls.from_ledger(record))
 
     def observe(self, type_name: str, record: Record, placement: Placement) -> bool:
-        return bool(injector_class(type_name).observe(record))
+        cls = injector_class(type_name)
+        return bool(cls.observe(cls.from_ledger(record)))
 
     def observe_details(self, type_name: str, record: Record, placement: Placement) -> dict[str, Any]:
-        return injector_class(type_name).observe_details(record)
+        cls = injector_class(type_name)
+        return cls.observe_details(cls.from_ledger(record))

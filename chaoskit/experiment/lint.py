@@ -9,12 +9,12 @@ from urllib.parse import urlsplit
 
 from chaoskit.experiment.models import Experiment, Step
 from chaoskit.experiment.yamlsafe import Located, Path_
-from chaoskit.injectors.cuda_fault import CudaFaultSpec
-from chaoskit.injectors.kv_notify import KvNotifySpec
-from chaoskit.injectors.llm_proxy import DelayFault, LlmProxySpec, StallFault, TokenDelayFault
-from chaoskit.injectors.network import NetemSpec
-from chaoskit.injectors.proxy import LatencyToxic, ProxySpec, SlicerToxic, SlowCloseToxic
-from chaoskit.injectors.proxy_server import split_addr
+from chaoskit.injectors.gpu.cuda_fault import CudaFaultSpec
+from chaoskit.injectors.kv_notify.fault import KvNotifySpec
+from chaoskit.injectors.llm_proxy.fault import DelayFault, LlmProxySpec, StallFault, TokenDelayFault
+from chaoskit.injectors.netem.fault import NetemSpec
+from chaoskit.injectors.proxy.fault import LatencyToxic, ProxySpec, SlicerToxic, SlowCloseToxic
+from chaoskit.injectors.proxy.server import split_addr
 from chaoskit.probes.correctness import CorrectnessProbeSpec
 from chaoskit.probes.http import HttpProbeSpec
 from chaoskit.probes.slo import SloProbeSpec

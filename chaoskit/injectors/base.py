@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from chaoskit.targets.process import ProcessRef
 
 T = TypeVar("T")
+SpecT = TypeVar("SpecT", bound=BaseModel)
 
 LOCAL = "local"  # the executor names a fault may declare (chaoskit.executors runs them)
 K8S_HELPER = "k8s-helper"
@@ -39,7 +40,7 @@ NODE_EXECUTORS = frozenset({LOCAL, K8S_HELPER})
 
 
 class Forkserver(Protocol):
-    """What forks a run's proxy helpers (injectors.forkserver.Forkserver)."""
+    """What forks a run's proxy helpers (injectors.forkserver.client.Forkserver)."""
 
     def spawn(self, token: str, args: list[str], what: str, extra_env: dict[str, str] | None = None
               ) -> ProcessRef: ...
@@ -71,10 +72,21 @@ class RevertRecord(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
+    def to_json(self) -> dict[str, Any]:
+        """The ledger's form of the record (plain JSON; read back by Injector.read_record)."""
+        return self.model_dump(mode="json", by_alias=True)
 
-class Injector(ABC):
-    """One fault family. `revert` and `observe` are classmethods: they work from the record alone,
-    in a fresh process (the watchdog, `chaoskit rollback`). What it can do is declared on the class."""
+
+RecordT = TypeVar("RecordT", bound=RevertRecord)
+PodPreparation = Literal["none", "check", "restart"]
+
+
+class Injector(ABC, Generic[SpecT, RecordT]):
+    """One fault family, generic over its Spec and its Record: `prepare` and `apply` return the Record, `revert`
+    and `observe` receive it. `revert` and `observe` are classmethods: they work from the record alone, in a fresh
+    process (the watchdog, `chaoskit rollback`). What it can do is declared on the class. The ledger and a helper
+    pod hold the record as plain JSON: `read_record` / `RevertRecord.to_json` are the one conversion each way
+    (done by the executors, `from_ledger` / `to_ledger`)."""
 
     type: ClassVar[str]
     summary: ClassVar[str]
@@ -98,16 +110,23 @@ class Injector(ABC):
     # True for a ledger-only type no experiment names (the reference deployment a run brought up): found by
     # injector_class, left out of INJECTORS and the experiment schema
     internal: ClassVar[bool] = False
+    # what `chaoskit doctor` checks the host for on its behalf: ids of doctor's checks (doctor.NEEDS: "root",
+    # "netem", "nftables", "cgroup-io", "cuda", "nvml", "kmsg", "kube", "native-sender", ...); a failed check
+    # lists the faults that declare it as what it blocks
+    host_needs: ClassVar[frozenset[str]] = frozenset()
     # the model of its revert record (a RevertRecord), checked by read_record; None: a plain dict, unchecked
     Record: ClassVar[type[RevertRecord] | None] = None
+    # True when its verbs take and return its Record (the contract); False for a family still on plain dicts,
+    # whose verbs read the dict themselves (from_ledger / to_ledger pass it through)
+    typed: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if K8S_HELPER in cls.executors and not cls.target_field:
             raise TypeError(f"{cls.__name__}: runs in a k8s helper pod but declares no target_field")
 
-    def __init__(self, spec: BaseModel, ctx: FaultContext | None = None):
-        self.spec = spec
+    def __init__(self, spec: SpecT, ctx: FaultContext | None = None):
+        self.spec: SpecT = spec
         self.ctx = ctx if ctx is not None else FaultContext()
 
     def placement(self) -> dict[str, Any] | None:
@@ -150,18 +169,48 @@ class Injector(ABC):
     def preflight(self) -> None:
         """Raise PreflightError if this host cannot apply the fault (checked before anything is applied)."""
 
+    # -- optional hooks (each has a default that does nothing) ------------------------------------------------
+    def node_plan(self, pods: str) -> str | None:
+        """For a fault in helper pods (k8s-helper): what the helper pod does on its node, in words, after `on node
+        N: a helper pod (...)`; `pods` the node's chosen pods in words. None: the executor says "applies TYPE SPEC
+        to PODS"."""
+        return None
+
+    @classmethod
+    def revert_many(cls, records: list[RecordT]) -> None:
+        """Revert many faults of this family at once (one nft transaction, one wait for many helpers): a speed-up
+        the rollback takes for a batch; each fault is still reverted (a no-op when gone) and observed on its own
+        after. By default nothing."""
+
+    def pod_preparation(self) -> PodPreparation:
+        """For a fault on Kubernetes pods whose containers must have been started prepared (gpu.cuda_fault: with
+        the CUDA interposer): "check" (preflight refuses a pod that was not), "restart" (the k8s-helper executor
+        prepares their Deployments and waits for the rollout before applying, and restores them on revert);
+        "none" for the others."""
+        return "none"
+
     @abstractmethod
     def plan(self) -> list[str]:
         """The exact changes `apply` will make, in words (for --dry-run and the journal)."""
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> RecordT:
         """The revert record known before apply; written to the ledger (fsync) before `apply` runs.
         It must be enough to undo a partially applied fault."""
-        return {}
+        return {}  # type: ignore[return-value]  # a family on plain dicts (typed False); a typed one overrides
 
     @abstractmethod
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Apply the fault; return the final revert record (plain JSON data)."""
+    def apply(self, record: RecordT) -> RecordT:
+        """Apply the fault; return the final revert record."""
+
+    @classmethod
+    def from_ledger(cls, data: dict[str, Any]) -> RecordT:
+        """The record the ledger (or a helper pod's request) holds as JSON, as the verbs take it: read_record."""
+        return cls.read_record(data) if cls.typed else data  # type: ignore[return-value]
+
+    @classmethod
+    def to_ledger(cls, record: RecordT) -> dict[str, Any]:
+        """The record as the ledger (or a helper pod's answer) keeps it: plain JSON."""
+        return record.to_json() if cls.typed else record  # type: ignore[return-value]
 
     @classmethod
     def read_record(cls, record: dict[str, Any]) -> Any:
@@ -181,29 +230,31 @@ class Injector(ABC):
 
     @classmethod
     @abstractmethod
-    def revert(cls, record: dict[str, Any]) -> None:
+    def revert(cls, record: RecordT) -> None:
         """Undo from the record. Idempotent: reverting twice, or something already gone, succeeds."""
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
+    def observe(cls, record: RecordT) -> bool:
         """Is the fault in effect right now?"""
         return False
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
+    def observe_details(cls, record: RecordT) -> dict[str, Any]:
         """What the fault is doing right now, for the journal (journaled after apply and before revert)."""
         return {"in_effect": cls.observe(record)}
 
-    def ended_processes(self, record: dict[str, Any]) -> list[ProcessRef]:
+    def ended_processes(self, record: RecordT) -> list[ProcessRef]:
         """The processes this fault ends itself (a terminating signal), from the record `prepare` made, before
         the apply: their exit is the fault, not news, and a replica they belong to is not expected to answer."""
         return []
 
-    def watched_processes(self, record: dict[str, Any]) -> list[ProcessRef]:
+    def watched_processes(self, record: RecordT) -> list[ProcessRef]:
         """The processes this fault acted on, alive when it did (from the record `apply` returned), whose exit
         while it is in effect the run reports: by default those of its resolved local target, for a cgroup
         fault the processes it moved (the record's `procs`); none for a whole cgroup, a network namespace or a
         GPU."""
+        if self.typed:
+            return self.target_processes()
         from chaoskit.targets.local import CgroupTarget, ProcessTarget
         from chaoskit.targets.process import ProcessRef
 
@@ -211,5 +262,17 @@ class Injector(ABC):
         if isinstance(t, ProcessTarget):
             return list(t.processes)
         if isinstance(t, CgroupTarget):
-            return [ProcessRef.from_json(p) for p in record.get("procs", t.procs)]
+            return [ProcessRef.from_json(p) for p in record.get("procs", t.procs)]  # type: ignore[attr-defined]
+        return []
+
+    def target_processes(self) -> list[ProcessRef]:
+        """The processes of its resolved local target: a process target's, a cgroup target's members."""
+        from chaoskit.targets.local import CgroupTarget, ProcessTarget
+        from chaoskit.targets.process import ProcessRef
+
+        t = self.ctx.target
+        if isinstance(t, ProcessTarget):
+            return list(t.processes)
+        if isinstance(t, CgroupTarget):
+            return [ProcessRef.from_json(p) for p in t.procs]
         return []

@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from chaoskit.model.tolerance import Rule, Tolerance, parse_rule, parse_tolerance
-from chaoskit.units import bare_duration, parse_duration, parse_percent
+from chaoskit.units import bare_duration, format_percent, parse_duration, parse_percent
 
 WRITTEN = "chaoskit.written"  # validation context key: the data is what a person wrote (a file, a CLI option)
 
@@ -82,6 +82,8 @@ Duration = Annotated[
 Percent = Annotated[
     float,
     BeforeValidator(parse_percent),
+    # in JSON it writes itself as it reads back ('0.2%'): a fraction dumped bare (0.002) would read as 0.002%
+    PlainSerializer(format_percent, return_type=str, when_used="json"),
     WithJsonSchema({"type": ["string", "number"], "pattern": r"^\d+(\.\d+)?%$",
                     "description": "percentage like '0.2%' (bare numbers are percent)"}),
 ]

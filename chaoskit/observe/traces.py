@@ -64,7 +64,7 @@ class _Recording(SpanExporter):
         return self.inner.force_flush(timeout_millis)
 
 
-ENDPOINT_ENV = "CHAOSKIT_OTLP_ENDPOINT"  # the /v1/traces URL the proxy helpers export to (injectors.proxy_trace)
+ENDPOINT_ENV = "CHAOSKIT_OTLP_ENDPOINT"  # the /v1/traces URL the proxy helpers export to (injectors.proxy.trace)
 
 
 class EnvCarrier:

@@ -73,6 +73,8 @@ class Probe(ABC):
     type: ClassVar[str]
     summary: ClassVar[str]
     Spec: ClassVar[type[BaseModel]]
+    # what `chaoskit doctor` checks the host for on its behalf (ids of doctor's checks, as Injector.host_needs)
+    host_needs: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, spec: Any):
         self.spec = spec

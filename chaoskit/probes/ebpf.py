@@ -228,6 +228,7 @@ def load_bcc():
 
 class EbpfProbe(Probe):
     type: ClassVar[str] = "ebpf"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"root", "ebpf"})
     summary: ClassVar[str] = "kernel tracepoints via bcc: retransmits, connect latency, OOM kills, block I/O and " \
                              "run-queue latency"
     Spec = EbpfProbeSpec

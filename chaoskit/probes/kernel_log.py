@@ -134,6 +134,7 @@ class KernelLogProbeSpec(ProbeSpecBase):
 
 class KernelLogProbe(Probe):
     type: ClassVar[str] = "kernel_log"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"root", "kmsg"})
     summary: ClassVar[str] = "kernel log lines matching a regex since the previous sample (XIDs, OOM kills, ...)"
     Spec = KernelLogProbeSpec
     spec: KernelLogProbeSpec

@@ -51,6 +51,7 @@ def events_by_reason(events: list[Any], pod_names: set[str], asked: list[str]) -
 
 class KubePodsProbe(Probe):
     type: ClassVar[str] = "kube.pods"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"kube"})
     summary: ClassVar[str] = "Kubernetes pods of a selector: count, running, ready, restarts, events by reason"
     Spec = KubePodsProbeSpec
     spec: KubePodsProbeSpec

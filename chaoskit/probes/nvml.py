@@ -28,6 +28,7 @@ class NvmlProbeSpec(ProbeSpecBase):
 
 class NvmlProbe(Probe):
     type: ClassVar[str] = "nvml"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"nvml"})
     summary: ClassVar[str] = ("a GPU through NVML: memory used/free, utilisation, temperature, power, ECC, MIG, "
                               "per-process memory, XID events in the window")
     Spec = NvmlProbeSpec

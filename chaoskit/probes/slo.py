@@ -132,6 +132,7 @@ class SloProbeSpec(ProbeSpecBase):
 
 class SloProbe(Probe, Continuous):
     type: ClassVar[str] = "slo"
+    host_needs: ClassVar[frozenset[str]] = frozenset({"native-sender"})
     summary: ClassVar[str] = "open-loop load (CO-corrected) judged on p50..p99.9, errors, goodput, completed share"
     Spec = SloProbeSpec
     spec: SloProbeSpec

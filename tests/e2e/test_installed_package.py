@@ -110,13 +110,13 @@ def test_chaoskit_is_the_installed_wheel(user):
 FORKED_PROXY = """
 import socket, time, uuid
 from chaoskit.injectors import helper_proc
-from chaoskit.injectors.forkserver import Forkserver
+from chaoskit.injectors.forkserver.client import Forkserver
 from chaoskit.targets.process import cmdline
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
 fs, token = Forkserver(), f"chaoskit-proxy-{uuid.uuid4().hex}"
-ref = fs.spawn(token, ["chaoskit.injectors.proxy_server", f"127.0.0.1:{port}", "127.0.0.1:9", "[]",
+ref = fs.spawn(token, ["chaoskit.injectors.proxy.server", f"127.0.0.1:{port}", "127.0.0.1:9", "[]",
                       str(time.time() + 30)], "proxy")
 fs.close()
 print(cmdline(ref.pid)[0], helper_proc.running(token, ref.to_json()))
@@ -129,7 +129,7 @@ def test_a_run_forks_its_proxy_helpers_from_the_installed_package(user):
     """The run's proxy forkserver runs without site (its dependencies from the .pth-added site-packages)."""
     forked, stopped = user.python(FORKED_PROXY).splitlines()
     where, running = forked.split()
-    assert Path(where).is_relative_to(user.venv) and where.endswith("chaoskit/injectors/proxy_proc.py")
+    assert Path(where).is_relative_to(user.venv) and where.endswith("chaoskit/injectors/proxy/helper.py")
     assert (running, stopped) == ("True", "False")
 
 

@@ -33,7 +33,7 @@ def run_llm(name: str, tmp_path, state_dir, port: int, *overrides: str) -> tuple
 
 
 def no_proxy_left(port: int) -> bool:
-    return not [pid for pid in all_pids() if "chaoskit.injectors.llm_proxy_server" in cmdline(pid)
+    return not [pid for pid in all_pids() if "chaoskit.injectors.llm_proxy.server" in cmdline(pid)
                 and f"127.0.0.1:{port}" in cmdline(pid)]
 
 

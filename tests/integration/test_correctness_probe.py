@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.injectors.llm_proxy import LlmProxy
+from chaoskit.injectors.llm_proxy.fault import LlmProxy
 from chaoskit.probes.correctness import CorrectnessProbe, CorrectnessProbeSpec
 from tests.conftest import free_port
 

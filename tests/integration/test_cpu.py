@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.cpu import CpuStress, CpuStressSpec, CpuThrottle, CpuThrottleSpec
-from chaoskit.injectors.process import ProcessSignal, ProcessSignalSpec
+from chaoskit.injectors.cpu.fault import CpuStress, CpuStressSpec, CpuThrottle, CpuThrottleSpec
+from chaoskit.injectors.process.fault import ProcessSignal, ProcessSignalSpec
 from chaoskit.targets.cgroups import CpuHierarchy, IoHierarchy, find_cpu_hierarchy
 from chaoskit.targets.process import ProcessRef, is_alive, proc_state
 from tests.conftest import ROOT, wait_for
@@ -210,7 +210,7 @@ def test_revert_from_the_record_alone_in_a_fresh_process(hier, test_cgroups, bus
         assert hier.read_limit(cg) == (10000, 50000) and CpuThrottle.observe(record)
         during = cpu_rate(busy.pid)
         assert during <= 0.3, during
-        code = ("import json, sys; from chaoskit.injectors.cpu import CpuThrottle; "
+        code = ("import json, sys; from chaoskit.injectors.cpu.fault import CpuThrottle; "
                 "CpuThrottle.revert(json.loads(sys.argv[1])); print(CpuThrottle.observe(json.loads(sys.argv[1])))")
         out = subprocess.run([sys.executable, "-c", code, json.dumps(record)], capture_output=True, text=True,
                              cwd=ROOT, timeout=30)
@@ -360,7 +360,7 @@ def test_cpu_stress_load_share_and_deadline(hier, test_cgroups):
 
 
 def test_cpu_stress_dies_with_chaoskit(tmp_path):
-    code = ("import json, time; from chaoskit.injectors.cpu import CpuStress, CpuStressSpec\n"
+    code = ("import json, time; from chaoskit.injectors.cpu.fault import CpuStress, CpuStressSpec\n"
             "inj = CpuStress(CpuStressSpec(type='host.cpu_stress', workers=1, nice=10)); inj.ctx.lifetime_s = 60\n"
             "print(json.dumps(inj.apply(inj.prepare())), flush=True); time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)

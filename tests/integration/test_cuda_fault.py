@@ -26,7 +26,7 @@ import pytest
 from chaoskit.errors import PreflightError
 from chaoskit.gpu import cuda_fault_ctl as ctl
 from chaoskit.injectors.base import FaultContext
-from chaoskit.injectors.cuda_fault import CudaFault, CudaFaultSpec
+from chaoskit.injectors.gpu.cuda_fault import CudaFault, CudaFaultSpec
 from tests.conftest import ROOT, chaoskit, ledger_ops, ledgers, wait_for
 from tests.helpers.cuda_workload import Driver
 

@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from chaoskit.cli import app
+from chaoskit.cli.main import app
 from chaoskit.executors.k8s_cuda_wrap import ANNOTATION, INIT, VOLUME, init_container
 from chaoskit.executors.k8s_helper import K8sHelperExecutor
 from chaoskit.executors.layer import place
 from chaoskit.gpu import cuda_fault_ctl as ctl
 from chaoskit.gpu.cuda_fault_install import CONTROL, LIBRARY, install
 from chaoskit.injectors.base import FaultContext
-from chaoskit.injectors.cuda_fault import CudaFault
+from chaoskit.injectors.gpu.cuda_fault import CudaFault
 from tests.conftest import ROOT
 from tests.helpers import standin_container
 from tests.helpers.cuda_workload import Driver

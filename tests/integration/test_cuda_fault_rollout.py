@@ -22,7 +22,7 @@ import pytest
 from chaoskit.executors.k8s_cuda_wrap import ANNOTATION, INIT
 from chaoskit.gpu import cuda_fault_ctl as ctl
 from chaoskit.gpu.cuda_fault_install import CONTROL, LIBRARY, install
-from chaoskit.injectors.cuda_fault import CudaFault
+from chaoskit.injectors.gpu.cuda_fault import CudaFault
 from tests.conftest import ROOT, chaoskit, ledgers, wait_for, write
 from tests.helpers import standin_container
 from tests.helpers.cuda_workload import Driver
@@ -184,7 +184,7 @@ def test_a_deployment_prepared_before_the_run_is_armed_without_a_restart_and_sta
                                                                                            fake):
     from typer.testing import CliRunner
 
-    from chaoskit.cli import app
+    from chaoskit.cli.main import app
 
     api, node = fake
     api.add_rollout_deployment("prod", "llm", POD_SPEC)

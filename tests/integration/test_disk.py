@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.disk import DiskThrottle, DiskThrottleSpec
+from chaoskit.injectors.disk.throttle import DiskThrottle, DiskThrottleSpec
 from chaoskit.targets.blockdev import resolve_path, whole_disk
 from chaoskit.targets.cgroups import IoHierarchy, find_io_hierarchy
 from tests.conftest import chaoskit, hierarchy_or_skip, ledgers, wait_for, write
@@ -192,7 +192,7 @@ def test_v2_io_max_lines_written_and_restored(tmp_path):
 
 
 def test_disk_fill_on_a_loop_filesystem(mounted):
-    from chaoskit.injectors.diskfill import DiskFill, DiskFillSpec, usage
+    from chaoskit.injectors.disk.fill import DiskFill, DiskFillSpec, usage
 
     before = usage(mounted)
     inj = DiskFill(DiskFillSpec(type="disk.fill", path=str(mounted), to="90%"))

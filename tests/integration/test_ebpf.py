@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.injectors.firewall import Drop
+from chaoskit.injectors.firewall.fault import Drop
 from chaoskit.probes.ebpf import EbpfProbe, EbpfProbeSpec, hist_values
 from chaoskit.probes.kernel_btf import VMLINUX, KernelBtf
 from chaoskit.targets.netns import run_in_netns

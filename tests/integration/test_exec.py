@@ -11,7 +11,7 @@ import signal
 import time
 from pathlib import Path
 
-from chaoskit.injectors.exec import TOKEN_VAR
+from chaoskit.injectors.exec.fault import TOKEN_VAR
 from tests.conftest import chaoskit, ledger_ops, ledgers, wait_for, write
 
 EXPERIMENT = """\

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from chaoskit.injectors.base import FaultContext
-from chaoskit.injectors.flood import Flood
+from chaoskit.injectors.flood.fault import Flood
 from tests.conftest import ROOT, wait_for
 
 REVERT = "import json, sys; from chaoskit.injectors import injector_class; " \

@@ -16,13 +16,13 @@ import pytest
 
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import FaultContext
-from chaoskit.injectors.forkserver import Forkserver
-from chaoskit.injectors.proxy import Proxy
+from chaoskit.injectors.forkserver.client import Forkserver
+from chaoskit.injectors.proxy.fault import Proxy
 from chaoskit.targets.process import cmdline, find_by_token
 from tests.conftest import wait_for
 from tests.helpers.netpair import serve_in_threads
 
-SERVER = "chaoskit.injectors.proxy_server"
+SERVER = "chaoskit.injectors.proxy.server"
 
 
 def free_port() -> int:
@@ -65,7 +65,7 @@ def test_forked_helpers_serve_carry_their_token_and_outlive_the_forkserver(echo)
             token, port = f"chaoskit-proxy-{uuid.uuid4().hex}", free_port()
             helpers.append((token, fs.spawn(token, args(port, echo), "proxy"), port))
         server = psutil.Process(helpers[0][1].pid).parent()
-        assert any(a.endswith("chaoskit/injectors/proxy_fork.py") for a in server.cmdline())
+        assert any(a.endswith("chaoskit/injectors/forkserver/main.py") for a in server.cmdline())
         for token, ref, port in helpers:
             assert [r.pid for r in find_by_token(token)] == [ref.pid] and ref.start_time
             assert os.getsid(ref.pid) == ref.pid  # its own session, as a helper proxy_proc started
@@ -105,7 +105,7 @@ def test_a_proxy_fault_in_a_run_is_forked_and_reverted_by_its_record(echo):
                 FaultContext(forkserver=fs))
     try:
         rec = inj.apply(inj.prepare())
-        assert "proxy_fork.py" in " ".join(psutil.Process(rec["proxy"]["pid"]).parent().cmdline())
+        assert "forkserver/main.py" in " ".join(psutil.Process(rec["proxy"]["pid"]).parent().cmdline())
         assert echoes(port) and Proxy.observe(rec)
         Proxy.revert(rec)  # as a fresh process would: from the record alone
         assert not Proxy.observe(rec)
@@ -115,7 +115,7 @@ def test_a_proxy_fault_in_a_run_is_forked_and_reverted_by_its_record(echo):
 
 KILLED_RUN = """
 import sys, time
-from chaoskit.injectors.forkserver import Forkserver
+from chaoskit.injectors.forkserver.client import Forkserver
 fs = Forkserver()
 ref = fs.spawn(sys.argv[1], sys.argv[2:], "proxy")
 print(ref.pid, flush=True)
@@ -130,7 +130,7 @@ def test_a_killed_run_takes_its_forkserver_down_and_leaves_the_helper_to_the_wat
     try:
         helper = int(run.stdout.readline())
         server = psutil.Process(helper).ppid()
-        assert "proxy_fork.py" in " ".join(psutil.Process(server).cmdline())
+        assert "forkserver/main.py" in " ".join(psutil.Process(server).cmdline())
         run.send_signal(signal.SIGKILL)
         run.wait()
         took = wait_for(lambda: not psutil.pid_exists(server) or psutil.Process(server).status() == "zombie",

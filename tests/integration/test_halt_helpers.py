@@ -22,7 +22,7 @@ from chaoskit.agent import LEVER_POLL_S
 from chaoskit.executors.k8s_halt import HALT_CONFIGMAP, HaltLever, pull_lever
 from chaoskit.executors.k8s_helper import HelperPlacement, K8sHelperExecutor
 from chaoskit.executors.k8s_pods import API_DIR, API_ENV
-from chaoskit.injectors.process import ProcessSignal
+from chaoskit.injectors.process.fault import ProcessSignal
 from chaoskit.targets.kube import ClusterRef, api_client
 from tests.conftest import ROOT, proc_state, wait_for
 from tests.helpers.fake_kube import FakeKubeApi, InClusterKubelet
@@ -59,7 +59,7 @@ def hold_sigstop(api: FakeKubeApi, tmp_path: Path, pid: int) -> tuple[str, clien
     cluster = ClusterRef(str(api.write_kubeconfig(tmp_path / "kubeconfig")), None)
     hp = HelperPlacement(cluster=cluster.to_json(), node="node-a", run_id="halt-helpers", hold_s=60.0)
     sig = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "pid": pid, "signal": "SIGSTOP"}))
-    K8sHelperExecutor().apply(sig, sig.prepare(), hp.to_json())
+    K8sHelperExecutor().apply(sig, sig.prepare().to_json(), hp.to_json())
     wait_for(lambda: proc_state(pid) == "T", timeout=5)
     (holder,) = [name for (ns, name), pod in api.state.pods.items()
                  if pod["metadata"]["labels"]["chaoskit.io/verb"] == "apply"]

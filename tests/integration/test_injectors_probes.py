@@ -18,8 +18,8 @@ import pytest
 
 from chaoskit.engine.ledger import Ledger
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.memory import MemoryPressure, MemoryPressureSpec
-from chaoskit.injectors.process import ProcessSignal, ProcessSignalSpec, descendants
+from chaoskit.injectors.memory.pressure import MemoryPressure, MemoryPressureSpec
+from chaoskit.injectors.process.fault import ProcessSignal, ProcessSignalSpec, descendants
 from chaoskit.probes.http import HttpProbe, HttpProbeSpec
 from chaoskit.targets.process import ProcessRef, is_alive, proc_ref
 from tests.conftest import chaoskit, ledgers, proc_state, wait_for, write
@@ -71,10 +71,10 @@ def test_process_signal_by_name_and_guards(sleeper, stray_sleep):
     inj = ProcessSignal(spec)
     prepared = inj.prepare()
     # checked before anything is sent: a child_of that stopped narrowing would SIGSTOP every `sleep` on the host
-    assert prepared["targets"] == [proc_ref(sleeper.pid).to_json()], prepared
+    assert prepared.targets == [proc_ref(sleeper.pid)], prepared
     record = inj.apply(prepared)
     try:
-        assert [t["pid"] for t in record["targets"]] == [sleeper.pid]
+        assert [t.pid for t in record.targets] == [sleeper.pid]
         assert proc_state(sleeper.pid) == "T" and ProcessSignal.observe(record)
     finally:
         ProcessSignal.revert(record)

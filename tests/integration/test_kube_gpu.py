@@ -15,7 +15,7 @@ import pytest
 from chaoskit.executors.k8s_helper import HelperFailed, K8sHelperExecutor
 from chaoskit.executors.layer import place
 from chaoskit.injectors.base import FaultContext
-from chaoskit.injectors.gpu import GpuMemoryPressure, _holder_file
+from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure, _holder_file
 from tests.conftest import chaoskit, device_used, ledgers, wait_for, write
 from tests.helpers import standin_container
 from tests.helpers.fake_kube import FakeKubeApi, run_pod_here

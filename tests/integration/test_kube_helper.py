@@ -18,7 +18,7 @@ from chaoskit.engine.rollback import rollback
 from chaoskit.executors import get_executor
 from chaoskit.executors.k8s_helper import K8sHelperExecutor, replay_cluster
 from chaoskit.executors.revert_store import RevertStore
-from chaoskit.injectors.process import ProcessSignal
+from chaoskit.injectors.process.fault import ProcessSignal
 from chaoskit.targets.kube import api_client
 from chaoskit.targets.process import proc_ref
 from tests.conftest import ROOT, proc_state, wait_for
@@ -47,7 +47,7 @@ def _helper_pods(api: FakeKubeApi) -> list:
 def test_apply_and_rollback_through_the_helper_and_the_ledger(api, cluster, sleeper, sigstop, tmp_path):
     hp = helper_placement(cluster)
     ledger = Ledger.create("helper-run", "x", tmp_path)
-    record = sigstop.prepare()
+    record = sigstop.prepare().to_json()  # the ledger form the executor takes
     entry_id = ledger.intent(sigstop.type, record, sigstop.plan(), executor="k8s-helper", placement=hp.to_json())
     final = get_executor("k8s-helper").apply(sigstop, record, hp.to_json())
     ledger.applied(entry_id, final)
@@ -68,7 +68,7 @@ def test_apply_and_rollback_through_the_helper_and_the_ledger(api, cluster, slee
 
 
 def test_after_a_crash_the_cluster_alone_is_enough_to_roll_back(api, cluster, sleeper, sigstop):
-    K8sHelperExecutor().apply(sigstop, sigstop.prepare(), helper_placement(cluster).to_json())
+    K8sHelperExecutor().apply(sigstop, sigstop.prepare().to_json(), helper_placement(cluster).to_json())
     wait_for(lambda: proc_state(sleeper.pid) == "T")
     # the run's host is gone with its ledger; from "another machine" with a kubeconfig:
     assert [(r.key, r.error) for r in replay_cluster(cluster)] == [("k1", None)]
@@ -93,7 +93,7 @@ def test_agent_cli_reads_stdin_and_answers_one_json_line(sleeper):
 
 def test_rollback_cluster_command_finishes_the_job_from_another_machine(api, cluster, sleeper, sigstop, tmp_path,
                                                                          state_dir):
-    K8sHelperExecutor().apply(sigstop, sigstop.prepare(), helper_placement(cluster).to_json())
+    K8sHelperExecutor().apply(sigstop, sigstop.prepare().to_json(), helper_placement(cluster).to_json())
     wait_for(lambda: proc_state(sleeper.pid) == "T")
     cli = [sys.executable, "-m", "chaoskit", "rollback", "--cluster", "--kubeconfig", str(tmp_path / "kubeconfig")]
     env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state_dir)}
@@ -111,7 +111,7 @@ def test_a_tampered_revert_record_is_refused_and_nothing_runs_on_the_node(api, c
                                                                           state_dir):
     """One byte of the record changed (the node it names): `rollback --cluster` refuses it with exit 5, naming
     the ConfigMap, creates no helper pod and keeps the ConfigMap; the byte put back, the same command reverts."""
-    K8sHelperExecutor().apply(sigstop, sigstop.prepare(), helper_placement(cluster).to_json())
+    K8sHelperExecutor().apply(sigstop, sigstop.prepare().to_json(), helper_placement(cluster).to_json())
     wait_for(lambda: proc_state(sleeper.pid) == "T")
     ((_, name), cm), = api.state.configmaps.items()
     genuine = cm["data"]["k1.json"]

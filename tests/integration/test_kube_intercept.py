@@ -20,9 +20,9 @@ import pytest
 from chaoskit.executors.k8s_helper import K8sHelperExecutor, replay_cluster, wire_spec
 from chaoskit.executors.layer import place
 from chaoskit.injectors.base import K8S_HELPER, FaultContext
-from chaoskit.injectors.llm_proxy import LlmProxy
-from chaoskit.injectors.network import Netem
-from chaoskit.injectors.proxy import Proxy
+from chaoskit.injectors.llm_proxy.fault import LlmProxy
+from chaoskit.injectors.netem.fault import Netem
+from chaoskit.injectors.proxy.fault import Proxy
 from chaoskit.targets.kube import resolve_cluster
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.process import all_pids, cmdline
@@ -280,4 +280,4 @@ def test_the_spec_a_helper_validates_again_keeps_every_percentage():
     ]
     for spec in specs:
         assert type(spec).model_validate(wire_spec(spec)) == spec
-    assert wire_spec(specs[0])["toxics"][0]["toxicity"] == 100.0 and wire_spec(specs[2])["loss"] == 0.2
+    assert wire_spec(specs[0])["toxics"][0]["toxicity"] == "100%" and wire_spec(specs[2])["loss"] == "0.2%"

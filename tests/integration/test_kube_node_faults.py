@@ -20,11 +20,11 @@ from chaoskit.errors import PreflightError
 from chaoskit.executors.k8s_helper import K8sHelperExecutor, replay_cluster
 from chaoskit.executors.layer import place
 from chaoskit.injectors.base import FaultContext
-from chaoskit.injectors.cpu import CpuThrottle
-from chaoskit.injectors.disk import DiskThrottle
-from chaoskit.injectors.firewall import Partition
-from chaoskit.injectors.memlimit import MemoryLimit
-from chaoskit.injectors.process import ProcessSignal
+from chaoskit.injectors.cpu.fault import CpuThrottle
+from chaoskit.injectors.disk.throttle import DiskThrottle
+from chaoskit.injectors.firewall.fault import Partition
+from chaoskit.injectors.memory.limit import MemoryLimit
+from chaoskit.injectors.process.fault import ProcessSignal
 from chaoskit.targets.blockdev import resolve_path
 from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy, find_io_hierarchy, find_mem_hierarchy
 from chaoskit.targets.container import ContainerNotFound, bare_id, container_cgroup, container_pids

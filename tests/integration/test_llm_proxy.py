@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from chaoskit.injectors.llm_proxy import LlmProxy, stats_of
+from chaoskit.injectors.llm_proxy.fault import LlmProxy, stats_of
 from chaoskit.load.runner import run_load
 from chaoskit.load.spec import LoadSpec
 from chaoskit.probes.correctness import CorrectnessProbe, CorrectnessProbeSpec

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from chaoskit.executors.layer import place
-from chaoskit.injectors.cpu import CpuThrottle, CpuThrottleSpec
-from chaoskit.injectors.firewall import Drop, DropSpec
-from chaoskit.injectors.xid import XidEvent, XidSpec
+from chaoskit.injectors.cpu.fault import CpuThrottle, CpuThrottleSpec
+from chaoskit.injectors.firewall.fault import Drop, DropSpec
+from chaoskit.injectors.gpu.xid import XidEvent, XidSpec
 from chaoskit.targets.netns import ns_inode
 from tests.conftest import chaoskit, proc_state, wait_for, write
 from tests.helpers.netpair import Pair
@@ -101,7 +101,7 @@ def test_netns_target_names_the_namespace_by_inode():
         target = inj.placement()["target"]
         assert target == {"kind": "netns", "ns": pair.path(pair.srv), "ns_inode": ns_inode(pair.path(pair.srv)),
                           "label": f"netns {pair.srv}", "ifname": None, "ifindex": None}
-        assert inj.prepare()["ns_inode"] == target["ns_inode"]
+        assert inj.prepare().ns_inode == target["ns_inode"]
     finally:
         pair.close()
 

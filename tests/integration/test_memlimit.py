@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from chaoskit.errors import PreflightError
 from chaoskit.experiment.schema import experiment_schema
 from chaoskit.injectors import INJECTORS
-from chaoskit.injectors.memlimit import MemoryLimit, MemoryLimitSpec
+from chaoskit.injectors.memory.limit import MemoryLimit, MemoryLimitSpec
 from chaoskit.targets.cgroups import IoHierarchy, MemHierarchy, find_mem_hierarchy
 from chaoskit.targets.process import ProcessRef, find_by_token, is_alive
 from tests.conftest import ROOT, wait_for
@@ -317,7 +317,7 @@ def test_revert_from_the_record_alone_in_a_fresh_process(hier, home, children):
     cg = Path(record["cgroup"])
     try:
         assert MemoryLimit.observe(record) and is_alive(ProcessRef.from_json(record["holder"]))
-        code = ("import json, sys; from chaoskit.injectors.memlimit import MemoryLimit; "
+        code = ("import json, sys; from chaoskit.injectors.memory.limit import MemoryLimit; "
                 "MemoryLimit.revert(json.loads(sys.argv[1])); print(MemoryLimit.observe(json.loads(sys.argv[1])))")
         out = subprocess.run([sys.executable, "-c", code, json.dumps(record)], capture_output=True, text=True,
                              cwd=ROOT, timeout=60)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors import memory_holder
-from chaoskit.injectors.memory import MemoryPressure, MemoryPressureSpec, deadband_bytes, meminfo
+from chaoskit.injectors.memory import holder as memory_holder
+from chaoskit.injectors.memory.pressure import MemoryPressure, MemoryPressureSpec, deadband_bytes, meminfo
 from chaoskit.targets.process import find_by_token
 from tests.conftest import wait_for
 

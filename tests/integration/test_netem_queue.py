@@ -23,8 +23,8 @@ import psutil
 import pytest
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors import netem_queue
-from chaoskit.injectors.network import Netem
+from chaoskit.injectors.netem import nfqueue as netem_queue
+from chaoskit.injectors.netem.fault import Netem
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.tc import netem_missing_reason
 from tests.conftest import chaoskit, ledgers, wait_for, write

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.firewall import Drop, Partition
-from chaoskit.injectors.netem_netlink import dist_table, netem_message
-from chaoskit.injectors.network import Bandwidth, Netem
+from chaoskit.injectors.firewall.fault import Drop, Partition
+from chaoskit.injectors.netem.fault import Bandwidth, Netem
+from chaoskit.injectors.netem.netlink import dist_table, netem_message
 from chaoskit.targets import nftables
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.tc import netem_missing_reason
@@ -218,7 +218,7 @@ def test_previous_root_qdisc_is_restored_byte_exactly(pair):
 
 REVERT_IN_A_FRESH_PROCESS = """\
 import json, sys
-from chaoskit.injectors.network import Bandwidth
+from chaoskit.injectors.netem.fault import Bandwidth
 Bandwidth.revert(json.loads(sys.argv[1]))
 """
 
@@ -294,9 +294,9 @@ def test_table_names_come_from_the_kernel(pair):
     recs = [_partition(pair, port) for port in (7001, 7002, 7003)]
     sh("ip", "netns", "exec", pair.srv, "nft", "add", "table", "ip", "theirs")
     listed = {t["name"] for t in nftables.tables(ns) if t["family"] == "inet"}
-    assert nftables.table_names(ns, "inet") == listed == {r["table"] for r in recs}
+    assert nftables.table_names(ns, "inet") == listed == {r.table for r in recs}
     assert nftables.table_names(ns, "ip") == {"theirs"}
-    assert nftables.has_table(ns, "inet", recs[0]["table"]) and not nftables.has_table(ns, "inet", "chaoskit_no")
+    assert nftables.has_table(ns, "inet", recs[0].table) and not nftables.has_table(ns, "inet", "chaoskit_no")
     for rec in recs:
         Partition.revert(rec)
 

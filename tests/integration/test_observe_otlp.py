@@ -20,8 +20,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 
 from chaoskit.injectors.base import FaultContext
-from chaoskit.injectors.flood import Flood
-from chaoskit.injectors.llm_proxy import LlmProxy, stats_of
+from chaoskit.injectors.flood.fault import Flood
+from chaoskit.injectors.llm_proxy.fault import LlmProxy, stats_of
 from chaoskit.load.runner import run_load
 from chaoskit.load.spec import LoadSpec
 from chaoskit.load.traceparent import parse

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.proxy import Proxy
+from chaoskit.injectors.proxy.fault import Proxy
 from chaoskit.targets.process import all_pids, cmdline
 from tests.conftest import chaoskit, ledgers, wait_for, write
 from tests.helpers.netpair import serve_in_threads
@@ -295,7 +295,7 @@ def test_sigkill_watchdog_stops_the_proxy(upstream, tmp_path, state_dir):
     run = chaoskit("run", str(exp), "--out", str(tmp_path / "o"), state=state_dir)
 
     def proxies() -> list[int]:
-        return [p for p in all_pids() if "chaoskit.injectors.proxy_server" in cmdline(p)
+        return [p for p in all_pids() if "chaoskit.injectors.proxy.server" in cmdline(p)
                 and f"127.0.0.1:{port}" in cmdline(p)]
 
     try:

@@ -13,10 +13,10 @@ from threading import Thread
 
 import pytest
 
-from chaoskit.injectors import proxy_intercept
 from chaoskit.injectors.base import FaultContext
-from chaoskit.injectors.llm_proxy import LlmProxy
-from chaoskit.injectors.proxy import Proxy
+from chaoskit.injectors.llm_proxy.fault import LlmProxy
+from chaoskit.injectors.proxy import intercept as proxy_intercept
+from chaoskit.injectors.proxy.fault import Proxy
 from chaoskit.reference.deploy import Deployment, RefOptions
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.process import all_pids, cmdline

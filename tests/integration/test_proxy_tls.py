@@ -17,8 +17,8 @@ from threading import Thread
 import pytest
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.llm_proxy import LlmProxy
-from chaoskit.injectors.proxy import Proxy
+from chaoskit.injectors.llm_proxy.fault import LlmProxy
+from chaoskit.injectors.proxy.fault import Proxy
 from tests.conftest import chaoskit, write
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")

@@ -9,7 +9,7 @@ import pytest
 
 from chaoskit.engine.ledger import Ledger
 from chaoskit.engine.rollback import revert_entry, rollback
-from chaoskit.injectors.process import ProcessSignal
+from chaoskit.injectors.process.fault import ProcessSignal
 from chaoskit.targets.process import proc_ref
 from tests.conftest import proc_state, wait_for
 

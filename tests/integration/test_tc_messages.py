@@ -11,8 +11,8 @@ from pyroute2.netlink import NLA_F_NESTED, NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLAC
 from pyroute2.netlink.rtnl import RTM_NEWQDISC
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-from chaoskit.injectors.netem_netlink import netem_message
-from chaoskit.injectors.network import ROOT_HANDLE, Bandwidth, Netem
+from chaoskit.injectors.netem.fault import ROOT_HANDLE, Bandwidth, Netem
+from chaoskit.injectors.netem.netlink import netem_message
 from chaoskit.targets import tc
 from chaoskit.targets.netns import with_iproute
 from tests.helpers.netpair import Pair, sh

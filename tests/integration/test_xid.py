@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chaoskit.errors import PreflightError
-from chaoskit.injectors.xid import XidEvent, XidSpec, driver_pci
+from chaoskit.injectors.gpu.xid import XidEvent, XidSpec, driver_pci
 from chaoskit.probes.kernel_log import KernelLogProbe, KernelLogProbeSpec
 from tests.conftest import chaoskit
 from tests.helpers.gpu_host import writes_xid
@@ -66,8 +66,8 @@ def test_apply_writes_a_line_dmesg_shows():
     bus = unique_bus()
     record = inject(bus, pid=4242, process_name="python3")
     expected = (f"NVRM: Xid (PCI:{driver_pci(bus)}): 79, pid=4242, name=python3, GPU has fallen off the bus.")
-    assert record["event"] is True and record["pci_bus_id"] == bus
-    [w] = record["written"]
+    assert record.event is True and record.pci_bus_id == bus
+    [w] = [w.model_dump() for w in record.written]
     assert w["line"] == expected and isinstance(w["seq"], int) and w["at"] > 0
     dmesg = subprocess.run(["dmesg"], capture_output=True, text=True, check=True).stdout
     assert [line for line in dmesg.splitlines() if driver_pci(bus) in line] == \
@@ -80,12 +80,12 @@ def test_apply_writes_a_line_dmesg_shows():
 @writes_xid
 def test_repeated_lines_get_increasing_sequence_numbers():
     record = inject(unique_bus(), xid=48, count=3, interval="50ms")
-    seqs = [w["seq"] for w in record["written"]]
+    seqs = [w.seq for w in record.written]
     assert len(seqs) == 3 and seqs == sorted(set(seqs))
-    times = [w["at"] for w in record["written"]]
+    times = [w.at for w in record.written]
     assert all(b - a >= 0.045 for a, b in zip(times, times[1:], strict=False))
-    assert all(w["line"].endswith("): 48, pid='<unknown>', name=<unknown>, Double Bit ECC Error")
-               for w in record["written"])
+    assert all(w.line.endswith("): 48, pid='<unknown>', name=<unknown>, Double Bit ECC Error")
+               for w in record.written)
 
 
 @writes_xid

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from chaoskit.cli import app
+from chaoskit.cli.main import app
 from tests.helpers.fuzzdocs import SEEDS, check_document, mutate
 
 

@@ -29,8 +29,8 @@ def test_short_torture_leaves_nothing_behind():
 
 
 def test_the_snapshot_sees_a_left_over_fault(tmp_path):
-    from chaoskit.injectors.firewall import Drop
-    from chaoskit.injectors.network import Bandwidth
+    from chaoskit.injectors.firewall.fault import Drop
+    from chaoskit.injectors.netem.fault import Bandwidth
 
     pair = Pair()
     try:

@@ -58,7 +58,7 @@ def test_what_the_image_prebuilds_is_used_without_a_compiler_and_nothing_is_writ
     if cbuild.compiler() is None:
         pytest.skip("no C compiler ($CC, cc or gcc) here")
     from chaoskit.gpu import cuda_fault_ctl
-    from chaoskit.injectors import netem_queue
+    from chaoskit.injectors.netem import nfqueue as netem_queue
     from chaoskit.load import native
     from chaoskit.paths import package_parent
 

@@ -11,7 +11,7 @@ import pytest
 from chaoskit.errors import PreflightError
 from chaoskit.executors.layer import localize_on_node
 from chaoskit.gpu import nvml
-from chaoskit.injectors.gpu import GpuMemoryPressure
+from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure
 from chaoskit.targets.container import ContainerNotFound, container_gpus
 from tests.helpers.nvml_double import SimulatedNvml
 

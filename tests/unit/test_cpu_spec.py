@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from chaoskit.errors import PreflightError
 from chaoskit.experiment.loader import load_experiment
 from chaoskit.experiment.schema import experiment_schema
-from chaoskit.injectors.cpu import CpuStressSpec, CpuThrottleSpec
-from chaoskit.injectors.process import ProcessSignalSpec
+from chaoskit.injectors.cpu.fault import CpuStressSpec, CpuThrottleSpec
+from chaoskit.injectors.process.fault import ProcessSignalSpec
 from chaoskit.targets.cgroups import CpuHierarchy, find_cpu_hierarchy
 
 

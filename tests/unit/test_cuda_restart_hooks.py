@@ -11,7 +11,7 @@ import pytest
 
 from chaoskit.executors import k8s_cuda_restart as hooks
 from chaoskit.executors.k8s_pods import HelperPlacement
-from chaoskit.injectors.cuda_fault import PodRestartRecord
+from chaoskit.injectors.gpu.cuda_fault import PodRestartRecord
 
 
 @pytest.fixture

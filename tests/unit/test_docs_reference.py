@@ -82,7 +82,7 @@ def test_every_injector_and_probe_has_its_fields_on_its_page():
 
 def test_every_command_and_option_is_on_the_cli_page():
     text = (REF / "cli.md").read_text()
-    root = typer.main.get_command(__import__("chaoskit.cli", fromlist=["app"]).app)
+    root = typer.main.get_command(__import__("chaoskit.cli.main", fromlist=["app"]).app)
 
     def walk(cmd, path):
         for name, sub in cmd.commands.items():

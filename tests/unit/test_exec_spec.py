@@ -16,7 +16,7 @@ from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.experiment.loader import load_experiment
 from chaoskit.experiment.schema import experiment_schema
 from chaoskit.injectors import INJECTORS, injector_class
-from chaoskit.injectors.exec import TOKEN_VAR, CommandFailed, Exec, ExecSpec, run_command
+from chaoskit.injectors.exec.fault import TOKEN_VAR, CommandFailed, Exec, ExecRecord, ExecSpec, run_command
 
 
 def spec(**kw) -> ExecSpec:
@@ -116,11 +116,11 @@ def test_programs_resolve_to_absolute_paths(tmp_path: Path):
                     cwd=str(tmp_path), env={"PATH": f"{bindir}:{os.environ['PATH']}"}))
     inj.preflight()
     record = inj.prepare()
-    assert record["apply"] == [str(bindir / "drain-replica"), "1"]
-    assert record["revert"] == [str(tmp_path / "undrain.sh"), "1"]
-    assert Path(record["observe"][0]).is_absolute() and record["observe"][1:] == ["-e", "x"]
-    assert record["cwd"] == str(tmp_path) and record["timeout"] == 20.0 and len(record["token"]) == 32
-    assert inj.prepare()["token"] != record["token"]
+    assert record.apply == [str(bindir / "drain-replica"), "1"]
+    assert record.revert == [str(tmp_path / "undrain.sh"), "1"]
+    assert Path(record.observe[0]).is_absolute() and record.observe[1:] == ["-e", "x"]
+    assert record.cwd == str(tmp_path) and record.timeout == 20.0 and len(record.token) == 32
+    assert inj.prepare().token != record.token
     plan = "\n".join(inj.plan())
     assert f"run {bindir}/drain-replica 1 in {tmp_path} with PATH set" in plan
     assert f"revert: run {tmp_path}/undrain.sh 1 (in the ledger before apply runs" in plan
@@ -147,7 +147,7 @@ def test_preflight_refuses_a_missing_cwd(tmp_path: Path):
         Exec(spec(cwd=str(tmp_path / "gone"))).preflight()
 
 
-def record_for(tmp_path: Path, **kw) -> dict:
+def record_for(tmp_path: Path, **kw) -> ExecRecord:
     inj = Exec(spec(cwd=str(tmp_path), **kw))
     inj.preflight()
     return inj.prepare()
@@ -173,7 +173,7 @@ def test_a_command_over_its_timeout_is_killed_with_its_children(tmp_path: Path):
                                             "stderr: started"):
         Exec(spec()).apply(record)
     assert time.monotonic() - t0 < 5
-    assert not any(f"{TOKEN_VAR}={record['token']}".encode() in _environ(p) for p in _pids())
+    assert not any(f"{TOKEN_VAR}={record.token}".encode() in _environ(p) for p in _pids())
 
 
 def test_revert_observe_and_the_apply_token(tmp_path: Path):
@@ -181,7 +181,7 @@ def test_revert_observe_and_the_apply_token(tmp_path: Path):
                         observe=["test", "-e", "flag"], env={"MARK": "42"})
     assert Exec.observe(record) is False
     final = Exec(spec()).apply(record)
-    assert (tmp_path / "flag").read_text().strip() == record["token"]
+    assert (tmp_path / "flag").read_text().strip() == record.token
     details = Exec.observe_details(final)
     assert details["in_effect"] is True and details["exit_code"] == 0
     Exec.revert(final)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from chaoskit.injectors.gpu import GpuMemoryPressure, GpuMemoryPressureSpec
+from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure, GpuMemoryPressureSpec
 
 
 def spec(**kw) -> GpuMemoryPressureSpec:

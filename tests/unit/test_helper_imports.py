@@ -9,15 +9,16 @@ import sys
 
 import pytest
 
-from chaoskit.injectors import INJECTORS, proxy_fork
+from chaoskit.injectors import INJECTORS
+from chaoskit.injectors.forkserver import main as proxy_fork
 from chaoskit.injectors.helper_proc import command, env
 
 HEAVY = ("pydantic", "aiohttp", "yaml", "rich", "typer", "kubernetes", "numpy", "psutil", "pyroute2")
 # standard library only: they need nothing of chaoskit (a memory holder's own size matters to the OOM killer)
-STANDALONE = {"chaoskit.injectors.proxy_proc", "chaoskit.injectors.memory_holder",
-              "chaoskit.injectors.memlimit_proc", "chaoskit.injectors.cpu_stress_proc"}
+STANDALONE = {"chaoskit.injectors.proxy.helper", "chaoskit.injectors.memory.holder",
+              "chaoskit.injectors.memory.limit_helper", "chaoskit.injectors.cpu.stress_helper"}
 # load.flood's helper is chaoskit's load generator (pydantic LoadSpec, numpy histograms): it runs all of it
-RUNS_HEAVY = {"chaoskit.injectors.flood_proc"}
+RUNS_HEAVY = {"chaoskit.injectors.flood.helper"}
 HELPERS = sorted({cls.helper for cls in INJECTORS if cls.helper})
 SERVERS = sorted({cls.server for cls in INJECTORS if hasattr(cls, "server")})  # what proxy_proc runs
 
@@ -38,9 +39,9 @@ def imported_by(module: str) -> set[str]:
 
 
 def test_every_helper_is_declared_and_run_as_its_file():
-    assert set(HELPERS) == STANDALONE | RUNS_HEAVY | {"chaoskit.injectors.gpu_holder"}
-    *python, path = command("chaoskit.injectors.proxy_proc")
-    assert python == [sys.executable, "-S", "-P"] and path.endswith("chaoskit/injectors/proxy_proc.py")
+    assert set(HELPERS) == STANDALONE | RUNS_HEAVY | {"chaoskit.injectors.gpu.holder"}
+    *python, path = command("chaoskit.injectors.proxy.helper")
+    assert python == [sys.executable, "-S", "-P"] and path.endswith("chaoskit/injectors/proxy/helper.py")
 
 
 @pytest.mark.parametrize("server", SERVERS)
@@ -51,11 +52,15 @@ def test_a_proxy_server_runs_on_the_standard_library_and_what_it_shares(server):
     mods = imported_by(server)
     ours = sorted(m for m in mods if m.startswith("chaoskit."))
     assert not [m for m in mods if m.split(".")[0] in HEAVY]
-    l4 = ["chaoskit.injectors", "chaoskit.injectors.proxy_server", "chaoskit.injectors.proxy_splice"]
-    assert ours == {"chaoskit.injectors.proxy_server": ["chaoskit.injectors", "chaoskit.injectors.proxy_splice"],
-                    "chaoskit.injectors.kv_notify_server": l4,
-                    "chaoskit.injectors.llm_proxy_server": sorted([*l4, "chaoskit.injectors.llm_proxy_faults",
-                                                                  "chaoskit.injectors.llm_proxy_sse", "chaoskit.load",
+    # the family packages (chaoskit.injectors.proxy, ...) are docstrings: importing one imports nothing else
+    l4 = ["chaoskit.injectors", "chaoskit.injectors.proxy", "chaoskit.injectors.proxy.server",
+          "chaoskit.injectors.proxy.splice"]
+    assert ours == {"chaoskit.injectors.proxy.server": ["chaoskit.injectors", "chaoskit.injectors.proxy",
+                                                        "chaoskit.injectors.proxy.splice"],
+                    "chaoskit.injectors.kv_notify.server": l4,
+                    "chaoskit.injectors.llm_proxy.server": sorted([*l4, "chaoskit.injectors.llm_proxy",
+                                                                  "chaoskit.injectors.llm_proxy.faults",
+                                                                  "chaoskit.injectors.llm_proxy.sse", "chaoskit.load",
                                                                   "chaoskit.load.timer"])}[server]
 
 
@@ -72,8 +77,8 @@ def test_a_helper_imports_only_what_it_runs(module):
 def test_the_proxy_forkserver_imports_the_servers_and_nothing_heavy():
     """A run's proxy forkserver (proxy_fork) imports every proxy server once, for its forked helpers, and
     setproctitle; nothing heavy, no fault family."""
-    mods = imported_by("chaoskit.injectors.proxy_fork")
+    mods = imported_by("chaoskit.injectors.forkserver.main")
     assert not [m for m in mods if m.split(".")[0] in HEAVY]
     assert "chaoskit.injectors.base" not in mods and "setproctitle" in mods
-    assert {*SERVERS, "chaoskit.injectors.proxy_proc"} <= mods
+    assert {*SERVERS, "chaoskit.injectors.proxy.helper"} <= mods
     assert set(SERVERS) == set(proxy_fork.SERVERS)

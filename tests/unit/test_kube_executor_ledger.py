@@ -18,7 +18,7 @@ from chaoskit.engine.rollback import revert_entry, rollback
 from chaoskit.executors import UnknownExecutor, get_executor, route_of
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors.base import FaultContext
-from chaoskit.injectors.process import ProcessSignal
+from chaoskit.injectors.process.fault import ProcessSignal
 from chaoskit.targets.process import proc_ref
 from tests.conftest import proc_state, wait_for
 

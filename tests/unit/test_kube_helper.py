@@ -181,7 +181,7 @@ def test_one_helper_per_node_applies_observes_and_reverts_every_pod_on_it(api, c
 
     from chaoskit.executors.k8s_records import SignedRecords
     from chaoskit.injectors.base import FaultContext
-    from chaoskit.injectors.process import ProcessSignal
+    from chaoskit.injectors.process.fault import ProcessSignal
 
     api.kubelet = _node_agent()
     hp = helper_placement(cluster, targets=_pods_on({"node-a": 3, "node-b": 2}))
@@ -214,7 +214,7 @@ def test_one_helper_per_node_applies_observes_and_reverts_every_pod_on_it(api, c
 
 def test_a_node_whose_apply_failed_is_named_and_the_others_are_reverted_from_the_cluster(api, cluster):
     from chaoskit.injectors.base import FaultContext
-    from chaoskit.injectors.process import ProcessSignal
+    from chaoskit.injectors.process.fault import ProcessSignal
 
     api.kubelet = _node_agent(fail_on="node-b")
     hp = helper_placement(cluster, targets=_pods_on({"node-a": 2, "node-b": 2}))
@@ -240,6 +240,10 @@ def test_the_agent_reverts_every_pod_of_its_node_and_skips_one_whose_container_i
     reverted = []
 
     class Stub:
+        @classmethod
+        def from_ledger(cls, record):  # the record as the verbs take it: this stub's verbs read the dict
+            return record
+
         @classmethod
         def revert(cls, record):
             if record.get("fails"):

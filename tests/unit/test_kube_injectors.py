@@ -9,7 +9,7 @@ import pytest
 
 from chaoskit.errors import EXIT_PREFLIGHT, PreflightError
 from chaoskit.injectors import injector_class
-from chaoskit.injectors.kube import DeploymentScale, PodDelete, PodKill
+from chaoskit.injectors.kube.fault import DeploymentScale, PodDelete, PodKill
 from chaoskit.probes import probe_class
 from chaoskit.probes.kube import KubePodsProbe
 from tests.helpers.fake_kube import FakeKubeApi
@@ -41,17 +41,17 @@ def test_pod_delete_deletes_the_chosen_pod_gracefully_with_its_uid(api):
     inj = PodDelete(pod_spec("pod.delete", mode="one", seed=1))
     inj.preflight()
     record = inj.prepare()
-    (chosen,) = record["pods"]
+    (chosen,) = record.to_json()["pods"]
     uid = api.state.pods[("prod", chosen["pod"])]["metadata"]["uid"]
     assert inj.plan() == [f"delete pod prod/{chosen['pod']} (uid {uid}, node {chosen['node']}) graceful (grace "
                           "period 30s); its controller recreates it, nothing to revert"]
-    assert record["grace_period_s"] == 30 and inj.placement()["pods"] == record["pods"]
+    assert record.to_json()["grace_period_s"] == 30 and inj.placement()["pods"] == record.to_json()["pods"]
     final = inj.apply(record)
     assert api.state.deleted == [("prod", chosen["pod"], 30)]
     (req,) = api.calls("DELETE", "/pods/")
     assert req.body["preconditions"] == {"uid": uid} and req.query["gracePeriodSeconds"] == "30"
-    assert ("prod", chosen["pod"]) not in api.state.pods and final["pods"] == [chosen]
-    assert PodDelete.read_record(final).pods[0].uid == uid  # the record as apply writes it reads back
+    assert ("prod", chosen["pod"]) not in api.state.pods and final.to_json()["pods"] == [chosen]
+    assert PodDelete.read_record(final.to_json()).pods[0].uid == uid  # the record as apply writes it reads back
     PodDelete.revert(final)  # nothing to take back: no request at all
     assert len(api.requests) == len(api.calls("GET")) + 1
     assert PodDelete.observe(final) is False
@@ -66,7 +66,7 @@ def test_pod_kill_is_a_forced_deletion_and_skips_pods_already_gone(api):
     del api.state.pods[("prod", "web-1")]  # gone between prepare and apply
     final = inj.apply(record)
     assert api.state.deleted == [("prod", "web-0", 0), ("prod", "web-2", 0)]
-    assert [p["pod"] for p in final["pods"]] == ["web-0", "web-2"]
+    assert [p.pod for p in final.pods] == ["web-0", "web-2"]
     with pytest.raises(RuntimeError, match="pod.kill: every chosen pod was gone before it could be deleted"):
         inj.apply(record)
 
@@ -74,7 +74,7 @@ def test_pod_kill_is_a_forced_deletion_and_skips_pods_already_gone(api):
 def test_a_pod_recreated_under_the_same_name_is_not_deleted(api):
     inj = PodKill(pod_spec("pod.kill", mode="fixed", value=1))
     record = inj.prepare()
-    name = record["pods"][0]["pod"]
+    name = record.to_json()["pods"][0]["pod"]
     api.add_pod("prod", name, {"app": "web"})  # same name, new UID
     with pytest.raises(RuntimeError, match="every chosen pod was gone"):
         inj.apply(record)
@@ -86,7 +86,7 @@ def test_deployment_scale_applies_observes_and_restores(api):
     inj.preflight()
     assert inj.plan() == ["scale deployment prod/web from 3 to 0 replicas; revert: back to 3"]
     record = inj.prepare()
-    assert {k: record[k] for k in ("namespace", "deployment", "previous_replicas", "replicas")} == {
+    assert {k: record.to_json()[k] for k in ("namespace", "deployment", "previous_replicas", "replicas")} == {
         "namespace": "prod", "deployment": "web", "previous_replicas": 3, "replicas": 0}
     inj.apply(record)
     assert api.replicas("prod", "web") == 0 and DeploymentScale.observe(record) is True

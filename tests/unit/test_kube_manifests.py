@@ -18,8 +18,8 @@ from pydantic import ValidationError
 
 from chaoskit.executors import k8s_cuda_wrap as cuda_wrap
 from chaoskit.executors.k8s_helper import HelperPlacement, K8sHelperExecutor, helper_pod, replay_cluster
-from chaoskit.injectors.kube import DeploymentScale, PodKill
-from chaoskit.injectors.process import ProcessSignal
+from chaoskit.injectors.kube.fault import DeploymentScale, PodKill
+from chaoskit.injectors.process.fault import ProcessSignal
 from chaoskit.probes.kube import KubePodsProbe
 from chaoskit.targets.kube import ClusterRef, api_client
 from tests.helpers.fake_kube import FakeKubeApi

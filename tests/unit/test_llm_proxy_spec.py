@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from chaoskit.errors import ChaoskitError
 from chaoskit.experiment.loader import load_experiment
 from chaoskit.experiment.schema import experiment_schema
-from chaoskit.injectors.llm_proxy import GENERATE_PATHS, LlmProxy, LlmProxySpec
-from chaoskit.injectors.llm_proxy_faults import FaultTable, Request
-from chaoskit.injectors.llm_proxy_sse import Chunked, ChunkedEnd, corrupt_event, replace_text
+from chaoskit.injectors.llm_proxy.fault import GENERATE_PATHS, LlmProxy, LlmProxySpec
+from chaoskit.injectors.llm_proxy.faults import FaultTable, Request
+from chaoskit.injectors.llm_proxy.sse import Chunked, ChunkedEnd, corrupt_event, replace_text
 from chaoskit.load import native
 from chaoskit.load.clients import MalformedEvent, error_body, scan_stream, status_error
 from chaoskit.load.recorder import ERROR_KINDS, PYTHON_ONLY_KINDS
@@ -275,7 +275,7 @@ def test_cli_refuses_a_stall_timeout_with_the_native_sender(tmp_path: Path):
 def test_the_redirect_falls_back_to_an_ip_table_where_inet_nat_is_refused(monkeypatch):
     """A kernel before 5.2 refuses NAT in an inet table (not here: this kernel takes it, see
     tests/integration/test_proxy_intercept.py): the redirect is then made in an ip table, IPv4 only."""
-    from chaoskit.injectors import proxy_intercept
+    from chaoskit.injectors.proxy import intercept as proxy_intercept
     from chaoskit.targets import nftables
 
     sent: list[set[str]] = []

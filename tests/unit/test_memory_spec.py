@@ -8,8 +8,8 @@ from pydantic import ValidationError
 
 from chaoskit.errors import PreflightError
 from chaoskit.experiment.schema import experiment_schema
-from chaoskit.injectors import memory
-from chaoskit.injectors.memory import MemoryPressure, MemoryPressureSpec
+from chaoskit.injectors.memory import pressure as memory
+from chaoskit.injectors.memory.pressure import MemoryPressure, MemoryPressureSpec
 
 GiB, MiB = 1 << 30, 1 << 20
 

@@ -13,7 +13,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.gpu import mig
 from chaoskit.gpu.mig import ComputeProcess, MigError, MigMismatch, MigPlanError, Placement
 from chaoskit.injectors import injector_class
-from chaoskit.injectors.mig import MigReconfigure, MigSpec
+from chaoskit.injectors.gpu.mig import MigReconfigure, MigSpec
 from tests.helpers.mig_double import SimulatedMigGpu
 
 UUID = "GPU-5171e0a7-0000-4000-8000-00000000c0de"
@@ -128,7 +128,7 @@ def test_apply_of_a_matching_layout_makes_no_calls_and_says_so(use):
     inj = use(gpu)
     assert "already matches: no change" in inj.plan()
     record = inj.apply(inj.prepare())
-    assert record["changed"] is False and record["note"] == "already matches: no change"
+    assert record.changed is False and record.note == "already matches: no change"
     assert gpu.calls == []
 
 
@@ -145,7 +145,7 @@ def test_a_create_that_silently_does_nothing_makes_apply_raise(use, operation):
     else:
         assert "create compute instance 1g.18gb" in str(e.value) and "NOT_FOUND" in str(e.value)
     MigReconfigure.revert(record)  # and the partial change is undone
-    assert mig.same_state(gpu.read_state(0), mig.from_json(record["checkpoint"]))
+    assert mig.same_state(gpu.read_state(0), mig.from_json(record.checkpoint))
 
 
 def test_a_mode_change_that_silently_does_nothing_makes_apply_raise():
@@ -162,10 +162,10 @@ def test_checkpoint_apply_revert_restores_exact_placements(use):
     gpu = mixed(SimulatedMigGpu("H200"))
     before = gpu.read_state(0)
     inj = use(gpu)
-    record = json.loads(json.dumps(inj.prepare()))  # as the ledger stores it, before apply
-    assert mig.from_json(record["checkpoint"]) == before
-    record = json.loads(json.dumps(inj.apply(record)))
-    assert mig.layout_of(gpu.read_state(0)) == {"1g.18gb": 7} and record["changed"] is True
+    record = MigReconfigure.read_record(json.loads(json.dumps(inj.prepare().to_json())))  # as the ledger has it
+    assert mig.from_json(record.checkpoint) == before
+    record = MigReconfigure.read_record(json.loads(json.dumps(inj.apply(record).to_json())))
+    assert mig.layout_of(gpu.read_state(0)) == {"1g.18gb": 7} and record.changed is True
     assert MigReconfigure.observe(record) is True
 
     MigReconfigure.revert(record)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from chaoskit.cli import app
+from chaoskit.cli.main import app
 from chaoskit.errors import SpecError
 from chaoskit.experiment import loader
 from chaoskit.experiment.lint import _addr

@@ -102,7 +102,7 @@ def test_doctor_lists_devices_and_mig(sim):
 
 
 def test_memory_pressure_reports_nvml_view(sim, tmp_path):
-    from chaoskit.injectors.gpu import GpuMemoryPressure
+    from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure
 
     token = "chaoskit-gpuholder-0123456789abcdef0123456789abcdef"  # no such holder runs
     record = {"token": token, "device": 0, "status": str(tmp_path / f"{token}.status.json"),

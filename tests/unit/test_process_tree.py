@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import psutil
 import pytest
 
-from chaoskit.injectors.process import ProcessSignal, descendants, protected_pids, select_processes
+from chaoskit.injectors.process.fault import ProcessSignal, descendants, protected_pids, select_processes
 from chaoskit.reference.vllm import engine_core_pid
 from chaoskit.targets.process import (
     ProcessRef,
@@ -162,7 +162,7 @@ def test_a_ref_with_the_wrong_start_time_is_not_alive(tree):
         assert not is_alive(ProcessRef(pid, wrong, ref.comm))
     reused = {"signal": "SIGSTOP", "targets": [ProcessRef(pid, ref.start_time + 1, ref.comm).to_json()]}
     with pytest.raises(RuntimeError, match="every target exited"):
-        ProcessSignal(ProcessSignal.Spec(type="process.signal", pid=pid)).apply(reused)
+        ProcessSignal(ProcessSignal.Spec(type="process.signal", pid=pid)).apply(ProcessSignal.read_record(reused))
     assert proc_state(pid) not in ("T", "t")  # not stopped: the wrong identity was not signalled
     assert not is_alive(proc_ref(tree.pids["ck-zombie"]))  # a zombie is not alive either
 

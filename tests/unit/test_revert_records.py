@@ -22,21 +22,21 @@ import pytest
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors import INJECTORS
 from chaoskit.injectors.base import RecordError, RevertRecord
-from chaoskit.injectors.cpu import CpuStress, CpuThrottle
-from chaoskit.injectors.disk import DiskThrottle
-from chaoskit.injectors.diskfill import DiskFill
-from chaoskit.injectors.exec import TOKEN_VAR, Exec
-from chaoskit.injectors.firewall import Drop, Partition
+from chaoskit.injectors.cpu.fault import CpuStress, CpuThrottle
+from chaoskit.injectors.disk.fill import DiskFill
+from chaoskit.injectors.disk.throttle import DiskThrottle
+from chaoskit.injectors.exec.fault import TOKEN_VAR, Exec
+from chaoskit.injectors.firewall.fault import Drop, Partition
+from chaoskit.injectors.gpu.mig import MigReconfigure
+from chaoskit.injectors.gpu.xid import XidEvent
 from chaoskit.injectors.helper_proc import TOKEN
-from chaoskit.injectors.kube import DeploymentScale, PodDelete, PodKill
-from chaoskit.injectors.memlimit import MemoryLimit
-from chaoskit.injectors.memory import MemoryPressure
-from chaoskit.injectors.mig import MigReconfigure
-from chaoskit.injectors.netem_queue import QueueRecord
-from chaoskit.injectors.network import Bandwidth, Netem, QdiscRecord
-from chaoskit.injectors.process import ProcessSignal, SignalRecord
-from chaoskit.injectors.proxy import Proxy, ProxyRecord
-from chaoskit.injectors.xid import XidEvent
+from chaoskit.injectors.kube.fault import DeploymentScale, PodDelete, PodKill
+from chaoskit.injectors.memory.limit import MemoryLimit
+from chaoskit.injectors.memory.pressure import MemoryPressure
+from chaoskit.injectors.netem.fault import Bandwidth, Netem, QdiscRecord
+from chaoskit.injectors.netem.nfqueue import QueueRecord
+from chaoskit.injectors.process.fault import ProcessSignal, SignalRecord
+from chaoskit.injectors.proxy.fault import Proxy, ProxyRecord
 from chaoskit.targets.process import ProcessRef, proc_ref
 from tests.conftest import proc_state, wait_for
 
@@ -122,13 +122,13 @@ def test_a_sigstop_record_reads_back_and_is_reverted_from_the_model():
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         inj = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "pid": sleeper.pid}))
-        final = inj.apply(inj.prepare())
+        final = inj.apply(inj.prepare()).to_json()  # as the ledger keeps it
         wait_for(lambda: proc_state(sleeper.pid) == "T")
         record = ProcessSignal.read_record(final)
         assert record == SignalRecord(signal="SIGSTOP", targets=[proc_ref(sleeper.pid)])
-        assert isinstance(record.targets[0], ProcessRef) and ProcessSignal.observe(final)
+        assert isinstance(record.targets[0], ProcessRef) and ProcessSignal.observe(record)
         LocalExecutor().revert("process.signal", final, None)
-        assert proc_state(sleeper.pid) in ("S", "R") and not ProcessSignal.observe(final)
+        assert proc_state(sleeper.pid) in ("S", "R") and not ProcessSignal.observe(record)
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -215,9 +215,9 @@ def test_a_record_that_does_not_read_back_is_refused_before_any_undo(host, cls, 
     assert all(Path(s).is_relative_to(host.dir) for s in named), f"the record names a path of the host's: {named}"
     wrong = wrong(host) if callable(wrong) else wrong
     try:
-        for verb in (cls.revert, cls.observe):
+        for verb in (cls.revert, cls.observe):  # through the seam every caller uses (the executors, the agent)
             with pytest.raises(RecordError) as e:
-                verb(record)
+                verb(cls.from_ledger(record))
             assert str(e.value) == f"{cls.type}: its revert record does not read back {wrong}"
     finally:  # what a verb that let the record through did, shown even where it failed on it
         assert host.changes() == [], f"{cls.type} acted on a record it should have refused"

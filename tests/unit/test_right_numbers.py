@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from chaoskit.cli import app, method_size
+from chaoskit.cli.main import app, method_size
 from chaoskit.experiment.loader import load_experiment
 from chaoskit.model.events import from_json
 from chaoskit.report import html

@@ -9,7 +9,7 @@ import threading
 from chaoskit.engine import rollback as rollback_mod
 from chaoskit.engine.ledger import Entry, Ledger
 from chaoskit.engine.rollback import batches, rollback
-from chaoskit.injectors.process import ProcessSignal
+from chaoskit.injectors.process.fault import ProcessSignal
 from tests.conftest import proc_state, wait_for
 
 
@@ -43,8 +43,8 @@ def test_a_parallel_blocks_sigstops_are_reverted_at_once_for_real(tmp_path, monk
         for p in procs:
             inj = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "pid": p.pid}))
             record = inj.prepare()
-            entry_id = ledger.intent(inj.type, record, inj.plan(), group="parallel-1")
-            ledger.applied(entry_id, inj.apply(record))
+            entry_id = ledger.intent(inj.type, record.to_json(), inj.plan(), group="parallel-1")
+            ledger.applied(entry_id, inj.apply(record).to_json())
         for p in procs:
             wait_for(lambda p=p: proc_state(p.pid) == "T")
         assert [e.group for e in ledger.read().entries.values()] == ["parallel-1"] * 4

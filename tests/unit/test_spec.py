@@ -212,7 +212,7 @@ method:
                                             ("http://[::1]:8000/health", "[::1]:8000"),
                                             ("127.0.0.1:9000", "127.0.0.1:9000")])
 def test_proxy_upstream_url_gives_host_port(upstream, want):
-    from chaoskit.injectors.proxy import ProxySpec
+    from chaoskit.injectors.proxy.fault import ProxySpec
 
     assert ProxySpec(type="network.proxy", listen="127.0.0.1:18080", upstream=upstream).upstream == want
 
@@ -221,7 +221,7 @@ def test_proxy_upstream_url_gives_host_port(upstream, want):
 def test_proxy_refuses_what_is_not_an_address(field, value):
     from pydantic import ValidationError
 
-    from chaoskit.injectors.proxy import ProxySpec
+    from chaoskit.injectors.proxy.fault import ProxySpec
 
     spec = {"type": "network.proxy", "listen": "127.0.0.1:18080", "upstream": "127.0.0.1:9", field: value}
     with pytest.raises(ValidationError, match="expected host:port"):

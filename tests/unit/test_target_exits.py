@@ -12,7 +12,7 @@ import psutil
 from rich.console import Console
 
 from chaoskit.engine.target_exits import ExitWatch
-from chaoskit.injectors.process import ProcessSignal, ProcessSignalSpec
+from chaoskit.injectors.process.fault import ProcessSignal, ProcessSignalSpec
 from chaoskit.model.events import FaultApplied, TargetExited, from_json
 from chaoskit.targets.process import ProcessRef, proc_ref
 from chaoskit.ui import LiveView, PlainView
@@ -68,9 +68,10 @@ def _wait_child(pid: int) -> ProcessRef:
 def test_process_signal_watches_what_it_stopped_not_what_it_killed() -> None:
     target = {"pid": 123, "start_time": 45, "comm": "x"}
     stop = ProcessSignal(ProcessSignalSpec(type="process.signal", pid=123))
-    assert [r.pid for r in stop.watched_processes({"signal": "SIGSTOP", "targets": [target]})] == [123]
+    assert [r.pid for r in stop.watched_processes(ProcessSignal.read_record({"signal": "SIGSTOP",
+                                                                              "targets": [target]}))] == [123]
     kill = ProcessSignal(ProcessSignalSpec(type="process.signal", pid=123, signal="SIGTERM"))
-    assert kill.watched_processes({"signal": "SIGTERM", "targets": [target]}) == []
+    assert kill.watched_processes(ProcessSignal.read_record({"signal": "SIGTERM", "targets": [target]})) == []
 
 
 EVENT = {"t": 1.0, "event": "target_exited", "id": 1, "step": "stop-stub", "type": "process.signal", "pid": 29566,

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from chaoskit.cli import app
+from chaoskit.cli.main import app
 from chaoskit.errors import SpecError
 from chaoskit.experiment.loader import load_experiment
 from chaoskit.experiment.models import Experiment
-from chaoskit.injectors.network import NetemSpec
+from chaoskit.injectors.netem.fault import NetemSpec
 from chaoskit.units import bare_duration, parse_duration
 
 HEAD = """\

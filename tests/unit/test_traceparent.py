@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from chaoskit.injectors.llm_proxy_faults import FaultTable
-from chaoskit.injectors.llm_proxy_trace import Counted, RequestTrace
-from chaoskit.injectors.proxy_trace import http_traceparent, incoming
+from chaoskit.injectors.llm_proxy.faults import FaultTable
+from chaoskit.injectors.llm_proxy.trace import Counted, RequestTrace
+from chaoskit.injectors.proxy.trace import http_traceparent, incoming
 from chaoskit.load.fastclient import request_bytes
 from chaoskit.load.traceparent import format_header, from_env, parse
 from chaoskit.observe.traces import EnvCarrier

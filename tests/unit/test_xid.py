@@ -11,7 +11,15 @@ from pydantic import ValidationError
 
 from chaoskit.errors import PreflightError, SpecError
 from chaoskit.experiment.loader import load_experiment
-from chaoskit.injectors.xid import XID_MESSAGES, XidEvent, XidSpec, canonical_bus_id, driver_pci, parse_bus_id, xid_line
+from chaoskit.injectors.gpu.xid import (
+    XID_MESSAGES,
+    XidEvent,
+    XidSpec,
+    canonical_bus_id,
+    driver_pci,
+    parse_bus_id,
+    xid_line,
+)
 from chaoskit.probes.kernel_log import KernelLogProbe, KernelLogProbeSpec, parse_record, unescape, xid_of
 
 # what XID detectors match on (NVSentinel, gpud, dcgm-style dmesg scrapers)
@@ -96,13 +104,13 @@ def test_plan_record_and_revert_are_an_event():
                        "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
     assert "revert: nothing" in plan[1]
     record = inj.prepare()
-    assert record["event"] is True and "cannot be taken back" in record["note"]
-    assert record["pci_bus_id"] == "0000:3b:00.0" and len(record["lines"]) == 3 and record["written"] == []
-    assert XidEvent.read_record(record).pci_bus_id == "0000:3b:00.0"  # the record as prepare writes it reads back
+    assert record.event is True and "cannot be taken back" in record.note
+    assert record.pci_bus_id == "0000:3b:00.0" and len(record.lines) == 3 and record.written == []
+    assert XidEvent.read_record(record.to_json()) == record  # the record as prepare writes it reads back
     XidEvent.revert(record)
     XidEvent.revert(record)  # idempotent: nothing to do, ever
     assert XidEvent.observe(record) is False
-    written = {**record, "written": [{"line": record["lines"][0], "at": 1.0, "seq": 7}]}  # as apply writes it
+    written = XidEvent.read_record({**record.to_json(), "written": [{"line": record.lines[0], "at": 1.0, "seq": 7}]})
     assert XidEvent.observe_details(written) == {"in_effect": False, "event": True, "lines_written": 1, "seq": [7]}
 
 

@@ -1,0 +1,1 @@
+"""exec: the user's own fault as commands (apply, revert, observe)."""

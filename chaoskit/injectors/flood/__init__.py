@@ -1,0 +1,1 @@
+"""load.flood: open-loop load as a fault, run by its helper process."""

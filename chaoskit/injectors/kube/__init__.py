@@ -1,0 +1,1 @@
+"""pod.delete, pod.kill and deployment.scale: faults through the Kubernetes API."""

@@ -1,0 +1,1 @@
+"""kv.notify: the KV-transfer notification fault and its side-channel proxy server."""

@@ -1,0 +1,252 @@
+"""The faults of one llm.proxy process, as data: which requests each matches, the seeded share draws, the
+token buckets of rate_limit, what each fault did (counters), and the per-request Plan the server carries out.
+
+Wire format (from chaoskit.injectors.llm_proxy.fault): a list of dicts, each with `name`, `type`, `share`, `match`
+({path: [globs], model: glob|None, headers: {name: glob}}) and the type's parameters in seconds / counts."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from fnmatch import translate
+from typing import Any
+
+LOCAL, RESPONSE = ("abort", "rate_limit"), ("token_delay", "stall", "truncate", "malformed", "corrupt_tokens")
+MAX_KEYS = 10_000  # rate_limit buckets kept per fault (a per-request key would otherwise grow without end)
+_MODEL = re.compile(rb'"model"\s*:\s*"([^"]*)"')
+_STREAM = re.compile(rb'"stream"\s*:\s*true')
+_TRITON_MODEL = re.compile(r"^/v2/models/([^/]+)/")
+
+
+def _glob(pattern: str) -> re.Pattern[str]:
+    return re.compile(translate(pattern))
+
+
+class Request:
+    """One parsed request: what matching needs, extracted lazily (most requests never need the body)."""
+
+    __slots__ = ("method", "path", "raw_head", "body", "client", "_model", "_headers")
+
+    def __init__(self, method: bytes, path: str, raw_head: bytes, body: bytes, client: str):
+        self.method, self.path, self.raw_head, self.body, self.client = method, path, raw_head, body, client
+        self._model: str | None | bool = False
+        self._headers: dict[str, str | None] = {}
+
+    def model(self) -> str | None:
+        if self._model is False:
+            m = _TRITON_MODEL.match(self.path)
+            if m:
+                self._model = m.group(1)
+            else:
+                b = _MODEL.search(self.body)
+                self._model = b.group(1).decode("utf-8", "replace") if b else None
+        return self._model  # type: ignore[return-value]
+
+    def header(self, name: str) -> str | None:
+        if name not in self._headers:
+            m = re.search(rb"\r\n" + re.escape(name.encode()) + rb"[ \t]*:[ \t]*([^\r\n]*)", self.raw_head,
+                          re.IGNORECASE)
+            self._headers[name] = m.group(1).strip().decode("latin-1") if m else None
+        return self._headers[name]
+
+    def streaming(self) -> bool:
+        return self.path.endswith("/generate_stream") or _STREAM.search(self.body) is not None
+
+
+class Bucket:
+    """A token bucket: `rate` per second up to `burst`."""
+
+    __slots__ = ("rate", "burst", "level", "at")
+
+    def __init__(self, rate: float, burst: float):
+        self.rate, self.burst, self.level, self.at = rate, burst, burst, time.monotonic()
+
+    def refill(self, now: float) -> None:
+        self.level = min(self.burst, self.level + (now - self.at) * self.rate)
+        self.at = now
+
+    def wait_s(self) -> float:
+        """Seconds until one whole unit is available (0: now)."""
+        return max(0.0, (1.0 - self.level) / self.rate)
+
+
+@dataclass
+class Fault:
+    name: str
+    type: str
+    share: float
+    params: dict[str, Any]
+    paths: re.Pattern[str]
+    model: re.Pattern[str] | None
+    headers: list[tuple[str, re.Pattern[str]]]
+    rng: random.Random
+    gaps: random.Random  # token_delay's draws: their own stream, so the share draws never depend on stream lengths
+    buckets: dict[str, Bucket] = field(default_factory=dict)
+    matched: int = 0  # requests its match selected
+    selected: int = 0  # ... of which its share drew this many
+    applied: int = 0  # ... and on this many its effect really happened (a cut made, a 429 sent, a gap added)
+
+    def hit(self, req: Request) -> bool:
+        if self.paths.match(req.path) is None:
+            return False
+        if self.model is not None and ((m := req.model()) is None or self.model.match(m) is None):
+            return False
+        for name, pattern in self.headers:
+            v = req.header(name)
+            if v is None or pattern.match(v) is None:
+                return False
+        return True
+
+    def gap_s(self) -> float:
+        """One token_delay gap: fixed, or drawn from its distribution (never negative)."""
+        p = self.params
+        d, j = p["delay"], p.get("jitter", 0.0)
+        dist = p.get("distribution", "uniform")
+        if dist == "exponential":
+            return self.gaps.expovariate(1.0 / d)
+        if not j:
+            return d
+        g = self.gaps.uniform(d - j, d + j) if dist == "uniform" else self.gaps.gauss(d, j)
+        return max(0.0, g)
+
+    def corrupts(self) -> bool:
+        """corrupt_tokens: whether this token event's text is replaced (its own seeded stream, like the gaps)."""
+        share = self.params.get("token_share", 1.0)
+        return share >= 1.0 or (share > 0.0 and self.gaps.random() < share)
+
+    def bucket(self, req: Request) -> Bucket:
+        key = req.client if self.params["key"] == "client" else (req.header(self.params["key"][7:]) or "")
+        b = self.buckets.get(key)
+        if b is None:
+            if len(self.buckets) >= MAX_KEYS:
+                self.buckets.clear()
+            rate = self.params.get("requests_per_s") or self.params["tokens_per_s"]
+            b = self.buckets[key] = Bucket(rate, self.params.get("burst") or max(1.0, rate))
+        return b
+
+
+@dataclass
+class Local:
+    """An answer the proxy gives itself, without the upstream."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    fault: Fault
+
+
+@dataclass
+class Plan:
+    """What the selected faults do to one request (None from FaultTable.plan: nothing, the fast path)."""
+
+    names: list[str] = field(default_factory=list)
+    local: Local | None = None
+    delay: Fault | None = None
+    delay_s: float = 0.0
+    token_delay: Fault | None = None
+    stall: Fault | None = None
+    truncate: Fault | None = None
+    malformed: Fault | None = None  # in-stream corruption (error_object of a non-streaming request is `local`)
+    corrupt_tokens: Fault | None = None  # token text replaced (SSE streams only; a JSON answer passes unchanged)
+    tokens: Bucket | None = None  # rate_limit tokens_per_s: the bucket each forwarded token is taken from
+
+    def on_events(self) -> bool:
+        return bool(self.token_delay or self.stall or self.truncate or self.malformed or self.corrupt_tokens
+                    or self.tokens)
+
+
+def error_body(path: str, message: str, code: int) -> bytes:
+    """An error object as the API would send it: Triton's {"error": "..."}, OpenAI's {"error": {...}}."""
+    if path.startswith("/v2/"):
+        return json.dumps({"error": message}).encode()
+    return json.dumps({"error": {"message": message, "type": "chaoskit_fault", "code": code}}).encode()
+
+
+class FaultTable:
+    def __init__(self, wire: list[dict[str, Any]], seed: int):
+        self.faults = [self._fault(i, f, seed) for i, f in enumerate(wire)]
+
+    @staticmethod
+    def _fault(i: int, f: dict[str, Any], seed: int) -> Fault:
+        match = f.get("match") or {}
+        paths = match.get("path") or ["*"]
+        params = {k: v for k, v in f.items() if k not in ("name", "type", "share", "match")}
+        return Fault(f["name"], f["type"], float(f.get("share", 1.0)), params,
+                     re.compile("|".join(f"(?:{translate(p)})" for p in paths)),
+                     _glob(match["model"]) if match.get("model") else None,
+                     [(k, _glob(v)) for k, v in (match.get("headers") or {}).items()],
+                     random.Random(f"{seed}:{i}:share"), random.Random(f"{seed}:{i}:gaps"))
+
+    def plan(self, req: Request) -> Plan | None:
+        """Draw every matching fault's share for this request (each fault's own seeded stream: the k-th request a
+        fault matches gets the same draw in every run with that seed) and combine what was selected."""
+        plan: Plan | None = None
+        for f in self.faults:
+            if not f.hit(req):
+                continue
+            f.matched += 1
+            if f.share < 1.0 and (f.share <= 0.0 or f.rng.random() >= f.share):
+                continue
+            f.selected += 1
+            if plan is None:
+                plan = Plan()
+            plan.names.append(f.name)
+            self._add(plan, f, req)
+        return plan
+
+    @staticmethod
+    def _add(plan: Plan, f: Fault, req: Request) -> None:
+        if plan.local is not None:
+            return  # answered already by an earlier fault: selected, not applied
+        p, t = f.params, f.type
+        if t == "abort":
+            headers = [("Retry-After", str(p["retry_after"]))] if p.get("retry_after") is not None else []
+            plan.local = Local(p["status"], headers, error_body(req.path, f"llm.proxy fault {f.name}: HTTP "
+                                                                           f"{p['status']}", p["status"]), f)
+        elif t == "rate_limit":
+            b = f.bucket(req)
+            b.refill(time.monotonic())
+            if b.level >= 1.0:
+                if p.get("requests_per_s"):
+                    b.level -= 1.0
+                else:
+                    plan.tokens = b
+                return
+            headers = [("Retry-After", str(max(1, math.ceil(b.wait_s()))))] if p.get("retry_after", True) else []
+            plan.local = Local(429, headers, error_body(req.path, f"llm.proxy fault {f.name}: rate limit", 429), f)
+        elif t == "malformed" and p["corrupt"] == "error_object" and not req.streaming():
+            plan.local = Local(200, [], error_body(req.path, f"llm.proxy fault {f.name}: injected error", 500), f)
+        elif t == "delay":
+            if plan.delay is None:
+                plan.delay = f
+                j = p.get("jitter", 0.0)
+                plan.delay_s = max(0.0, p["delay"] + (f.gaps.uniform(-j, j) if j else 0.0))
+        elif t in RESPONSE and getattr(plan, t) is None:
+            setattr(plan, t, f)
+
+    # ---------------------------------------------------------------- what it did
+
+    def stats(self, requests: int, upstream_errors: int) -> dict[str, Any]:
+        return {"requests": requests, "upstream_errors": upstream_errors, "faults": {
+            f.name: {"type": f.type, "share": f.share, "matched": f.matched, "selected": f.selected,
+                     "applied": f.applied, "applied_share": round(f.applied / f.matched, 6) if f.matched else None}
+            for f in self.faults}}
+
+    def metrics(self, requests: int, upstream_errors: int, connections: int) -> bytes:
+        out = ["# HELP llm_proxy_requests_total requests the proxy received (its own /chaoskit/ endpoints aside)",
+               "# TYPE llm_proxy_requests_total counter", f"llm_proxy_requests_total {requests}",
+               "# HELP llm_proxy_upstream_errors_total requests answered 502: the upstream could not be reached",
+               "# TYPE llm_proxy_upstream_errors_total counter", f"llm_proxy_upstream_errors_total {upstream_errors}",
+               "# HELP llm_proxy_connections client connections open now",
+               "# TYPE llm_proxy_connections gauge", f"llm_proxy_connections {connections}"]
+        for what, doc in (("matched", "requests the fault's match selected"),
+                          ("selected", "matched requests its share drew"),
+                          ("applied", "selected requests on which its effect really happened")):
+            out += [f"# HELP llm_proxy_fault_{what}_total {doc}", f"# TYPE llm_proxy_fault_{what}_total counter"]
+            out += [f'llm_proxy_fault_{what}_total{{fault="{f.name}",type="{f.type}"}} {getattr(f, what)}'
+                    for f in self.faults]
+        return ("\n".join(out) + "\n").encode()
