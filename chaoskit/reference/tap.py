@@ -121,16 +121,11 @@ async def relay(replica: str, host: str, port: int, log: TextIO, ids: itertools.
 
 
 async def _relay(c: Connection, host: str, port: int, down: asyncio.StreamReader, up: asyncio.StreamWriter) -> None:
-    try:
-        r_reader, r_writer = await asyncio.open_connection(host, port)
-    except OSError:  # the replica refuses: the gateway's connection is closed, its request (if sent) counted
-        try:
-            c.requests.feed_data(await asyncio.wait_for(down.read(CHUNK), 1.0))
-        except (TimeoutError, OSError, httptools.HttpParserError):
-            pass
-        c.close("refused")
+    connected = await connect(c, host, port, down)
+    if connected is None:
         up.close()
         return
+    r_reader, r_writer = connected
     to_replica = asyncio.create_task(pump(down, r_writer, c.requests.feed_data))
     from_replica = asyncio.create_task(pump(r_reader, up, c.answers.feed_data))
     done, _ = await asyncio.wait({to_replica, from_replica}, return_when=asyncio.FIRST_COMPLETED)
@@ -142,6 +137,44 @@ async def _relay(c: Connection, host: str, port: int, down: asyncio.StreamReader
         from_replica.cancel()
     for w in (r_writer, up):
         w.close()
+
+
+async def connect(c: Connection, host: str, port: int,
+                  down: asyncio.StreamReader) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """The connection to the replica, the gateway's bytes read (and its requests logged as they arrive) while it
+    is being made: a replica cut off by the network answers no SYN for minutes. None when it refused, or the
+    gateway gave up first (its requests then ended: refused, gateway_closed)."""
+    connecting = asyncio.ensure_future(asyncio.open_connection(host, port))
+    early = bytearray()
+    while not connecting.done():
+        reading = asyncio.ensure_future(down.read(CHUNK))
+        await asyncio.wait({connecting, reading}, return_when=asyncio.FIRST_COMPLETED)
+        if not reading.done():
+            reading.cancel()  # a read cancelled while it waits takes no bytes
+            continue
+        data = reading.result()
+        if not data:
+            connecting.cancel()
+            c.close("gateway_closed")
+            return None
+        early += data
+        try:
+            c.requests.feed_data(data)
+        except httptools.HttpParserError:
+            pass
+    try:
+        r_reader, r_writer = connecting.result()
+    except OSError:  # refused at once: the request the gateway sends next (within a second) is counted
+        if not c.waiting:
+            try:
+                c.requests.feed_data(await asyncio.wait_for(down.read(CHUNK), 1.0))
+            except (TimeoutError, OSError, httptools.HttpParserError):
+                pass
+        c.close("refused")
+        return None
+    if early:
+        r_writer.write(bytes(early))
+    return r_reader, r_writer
 
 
 async def serve(routes: list[tuple[str, int, str, int]], log: TextIO) -> None:

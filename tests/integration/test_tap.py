@@ -95,3 +95,36 @@ def test_a_request_to_a_dead_replica_is_logged_as_refused(pair) -> None:
         complete(port, "dead", timeout=5)
     wait_for(lambda: len(lines(tap_log)) == 1, timeout=5)
     assert [(x["path"], x["outcome"]) for x in lines(tap_log)] == [("/v1/completions", "refused")]
+
+
+def test_a_request_to_a_replica_that_answers_no_syn_is_logged_when_it_arrived(tmp_path: Path) -> None:
+    """A replica cut off by the network: here a listener whose accept queue is full, so the kernel drops the
+    tap's SYN (loopback only); the request is logged as it arrives, not once a connection is made."""
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    port = full.getsockname()[1]
+    fillers = []
+    for _ in range(4):  # fill the accept queue: later SYNs get no answer
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        fillers.append(s)
+    time.sleep(0.2)
+    tap_port, tap_log = free_port(), tmp_path / "tap.jsonl"
+    tap = subprocess.Popen([sys.executable, "-m", "chaoskit.reference.tap", "--log", str(tap_log),
+                            f"--route=r0={tap_port}=127.0.0.1:{port}"], stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: listening(tap_port), timeout=20, every=0.1)
+        sent = time.time()
+        with pytest.raises((TimeoutError, urllib.error.URLError)):
+            complete(tap_port, "cut off", timeout=1.0)
+        wait_for(lambda: len(lines(tap_log)) == 1, timeout=5)
+        [logged] = lines(tap_log)
+        assert sent <= logged["t"] < sent + 0.5 and logged["path"] == "/v1/completions", logged
+        assert logged["outcome"] == "gateway_closed", logged
+    finally:
+        tap.terminate()
+        tap.wait(10)
+        for s in (*fillers, full):
+            s.close()
