@@ -168,7 +168,8 @@ class Deployment:
             "startup_s": round(time.monotonic() - t_start, 2), "settings": opts.settings(),
             "gateway": {"kind": opts.gateway, "version": gw.get("version", chaoskit_version),
                         "config": gw.get("config", str(self.root / "gateway.json")),
-                        "settings": gw.get("settings", opts.health_settings()), "tap_log": gw.get("tap_log")},
+                        "settings": " ".join(f"{k}={v}" for k, v in gw.get("settings", opts.health_settings()).items()),
+                        "tap_log": gw.get("tap_log")},
             "gateway_pid": gw["pid"],
         }
         if opts.netns:

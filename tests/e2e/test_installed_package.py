@@ -97,7 +97,7 @@ def test_the_wheel_carries_every_file_of_the_package(user):
     tree = {str(p.relative_to(ROOT)) for p in (ROOT / "chaoskit").rglob("*") if p.is_file() and _shipped(p)}
     assert sorted(tree - names) == []
     library = [n for n in names if n.startswith("chaoskit/library/")]
-    assert {n.split("/")[2] for n in library} == {"bpf", "probes", "faults", "experiments"}
+    assert {n.split("/")[2] for n in library} == {"bpf", "probes", "faults", "experiments", "matrices"}
     assert any(n.startswith("chaoskit/library/experiments/sits2026/data/") for n in library)
 
 

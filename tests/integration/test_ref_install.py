@@ -100,5 +100,6 @@ def test_vllm_already_installed_answers_at_once():
 
 def test_engine_names_are_checked():
     p, _ = cli("ref", "install", "tgi", env={})
-    assert p.returncode == 2 and p.stderr.strip() == "error: ref install 'tgi': expected triton or vllm"
+    assert p.returncode == 2 and p.stderr.strip() == ("error: ref install 'tgi': expected triton, vllm or gateway-NAME (NAME: "
+                                                 "vllm-router, sglang-router, litellm, nginx, haproxy)")
     assert not Path(ROOT / ".chaoskit" / "tgi").exists()

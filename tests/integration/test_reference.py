@@ -364,7 +364,7 @@ def test_down_removes_the_shared_memory_a_killed_tritonserver_left(tmp_path):
 
 def test_bad_options_are_clear_errors(tmp_path):
     env = {**os.environ, "CHAOSKIT_REF_DIR": str(tmp_path)}
-    for args, text in ((["--engine", "tgi"], "expected triton or vllm"), (["--health", "x"], "status or latency"),
+    for args, text in ((["--engine", "tgi"], "expected triton, vllm or tiny-openai"), (["--health", "x"], "status or latency"),
                        (["--model-param", "novalue"], "KEY=VALUE")):
         r = subprocess.run([sys.executable, "-m", "chaoskit", "ref", "up", *args], env=env, cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
