@@ -38,7 +38,6 @@ class Settings:
     name: str
     token_rate: float  # tokens per second per request (the time between two tokens is 1 / token_rate)
     max_context: int  # prompt characters; more is a 400 as vLLM answers a too-long prompt
-    log: Path | None
 
 
 class BadRequest(Exception):
@@ -184,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-context", type=int, default=4096, help="prompt characters + max_tokens (default 4096)")
     ap.add_argument("--log", type=Path, help="append a JSON line per request here")
     a = ap.parse_args(argv)
-    settings = Settings(a.name, a.token_rate, a.max_context, a.log)
+    settings = Settings(a.name, a.token_rate, a.max_context)
     log = open(a.log, "a", buffering=1) if a.log else None
     try:
         web.run_app(Replica(settings, log).app(), host=a.host, port=a.port, print=None, access_log=None,
