@@ -3,6 +3,8 @@ the replicas with the health checks, retries and breaker its documentation recom
 
 from __future__ import annotations
 
+import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import ClassVar
 
 from chaoskit.errors import ChaoskitError
 from chaoskit.model.gateways import PARAMS
+from chaoskit.reference.gateways.install import apt_install, pip_install, pip_installed, venv_bin, version_of
 
 
 @dataclass(frozen=True)
@@ -64,3 +67,39 @@ class GatewayKind:
             raise ChaoskitError(f"gateway_params for {self.name}: unknown {', '.join(unknown)} (known: "
                                 f"{', '.join(sorted(catalog.known()))})")
         return {**catalog.defaults, **params}
+
+
+class PipGateway(GatewayKind):
+    """A gateway from PyPI: `package` pinned (NAME==VERSION), in a venv of its own."""
+
+    def installed(self) -> bool:
+        return pip_installed(self.name, self.package)
+
+    def install(self, say: Callable[[str], None], force: bool = False) -> tuple[str, bool]:
+        return pip_install(self.name, self.package, say, force)
+
+    def version(self) -> str:
+        return self.package.partition("==")[2]
+
+    def program(self, name: str) -> str:
+        return str(venv_bin(self.name, name))
+
+
+class AptGateway(GatewayKind):
+    """A gateway from a Debian package whose binary has the package's name; `version_pattern` finds the version
+    in what `BINARY -v` prints."""
+
+    version_pattern: ClassVar[str]
+
+    def binary(self) -> str:
+        return shutil.which(self.package) or f"/usr/sbin/{self.package}"
+
+    def installed(self) -> bool:
+        return Path(self.binary()).exists()
+
+    def install(self, say: Callable[[str], None], force: bool = False) -> tuple[str, bool]:
+        return apt_install(self.package, self.package, say, force)
+
+    def version(self) -> str:
+        return version_of([self.binary(), "-v"],
+                          lambda out: m.group(1) if (m := re.search(self.version_pattern, out)) else "")

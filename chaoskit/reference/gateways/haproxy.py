@@ -3,32 +3,15 @@ on another replica (retry-on, redispatch), long server timeouts for streamed ans
 
 from __future__ import annotations
 
-import re
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
-from chaoskit.reference.gateways.base import GatewayKind, Launch, Upstream
-from chaoskit.reference.gateways.install import apt_install, version_of
+from chaoskit.reference.gateways.base import AptGateway, Launch, Upstream
 
 
-def binary() -> str:
-    return shutil.which("haproxy") or "/usr/sbin/haproxy"
-
-
-class HAProxy(GatewayKind):
+class HAProxy(AptGateway):
     name = "haproxy"
     package = "haproxy"
-
-    def installed(self) -> bool:
-        return Path(binary()).exists()
-
-    def install(self, say: Callable[[str], None], force: bool = False) -> tuple[str, bool]:
-        return apt_install(self.package, "haproxy", say, force)
-
-    def version(self) -> str:
-        return version_of([binary(), "-v"], lambda out: (m.group(1) if (m := re.search(r"version (\S+)", out))
-                                                        else ""))
+    version_pattern = r"version (\S+)"
 
     def launch(self, root: Path, upstreams: list[Upstream], port: int, aux_port: int,
                settings: dict[str, str]) -> Launch:
@@ -56,4 +39,4 @@ backend replicas
   default-server inter {settings['inter']} fall {settings['fall']} rise {settings['rise']}
 {servers}
 """)
-        return Launch([binary(), "-db", "-f", str(conf)], settings, conf)
+        return Launch([self.binary(), "-db", "-f", str(conf)], settings, conf)

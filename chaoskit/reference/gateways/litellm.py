@@ -4,14 +4,11 @@ under one model name, its router's retries, allowed failures and cooldown (its e
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
-from chaoskit.reference.gateways.base import GatewayKind, Launch, Upstream
-from chaoskit.reference.gateways.install import pip_install, pip_installed, venv_bin
+from chaoskit.reference.gateways.base import Launch, PipGateway, Upstream
 from chaoskit.reference.tiny_openai import SERVED_NAME
 
-PIN = "1.108.7"
 NUMBERS = ("num_retries", "allowed_fails", "cooldown_time", "timeout", "stream_timeout")
 
 
@@ -19,18 +16,9 @@ def number(text: str) -> int | float:
     return int(text) if text.isdigit() else float(text)
 
 
-class LiteLLM(GatewayKind):
+class LiteLLM(PipGateway):
     name = "litellm"
-    package = f"litellm[proxy]=={PIN}"
-
-    def installed(self) -> bool:
-        return pip_installed(self.name, self.package)
-
-    def install(self, say: Callable[[str], None], force: bool = False) -> tuple[str, bool]:
-        return pip_install(self.name, self.package, say, force)
-
-    def version(self) -> str:
-        return PIN
+    package = "litellm[proxy]==1.108.7"
 
     def launch(self, root: Path, upstreams: list[Upstream], port: int, aux_port: int,
                settings: dict[str, str], model: str = SERVED_NAME) -> Launch:
@@ -42,5 +30,5 @@ class LiteLLM(GatewayKind):
         conf.write_text(json.dumps(config, indent=2))
         env = {"LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",  # no key: it binds 127.0.0.1 only
                "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False", "NO_COLOR": "1"}
-        return Launch([str(venv_bin(self.name, "litellm")), "--config", str(conf), "--host", "127.0.0.1",
+        return Launch([self.program("litellm"), "--config", str(conf), "--host", "127.0.0.1",
                        "--port", str(port), "--num_workers", "1"], settings, conf, env)

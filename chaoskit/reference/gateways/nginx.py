@@ -4,32 +4,15 @@ of streamed answers."""
 
 from __future__ import annotations
 
-import re
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
-from chaoskit.reference.gateways.base import GatewayKind, Launch, Upstream
-from chaoskit.reference.gateways.install import apt_install, version_of
+from chaoskit.reference.gateways.base import AptGateway, Launch, Upstream
 
 
-def binary() -> str:
-    return shutil.which("nginx") or "/usr/sbin/nginx"
-
-
-class Nginx(GatewayKind):
+class Nginx(AptGateway):
     name = "nginx"
     package = "nginx"
-
-    def installed(self) -> bool:
-        return Path(binary()).exists()
-
-    def install(self, say: Callable[[str], None], force: bool = False) -> tuple[str, bool]:
-        return apt_install(self.package, "nginx", say, force)
-
-    def version(self) -> str:
-        return version_of([binary(), "-v"], lambda out: (m.group(1) if (m := re.search(r"nginx/(\S+)", out))
-                                                        else ""))
+    version_pattern = r"nginx/(\S+)"
 
     def launch(self, root: Path, upstreams: list[Upstream], port: int, aux_port: int,
                settings: dict[str, str]) -> Launch:
@@ -66,4 +49,4 @@ http {{
   }}
 }}
 """)
-        return Launch([binary(), "-p", str(root / "nginx"), "-c", str(conf), "-g", "daemon off;"], settings, conf)
+        return Launch([self.binary(), "-p", str(root / "nginx"), "-c", str(conf), "-g", "daemon off;"], settings, conf)
