@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaoskit.engine.journal import read_journal
+from chaoskit.model.events import FaultApplied, FaultReverted, Recovered, RunEnded, Sample
+
 EJECTED_SHARE = 0.05  # replica 0 is ejected once its share of new attempts stays at most this
 BIN_S = 0.5  # the share is counted in bins this long
 LOAD_PATH = "/v1/completions"  # the clients' load (the answers probe sends chat completions, not counted here)
@@ -46,6 +49,7 @@ class CellMeasures:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The tap's log: a JSON object a line, a torn line skipped."""
     if not path.exists():
         return []
     out = []
@@ -58,26 +62,25 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def measure(journal: Path, tap_log: Path | None, replica0: str, rate: float) -> CellMeasures:
-    events = read_jsonl(journal)
-    end = next((e for e in reversed(events) if e.get("event") == "end"), {})
-    m = CellMeasures(verdict=end.get("verdict", "incomplete"), exit_code=int(end.get("exit_code", 3)),
-                     deviations=list(end.get("deviations", [])))
-    recovered = next((e for e in events if e.get("event") == "recovered"), None)
-    m.recovered_s = recovered["seconds"] if recovered else None
-    applied = next((e for e in events if e.get("event") == "fault_applied"), None)
-    reverted = next((e for e in events if e.get("event") == "fault_reverted"), None)
-    m.metastable = applied is not None and recovered is None and m.verdict != "incomplete"
-    during = [e for e in events if e.get("event") == "sample" and e.get("phase") == "during"]
-    _clients(m, [e for e in during if e.get("probe") == "clients"])
-    _answers(m, [e for e in during if e.get("probe") == "answers"])
-    if tap_log is not None and applied is not None and reverted is not None:
+    events = read_journal(journal) if journal.exists() else []
+    end = next((e for e in reversed(events) if isinstance(e, RunEnded)), None)
+    m = (CellMeasures(verdict=str(end.verdict), exit_code=end.exit_code, deviations=list(end.deviations)) if end
+         else CellMeasures(verdict="incomplete", exit_code=3))
+    recovered = next((e for e in events if isinstance(e, Recovered)), None)
+    m.recovered_s = recovered.seconds if recovered else None
+    applied = next((e for e in events if isinstance(e, FaultApplied)), None)
+    reverted = next((e for e in events if isinstance(e, FaultReverted)), None)
+    m.metastable = applied is not None and recovered is None and end is not None
+    during = [e for e in events if isinstance(e, Sample) and e.phase == "during"]
+    _clients(m, [e.values for e in during if e.probe == "clients"])
+    _answers(m, [e.values for e in during if e.probe == "answers"])
+    if tap_log is not None and applied is not None and applied.applied_at is not None and reverted is not None:
         attempts = [a for a in read_jsonl(tap_log) if a.get("path") == LOAD_PATH]
-        _spread(m, attempts, replica0, applied["applied_at"], reverted["t"], rate)
+        _spread(m, attempts, replica0, applied.applied_at, reverted.t, rate)
     return m
 
 
-def _clients(m: CellMeasures, during: list[dict[str, Any]]) -> None:
-    values = [e.get("values", {}) for e in during]
+def _clients(m: CellMeasures, values: list[dict[str, Any]]) -> None:
     ratios = [v["sent_on_time_ratio"] for v in values if isinstance(v.get("sent_on_time_ratio"), (int, float))]
     m.sent_on_time_ratio = min(ratios) if ratios else None
     m.client_requests = sum(int(v.get("requests", 0)) for v in values)
@@ -93,10 +96,9 @@ def _clients(m: CellMeasures, during: list[dict[str, Any]]) -> None:
     m.stream_outcomes = {k: kinds.get(k, 0) for k in STREAM_ERRORS}
 
 
-def _answers(m: CellMeasures, during: list[dict[str, Any]]) -> None:
+def _answers(m: CellMeasures, values: list[dict[str, Any]]) -> None:
     grades: dict[str, int] = {}
-    for e in during:
-        v = e.get("values") or {}
+    for v in values:
         m.answers += int(v.get("requests", 0))
         for key, n in v.items():
             if key.startswith("failures.") and n:

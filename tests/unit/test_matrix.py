@@ -82,9 +82,10 @@ def test_time_to_eject_is_where_replica_0s_share_stays_at_most_5_percent() -> No
 
 
 def journal(path: Path, applied: float, reverted: float, samples: list[tuple], recovered: bool) -> Path:
-    events = [{"t": applied, "event": "fault_applied", "applied_at": applied},
-              *({"t": t, "event": "sample", "probe": probe, "phase": "during", "values": v} for t, probe, v in samples),
-              {"t": reverted, "event": "fault_reverted"},
+    events = [{"t": applied, "event": "fault_applied", "id": 1, "applied_at": applied},
+              *({"t": t, "event": "sample", "probe": probe, "phase": "during", "verdict": "fail", "values": v}
+                for t, probe, v in samples),
+              {"t": reverted, "event": "fault_reverted", "id": 1},
               *([{"t": reverted + 2, "event": "recovered", "seconds": 2.0}] if recovered else []),
               {"t": reverted + 3, "event": "end", "verdict": "deviated", "exit_code": 1, "deviations": ["x"]}]
     path.write_text("".join(json.dumps(e) + "\n" for e in events))
