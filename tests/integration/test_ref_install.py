@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from chaoskit.reference import triton
-from tests.conftest import ROOT, free_port
+from chaoskit.reference.scenario import free_port_block
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(900)  # above cli()'s own 600 s (a real pip install), which fails with pip's output
 
@@ -54,7 +55,7 @@ def test_a_replica_runs_the_tritonserver_ref_install_put_there(tmp_path):
     env = {"CHAOSKIT_TRITON_HOME": str(home), "CHAOSKIT_STATE_DIR": str(tmp_path / "state")}
     p, _ = cli("ref", "install", "triton", "--force", env=env)
     assert p.returncode == 0, p.stderr
-    d, port = tmp_path / "ref", free_port()
+    d, port = tmp_path / "ref", free_port_block(1)  # all 4 ports free, below the ephemeral range
     up, _ = cli("ref", "up", "--replicas", "1", "--port", str(port), "--dir", str(d), "--json", env=env, timeout=120)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
