@@ -20,7 +20,7 @@ from chaoskit.load.spec import LoadSpec
 
 SOURCE = Path(__file__).with_name("sender.c")
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall")
-ERRORS = ("timeout", "connect", "http_status", "stream_error", "other")  # sender.c's E_* order
+ERRORS = ("timeout", "connect", "http_status", "stream_error", "other", "stream_truncated")  # sender.c's E_* order
 API = {"http": 0, "openai": 1, "openai-chat": 2, "triton": 3}
 SLICE_S = 0.01  # the C loop hands back to Python this often (progress, windows, more of the schedule)
 AHEAD_S, FILL, CHUNK = 0.1, 1024, 8192  # the schedule C holds: 0.1 s ahead, topped up <= 1024 at a time
@@ -73,7 +73,7 @@ def _lib(path: str) -> ctypes.CDLL:
 def choose(spec: LoadSpec, group_by: str | None = None) -> str:
     """'native' or 'python' for this spec (building the library when native is wanted); errors name the cause.
     group_by needs the python sender: sender.c parses only the headers that frame a response; so does
-    stall_timeout: sender.c does not classify stalled, truncated or malformed streams (recorder.PYTHON_ONLY_KINDS)."""
+    stall_timeout: sender.c does not classify stalled or malformed streams (recorder.PYTHON_ONLY_KINDS)."""
     if group_by is not None:
         if spec.sender == "native":
             raise ChaoskitError(f"group_by {group_by} needs the python sender: the native sender (sender.c) does "
@@ -84,7 +84,7 @@ def choose(spec: LoadSpec, group_by: str | None = None) -> str:
     if spec.stall_timeout is not None:
         if spec.sender == "native":
             raise ChaoskitError("stall_timeout needs the python sender: the native sender (sender.c) does not "
-                                "tell stalled, truncated or malformed streams apart; use sender: python or auto")
+                                "tell stalled or malformed streams apart; use sender: python or auto")
         return "python"
     if spec.sender == "python" or (spec.sender == "auto" and spec.url.startswith("https://")):
         return "python"

@@ -27,8 +27,8 @@ METRICS = ("e2e", "service", "ttft", "itl", "tpot", "all_e2e", "all_ttft")  # e2
 ERROR_KINDS = ("timeout", "connect", "http_status", "rate_limited", "rate_limited_retry_after",
                "unavailable_retry_after", "stream_truncated", "stream_stalled", "stream_malformed", "stream_error",
                "other")
-PYTHON_ONLY_KINDS = ("rate_limited", "rate_limited_retry_after", "unavailable_retry_after", "stream_truncated",
-                     "stream_stalled", "stream_malformed")  # the native sender counts these as http_status/other
+PYTHON_ONLY_KINDS = ("rate_limited", "rate_limited_retry_after", "unavailable_retry_after", "stream_stalled",
+                     "stream_malformed")  # the native sender counts these as http_status/other
 LOWEST, HIGHEST, DIGITS = 1, 3_600_000_000, 3
 LATE_US = 1000  # a send more than 1 ms after its intended time is late
 LATE_S = LATE_US / 1e6

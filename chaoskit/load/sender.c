@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 enum { API_HTTP, API_OPENAI, API_CHAT, API_TRITON };
-enum { E_TIMEOUT, E_CONNECT, E_HTTP, E_STREAM, E_OTHER, E_N };  /* the order of native.ERRORS */
+enum { E_TIMEOUT, E_CONNECT, E_HTTP, E_STREAM, E_OTHER, E_TRUNCATED, E_N };  /* the order of native.ERRORS */
 enum { M_E2E, M_SERVICE, M_TTFT, M_ITL, M_TPOT, M_ALL_E2E, M_ALL_TTFT, M_N }; /* the order of recorder.METRICS */
 enum { S_DEAD, S_IDLE, S_BUSY };
 enum { C_SIZE, C_DATA, C_CRLF, C_TRAILER };
@@ -73,6 +73,7 @@ typedef struct conn {
     char line[256];              /* a chunk-size or trailer line */
     int line_len;
     int64_t events, usage;       /* token events seen; the server's own count (-1: none) */
+    int done_seen;               /* an SSE `data: [DONE]` came (OpenAI streams end with it) */
     double first, last;
     double *gaps;                /* inter-token gaps of this request, recorded when it succeeds */
     int n_gaps, cap_gaps;
@@ -250,6 +251,7 @@ static int send_one(ck *c, double intended) {
     k->cstate = C_SIZE;
     k->hold_len = k->line_len = k->n_gaps = 0;
     k->events = 0;
+    k->done_seen = 0;
     k->usage = -1;
     k->error = -1;
     k->state = S_BUSY;
@@ -329,7 +331,9 @@ static int scan(ck *c, conn *k, const char *p, const char *end, double now) {
         while (q < e && (*q == ' ' || *q == '\t')) q++;
         if (e - q >= 5 && memcmp(q, "data:", 5) == 0) {
             q += 5;
-            if (!find(q, e, "[DONE]", 6)) {
+            if (find(q, e, "[DONE]", 6)) {
+                k->done_seen = 1;
+            } else {
                 if (value_of(q, e, "\"error\"")) return -1;
                 int64_t u = usage_of(q, e);
                 if (u >= 0)
@@ -391,6 +395,10 @@ static void finish(ck *c, conn *k, double now) {
     int sse = f->stream && f->api != API_HTTP;
     if (k->error >= 0) {
         fail(c, k, k->error);
+        return;
+    }
+    if (sse && (f->api == API_OPENAI || f->api == API_CHAT) && !k->done_seen) {
+        fail(c, k, E_TRUNCATED); /* the body ended cleanly, without data: [DONE] (clients.needs_done) */
         return;
     }
     if (!sse && f->api != API_HTTP) k->usage = usage_of(k->hold, k->hold + k->hold_len);
@@ -521,6 +529,8 @@ static void readable(ck *c, conn *k) {
     if (r <= 0) {
         if (k->headers_done && k->length < 0 && !k->chunked)
             finish(c, k, now); /* a close-delimited body */
+        else if (k->headers_done && k->status < 400 && c->cfg.stream && c->cfg.api != API_HTTP)
+            fail(c, k, E_TRUNCATED); /* a stream cut before its end (the python sender's ClientPayloadError) */
         else
             fail(c, k, E_OTHER);
         return;

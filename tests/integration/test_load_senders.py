@@ -61,6 +61,16 @@ CASES: dict[str, tuple[bytes | None, int, bool, dict, dict]] = {
             {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
             *({"choices": [{"delta": {"content": c}}]} for c in "ab"))) + chat,
         0, False, {"api": "openai-chat"}, {"ok": 10, "output_tokens": 20, "errors": {}}),
+    "a stream ending without data: [DONE]": (
+        SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(TOKENS.removesuffix(b"data: [DONE]\n\n"), 40),
+        0, False, {}, {"ok": 0, "errors": {"stream_truncated": 10}}),
+    "a chunked stream cut by a close mid-chunk": (
+        SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(TOKENS, 40)[:90], 0, True, {},
+        {"ok": 0, "errors": {"stream_truncated": 10}}),
+    "triton: a stream ends with its body, no [DONE]": (
+        SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(b"".join(
+            b"data: " + json.dumps({"text_output": c}).encode() + b"\n\n" for c in "abc"), 16),
+        0, False, {"api": "triton", "model": "tiny_lm"}, {"ok": 10, "output_tokens": 30, "errors": {}}),
 }
 
 

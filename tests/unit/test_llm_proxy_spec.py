@@ -249,8 +249,9 @@ def test_slo_expectations_on_kinds_pick_the_python_sender():
         return SloProbeSpec.model_validate({"name": "p", "type": "slo", "expect": expect, "load": {
             "url": "http://127.0.0.1:1", "api": "triton", "rate": 1, "duration": 1, "sender": sender}})
 
-    assert probe({"error_share": {"stream_truncated": "< 0.1"}}).load.sender == "python"
+    assert probe({"error_share": {"stream_malformed": "< 0.1"}}).load.sender == "python"
     assert probe({"errors": {"timeout": "== 0"}}).load.sender == "auto"  # the native sender counts timeouts
+    assert probe({"errors": {"stream_truncated": "== 0"}}).load.sender == "auto"  # and cut streams
     with pytest.raises(ValidationError, match="the native sender .* counts these as http_status or other"):
         probe({"errors": {"rate_limited": "== 0"}}, sender="native")
     with pytest.raises(ValidationError, match="unknown error kind \\(did you mean 'stream_stalled'\\?\\)"):
