@@ -298,8 +298,15 @@ def rollback(
                                            "~/.kube/config, the pod's service account)"),
     context: str | None = typer.Option(None, help="--cluster: kubeconfig context"),
     namespace: str = typer.Option("chaoskit", help="--cluster: the namespace of the revert ConfigMaps"),
+    print_unit: bool = typer.Option(False, "--print-unit", help="print the systemd unit that runs `rollback --all` "
+                                    "at boot with this install of chaoskit and this state directory, and exit"),
 ) -> None:
     """Revert faults left behind by a run that could not (killed, host rebooted). Exit 5 if any revert fails."""
+    if print_unit:
+        from chaoskit.app.boot_unit import rollback_unit
+
+        print(rollback_unit(), end="")
+        raise typer.Exit(0)
     from chaoskit.engine.ledger import Ledger, open_ledgers
     from chaoskit.engine.rollback import rollback as do_rollback
     from chaoskit.paths import ledger_dir
