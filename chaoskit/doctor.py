@@ -15,10 +15,38 @@ from typing import Any
 
 KERNEL = os.uname().release
 TRACEFS = Path("/sys/kernel/tracing")
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a fault family or probe may declare in `host_needs`: a doctor check, in words, and the REQUIREMENTS
+    (ids) that provide it; the prerequisites reference page is generated from these and the classes."""
+
+    id: str
+    what: str
+    requirements: tuple[str, ...] = ()
+
+
 # the checks a fault family or probe may name in its class's `host_needs` (what a failed one blocks is derived
 # from those declarations: blocked())
-NEEDS = ("root", "signals", "meminfo", "netem", "nftables", "cgroup-io", "ebpf", "native-sender", "cuda", "nvml",
-         "kmsg", "kube")
+NEED_LIST = (
+    Need("root", "root (euid 0): network namespaces, qdiscs, nftables, cgroups, eBPF", ("root",)),
+    Need("signals", "signals to the target processes: your own, or any process as root"),
+    Need("meminfo", "/proc/meminfo (what memory is available)"),
+    Need("netem", "the sch_netem qdisc (mode qdisc), or NFQUEUE and a C compiler (mode queue)",
+         ("root", "netem", "cc")),
+    Need("nftables", "nftables through libnftables' JSON API", ("root", "nftables")),
+    Need("cgroup-io", "block I/O throttling: the cgroup v2 io controller or v1 blkio", ("root", "cgroup-io")),
+    Need("ebpf", "bcc compiling and attaching tracepoint and kprobe programs",
+         ("root", "bcc", "bcc-site", "kernel-headers", "tracefs")),
+    Need("native-sender", "a C compiler for the native load sender (else the Python sender is used)", ("cc",)),
+    Need("cuda", "an NVIDIA GPU and the CUDA driver library (libcuda.so.1)", ("nvidia-gpu", "nvidia-driver")),
+    Need("nvml", "an NVIDIA GPU and NVML (libnvidia-ml.so.1)", ("nvidia-gpu", "nvidia-driver")),
+    Need("kmsg", "/dev/kmsg readable and writable (root)", ("root",)),
+    Need("kube", "a Kubernetes API: a kubeconfig or a pod's service account", ("kubeconfig",)),
+)
+NEEDS = tuple(n.id for n in NEED_LIST)
+
 # where distributions put bcc's Python module (Debian/Ubuntu, RHEL/Fedora, a source build)
 SYSTEM_BCC = ("/usr/lib/python3/dist-packages/bcc", "/usr/lib/python3*/site-packages/bcc",
               "/usr/lib64/python3*/site-packages/bcc", "/usr/local/lib/python3*/dist-packages/bcc",

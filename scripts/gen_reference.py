@@ -10,7 +10,8 @@ The pages come from:
 - the command line: the typer app `chaoskit.cli.main.app`, walked as its click command tree;
 - exit codes: the `EXIT_*` constants and exception classes of `chaoskit/errors.py`, and the suite's order;
 - the run's state machine: `chaoskit.engine.states` (states, transitions, events);
-- the layers: the import-linter contracts in pyproject.toml ([tool.importlinter]).
+- the layers: the import-linter contracts in pyproject.toml ([tool.importlinter]);
+- prerequisites: pyproject.toml's platform and version, each class's `host_needs`, `chaoskit.doctor`'s needs.
 
 Each field table lists the JSON Schema pydantic derives from the model (the schema `chaoskit schema` publishes):
 name, type, default, constraints, description. Each page has one example, validated against the model: the
@@ -384,7 +385,8 @@ def index_page(injectors: list[Any], probes: list[Any], types: Types) -> str:
             "- [Exit codes](exit-codes.md), and the order in which a suite combines them.\n"
             "- [Run states](run-states.md): the state machine every run goes through.\n"
             "- [Layers](layers.md): which package may import which.\n"
-            "- [Bundled experiments](experiments.md): every experiment the package carries.\n\n"
+            "- [Bundled experiments](experiments.md): every experiment the package carries.\n"
+            "- [Prerequisites](prerequisites.md): the platform, and what each fault and probe needs from the host.\n\n"
             f"## Injectors\n\n{len(injectors)} fault families, by `type`:\n\n| type | what it does |\n|---|---|\n"
             f"{rows_i}\n\n## Probes\n\n{len(probes)} probe types, by `type`:\n\n| type | what it measures |\n"
             f"|---|---|\n{rows_p}\n\n### Fields every probe has\n\n{common}")
@@ -478,6 +480,92 @@ def exit_codes_page() -> str:
             "## Errors and their codes\n\nAn error chaoskit reports as one message (never a traceback) carries its "
             "exit code:\n\n| exception | exit code | when |\n|---|---|---|\n" + "\n".join(exc_rows) + "\n\n"
             "In CI: [a CI gate](../ci.md) fails the job on any code but 0.\n")
+
+
+def _requirement_words(need: Any) -> str:
+    """What provides a doctor need, in words: each requirement's kernel option and packages (`$(uname -r)` for
+    the running kernel, so the page does not depend on the host that generates it)."""
+    from chaoskit import doctor
+
+    parts = []
+    for rid in need.requirements:
+        r = doctor.REQUIREMENTS[rid]
+        if rid == "root":
+            continue
+        bits = [r.what.replace(doctor.KERNEL, "$(uname -r)")]
+        if r.kernel_option:
+            bits.append(f"kernel {r.kernel_option}")
+        for family, pkgs in (("Debian/Ubuntu", r.debian), ("RHEL-family", r.rhel)):
+            if pkgs:
+                bits.append(f"{family}: " + " ".join(f"`{p.replace('{kernel}', '$(uname -r)')}`" for p in pkgs))
+        parts.append("; ".join(bits))
+    if need.id == "netem":
+        parts.append("mode queue instead: kernel " + ", ".join(doctor.QUEUE_OPTIONS))
+    return " — ".join(parts)
+
+
+def _kernel_features(needs: frozenset[str]) -> str:
+    from chaoskit import doctor
+
+    by_id = {n.id: n for n in doctor.NEED_LIST}
+    opts: list[str] = []
+    for need in sorted(needs):
+        for rid in by_id[need].requirements:
+            if doctor.REQUIREMENTS[rid].kernel_option:
+                opts.append(doctor.REQUIREMENTS[rid].kernel_option)
+        if need == "netem":
+            opts.append("or (mode queue) " + ", ".join(doctor.QUEUE_OPTIONS))
+    return "; ".join(dict.fromkeys(opts))
+
+
+def _needs_root(needs: frozenset[str]) -> bool:
+    from chaoskit import doctor
+
+    by_id = {n.id: n for n in doctor.NEED_LIST}
+    return any(n == "root" or "root" in by_id[n].requirements for n in needs)
+
+
+def prerequisites_page(injectors: list[Any], probes: list[Any]) -> str:
+    from chaoskit import doctor
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    status = next((c.split("::")[-1].strip() for c in project.get("classifiers", [])
+                   if c.startswith("Development Status")), "unstated")
+    oses = [c.split("::")[-1].strip() for c in project.get("classifiers", []) if c.startswith("Operating System")]
+
+    def rows(classes: list[Any], suffix: str) -> str:
+        out = []
+        for c in classes:
+            needs = ", ".join(f"[`{n}`](#{slug(n)})" for n in sorted(c.host_needs)) or "—"
+            out.append(f"| [`{c.type}`]({suffix}/{c.type}.md) | {'yes' if _needs_root(c.host_needs) else 'no'} | "
+                       f"{needs} | {cell(_kernel_features(c.host_needs)) or '—'} |")
+        return "| type | root | doctor checks | kernel features |\n|---|---|---|---|\n" + "\n".join(out) + "\n"
+
+    need_parts = []
+    for n in doctor.NEED_LIST:
+        users = ", ".join(f"`{t}`" for t in doctor.blocked(n.id)) or "—"
+        need_parts.append(f"### {n.id}\n\n{cell(n.what)}.\n\n"
+                          + (f"Provided by: {cell(_requirement_words(n))}.\n\n" if _requirement_words(n) else "")
+                          + f"Declared by: {users}.\n")
+    return (HEADER + "# Prerequisites\n\n"
+            f"From the code: the platform and maturity from pyproject.toml, what each fault family and probe needs "
+            "from the host from its class's `host_needs`, and what provides each need from `chaoskit/doctor.py` "
+            "(`NEED_LIST`, `REQUIREMENTS`). `chaoskit doctor` checks this host for all of them and says what to "
+            "install for the rest.\n\n"
+            "## Platform\n\n"
+            f"- Operating system: {', '.join(oses) or 'unstated'} only: the faults are Linux kernel objects "
+            "(network namespaces, qdiscs, nftables, cgroups, eBPF programs).\n"
+            f"- Python {project['requires-python']}.\n"
+            f"- Version {project['version']}, development status **{status}**: the experiment file "
+            "(`apiVersion: chaoskit/v1`), the command line and the exit codes may still change between releases; "
+            "CHANGELOG.md says what did.\n"
+            "- Where the package comes from: a wheel built from the source tree (`pip wheel --no-deps -w dist .`); "
+            "it is not published on PyPI.\n\n"
+            "A fault whose needs depend on its fields checks them in its preflight (exit 4, nothing applied): an "
+            "`intercept:` of a proxy enters a network namespace and needs root; `process.signal` needs root for "
+            "another user's process.\n\n"
+            f"## Faults\n\n{rows(injectors, 'injectors')}\n## Probes\n\n{rows(probes, 'probes')}\n"
+            "## The needs\n\n" + "\n".join(need_parts))
 
 
 def run_states_page() -> str:
@@ -656,6 +744,7 @@ def generate() -> dict[str, str]:
         "journal-events.md": journal_events_page,
         "layers.md": layers_page,
         "experiments.md": experiments_page,
+        "prerequisites.md": lambda: prerequisites_page(injectors, probes),
     }
     for c in injectors:
         pages[f"injectors/{c.type}.md"] = lambda c=c: injector_page(c, types)
@@ -677,7 +766,8 @@ def nav_block(pages: dict[str, str]) -> str:
     """The site's nav entries for the generated pages (between the markers in mkdocs.yml's Reference section)."""
     titles = {"index.md": "Overview", "cli.md": "Command line", "exit-codes.md": "Exit codes",
               "run-states.md": "Run states",
-              "journal-events.md": "Journal events", "layers.md": "Layers", "experiments.md": "Bundled experiments"}
+              "journal-events.md": "Journal events", "layers.md": "Layers", "experiments.md": "Bundled experiments",
+              "prerequisites.md": "Prerequisites"}
     lines = [f"      - {titles[p]}: reference/{p}\n" for p in titles if p in pages]
     missing = sorted(p for p in pages if "/" not in p and p not in titles)
     if missing:

@@ -204,6 +204,7 @@ class KubeNodesProbe(Probe):
     type: ClassVar[str] = "kube.nodes"
     summary: ClassVar[str] = ("Kubernetes nodes: conditions, taints, cordon, GPUs allocatable/allocated, DRA device "
                               "taints; stages of the health pipeline timed from each fault")
+    host_needs: ClassVar[frozenset[str]] = frozenset({"kube"})
     Spec = KubeNodesProbeSpec
     spec: KubeNodesProbeSpec
 

@@ -20,3 +20,12 @@ def test_a_check_blocks_the_types_that_declare_it():
         want = {c.type for c in INJECTORS if need in c.host_needs} | {f"{c.type} probe" for c in PROBES
                                                                        if need in c.host_needs}
         assert set(doctor.blocked(need)) == want and want, need
+
+
+def test_every_need_says_what_provides_it():
+    """The prerequisites page (scripts/gen_reference.py) is generated from doctor.NEED_LIST: each need names only
+    known requirements, and every requirement doctor can report missing belongs to some need."""
+    named = {r for n in doctor.NEED_LIST for r in n.requirements}
+    assert named - set(doctor.REQUIREMENTS) == set()
+    assert set(doctor.REQUIREMENTS) - named == set()
+    assert len(doctor.NEEDS) == len(set(doctor.NEEDS)) and all(n.what for n in doctor.NEED_LIST)
