@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import signal
 import sys
@@ -430,6 +431,27 @@ def list_() -> None:
 def version() -> None:
     """Print the version (the installed package's metadata)."""
     print(f"chaoskit {__version__}")
+
+
+def one_line_paragraphs(text: str) -> str:
+    """`text` with each paragraph (blank-line separated) on one line: the terminal wraps it, not the source."""
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def _unwrap_help(typer_app: typer.Typer) -> None:
+    """Typer's rich help prints a docstring's line breaks as they are, a summary then breaks mid-sentence where
+    the source did: every command's and group's help becomes one-line paragraphs, wrapped at the terminal."""
+    for cmd in typer_app.registered_commands:
+        doc = cmd.help if isinstance(cmd.help, str) else inspect.getdoc(cmd.callback)
+        cmd.help = one_line_paragraphs(doc) if doc else cmd.help
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            info = group.typer_instance.info
+            info.help = one_line_paragraphs(info.help) if isinstance(info.help, str) else info.help
+            _unwrap_help(group.typer_instance)
+
+
+_unwrap_help(app)
 
 
 def main() -> None:
