@@ -7,11 +7,10 @@ import os
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from chaoskit.doctor import REQUIREMENTS, Check, python_info, run_checks
 from chaoskit.errors import ChaoskitError, PreflightError
-from chaoskit.term import console
+from chaoskit.term import Table, console
 
 out = console()
 err = console(stderr=True)

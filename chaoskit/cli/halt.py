@@ -8,10 +8,9 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from chaoskit.errors import ChaoskitError
-from chaoskit.term import console
+from chaoskit.term import Table, console
 
 out = console()
 err = console(stderr=True)

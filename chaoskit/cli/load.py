@@ -8,10 +8,9 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 from rich.live import Live
-from rich.table import Table
 
 from chaoskit.errors import ChaoskitError, SpecError
-from chaoskit.term import console
+from chaoskit.term import Table, console
 
 out = console()
 err = console(stderr=True)

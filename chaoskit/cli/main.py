@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from chaoskit import __version__, errors
 from chaoskit.errors import ChaoskitError
-from chaoskit.term import console
+from chaoskit.term import Table, console
 
 if TYPE_CHECKING:  # typed records only: the modules load when a command needs them (start-up stays quick)
     from chaoskit.app.orphans import OrphanReplay

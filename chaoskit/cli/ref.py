@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from chaoskit.errors import ChaoskitError
-from chaoskit.term import console
+from chaoskit.term import Table, console
 
 if TYPE_CHECKING:
     from chaoskit.app.orphans import OrphanReplay

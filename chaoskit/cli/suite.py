@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.markup import escape
-from rich.table import Table
 
-from chaoskit.term import console
+from chaoskit.term import Table, console
 
 if TYPE_CHECKING:
     from chaoskit.app.outputs import StepSummary

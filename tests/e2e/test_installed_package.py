@@ -146,7 +146,7 @@ def test_list_shows_every_bundled_experiment_by_name(user):
     names = sorted(str(f.relative_to(LIBRARY / "experiments").with_suffix(""))
                    for f in (LIBRARY / "experiments").rglob("*.yaml"))
     assert len(names) >= 20
-    rows = {line.split("│")[1].strip() for line in p.stdout.splitlines() if line.count("│") >= 3}
+    rows = {line.split("|")[1].strip() for line in p.stdout.splitlines() if line.count("|") >= 3}  # piped: ASCII
     assert [n for n in names if n not in rows] == [], p.stdout
     assert "invalid" not in p.stdout and str(user.venv) in p.stdout  # each loaded from the installed package
 

@@ -29,3 +29,27 @@ def test_help_breaks_a_summary_only_where_the_next_word_does_not_fit(state_dir, 
     pairs = zip(rows, rows[1:], strict=False)
     early = [f"{body.strip()!r} + {nxt[col:].split()[0]!r}" for (_, body), (name, nxt) in pairs if not name and len(body[col:].rstrip()) + 1 + len(nxt[col:].split()[0]) <= widest]
     assert early == [], "a line ends before the next word, which fits on it:\n" + "\n".join(early) + "\n" + out
+
+
+def test_piped_list_keeps_each_summary_whole_in_a_table_under_200_columns(state_dir):
+    """`chaoskit list | awk '{ print length }' | sort -n | tail -1` is under 200 for the injectors table (awk
+    counts bytes here: the table is ASCII), and each injector's summary is there whole, wrapped at words."""
+    from chaoskit.injectors import INJECTORS
+
+    p = chaoskit("list", state=state_dir)  # stdout: a pipe
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    lines = out.splitlines()
+    titles = [line.rstrip() for line in lines]  # a title is padded to its table's width
+    start, end = titles.index("injectors"), titles.index("probes")
+    table = lines[start:end]
+    widest = max(len(line.encode()) for line in table)
+    assert widest < 200, "\n".join(table)
+    summaries: dict[str, list[str]] = {}
+    for line in table[4:-1]:  # title, top border, header, separator ... bottom border
+        _, name, words, _ = line.split("|")
+        if name.strip():
+            summaries[name.strip()] = []
+        summaries[list(summaries)[-1]].append(words.strip())
+    assert {name: " ".join(parts) for name, parts in summaries.items()} == {c.type: c.summary for c in INJECTORS}
+    print(f"injectors table: {len(table)} lines, widest {widest} bytes")
