@@ -263,28 +263,46 @@ def method_size(steps: list[Any]) -> str:
 
 
 @app.command()
-def validate(files: list[Path] = typer.Argument(..., help="experiment YAML files (or bundled experiments' names)")
+def validate(files: list[Path] = typer.Argument(..., help="experiment YAML files, directories of them (their "
+                                                ".yaml and .yml files, as `run` takes them) or bundled experiments' names")
              ) -> None:
     """Check experiment files; errors name file:line:column and the field. Exit 2 if any is invalid."""
-    from chaoskit.experiment.loader import load_experiment
+    from chaoskit.app.suite import expand
     from chaoskit.paths import experiment_path
 
     bad = 0
-    for f in map(experiment_path, files):
+    for given in map(experiment_path, files):
         try:
-            loaded = load_experiment(f, strict=False)
+            found = expand([given])  # a directory stands for its experiment files, as `run` reads it
         except ChaoskitError as e:
+            _say_invalid(e)
             bad += 1
-            for line in str(e).splitlines():
-                err.print(f"[red]✗[/] {escape(line)}", highlight=False, soft_wrap=True)
             continue
-        out.print(f"[green]✓[/] {f}: {loaded.experiment.metadata.name} ({method_size(loaded.experiment.method)})",
-                  highlight=False)
-        for note in loaded.notes:
-            out.print(f"  [yellow]note:[/] {escape(note)}", highlight=False)
-        for warning in loaded.warnings:
-            out.print(f"  [bold yellow]warning:[/] {escape(warning)}", highlight=False)
+        bad += sum(not _validate_one(f) for f in found)
     raise typer.Exit(errors.EXIT_INVALID if bad else 0)
+
+
+def _say_invalid(e: ChaoskitError) -> None:
+    for line in str(e).splitlines():
+        err.print(f"[red]✗[/] {escape(line)}", highlight=False, soft_wrap=True)
+
+
+def _validate_one(f: Path) -> bool:
+    """Load one experiment file as `run` would and say what it holds (or what is wrong): whether it is valid."""
+    from chaoskit.experiment.loader import load_experiment
+
+    try:
+        loaded = load_experiment(f, strict=False)
+    except ChaoskitError as e:
+        _say_invalid(e)
+        return False
+    out.print(f"[green]✓[/] {f}: {loaded.experiment.metadata.name} ({method_size(loaded.experiment.method)})",
+              highlight=False)
+    for note in loaded.notes:
+        out.print(f"  [yellow]note:[/] {escape(note)}", highlight=False)
+    for warning in loaded.warnings:
+        out.print(f"  [bold yellow]warning:[/] {escape(warning)}", highlight=False)
+    return True
 
 
 @app.command()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import chaoskit, write
+from tests.conftest import ROOT, chaoskit, write
 from tests.integration.test_doctor import has_netem, has_queue_mode
 
 BAD = """\
@@ -84,3 +84,27 @@ def test_version_option_and_command(state_dir):
         p = chaoskit(*args, state=state_dir)
         out, err = p.communicate(timeout=60)
         assert p.returncode == 0 and out == f"chaoskit {version('chaoskit')}\n", (args, out, err)
+
+
+def test_validate_a_directory_as_run_takes_it(tmp_path, state_dir):
+    """A directory stands for its *.yaml / *.yml files (not its subdirectories), each checked; an empty one is
+    an error of its own."""
+    d = tmp_path / "exps"
+    (d / "deeper").mkdir(parents=True)
+    good = write(d / "a-good.yml", (ROOT / "chaoskit/library/experiments/basic/stop-http-server.yaml").read_text())
+    bad = write(d / "b-bad.yaml", BAD)
+    write(d / "notes.txt", "not an experiment")
+    write(d / "deeper" / "c.yaml", BAD)
+    (tmp_path / "empty").mkdir()
+    p = chaoskit("validate", str(d), state=state_dir)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "Traceback" not in out + err
+    assert out.splitlines() == [f"✓ {good}: stop-http-server (2 steps: 1 fault, 1 pause)"]
+    assert f"{bad}:8:5: method[0].duration: expected a duration" in err and "deeper" not in err
+    p = chaoskit("validate", str(tmp_path / "empty"), str(good), state=state_dir)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and f"✓ {good}" in out
+    assert err.strip() == f"✗ {tmp_path / 'empty'}: no experiment files (*.yaml, *.yml) in this directory"
+    bad.unlink()
+    p = chaoskit("validate", str(d), state=state_dir)
+    assert p.communicate(timeout=60) and p.returncode == 0
