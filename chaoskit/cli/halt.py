@@ -41,6 +41,8 @@ def halt(
     if release and reason:
         _fail(ChaoskitError("--release takes no --reason"))
     pulled = None if release else lever.new_lever(reason)
+    if pulled is not None:
+        _say_stopping(cluster)
     try:  # this host's lever first: it cannot wait on a network, and the cluster may take a while to reach
         if pulled is None:
             gone = lever.release_host_lever()
@@ -56,6 +58,26 @@ def halt(
         raise typer.Exit(0)
     out.print("runs abort and roll back within a safeguard interval; release with: chaoskit halt --release"
               + (" --cluster" if cluster else ""))
+
+
+def _say_stopping(cluster: bool) -> None:
+    """Before the lever is pulled: the runs it stops, those of this state directory (a run with another one, its
+    own $CHAOSKIT_STATE_DIR or another user's default, reads another lever)."""
+    from chaoskit.app.orphans import runs_in_progress
+    from chaoskit.paths import state_dir
+
+    runs = runs_in_progress()
+    where = f"state directory {state_dir()}"
+    if not runs:
+        out.print(f"no run in progress in {where}" + (" (and the cluster's runs, wherever they run)" if cluster
+                                                       else ""), highlight=False, soft_wrap=True)
+    else:
+        out.print(f"stopping {len(runs)} run{'s' if len(runs) > 1 else ''} of {where}:", highlight=False,
+                  soft_wrap=True)
+    for r in runs:
+        faults = ", ".join(r.faults) or "no fault yet"
+        out.print(f"  {escape(r.experiment)} (run {r.run_id}, PID {r.pid if r.pid is not None else '?'}): "
+                  f"{escape(faults)}; {escape(r.state)}", highlight=False, soft_wrap=True)
 
 
 def _halt_cluster(where: Any, pulled: Any) -> None:
@@ -108,10 +130,25 @@ def status(
         out.print("not halted" + (" (this host and the cluster)" if cluster else " (this host)"))
     _runs_table("runs in progress on this host", [
         (r.host, r.run_id, r.experiment, ", ".join(r.faults) or "none yet", r.since, r.state) for r in runs])
+    _say_held(runs)
     if cluster:
         _runs_table(f"runs with faults recorded in the cluster (namespace {namespace})", [
             (r.host, r.run_id, r.experiment, ", ".join(f"{f.type} on {f.node}/{f.pod} ({f.state})" for f in r.faults),
              r.since, "recorded in the cluster") for r in remote])
+
+
+def _say_held(runs: list[Any]) -> None:
+    """Each fault that may be in effect, with what it holds on this host (where to look for it)."""
+    for r in runs:
+        if not r.held:
+            continue
+        out.print(f"faults of {escape(r.experiment)} (run {r.run_id}), newest first:", highlight=False,
+                  soft_wrap=True)
+        for f in r.held:
+            out.print(f"  #{f.id} {f.type} ({'applied' if f.applied else 'applying: maybe partly applied'})",
+                      highlight=False, soft_wrap=True)
+            for item in f.holds:
+                out.print(f"    {escape(item)}", highlight=False, soft_wrap=True)
 
 
 def _runs_table(title: str, rows: list[tuple[str, str, str, str, float | None, str]]) -> None:

@@ -194,6 +194,12 @@ class _Firewall(Injector[DropSpec | PartitionSpec, NftRecord]):
         r = record
         return r.same_namespace() and nftables.has_table(r.ns, FAMILY, r.table)
 
+    @classmethod
+    def holds(cls, record: dict[str, Any]) -> list[str]:
+        r: NftRecord = cls.read_record(record)
+        return [f"nft table {FAMILY} {r.table} in netns {r.ns}; see it: nsenter --net={r.ns} nft list table "
+                f"{FAMILY} {r.table}"]
+
 
 class Drop(_Firewall):
     type: ClassVar[str] = "network.drop"

@@ -344,6 +344,11 @@ class _TcFault(Injector):
     def observe(cls, record: dict[str, Any]) -> bool:
         return cls.observe_qdisc(cls.read_record(record))
 
+    @classmethod
+    def holds(cls, record: dict[str, Any]) -> list[str]:
+        r = cls.read_record(record)
+        return netem_queue.holds(r) if isinstance(r, netem_queue.QueueRecord) else qdisc_holds(r)
+
     @staticmethod
     def observe_qdisc(r: QdiscRecord) -> bool:
         if not r.same_namespace():
@@ -352,6 +357,19 @@ class _TcFault(Injector):
             return _ifb_exists(r) and tc.find(r.ns, r.ifindex, tc.TC_H_INGRESS) is not None
         current = tc.find(r.ns, r.ifindex, tc.TC_H_ROOT)
         return current is not None and current["handle"] == ROOT_HANDLE
+
+
+def qdisc_holds(r: QdiscRecord) -> list[str]:
+    """What a qdisc fault holds, in words (`chaoskit status`): the qdiscs and IFB device, where, and the command
+    that shows each."""
+    show = f"nsenter --net={r.ns} tc qdisc show dev"
+    if r.direction == "ingress":
+        return [f"ingress qdisc on {r.ifname} in netns {r.ns}, redirecting its packets to IFB device {r.ifb}; "
+                f"see it: {show} {r.ifname}",
+                f"IFB device {r.ifb} in netns {r.ns}, chaoskit's root qdisc ce: on it; see it: {show} {r.ifb}"]
+    replaced = ("" if r.previous is None or tc.is_default(r.previous.to_json())
+                else f", in place of a {r.previous.kind} qdisc (put back on revert)")
+    return [f"root qdisc ce: on {r.ifname} ({r.direction}) in netns {r.ns}{replaced}; see it: {show} {r.ifname}"]
 
 
 def _ifb_exists(r: QdiscRecord) -> bool:

@@ -197,6 +197,21 @@ def observe(r: QueueRecord) -> bool:
     return r.same_namespace() and nft.present(r.ns, r.table) and helper_proc.running(r.token, _helper_ref(r))
 
 
+def holds(r: QueueRecord) -> list[str]:
+    """What a queue-mode fault holds, in words (`chaoskit status`): its nft table, whose NFQUEUE rule is an
+    xtables-compat expression that `nft list ruleset` cannot print (`XT target NFQUEUE not found`, an empty
+    chain), with the command that shows it; the queue and its helper; the helper's stats file."""
+    show = f"nsenter --net={r.ns} nft --debug=netlink list table {nft.FAMILY} {r.table}"
+    helper = "not started yet" if r.helper is None else f"PID {r.helper.pid} ({r.helper.comm}), " + (
+        "running" if helper_proc.running(r.token, _helper_ref(r)) else "gone")
+    return [f"nft table {nft.FAMILY} {r.table} in netns {r.ns}: {r.direction} packets of {r.ifname} go to its "
+            f"chain {nft.QUEUE_CHAIN}, whose NFQUEUE rule nft list ruleset cannot print (an xtables-compat "
+            f"expression); see it: {show}",
+            f"NFQUEUE {r.queue if r.queue is not None else '(not bound yet)'} in netns {r.ns}, helper {helper}; "
+            f"see it: nsenter --net={r.ns} cat /proc/net/netfilter/nfnetlink_queue",
+            f"stats file {r.stats}"]
+
+
 def stats(r: QueueRecord) -> dict[str, Any] | None:
     """The helper's counters (written every 0.5 s): packets seen, delayed, dropped, ... and its release lateness;
     read through the helper's own root where the file is not here (an observe helper pod: the apply helper's
