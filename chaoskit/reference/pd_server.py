@@ -23,6 +23,7 @@ Run as `python -m chaoskit.reference.pd_server ROLE HOST PORT [KV_PORT] PARAMS_J
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import signal
 import sys
@@ -38,6 +39,7 @@ from chaoskit.reference import pd_kv
 from chaoskit.reference.tinylm import KVCacheOOM, Seq, TinyLM
 
 MAX_TOKENS = 256
+STUCK_S = 1.0  # a request that waited longer for its KV counts in slots_stuck (a healthy transfer takes ms)
 
 
 @dataclass
@@ -125,6 +127,8 @@ class Decode:
         self.s, self.engine = s, engine
         self.kv = pd_kv.Receiver(s.fail_on_disconnect, s.transfer_deadline_s, s.kv_checksum)
         self.held = 0
+        self.kv_waits: dict[int, float] = {}  # each request now waiting for its room's KV: since when
+        self._ids = itertools.count()
         self.counts = {"served": 0, "no_slot": 0, "timeouts": 0, "failed": 0, "recomputed": 0}
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -138,12 +142,16 @@ class Decode:
             return web.json_response({"error": f"X-KV-Room: expected a number, got {room!r}"}, status=400)
         self.held += 1
         try:  # the slot is held from here to the answer, whatever happens
+            wait = next(self._ids)
+            self.kv_waits[wait] = time.monotonic()
             try:
                 kv = None if room is None else await self._kv(int(room))
             except pd_kv.TransferFailed as e:
                 self.counts["failed"] += 1
                 return web.json_response({"error": f"KV of room {room}: {e}"}, status=503,
                                          headers={"X-KV-Failed": "1"})
+            finally:
+                del self.kv_waits[wait]
             try:
                 text = (await self.engine.run(self.engine.generate, prompt, max_new, kv)).decode("latin-1")
             except KVCacheOOM as e:
@@ -197,7 +205,9 @@ class Decode:
     def metrics(self) -> dict[str, float]:
         self.kv.sweep(max(60.0, self.s.waiting_timeout_s))
         waiting = sum(1 for r in self.kv.rooms.values() if r.state != "done")
-        return {"slots": self.s.slots, "slots_held": self.held, "rooms_waiting": waiting,
+        now = time.monotonic()
+        stuck = sum(1 for since in self.kv_waits.values() if now - since > STUCK_S)
+        return {"slots": self.s.slots, "slots_held": self.held, "slots_stuck": stuck, "rooms_waiting": waiting,
                 **{f"requests_{k}": v for k, v in self.counts.items()},
                 **{f"transfers_{k}": v for k, v in self.kv.counts.items()}}
 

@@ -25,9 +25,9 @@ from tests.conftest import ROOT, chaoskit
 SCENARIOS = ROOT / "chaoskit" / "library" / "experiments" / "disagg"
 
 
-def _held(summary: dict, phase: str) -> list[float]:
+def _stuck(summary: dict, phase: str) -> list[float]:
     return [s["values"]["value"] for s in summary["samples"]
-            if s["probe"] == "decode-slots-held" and s["phase"] == phase and s["values"].get("value") is not None]
+            if s["probe"] == "decode-slots-stuck" and s["phase"] == phase and s["values"].get("value") is not None]
 
 
 def _rooms_waiting(tmp_path: Path, p: subprocess.Popen) -> tuple[str, str, list[int]]:
@@ -85,9 +85,10 @@ def test_a_disaggregated_scenario_flips_with_its_fix(tmp_path, state_dir, name, 
     if name == "kv-corrupted-silently":
         _silent(s, expected)
         return
-    after = _held(s, "after")
-    print(f"\n{name} fix={fix}: decode slots held after the faults {after}, recovered {s.get('recovery_s')} s")
-    assert _held(s, "before") == [0.0]
+    after = _stuck(s, "after")
+    print(f"\n{name} fix={fix}: decode slots stuck (waiting over 1 s for KV) after the faults {after}, "
+          f"recovered {s.get('recovery_s')} s")
+    assert _stuck(s, "before") == [0.0]
     held_floor = 6  # the slots stay held by requests whose KV never comes, the whole after phase (one may free
     if name == "notification-lost":  # for a moment and be taken by the next request)
         seen = [e["details"] for e in map(json.loads, (tmp_path / "o" / "journal.jsonl").read_text().splitlines())
