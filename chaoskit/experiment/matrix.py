@@ -99,6 +99,8 @@ class MatrixSpec(StrictModel):
                 raise ValueError(f"gateway_params: {gateway} is not one of the gateways")
             if gateway in GATEWAY_PARAMS and (unknown := GATEWAY_PARAMS[gateway].unknown(params)):
                 raise ValueError(f"gateway_params: {gateway} takes no {', '.join(unknown)}")
+            if gateway in GATEWAY_PARAMS and (wrong := GATEWAY_PARAMS[gateway].wrong_values(params)):
+                raise ValueError(f"gateway_params: {gateway}: {'; '.join(wrong)}")
         return self
 
 

@@ -64,7 +64,9 @@ class Reference(StrictModel):
         default_factory=dict, description="a third-party gateway's settings over chaoskit's defaults for it "
         "(`chaoskit ref up --gateway NAME` prints them), e.g. {retry_max_retries: 0} or {max_fails: 3}")
     tap: bool = Field(True, description="a third-party gateway reaches each replica through a counting pass-through "
-                      "that logs every request and its answer ({target.gateway.tap_log}), so that a frozen replica "
+                      "that logs every request and its answer ({target.gateway.tap_log}) and counts them on a Prometheus "
+                      "endpoint ({target.gateway.tap_metrics}: chaoskit_tap_requests_total{replica,path}, "
+                      "chaoskit_tap_answers_total{replica,path,outcome,status}), so that a frozen replica "
                       "cannot hide what was sent to it. It accepts connections for the replica: a replica that "
                       "refuses them (killed) is seen by the gateway as a connection closed before any answer, "
                       "not as connection refused; false keeps connection refused, without the count")
@@ -109,6 +111,8 @@ class Reference(StrictModel):
             if unknown := GATEWAY_PARAMS[self.gateway].unknown(params):
                 raise ValueError(f"{where}: {self.gateway} takes no {', '.join(unknown)} (it takes: "
                                  f"{', '.join(sorted(GATEWAY_PARAMS[self.gateway].known()))})")
+            if wrong := GATEWAY_PARAMS[self.gateway].wrong_values(params):
+                raise ValueError(f"{where}: {'; '.join(wrong)}")
         return self
 
     def effective(self, variables: dict[str, Any]) -> Reference:

@@ -19,12 +19,18 @@ RUST_ROUTER_FLAGS = frozenset({
 class GatewayParams:
     defaults: dict[str, str]
     extra: frozenset[str] = field(default_factory=frozenset)
+    choices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # the keys that take one of a few words
 
     def known(self) -> frozenset[str]:
         return frozenset(self.defaults) | self.extra
 
     def unknown(self, params: dict[str, object]) -> list[str]:
         return sorted(set(params) - self.known())
+
+    def wrong_values(self, params: dict[str, object]) -> list[str]:
+        """'KEY: VALUE is not one of ...' for each value outside its key's choices."""
+        return [f"{k}: {params[k]!r} is not one of {', '.join(words)}" for k, words in sorted(self.choices.items())
+                if k in params and str(params[k]) not in words]
 
 
 ROUTER = GatewayParams({"policy": "round_robin"}, RUST_ROUTER_FLAGS)  # cache_aware (default) pins a prompt
@@ -40,6 +46,11 @@ PARAMS: dict[str, GatewayParams] = {
     "haproxy": GatewayParams({  # active checks every second; 2 failures eject, 2 passes readmit
         "inter": "1s", "fall": "2", "rise": "2", "retries": "2",
         "retry_on": "conn-failure empty-response response-timeout 503", "timeout_connect": "2s",
-        "timeout_server": "60s"}),
+        "timeout_server": "60s",
+        # passive checks of real traffic (HAProxy's `observe`): off as in HAProxy; layer7 counts 5xx answers but
+        # 501/505, and error_limit of them in a row makes on_error act (mark-down ejects until `rise` checks pass)
+        "observe": "none", "error_limit": "10", "on_error": "fail-check",
+        # the active check: health (GET /health) or completion (POST a 1-token completion: the path clients use)
+        "check": "health"}, choices={"check": ("health", "completion"), "observe": ("none", "layer4", "layer7")}),
 }
 NAMES = (CHAOSKIT, *PARAMS)

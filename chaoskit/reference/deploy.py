@@ -135,7 +135,8 @@ class Deployment:
         if not 1 <= opts.replicas <= 8:
             raise ChaoskitError("--replicas must be between 1 and 8")
         servers = sum(opts.disaggregated) if opts.disaggregated else opts.replicas
-        ports = [opts.port] + [opts.port + 1 + k for k in range(3 * servers + opts.third_party)]
+        extra = 2 if opts.third_party else 0  # a gateway's second listener and the tap's counters
+        ports = [opts.port] + [opts.port + 1 + k for k in range(3 * servers + extra)]
         busy = [p for p in ports if not port_free("127.0.0.1", p)]
         if busy:
             raise PreflightError(f"ports in use: {', '.join(map(str, busy))}; choose another --port "
@@ -169,7 +170,7 @@ class Deployment:
             "gateway": {"kind": opts.gateway, "version": gw.get("version", chaoskit_version),
                         "config": gw.get("config", str(self.root / "gateway.json")),
                         "settings": " ".join(f"{k}={v}" for k, v in gw.get("settings", opts.health_settings()).items()),
-                        "tap_log": gw.get("tap_log")},
+                        "tap_log": gw.get("tap_log"), "tap_metrics": gw.get("tap_metrics")},
             "gateway_pid": gw["pid"],
         }
         if opts.netns:

@@ -65,25 +65,26 @@ def start_gateway(dep: Deployment, opts: RefOptions, replicas: list[dict[str, An
         raise ChaoskitError(f"gateway {kind.name} is not installed: run `chaoskit ref install gateway-{kind.name}` "
                             f"(installs {kind.package})")
     settings = kind.settings(opts.gateway_params)
-    taps = start_tap(dep, replicas) if opts.tap else {}
+    taps = start_tap(dep, replicas, aux_port(opts) + 1) if opts.tap else {}
     upstreams = [Upstream(r["name"], *taps.get(r["name"], (r["host"], r["port"]))) for r in replicas]
-    launch = kind.launch(dep.root, upstreams, opts.port, aux_port(opts), settings)
+    launch = kind.launch(dep.root, upstreams, opts.port, aux_port(opts), settings, probe["model"])
     p = dep.spawn("gateway", launch.argv, {**os.environ, **launch.env})
     url = f"http://127.0.0.1:{opts.port}"
     dep.wait_ready("gateway", lambda: http_status(f"{url}/v1/completions", probe, timeout=30) == 200, p["pid"])
     facts = {"url": url, "pid": p["pid"], "kind": kind.name, "version": kind.version(), "package": kind.package,
              "config": str(launch.config) if launch.config else None, "settings": settings, "argv": launch.argv,
-             "tap_log": str(tap_log(dep)) if taps else None}
+             "tap_log": str(tap_log(dep)) if taps else None,
+             "tap_metrics": f"http://127.0.0.1:{aux_port(opts) + 1}/metrics" if taps else None}
     say(f"gateway {kind.name} {facts['version']} ready at {url} over {len(replicas)} replicas "
         f"({', '.join(f'{k}={v}' for k, v in settings.items())})")
     return facts
 
 
-def start_tap(dep: Deployment, replicas: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
+def start_tap(dep: Deployment, replicas: list[dict[str, Any]], metrics_port: int) -> dict[str, tuple[str, int]]:
     """The counting pass-through (chaoskit.reference.tap) in front of each replica, on the port after the
-    replica's; {replica name: (host, port) the gateway is given instead}."""
+    replica's, its counters on metrics_port; {replica name: (host, port) the gateway is given instead}."""
     routes = {r["name"]: ("127.0.0.1", r["port"] + 1) for r in replicas}
-    argv = [sys.executable, "-m", "chaoskit.reference.tap", "--log", str(tap_log(dep)),
+    argv = [sys.executable, "-m", "chaoskit.reference.tap", "--log", str(tap_log(dep)), f"--metrics={metrics_port}",
             *(f"--route={r['name']}={routes[r['name']][1]}={r['host']}:{r['port']}" for r in replicas)]
     p = dep.spawn("tap", argv)
     dep.wait_ready("tap", lambda: all(listening(*hp) for hp in routes.values()), p["pid"])
@@ -103,5 +104,6 @@ def listening(host: str, port: int) -> bool:
 
 
 def aux_port(opts: RefOptions) -> int:
-    """The port after the replicas' block (3 ports each): a gateway's second listener."""
+    """The port after the replicas' block (3 ports each): a gateway's second listener (the one after it: the
+    tap's counters)."""
     return opts.port + 1 + 3 * opts.replicas

@@ -1,6 +1,7 @@
 """A counting pass-through between a third-party gateway and each replica: bytes relayed unchanged, every request
 and its answer written as a JSON line (when it reached the replica's door, status, when its answer ended or how
-it broke), in a process of its own so that a frozen or killed replica cannot hide what was sent to it."""
+it broke) and counted on a Prometheus /metrics listener, in a process of its own so that a frozen or killed
+replica cannot hide what was sent to it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 import httptools
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 CHUNK = 65536
 
@@ -37,12 +39,30 @@ class Exchange:
         return json.dumps(asdict(self)) + "\n"
 
 
+class Counts:
+    """The tap's Prometheus counters, in a registry of its own: requests as they reach a replica's door (the
+    gateway's upstream attempts), answers as they end."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("chaoskit_tap_requests", "requests the gateway sent to a replica, counted on "
+                                "arrival", ["replica", "path"], registry=self.registry)
+        self.answers = Counter("chaoskit_tap_answers", "requests whose answer ended, by how", ["replica", "path",
+                               "outcome", "status"], registry=self.registry)
+
+    def arrived(self, ex: Exchange) -> None:
+        self.requests.labels(ex.replica, ex.path.partition("?")[0]).inc()
+
+    def ended(self, ex: Exchange) -> None:
+        self.answers.labels(ex.replica, ex.path.partition("?")[0], ex.outcome, str(ex.status)).inc()
+
+
 class Connection:
     """One gateway connection and its upstream one, both directions parsed as they are relayed; answers are
     matched to requests in order (HTTP/1.1 keeps the order)."""
 
-    def __init__(self, replica: str, conn: int, log: TextIO):
-        self.replica, self.conn, self.log = replica, conn, log
+    def __init__(self, replica: str, conn: int, log: TextIO, counts: Counts):
+        self.replica, self.conn, self.log, self.counts = replica, conn, log, counts
         self.waiting: deque[Exchange] = deque()  # requests sent on, their answers not ended yet
         self.requests = httptools.HttpRequestParser(RequestSide(self))
         self.answers = httptools.HttpResponseParser(AnswerSide(self))
@@ -51,6 +71,7 @@ class Connection:
         ex = self.waiting.popleft()
         ex.t_end, ex.outcome = time.time(), outcome
         self.log.write(ex.line())
+        self.counts.ended(ex)
 
     def close(self, outcome: str) -> None:
         """The connection ended: every request still waiting for (the rest of) its answer ends with `outcome`."""
@@ -73,7 +94,9 @@ class RequestSide:
 
     def on_headers_complete(self) -> None:
         method = self.c.requests.get_method().decode()
-        self.c.waiting.append(Exchange(self.c.replica, self.c.conn, method, self.path))
+        ex = Exchange(self.c.replica, self.c.conn, method, self.path)
+        self.c.waiting.append(ex)
+        self.c.counts.arrived(ex)
 
 
 class AnswerSide:
@@ -110,9 +133,9 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, parse
             pass
 
 
-async def relay(replica: str, host: str, port: int, log: TextIO, ids: itertools.count, live: set[Connection],
-                down: asyncio.StreamReader, up: asyncio.StreamWriter) -> None:
-    c = Connection(replica, next(ids), log)
+async def relay(replica: str, host: str, port: int, log: TextIO, counts: Counts, ids: itertools.count,
+                live: set[Connection], down: asyncio.StreamReader, up: asyncio.StreamWriter) -> None:
+    c = Connection(replica, next(ids), log, counts)
     live.add(c)
     try:
         await _relay(c, host, port, down, up)
@@ -177,15 +200,34 @@ async def connect(c: Connection, host: str, port: int,
     return r_reader, r_writer
 
 
-async def serve(routes: list[tuple[str, int, str, int]], log: TextIO) -> None:
-    """routes: (replica name, tap port, replica host, replica port)."""
-    ids = itertools.count(1)
+async def metrics(counts: Counts, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One HTTP/1.0-style exchange: GET /metrics gets the counters, anything else a 404; then the connection
+    closes."""
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        parts = head.split(b" ", 2)
+        ok = len(parts) == 3 and parts[0] == b"GET" and parts[1].partition(b"?")[0] == b"/metrics"
+        body = generate_latest(counts.registry) if ok else b"not found\n"
+        writer.write(b"HTTP/1.1 %s\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n"
+                     b"Connection: close\r\n\r\n%s" % (b"200 OK" if ok else b"404 Not Found", len(body), body))
+        await writer.drain()
+    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+        pass
+    finally:
+        writer.close()
+
+
+async def serve(routes: list[tuple[str, int, str, int]], log: TextIO, metrics_port: int | None = None) -> None:
+    """routes: (replica name, tap port, replica host, replica port); the counters on 127.0.0.1:metrics_port."""
+    ids, counts = itertools.count(1), Counts()
     live: set[Connection] = set()
     servers = []
     for name, listen, host, port in routes:
         servers.append(await asyncio.start_server(
-            lambda d, u, name=name, host=host, port=port: relay(name, host, port, log, ids, live, d, u),
+            lambda d, u, name=name, host=host, port=port: relay(name, host, port, log, counts, ids, live, d, u),
             "127.0.0.1", listen))
+    if metrics_port is not None:
+        servers.append(await asyncio.start_server(lambda d, u: metrics(counts, d, u), "127.0.0.1", metrics_port))
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -199,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m chaoskit.reference.tap", description=__doc__)
     ap.add_argument("--route", action="append", required=True, metavar="NAME=LISTEN_PORT=HOST:PORT")
     ap.add_argument("--log", required=True, help="append a JSON line per request here")
+    ap.add_argument("--metrics", type=int, metavar="PORT", help="serve the counters at 127.0.0.1:PORT/metrics")
     a = ap.parse_args(argv)
     routes = []
     for spec in a.route:
@@ -206,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         host, _, port = target.rpartition(":")
         routes.append((name, int(listen), host, int(port)))
     with open(a.log, "a", buffering=1) as log:
-        asyncio.run(serve(routes, log))
+        asyncio.run(serve(routes, log, a.metrics))
     return 0
 
 

@@ -16,7 +16,7 @@ from chaoskit.targets.ref_registry import FACTS, command, facts_dir, search
 REFERENCE_FACTS = ("engine", "url", "gateway_port", "health_mode", "replicas", "replica_url", "replica_host",
                    "replica_port", "replica_metrics_url", "replica_pid", "replica_pids", "model_repository",
                    "python", "model", "startup_s", "settings", "gateway", "gateway_pid")
-GATEWAY_FACTS = ("kind", "version", "config", "settings", "tap_log")  # {target.gateway.kind} ...
+GATEWAY_FACTS = ("kind", "version", "config", "settings", "tap_log", "tap_metrics")  # {target.gateway.kind} ...
 REPLICA_FACTS = ("name", "pid", "host", "port", "url", "metrics_url", "netns")
 VLLM_REPLICA_FACTS = ("engine_pid",)
 OPENAI_REPLICA_FACTS = ("request_log",)  # engine tiny-openai: its JSON line per request

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from chaoskit.reference.tiny_openai import tokens
 from tests.conftest import free_port, wait_for
@@ -31,17 +32,19 @@ def listening(port: int) -> bool:
 
 
 @pytest.fixture
-def pair(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int, Path, Path]]:
-    """(the replica's process, the tap's port, the replica's log, the tap's log)."""
-    replica_port, tap_port = free_port(), free_port()
+def pair(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int, Path, Path, int]]:
+    """(the replica's process, the tap's port, the replica's log, the tap's log, the port of its counters)."""
+    replica_port, tap_port, metrics_port = free_port(), free_port(), free_port()
     replica_log, tap_log = tmp_path / "replica.jsonl", tmp_path / "tap.jsonl"
     replica = subprocess.Popen([sys.executable, "-m", "chaoskit.reference.tiny_openai", "--port", str(replica_port),
                                 "--name", "r0", "--log", str(replica_log)])
     tap = subprocess.Popen([sys.executable, "-m", "chaoskit.reference.tap", "--log", str(tap_log),
-                            f"--route=r0={tap_port}=127.0.0.1:{replica_port}"], stdout=subprocess.DEVNULL)
+                            f"--route=r0={tap_port}=127.0.0.1:{replica_port}", f"--metrics={metrics_port}"],
+                           stdout=subprocess.DEVNULL)
     try:
-        wait_for(lambda: listening(replica_port) and listening(tap_port), timeout=20, every=0.1)
-        yield replica, tap_port, replica_log, tap_log
+        wait_for(lambda: listening(replica_port) and listening(tap_port) and listening(metrics_port), timeout=20,
+                 every=0.1)
+        yield replica, tap_port, replica_log, tap_log, metrics_port
     finally:
         for p in (tap, replica):
             if p.poll() is None:
@@ -62,17 +65,26 @@ def lines(path: Path) -> list[dict]:
 
 
 def test_the_tap_relays_unchanged_and_logs_each_answer(pair) -> None:
-    _, port, _, tap_log = pair
+    _, port, _, tap_log, metrics = pair
     assert json.loads(complete(port, "one"))["choices"][0]["text"] == "".join(tokens("one", 4))
     streamed = complete(port, "two", stream=True).decode()
     assert streamed.endswith("data: [DONE]\n\n") and streamed.count("data: ") == 5
     wait_for(lambda: len(lines(tap_log)) == 2, timeout=5)
     assert [(x["path"], x["status"], x["outcome"]) for x in lines(tap_log)] == \
         [("/v1/completions", 200, "complete")] * 2
+    # the same counts on its Prometheus endpoint (a gateway's upstream attempts, for a prometheus probe)
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as r:
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}
+    assert samples[("chaoskit_tap_requests_total", (("path", "/v1/completions"), ("replica", "r0")))] == 2
+    assert samples[("chaoskit_tap_answers_total", (("outcome", "complete"), ("path", "/v1/completions"),
+                                                   ("replica", "r0"), ("status", "200")))] == 2
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(f"http://127.0.0.1:{metrics}/other", timeout=5)
 
 
 def test_a_request_to_a_frozen_replica_is_logged_when_it_arrived(pair) -> None:
-    replica, port, replica_log, tap_log = pair
+    replica, port, replica_log, tap_log, _ = pair
     complete(port, "warm")
     os.kill(replica.pid, signal.SIGSTOP)
     sent = time.time()
@@ -88,7 +100,7 @@ def test_a_request_to_a_frozen_replica_is_logged_when_it_arrived(pair) -> None:
 
 
 def test_a_request_to_a_dead_replica_is_logged_as_refused(pair) -> None:
-    replica, port, _, tap_log = pair
+    replica, port, _, tap_log, _ = pair
     replica.kill()
     replica.wait(5)
     with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):

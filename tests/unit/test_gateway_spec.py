@@ -70,3 +70,24 @@ def test_every_third_party_gateway_has_a_kind_with_the_catalogs_name() -> None:
     assert sorted(k.name for k in gateways.KINDS) == sorted(PARAMS)
     for k in gateways.KINDS:
         assert k().settings({}) == PARAMS[k.name].defaults
+
+
+def test_haproxy_observes_real_answers_only_when_asked(tmp_path: Path) -> None:
+    from chaoskit.reference.gateways.base import Upstream
+    from chaoskit.reference.gateways.haproxy import HAProxy
+
+    ups = [Upstream("r0", "127.0.0.1", 1001), Upstream("r1", "127.0.0.1", 1004)]
+
+    def default_server(params: dict[str, str]) -> str:
+        conf = HAProxy().launch(tmp_path, ups, 1000, 1008, HAProxy().settings(params), "m").config
+        return next(line.strip() for line in conf.read_text().splitlines() if "default-server" in line)
+
+    assert default_server({}) == "default-server inter 1s fall 2 rise 2"
+    assert default_server({"observe": "layer7", "error_limit": "2", "on_error": "mark-down"}) == \
+        "default-server inter 1s fall 2 rise 2 observe layer7 error-limit 2 on-error mark-down"
+
+
+def test_a_gateway_param_outside_its_choices_is_refused_at_validation(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as e:
+        load(tmp_path, "    engine: tiny-openai\n    gateway: haproxy\n    gateway_params: {check: tcp}\n")
+    assert "g.yaml:11:" in str(e.value) and "check: 'tcp' is not one of health, completion" in str(e.value)

@@ -57,7 +57,7 @@ class GatewayKind:
         raise NotImplementedError
 
     def launch(self, root: Path, upstreams: list[Upstream], port: int, aux_port: int,
-               settings: dict[str, str]) -> Launch:
+               settings: dict[str, str], model: str) -> Launch:
         raise NotImplementedError
 
     def settings(self, params: dict[str, str]) -> dict[str, str]:
@@ -66,6 +66,8 @@ class GatewayKind:
         if unknown := catalog.unknown(params):
             raise ChaoskitError(f"gateway_params for {self.name}: unknown {', '.join(unknown)} (known: "
                                 f"{', '.join(sorted(catalog.known()))})")
+        if wrong := catalog.wrong_values(params):
+            raise ChaoskitError(f"gateway_params for {self.name}: {'; '.join(wrong)}")
         return {**catalog.defaults, **params}
 
 

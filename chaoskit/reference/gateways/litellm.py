@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 from chaoskit.reference.gateways.base import Launch, PipGateway, Upstream
-from chaoskit.reference.tiny_openai import SERVED_NAME
 
 NUMBERS = ("num_retries", "allowed_fails", "cooldown_time", "timeout", "stream_timeout")
 
@@ -21,7 +20,7 @@ class LiteLLM(PipGateway):
     package = "litellm[proxy]==1.108.7"
 
     def launch(self, root: Path, upstreams: list[Upstream], port: int, aux_port: int,
-               settings: dict[str, str], model: str = SERVED_NAME) -> Launch:
+               settings: dict[str, str], model: str) -> Launch:
         router = {k: (number(v) if k in NUMBERS else v) for k, v in settings.items()}
         config = {"model_list": [{"model_name": model, "litellm_params": {
                       "model": f"openai/{model}", "api_base": f"{u.url}/v1", "api_key": "none"}} for u in upstreams],

@@ -15,7 +15,7 @@ class Nginx(AptGateway):
     version_pattern = r"nginx/(\S+)"
 
     def launch(self, root: Path, upstreams: list[Upstream], port: int, aux_port: int,
-               settings: dict[str, str]) -> Launch:
+               settings: dict[str, str], model: str) -> Launch:
         (root / "nginx").mkdir(parents=True, exist_ok=True)
         servers = "\n".join(f"    server {u.host}:{u.port} max_fails={settings['max_fails']} "
                             f"fail_timeout={settings['fail_timeout']};" for u in upstreams)

@@ -13,7 +13,7 @@ class RustRouter(PipGateway):
     launch_args: tuple[str, ...] = ()
 
     def launch(self, root: Path, upstreams: list[Upstream], port: int, aux_port: int,
-               settings: dict[str, str]) -> Launch:
+               settings: dict[str, str], model: str) -> Launch:
         argv = [self.program(self.binary_name), *self.launch_args, "--host", "127.0.0.1", "--port", str(port),
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(aux_port),
                 "--worker-urls", *(u.url for u in upstreams)]
