@@ -10,17 +10,19 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.gpu import nvml
 from chaoskit.gpu.cuda import visible_devices_env
+from chaoskit.gpu.hold import Target
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import NODE_EXECUTORS, FaultContext, NodeHelper
 from chaoskit.model.types import Duration, Percent, StrictModel
 from chaoskit.paths import state_dir
 from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import GpuTarget
+from chaoskit.targets.process import ProcessRef
 from chaoskit.units import format_size, is_percent, parse_size
 
 PROBE_TIMEOUT_S = 60.0
@@ -86,15 +88,15 @@ class GpuMemoryPressureSpec(StrictModel):
                 raise ValueError(why)
         return self
 
-    def target(self) -> dict[str, Any]:
-        """The holder's Target (chaoskit.gpu.hold) as plain data."""
+    def target(self) -> Target:
+        """What the holder holds (chaoskit.gpu.hold's Target)."""
         if self.percent is not None:
             kind, value = "percent", float(self.percent)
         elif self.leave_free is not None:
             kind, value = "leave_free", float(parse_size(self.leave_free))
         else:
             kind, value = "bytes", float(parse_size(self.bytes_)) if self.bytes_ is not None else 0.0
-        return {"kind": kind, "value": value, "hold": self.hold, "ramp_s": self.ramp}
+        return Target(kind, value, self.hold, self.ramp)
 
 
 HOLDER = "chaoskit.injectors.gpu.holder"  # the helper process: holds the memory (or probes the device)
@@ -115,13 +117,45 @@ def probe_device(device: int | str) -> dict[str, Any]:
     return json.loads(line)
 
 
-class GpuMemoryPressure(helper_proc.HelperFault):
+class Holes(BaseModel):
+    """fragment: how many free holes the holder leaves, of how many bytes each."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    holes: int
+    hole_size: int
+
+
+class GpuHolderRecord(helper_proc.HelperFiles):
+    """gpu.memory_pressure's record: the holder's token, status and corrections journal, the device and what it
+    holds there; once started, the holder."""
+
+    device: int | str
+    target: Target
+    fragment: Holes | None = None
+    holder: ProcessRef | None = None
+
+    def config(self) -> str:
+        """What the holder is started with (JSON)."""
+        return self.model_dump_json(include={"target", "fragment", "status", "journal"})
+
+    def holder_file(self, path: str | None) -> Path | None:
+        """The holder's status or journal file, through the holder's /proc root while it runs: in a Kubernetes
+        helper pod the holder lives in the apply helper's pod, whose files an observe helper does not share."""
+        if path is None:
+            return None
+        file, pid = Path(path), self.holder.pid if self.holder is not None else None
+        through = Path(f"/proc/{pid}/root") / file.relative_to(file.anchor) if pid and file.is_absolute() else file
+        return through if through.exists() else file
+
+
+class GpuMemoryPressure(helper_proc.HelperFault[GpuMemoryPressureSpec, GpuHolderRecord]):
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"
     node_helper: ClassVar[NodeHelper] = NodeHelper(  # the container's GPUs: read from its init's environment and /dev
         capabilities=("SYS_PTRACE",), gpu=True)
     helper: ClassVar[str | None] = HOLDER
-    Record = helper_proc.HelperFiles
+    Record = GpuHolderRecord
     type: ClassVar[str] = "gpu.memory_pressure"
     host_needs: ClassVar[frozenset[str]] = frozenset({"cuda", "nvml"})
     summary: ClassVar[str] = ("take GPU memory with real CUDA allocations: bytes/percent/leave_free, held "
@@ -203,57 +237,47 @@ class GpuMemoryPressure(helper_proc.HelperFault):
                 f"revert: SIGTERM the holder, which frees every allocation and exits (it also dies with chaoskit "
                 f"and exits by itself after {self.ctx.lifetime_s:g}s)"]
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> GpuHolderRecord:
         token = f"chaoskit-gpuholder-{uuid.uuid4().hex}"
         d = state_dir() / "gpu"
         d.mkdir(parents=True, exist_ok=True)
         frag = self.spec.fragment
-        return {"token": token, "device": self.spec.device, "target": self.spec.target(),
-                "fragment": {"holes": frag.holes, "hole_size": parse_size(frag.hole_size)} if frag else None,
-                "status": str(d / f"{token}.status.json"), "journal": str(d / f"{token}.corrections.jsonl")}
+        return GpuHolderRecord(token=token, device=self.spec.device, target=self.spec.target(),
+                               fragment=Holes(holes=frag.holes, hole_size=parse_size(frag.hole_size)) if frag else None,
+                               status=str(d / f"{token}.status.json"), journal=str(d / f"{token}.corrections.jsonl"))
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, record: GpuHolderRecord) -> GpuHolderRecord:
         until = time.time() + self.ctx.lifetime_s
-        config = {k: record[k] for k in ("target", "fragment", "status", "journal")}
         # the holder's PR_SET_PDEATHSIG fires when the spawning *thread* ends; the engine's apply threads live
         # until the run's event loop closes, which is after rollback
-        ref = helper_proc.spawn(self.helper, record["token"],
-                                [json.dumps(config), f"{until:.3f}", str(os.getpid())],
-                                f"GPU memory holder on device {record['device']}",
-                                extra_env=visible_devices_env(record["device"]))
-        return {**record, "holder": ref.to_json()}
+        ref = helper_proc.spawn(self.helper, record.token, [record.config(), f"{until:.3f}", str(os.getpid())],
+                                f"GPU memory holder on device {record.device}",
+                                extra_env=visible_devices_env(record.device))
+        return record.model_copy(update={"holder": ref})
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        r: helper_proc.HelperFiles = cls.read_record(record)
-        helper_proc.stop(r.token)
-        r.remove_files()
+    def revert(cls, record: GpuHolderRecord) -> None:
+        helper_proc.stop(record.token)
+        record.remove_files()
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
+    def observe_details(cls, record: GpuHolderRecord) -> dict[str, Any]:
         out: dict[str, Any] = {"in_effect": cls.observe(record)}
         try:
-            out["holder"] = json.loads(_holder_file(record, "status").read_text())
-        except (OSError, ValueError, KeyError):
+            status = record.holder_file(record.status)
+            out["holder"] = json.loads(status.read_text()) if status else None
+        except (OSError, ValueError):
             out["holder"] = None
         try:
-            lines = _holder_file(record, "journal").read_text().splitlines()
+            journal = record.holder_file(record.journal)
+            lines = journal.read_text().splitlines() if journal else []
             out["corrections"] = [json.loads(x) for x in lines[-CORRECTIONS_IN_REPORT:]]
             out["corrections_total"] = len(lines)
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError):
             out["corrections"], out["corrections_total"] = [], 0
         try:
-            m = nvml.memory(record["device"])
+            m = nvml.memory(record.device)
             out["nvml"] = {"total": m.total, "used": m.used, "free": m.free}
         except PreflightError as e:
             out["nvml"] = f"unavailable: {e}"
         return out
-
-
-def _holder_file(record: dict[str, Any], key: str) -> Path:
-    """The holder's status or journal file, through the holder's /proc root while it runs: in a Kubernetes
-    helper pod the holder lives in the apply helper's pod, whose files an observe helper does not share."""
-    path = Path(record[key])
-    pid = (record.get("holder") or {}).get("pid")
-    through = Path(f"/proc/{pid}/root") / path.relative_to(path.anchor) if pid and path.is_absolute() else path
-    return through if through.exists() else path
