@@ -7,6 +7,7 @@ import os
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -102,8 +103,18 @@ class GpuMemoryPressureSpec(StrictModel):
 HOLDER = "chaoskit.injectors.gpu.holder"  # the helper process: holds the memory (or probes the device)
 
 
-def probe_device(device: int | str) -> dict[str, Any]:
-    """The device's name, UUID, total and free bytes, read by a holder-to-be in a fresh process (same env)."""
+@dataclass(frozen=True)
+class DeviceFacts:
+    """The device as a holder-to-be sees it: its name, UUID, total and free bytes."""
+
+    name: str
+    uuid: str
+    total: int
+    free: int
+
+
+def probe_device(device: int | str) -> DeviceFacts:
+    """The device's facts, read by a holder-to-be in a fresh process (same env)."""
     try:
         out = subprocess.run([*helper_proc.command(HOLDER), "probe"],
                              env=helper_proc.env(visible_devices_env(device)), capture_output=True, text=True,
@@ -114,7 +125,8 @@ def probe_device(device: int | str) -> dict[str, Any]:
     line = (out.stdout.strip().splitlines() or [out.stderr.strip()[-300:]])[-1]
     if out.returncode != 0:
         raise PreflightError(f"gpu.memory_pressure: device {device}: {line}")
-    return json.loads(line)
+    facts = json.loads(line)
+    return DeviceFacts(facts["name"], facts["uuid"], int(facts["total"]), int(facts["free"]))
 
 
 class Holes(BaseModel):
@@ -165,7 +177,7 @@ class GpuMemoryPressure(helper_proc.HelperFault[GpuMemoryPressureSpec, GpuHolder
 
     def __init__(self, spec: GpuMemoryPressureSpec, ctx: FaultContext | None = None):
         super().__init__(spec, ctx)
-        self.facts: dict[str, Any] | None = None
+        self.facts: DeviceFacts | None = None
         self.unknown = "device not checked yet"
 
     @classmethod
@@ -189,26 +201,26 @@ class GpuMemoryPressure(helper_proc.HelperFault[GpuMemoryPressureSpec, GpuHolder
             except PreflightError as e:
                 self.unknown = str(e).removeprefix("gpu.memory_pressure: ")
                 raise
-        return GpuTarget(self.spec.device, self.facts["uuid"], self.facts["name"])
+        return GpuTarget(self.spec.device, self.facts.uuid, self.facts.name)
 
     def preflight(self) -> None:
         self.target()
         assert self.facts is not None
         need = self._own_bytes()
-        if self.spec.hold == "fixed" and need is not None and need > self.facts["free"]:
-            raise PreflightError(f"gpu.memory_pressure: device {self.spec.device} has {format_size(self.facts['free'])}"
+        if self.spec.hold == "fixed" and need is not None and need > self.facts.free:
+            raise PreflightError(f"gpu.memory_pressure: device {self.spec.device} has {format_size(self.facts.free)}"
                                  f" free, {format_size(need)} requested")
-        if self.spec.leave_free is not None and parse_size(self.spec.leave_free) >= self.facts["free"] \
+        if self.spec.leave_free is not None and parse_size(self.spec.leave_free) >= self.facts.free \
                 and self.spec.hold == "fixed":
             raise PreflightError(f"gpu.memory_pressure: device {self.spec.device} has only "
-                                 f"{format_size(self.facts['free'])} free, less than leave_free")
+                                 f"{format_size(self.facts.free)} free, less than leave_free")
 
     def _own_bytes(self) -> int | None:
         s, f = self.spec, self.facts
         if s.bytes_ is not None:
             return parse_size(s.bytes_)
         if s.percent is not None and f:
-            return int(s.percent * f["total"])
+            return int(s.percent * f.total)
         return None
 
     def _amount(self) -> str:
@@ -230,8 +242,8 @@ class GpuMemoryPressure(helper_proc.HelperFault[GpuMemoryPressureSpec, GpuHolder
 
     def plan(self) -> list[str]:
         f = self.facts
-        dev = (f"device {self.spec.device} ({f['name']}, {f['uuid']}, {format_size(f['free'])} free of "
-               f"{format_size(f['total'])})" if f else f"device {self.spec.device} (facts unknown: {self.unknown})")
+        dev = (f"device {self.spec.device} ({f.name}, {f.uuid}, {format_size(f.free)} free of "
+               f"{format_size(f.total)})" if f else f"device {self.spec.device} (facts unknown: {self.unknown})")
         ramp = f", ramping up over {self.spec.ramp:g}s" if self.spec.ramp else ""
         return [f"start a CUDA holder process on {dev}: {self._amount()}{ramp}",
                 f"revert: SIGTERM the holder, which frees every allocation and exits (it also dies with chaoskit "
