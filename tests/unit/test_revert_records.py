@@ -48,6 +48,8 @@ from tests.conftest import proc_state, wait_for
 
 HOLDER = f"chaoskit-holder-{uuid.uuid4().hex}"  # of chaoskit's shape, and no process carries it
 NETEMQ = f"chaoskit-netemq-{uuid.uuid4().hex}"
+GPUHOLDER = f"chaoskit-gpuholder-{uuid.uuid4().hex}"
+KVNOTIFY = f"chaoskit-kvnotify-{uuid.uuid4().hex}"
 SLEEP = "import time; time.sleep(600)"
 
 
@@ -154,6 +156,12 @@ REFUSED = [
      lambda h: f"(record: Value error, {h.passwd} is not a file of helper {HOLDER})"),
     (CpuStress, lambda h: {"token": HOLDER, "workers": 1, "load": 1.0, "nice": 0, "worker_procs": [{"pid": h.pid}]},
      "(worker_procs.0.start_time: Field required)"),
+    (GpuMemoryPressure, lambda h: {"token": GPUHOLDER, "device": 0, "target": {"kind": "bytes", "value": 1.0},
+                                   "status": str(h.passwd)},  # revert removes it: only the holder's own
+     lambda h: f"(record: Value error, {h.passwd} is not a file of helper {GPUHOLDER})"),
+    (Flood, lambda h: {"token": h.token}, f"(token: String should match pattern '{TOKEN}')"),
+    (KvNotify, lambda h: {"token": KVNOTIFY, "listen": "[::]:1", "upstream": "original", "stats": str(h.passwd)},
+     lambda h: f"(record: Value error, {h.passwd} is not the stats file of helper {KVNOTIFY})"),  # revert removes it
     (CpuThrottle, lambda h: {"hierarchy": h.hierarchy, "cgroup": str(h.slice), "quota": 1000, "period": 100000},
      lambda h: f"(record: Value error, a dedicated cgroup is a chaoskit-* one, not {h.slice})"),  # revert rmdirs it
     (MemoryLimit, lambda h: {"hierarchy": h.hierarchy, "cgroup": str(h.own_cgroup), "token": h.token},

@@ -65,7 +65,16 @@ class KvNotifySpec(StrictModel):
 
 
 class KvNotifyRecord(ProxyRecord):
-    stats: str | None = None  # the helper's counts (JSON), named after its token
+    """kv.notify's record: a proxy's, and the file of the helper's counts (JSON), named after its token: revert
+    removes it, so only a file of that name reads back."""
+
+    stats: str | None = None
+
+    @model_validator(mode="after")
+    def _own_stats(self) -> KvNotifyRecord:
+        if self.stats is not None and Path(self.stats).name != f"{self.token}.json":
+            raise ValueError(f"{self.stats} is not the stats file of helper {self.token}")
+        return self
 
 
 class KvNotify(ProxyHelper[KvNotifyRecord]):
@@ -112,7 +121,7 @@ class KvNotify(ProxyHelper[KvNotifyRecord]):
     def revert_many(cls, records: list[KvNotifyRecord]) -> None:
         super().revert_many(records)
         for r in records:
-            if r.stats and Path(r.stats).name.startswith(cls.token_prefix):
+            if r.stats:
                 Path(r.stats).unlink(missing_ok=True)
 
     @classmethod
