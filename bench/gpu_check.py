@@ -149,7 +149,7 @@ def steady_with_neighbour(total: int) -> dict[str, Any]:
     base = nvml_used() or 0
     share = min(0.9, base / total + 0.2)
 
-    def sample(record: dict[str, Any]) -> dict[str, Any]:
+    def sample(record: object) -> dict[str, Any]:  # the GpuHolderRecord (not read)
         nb = subprocess.Popen([sys.executable, "-c", NEIGHBOUR, "11"], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
         nb.stdout.readline()

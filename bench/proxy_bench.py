@@ -179,7 +179,7 @@ def main() -> int:
                                    upstream=f"127.0.0.1:{up.getsockname()[1]}"))
             records.append(inj.apply(inj.prepare()))
             ports[name] = port
-        helper = psutil.Process(records[1]["proxy"]["pid"])  # the bulk download's proxy
+        helper = psutil.Process(records[1].proxy.pid)  # the bulk download's proxy
         for trial in range(TRIALS):  # interleaved, the same policy for both; the order alternates
             def alternate(pair: tuple, flip: bool = trial % 2 == 1) -> tuple:
                 return pair[::-1] if flip else pair

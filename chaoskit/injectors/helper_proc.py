@@ -11,11 +11,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import Field, model_validator
 
-from chaoskit.injectors.base import Injector, RevertRecord
+from chaoskit.injectors.base import Injector, RevertRecord, SpecT
 from chaoskit.targets.process import ProcessRef, cmdline, find_by_token, is_alive, proc_ref
 
 
@@ -164,15 +164,19 @@ class HelperFiles(HelperRecord):
             path.with_suffix(".tmp").unlink(missing_ok=True)
 
 
-class HelperFault(Injector):
+HelperRecordT = TypeVar("HelperRecordT", bound=HelperRecord)
+
+
+class HelperFault(Injector[SpecT, HelperRecordT]):
     """A fault that is a helper process found by the token in its record: revert stops it, observe sees it."""
 
     Record = HelperRecord
+    typed: ClassVar[bool] = True
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        stop(cls.read_record(record).token)
+    def revert(cls, record: HelperRecordT) -> None:
+        stop(record.token)
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        return running(cls.read_record(record).token)
+    def observe(cls, record: HelperRecordT) -> bool:
+        return running(record.token)

@@ -19,7 +19,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors.cpu.fault import CpuStress, CpuStressSpec, CpuThrottle, CpuThrottleSpec
 from chaoskit.injectors.process.fault import ProcessSignal, ProcessSignalSpec
 from chaoskit.targets.cgroups import CpuHierarchy, IoHierarchy, find_cpu_hierarchy
-from chaoskit.targets.process import ProcessRef, is_alive, proc_state
+from chaoskit.targets.process import is_alive, proc_state
 from tests.conftest import ROOT, wait_for
 from tests.helpers import cgroup_check
 
@@ -326,8 +326,7 @@ def test_cpu_stress_workers_use_cpu_and_revert_leaves_none(hier, test_cgroups):
     inj.preflight()
     assert "2 busy worker" in inj.plan()[0]
     record = inj.apply(inj.prepare())
-    holder = ProcessRef.from_json(record["holder"])
-    workers = [ProcessRef.from_json(w) for w in record["worker_procs"]]
+    holder, workers = record.holder, record.worker_procs
     try:
         assert len(workers) == 2 and CpuStress.observe(record)
         for w in workers:  # measured in the heavier-weighted test cgroup: the shared box's other load matters less
@@ -348,7 +347,7 @@ def test_cpu_stress_load_share_and_deadline(hier, test_cgroups):
     inj = stress(workers=1, load="30%")
     inj.ctx.lifetime_s = 8  # room for a slow start on a busy machine before the 1.5 s measurement
     record = inj.apply(inj.prepare())
-    worker = ProcessRef.from_json(record["worker_procs"][0])
+    worker = record.worker_procs[0]
     try:
         IoHierarchy.move(worker.pid, test_cgroups[0])
         used = cpu_rate(worker.pid, 1.5)
@@ -362,10 +361,10 @@ def test_cpu_stress_load_share_and_deadline(hier, test_cgroups):
 def test_cpu_stress_dies_with_chaoskit(tmp_path):
     code = ("import json, time; from chaoskit.injectors.cpu.fault import CpuStress, CpuStressSpec\n"
             "inj = CpuStress(CpuStressSpec(type='host.cpu_stress', workers=1, nice=10)); inj.ctx.lifetime_s = 60\n"
-            "print(json.dumps(inj.apply(inj.prepare())), flush=True); time.sleep(60)\n")
+            "print(json.dumps(inj.apply(inj.prepare()).to_json()), flush=True); time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    record = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
-    refs = [ProcessRef.from_json(p) for p in [record["holder"], *record["worker_procs"]]]
+    record = CpuStress.from_ledger(json.loads(proc.stdout.readline()))  # type: ignore[union-attr]
+    refs = [p for p in [record.holder, *record.worker_procs] if p is not None]
     try:
         assert all(is_alive(r) for r in refs)
         assert os.getpriority(os.PRIO_PROCESS, refs[1].pid) == 10

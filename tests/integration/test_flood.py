@@ -17,8 +17,8 @@ from chaoskit.injectors.base import FaultContext
 from chaoskit.injectors.flood.fault import Flood
 from tests.conftest import ROOT, wait_for
 
-REVERT = "import json, sys; from chaoskit.injectors import injector_class; " \
-         "injector_class('load.flood').revert(json.loads(sys.argv[1]))"
+REVERT = "import json, sys; from chaoskit.injectors import injector_class; cls = injector_class('load.flood'); " \
+         "cls.revert(cls.from_ledger(json.loads(sys.argv[1])))"
 
 
 class _Count(BaseHTTPRequestHandler):
@@ -58,7 +58,7 @@ def test_the_flood_sends_and_a_fresh_process_stops_it_from_the_record(server):
         wait_for(lambda: handler.hits >= 10, timeout=20)
         assert Flood.observe(record)
     finally:
-        subprocess.run([sys.executable, "-c", REVERT, json.dumps(record)], cwd=ROOT, check=True, timeout=60)
+        subprocess.run([sys.executable, "-c", REVERT, json.dumps(record.to_json())], cwd=ROOT, check=True, timeout=60)
     assert not Flood.observe(record)
     stopped_at = handler.hits
     Flood.revert(record)  # idempotent

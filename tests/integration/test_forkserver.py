@@ -105,7 +105,7 @@ def test_a_proxy_fault_in_a_run_is_forked_and_reverted_by_its_record(echo):
                 FaultContext(forkserver=fs))
     try:
         rec = inj.apply(inj.prepare())
-        assert "forkserver/main.py" in " ".join(psutil.Process(rec["proxy"]["pid"]).parent().cmdline())
+        assert "forkserver/main.py" in " ".join(psutil.Process(rec.proxy.pid).parent().cmdline())
         assert echoes(port) and Proxy.observe(rec)
         Proxy.revert(rec)  # as a fresh process would: from the record alone
         assert not Proxy.observe(rec)

@@ -38,7 +38,7 @@ def test_memory_pressure_holds_and_releases():
     record = inj.prepare()
     final = inj.apply(record)
     try:
-        pid = final["holder"]["pid"]
+        pid = final.holder.pid
         assert rss_bytes(pid) >= 60 * 1024 * 1024, "holder did not touch its pages"
         assert MemoryPressure.observe(final)
     finally:

@@ -15,7 +15,7 @@ import pytest
 from chaoskit.executors.k8s_helper import HelperFailed, K8sHelperExecutor
 from chaoskit.executors.layer import place
 from chaoskit.injectors.base import FaultContext
-from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure, _holder_file
+from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure
 from tests.conftest import chaoskit, device_used, ledgers, wait_for, write
 from tests.helpers import standin_container
 from tests.helpers.fake_kube import FakeKubeApi, run_pod_here
@@ -83,7 +83,8 @@ def test_a_pods_gpu_gets_the_memory_pressure_in_a_helper_pod_and_gets_it_back(tm
             (local,) = [p["record"] for p in record["pods"]]
             assert local["device"] == FAKE_UUID  # the container's GPU, by the node's name for it
             holder = local["holder"]["pid"]
-            assert str(_holder_file(local, "status")).startswith(f"/proc/{holder}/root/")  # as from another pod
+            status = GpuMemoryPressure.from_ledger(local).holder_file(local["status"])
+            assert str(status).startswith(f"/proc/{holder}/root/")  # as from another pod
             details = executor.observe_details(inj.type, record, inj.ctx.placement)
             assert list(details["pods"]) == ["gpu-node/llm-0"] and details["in_effect"] is True
             seen = details["pods"]["gpu-node/llm-0"]["holder"]

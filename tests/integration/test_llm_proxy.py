@@ -54,7 +54,7 @@ def _start(upstream: str, faults: list[dict], seed: int = 0, port: int | None = 
 def _stop(rec: dict) -> None:
     LlmProxy.revert(rec)
     assert not LlmProxy.observe(rec)
-    assert not [p for p in all_pids() if rec["token"] in cmdline(p)]
+    assert not [p for p in all_pids() if rec.token in cmdline(p)]
 
 
 @pytest.fixture
@@ -356,7 +356,7 @@ def test_revert_stops_the_proxy_from_its_record_alone(triton):
     assert details["in_effect"] and details["faults"]["truncate-0"]["matched"] == 0
     LlmProxy.revert(rec)
     LlmProxy.revert(rec)  # twice is fine
-    assert not LlmProxy.observe(rec) and not [p for p in all_pids() if rec["token"] in cmdline(p)]
+    assert not LlmProxy.observe(rec) and not [p for p in all_pids() if rec.token in cmdline(p)]
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
 

@@ -74,15 +74,15 @@ def test_size_is_resident_at_ready_and_revert_leaves_no_holder(state_dir):
     record = inj.prepare()
     final = inj.apply(record)
     try:
-        pid = final["holder"]["pid"]
+        pid = final.holder.pid
         assert rss_bytes(pid) >= 256 * MiB, "pages not resident at ready"
         details = MemoryPressure.observe_details(final)
         assert details["in_effect"] and details["held"] == 256 * MiB
         assert details["holder"]["method"] == "populate_write" and details["holder"]["state"] == "holding"
     finally:
         MemoryPressure.revert(final)
-    assert not find_by_token(record["token"]) and not MemoryPressure.observe(final)
-    assert not Path(record["status"]).exists()
+    assert not find_by_token(record.token) and not MemoryPressure.observe(final)
+    assert not Path(record.status).exists()
     MemoryPressure.revert(final)  # idempotent
     MemoryPressure.revert(record)  # from the pre-apply record alone, too
     assert MemoryPressure.observe_details(final) == {"in_effect": False, "holder": None}
@@ -174,7 +174,7 @@ def test_target_used_holds_within_two_percent_while_a_child_allocates_and_frees(
         # count, MiB resident in the holder by /proc, MiB used by everything but the holder by /proc/meminfo)
         samples: list[tuple[float, int, float, float, int, int]] = []
         child, changed = 0, time.monotonic()
-        holder_pid = final["holder"]["pid"]
+        holder_pid = final.holder.pid
         while churn.poll() is None:
             if select.select([churn.stdout], [], [], 0.1)[0]:
                 if line := churn.stdout.readline().strip():  # `-`: about to change; a number: done

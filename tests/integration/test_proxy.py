@@ -135,7 +135,7 @@ def test_an_untouched_connection_is_relayed_by_the_kernel_half_close_included():
         with socket.create_connection(("127.0.0.1", port), timeout=5) as c:  # the event loop's own threads start
             c.shutdown(socket.SHUT_WR)
             assert c.recv(16) == b"got 0" and c.recv(16) == b""
-        helper = psutil.Process(rec["proxy"]["pid"])
+        helper = psutil.Process(rec.proxy.pid)
         counts = [helper.num_threads()]
 
         def settled() -> bool:  # that connection's relay threads end right after its EOF
@@ -261,7 +261,7 @@ def test_revert_many_stops_every_proxy_together(upstream):
     t0 = time.monotonic()
     Proxy.revert_many(recs)
     assert time.monotonic() - t0 < 0.5 and not any(Proxy.observe(r) for r in recs)
-    assert not any(r["token"] in " ".join(cmdline(pid)) for pid in all_pids() for r in recs)
+    assert not any(r.token in " ".join(cmdline(pid)) for pid in all_pids() for r in recs)
     Proxy.revert_many(recs)  # idempotent
 
 

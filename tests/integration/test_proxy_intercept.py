@@ -98,7 +98,7 @@ def test_intercept_redirects_new_connections_only_and_revert_restores_them(net):
     assert "intercepting port 8000" in inj.plan()[0] and "already open are not touched" in inj.plan()[0]
     rec = inj.apply(inj.prepare())
     try:
-        assert rec["table"] and rec["proxy"] and rec["ns"] == net.path(net.srv)  # the ledger's record: both
+        assert rec.table and rec.proxy and rec.ns == net.path(net.srv)  # the ledger's record: both
         new = connect(net)
         peer, rtt = ask(new)
         assert peer == SERVER_IP and rtt >= 0.04  # through the proxy (it connects from inside the namespace)
@@ -108,7 +108,7 @@ def test_intercept_redirects_new_connections_only_and_revert_restores_them(net):
     finally:
         Proxy.revert(rec)
     assert not Proxy.observe(rec) and net.ruleset(net.srv) == before
-    assert not [p for p in all_pids() if rec["token"] in cmdline(p)]
+    assert not [p for p in all_pids() if rec.token in cmdline(p)]
     assert closed(new)  # carried by the proxy: closed when it stopped
     assert ask(old)[0] == CLIENT_IP  # untouched throughout
     after = connect(net)
@@ -207,7 +207,7 @@ def test_intercept_takes_ipv6_and_ipv4_connections_to_their_own_destinations(net
                                intercept={"port": PORT, "target": {"netns": net.srv}, "existing": "reset"}))
         rec = inj.apply(inj.prepare())
         try:
-            assert rec["listen"].startswith("[::]:") and rec["reset_connections"] == 2
+            assert rec.listen.startswith("[::]:") and rec.reset_connections == 2
             assert closed(old6) and closed(old4)
             for conn, proxy_ip in ((connect6, SERVER_IP6), (lambda: connect(net), SERVER_IP)):
                 peer, rtt = ask(conn())
@@ -234,7 +234,7 @@ def test_an_apply_that_fails_after_the_redirect_leaves_neither_it_nor_the_proxy(
     with pytest.raises(OSError, match="made to fail"):
         inj.apply(rec)
     assert not Proxy.observe(rec) and net.ruleset(net.srv) == []
-    assert not [p for p in all_pids() if rec["token"] in cmdline(p)]
+    assert not [p for p in all_pids() if rec.token in cmdline(p)]
     assert ask(connect(net))[0] == CLIENT_IP
 
 
@@ -242,7 +242,7 @@ def test_revert_deletes_a_redirect_an_older_chaoskit_made_in_an_ip_table(net):
     """Before IPv6, the redirect was an `ip` table: a record of then, reverted now, still deletes it."""
     inj = Proxy(Proxy.Spec(type="network.proxy", intercept={"port": PORT, "target": {"netns": net.srv}}))
     rec = inj.prepare()
-    sh("ip", "netns", "exec", net.srv, "nft", "add", "table", "ip", rec["table"])
+    sh("ip", "netns", "exec", net.srv, "nft", "add", "table", "ip", rec.table)
     assert Proxy.observe(rec)
     Proxy.revert(rec)
     assert not Proxy.observe(rec) and net.ruleset(net.srv) == []
@@ -267,7 +267,7 @@ def test_llm_proxy_on_replica_0_of_a_netns_reference_stalls_only_its_requests(tm
         inj.preflight()
         rec = inj.apply(inj.prepare())
         try:
-            assert rec["reset_connections"] >= 1  # the gateway's pooled connection(s) to replica 0
+            assert rec.reset_connections >= 1  # the gateway's pooled connection(s) to replica 0
             got = [_stream(facts["gateway_port"]) for _ in range(6)]
         finally:
             LlmProxy.revert(rec)

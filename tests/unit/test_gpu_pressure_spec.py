@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from chaoskit.gpu.hold import Target
 from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure, GpuMemoryPressureSpec
 
 
@@ -13,9 +14,9 @@ def spec(**kw) -> GpuMemoryPressureSpec:
 
 
 @pytest.mark.parametrize("kw, target", [
-    ({"bytes": "20GiB"}, {"kind": "bytes", "value": 20 * 2**30, "hold": "fixed", "ramp_s": 0.0}),
-    ({"percent": "80%", "hold": "steady"}, {"kind": "percent", "value": 0.8, "hold": "steady", "ramp_s": 0.0}),
-    ({"leave_free": "2GiB", "ramp": "10s"}, {"kind": "leave_free", "value": 2 * 2**30, "hold": "fixed", "ramp_s": 10.0}),
+    ({"bytes": "20GiB"}, Target("bytes", 20 * 2**30, "fixed", 0.0)),
+    ({"percent": "80%", "hold": "steady"}, Target("percent", 0.8, "steady", 0.0)),
+    ({"leave_free": "2GiB", "ramp": "10s"}, Target("leave_free", 2 * 2**30, "fixed", 10.0)),
 ])
 def test_target_handed_to_the_holder(kw, target):
     assert spec(**kw).target() == target

@@ -3,6 +3,8 @@ plan and prepare make of each mode on a host with known /proc/meminfo numbers.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -97,13 +99,15 @@ def test_hold_preflight_refuses_what_it_cannot_do(host):
 def test_prepare_hands_the_holder_its_goal_cap_floor_and_deadband(host, tmp_path, monkeypatch):
     monkeypatch.setenv("CHAOSKIT_STATE_DIR", str(tmp_path))
     rec = MemoryPressure(spec(target_used="75%")).prepare()
-    assert rec["token"].startswith("chaoskit-holder-") and rec["status"].startswith(str(tmp_path / "memory"))
-    assert rec["goal_available"] == 4 * GiB and rec["bytes"] == int(0.8 * 12 * GiB)  # bytes = the cap
-    assert rec["floor"] == int(0.05 * 16 * GiB) and rec["deadband"] == int(0.0025 * 16 * GiB)
-    assert MemoryPressure(spec(leave_available="10%")).prepare()["goal_available"] == int(1.6 * GiB)
-    assert MemoryPressure(spec(target_used="75%", allow_unsafe=True)).prepare()["bytes"] == 16 * GiB
+    assert rec.token.startswith("chaoskit-holder-") and rec.status.startswith(str(tmp_path / "memory"))
+    assert rec.goal_available == 4 * GiB and rec.bytes == int(0.8 * 12 * GiB)  # bytes = the cap
+    assert rec.floor == int(0.05 * 16 * GiB) and rec.deadband == int(0.0025 * 16 * GiB)
+    assert json.loads(rec.config()) == {"status": rec.status, "goal_available": rec.goal_available,
+                                        "floor": rec.floor, "deadband": rec.deadband}
+    assert MemoryPressure(spec(leave_available="10%")).prepare().goal_available == int(1.6 * GiB)
+    assert MemoryPressure(spec(target_used="75%", allow_unsafe=True)).prepare().bytes == 16 * GiB
     fixed = MemoryPressure(spec(size="1GiB")).prepare()
-    assert fixed["bytes"] == GiB and "goal_available" not in fixed
+    assert fixed.bytes == GiB and json.loads(fixed.config()) == {"status": fixed.status}  # no goal: a fixed size
 
 
 def test_plan_words_the_behaviour(host):

@@ -105,8 +105,8 @@ def test_memory_pressure_reports_nvml_view(sim, tmp_path):
     from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure
 
     token = "chaoskit-gpuholder-0123456789abcdef0123456789abcdef"  # no such holder runs
-    record = {"token": token, "device": 0, "status": str(tmp_path / f"{token}.status.json"),
-              "journal": str(tmp_path / f"{token}.corrections.jsonl")}
-    seen = GpuMemoryPressure.observe_details(record)
+    record = {"token": token, "device": 0, "target": {"kind": "bytes", "value": 1 << 30},
+              "status": str(tmp_path / f"{token}.status.json"), "journal": str(tmp_path / f"{token}.corrections.jsonl")}
+    seen = GpuMemoryPressure.observe_details(GpuMemoryPressure.from_ledger(record))
     assert seen["nvml"] == {"total": sim.total, "used": 1 << 30, "free": sim.total - (1 << 30)}
     assert seen["in_effect"] is False and seen["holder"] is None and seen["corrections_total"] == 0

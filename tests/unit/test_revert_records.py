@@ -8,6 +8,7 @@ the test fails, without harm to the host."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,21 +28,28 @@ from chaoskit.injectors.disk.fill import DiskFill
 from chaoskit.injectors.disk.throttle import DiskThrottle
 from chaoskit.injectors.exec.fault import TOKEN_VAR, Exec
 from chaoskit.injectors.firewall.fault import Drop, Partition
+from chaoskit.injectors.flood.fault import Flood
+from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure
 from chaoskit.injectors.gpu.mig import MigReconfigure
 from chaoskit.injectors.gpu.xid import XidEvent
 from chaoskit.injectors.helper_proc import TOKEN
 from chaoskit.injectors.kube.fault import DeploymentScale, PodDelete, PodKill
+from chaoskit.injectors.kv_notify.fault import KvNotify
+from chaoskit.injectors.llm_proxy.fault import LlmProxy
 from chaoskit.injectors.memory.limit import MemoryLimit
 from chaoskit.injectors.memory.pressure import MemoryPressure
 from chaoskit.injectors.netem.fault import Bandwidth, Netem, QdiscRecord
 from chaoskit.injectors.netem.nfqueue import QueueRecord
 from chaoskit.injectors.process.fault import ProcessSignal, SignalRecord
 from chaoskit.injectors.proxy.fault import Proxy, ProxyRecord
+from chaoskit.load.spec import LoadSpec
 from chaoskit.targets.process import ProcessRef, proc_ref
 from tests.conftest import proc_state, wait_for
 
 HOLDER = f"chaoskit-holder-{uuid.uuid4().hex}"  # of chaoskit's shape, and no process carries it
 NETEMQ = f"chaoskit-netemq-{uuid.uuid4().hex}"
+GPUHOLDER = f"chaoskit-gpuholder-{uuid.uuid4().hex}"
+KVNOTIFY = f"chaoskit-kvnotify-{uuid.uuid4().hex}"
 SLEEP = "import time; time.sleep(600)"
 
 
@@ -143,10 +151,17 @@ REFUSED = [
     # revert stops every process carrying the token: only a token of chaoskit's shape (this one is the stand-in's)
     (Proxy, lambda h: {"token": h.token, "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "proxy": {"pid": h.pid}},
      f"(token: String should match pattern '{TOKEN}'; proxy.start_time: Field required)"),
-    (MemoryPressure, lambda h: {"token": HOLDER, "status": str(h.passwd)},  # revert removes it: only the holder's
+    # revert removes the status file: only the holder's own
+    (MemoryPressure, lambda h: {"token": HOLDER, "status": str(h.passwd), "bytes": 1 << 20},
      lambda h: f"(record: Value error, {h.passwd} is not a file of helper {HOLDER})"),
-    (CpuStress, lambda h: {"token": HOLDER, "worker_procs": [{"pid": h.pid}]},
+    (CpuStress, lambda h: {"token": HOLDER, "workers": 1, "load": 1.0, "nice": 0, "worker_procs": [{"pid": h.pid}]},
      "(worker_procs.0.start_time: Field required)"),
+    (GpuMemoryPressure, lambda h: {"token": GPUHOLDER, "device": 0, "target": {"kind": "bytes", "value": 1.0},
+                                   "status": str(h.passwd)},  # revert removes it: only the holder's own
+     lambda h: f"(record: Value error, {h.passwd} is not a file of helper {GPUHOLDER})"),
+    (Flood, lambda h: {"token": h.token}, f"(token: String should match pattern '{TOKEN}')"),
+    (KvNotify, lambda h: {"token": KVNOTIFY, "listen": "[::]:1", "upstream": "original", "stats": str(h.passwd)},
+     lambda h: f"(record: Value error, {h.passwd} is not the stats file of helper {KVNOTIFY})"),  # revert removes it
     (CpuThrottle, lambda h: {"hierarchy": h.hierarchy, "cgroup": str(h.slice), "quota": 1000, "period": 100000},
      lambda h: f"(record: Value error, a dedicated cgroup is a chaoskit-* one, not {h.slice})"),  # revert rmdirs it
     (MemoryLimit, lambda h: {"hierarchy": h.hierarchy, "cgroup": str(h.own_cgroup), "token": h.token},
@@ -227,8 +242,8 @@ def test_unknown_keys_are_left_alone_and_a_prepared_record_is_enough():
     token = f"chaoskit-proxy-{uuid.uuid4().hex}"
     prepared = {"token": token, "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "later": 1}
     assert Proxy.read_record(prepared) == ProxyRecord(token=token, listen="127.0.0.1:1", upstream="127.0.0.1:2")
-    Proxy.revert(prepared)  # killed before the helper started: nothing to stop, and no error
-    assert not Proxy.observe(prepared)
+    Proxy.revert(Proxy.from_ledger(prepared))  # killed before the helper started: nothing to stop, and no error
+    assert not Proxy.observe(Proxy.from_ledger(prepared))
 
 
 def test_network_records_written_the_old_way_read_back(host):
@@ -256,3 +271,59 @@ def test_network_records_written_the_old_way_read_back(host):
         assert not Netem.observe(record)
     Bandwidth.revert({**egress, **other_ns})
     assert host.changes() == []
+
+
+def _gone(comm: str) -> dict[str, Any]:
+    """A recorded helper that is no longer that process: this test's own PID with a start time it never had."""
+    return {"pid": os.getpid(), "start_time": 1, "comm": comm}
+
+
+def _helper_records(tmp: Path) -> list[tuple[Any, dict[str, Any]]]:
+    """Records of the helper-process families, key for key as apply wrote them into the ledger before their
+    verbs took typed records (their files under `tmp`, their processes gone)."""
+    hx = uuid.uuid4().hex
+    mem, gpu = f"chaoskit-holder-{hx}", f"chaoskit-gpuholder-{hx}"
+    proxy = {"token": f"chaoskit-proxy-{hx}", "listen": "127.0.0.1:1", "upstream": "127.0.0.1:2", "listen_tls": False,
+             "proxy": _gone("python")}
+    intercept = {"listen": "[::]:40001", "upstream": "original", "ns": str(tmp / "ns"), "ns_inode": 1,
+                 "table": "chaoskit_0123456789ab", "reset_connections": 2}
+    kv = f"chaoskit-kvnotify-{hx}"
+    load = json.loads(LoadSpec(url="http://127.0.0.1:1/", api="http", rate=50, duration=60).model_dump_json())
+    return [
+        (CpuStress, {"token": f"chaoskit-holder-cpustress-{hx}", "workers": 2, "load": 0.3, "nice": 10,
+                     "holder": _gone("python"), "worker_procs": [_gone("python"), _gone("python")]}),
+        (MemoryPressure, {"token": mem, "status": str(tmp / f"{mem}.status.json"), "bytes": 64 << 20,
+                          "holder": _gone("python")}),
+        (MemoryPressure, {"token": mem, "status": str(tmp / f"{mem}.status.json"), "bytes": 8 << 30,
+                          "goal_available": 4 << 30, "floor": 1 << 30, "deadband": 40 << 20, "holder": _gone("python")}),
+        (GpuMemoryPressure, {"token": gpu, "device": 0, "target": {"kind": "bytes", "value": float(1 << 30),
+                                                                   "hold": "fixed", "ramp_s": 0.0},
+                             "fragment": None, "status": str(tmp / f"{gpu}.status.json"),
+                             "journal": str(tmp / f"{gpu}.corrections.jsonl"), "holder": _gone("python")}),
+        (GpuMemoryPressure, {"token": gpu, "device": "GPU-11111111-2222-3333-4444-555555555555",
+                             "target": {"kind": "leave_free", "value": 0.0, "hold": "fixed", "ramp_s": 0.0},
+                             "fragment": {"holes": 4, "hole_size": 256 << 20}, "status": str(tmp / f"{gpu}.status.json"),
+                             "journal": str(tmp / f"{gpu}.corrections.jsonl")}),
+        (Flood, {"token": f"chaoskit-flood-{hx}", "helper": _gone("python"), "load": load}),
+        (Proxy, proxy),
+        (Proxy, {**proxy, **intercept}),
+        (LlmProxy, {**proxy, "token": f"chaoskit-llm-proxy-{hx}", "listen_tls": True}),
+        (KvNotify, {**proxy, **intercept, "token": kv, "stats": str(tmp / f"{kv}.json")}),
+    ]
+
+
+def test_helper_records_the_ledger_already_holds_read_back_whole_and_revert(tmp_path):
+    """A helper-process family's record written before its verbs took typed records reads back with every key
+    and value it had (the ledger form written again is a superset), and its revert and observe work from it."""
+    for cls, old in _helper_records(tmp_path):
+        for name in ("status", "journal", "stats"):
+            if name in old:
+                Path(old[name]).write_text("{}")
+        record = cls.from_ledger(old)
+        assert isinstance(record, cls.Record)
+        again = cls.to_ledger(record)
+        assert {k: again[k] for k in old} == old, cls.type
+        assert cls.from_ledger(json.loads(json.dumps(again))) == record
+        cls.revert(record)  # nothing of it runs (its namespace is no namespace): nothing to stop, and no error
+        assert not cls.observe(record)
+    assert list(tmp_path.iterdir()) == []  # each helper's own files removed by its revert

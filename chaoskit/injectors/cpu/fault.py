@@ -225,13 +225,17 @@ class CpuStressSpec(StrictModel):
 
 
 class CpuStressRecord(helper_proc.HelperRecord):
-    """host.cpu_stress's record: its token, and once started the holder and its workers."""
+    """host.cpu_stress's record: its token and what its helper runs (workers, load, nice), and once started the
+    holder and its workers."""
 
+    workers: int = Field(gt=0)
+    load: float
+    nice: int
     holder: ProcessRef | None = None
     worker_procs: list[ProcessRef] = Field(default_factory=list)
 
 
-class CpuStress(helper_proc.HelperFault):
+class CpuStress(helper_proc.HelperFault[CpuStressSpec, CpuStressRecord]):
     type: ClassVar[str] = "host.cpu_stress"
     Record = CpuStressRecord
     helper: ClassVar[str | None] = "chaoskit.injectors.cpu.stress_helper"
@@ -254,40 +258,37 @@ class CpuStress(helper_proc.HelperFault):
                 "revert: SIGTERM the helper and every worker (by recorded PID + start time; SIGKILL after 5 s); "
                 f"they also die with chaoskit and exit by themselves after {self.ctx.lifetime_s:g}s"]
 
-    def prepare(self) -> dict[str, Any]:
-        return {"token": f"chaoskit-holder-cpustress-{uuid.uuid4().hex}", "workers": self._workers(),
-                "load": self.spec.load, "nice": self.spec.nice}
+    def prepare(self) -> CpuStressRecord:
+        return CpuStressRecord(token=f"chaoskit-holder-cpustress-{uuid.uuid4().hex}", workers=self._workers(),
+                               load=self.spec.load, nice=self.spec.nice)
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, record: CpuStressRecord) -> CpuStressRecord:
         until = time.time() + self.ctx.lifetime_s
         # the helper's PR_SET_PDEATHSIG fires when the spawning *thread* ends (see gpu.py)
-        holder = helper_proc.spawn(self.helper, record["token"],
-                                   [str(record["workers"]), repr(record["load"]), str(record["nice"]),
-                                    f"{until:.3f}", str(os.getpid())],
-                                   f"CPU stress helper with {record['workers']} workers")
-        workers = [r for r in find_by_token(record["token"]) if parent_pid(r.pid) == holder.pid]
-        out = {**record, "holder": holder.to_json(), "worker_procs": [w.to_json() for w in workers]}
-        if len(workers) != record["workers"]:
+        holder = helper_proc.spawn(self.helper, record.token,
+                                   [str(record.workers), repr(record.load), str(record.nice), f"{until:.3f}",
+                                    str(os.getpid())],
+                                   f"CPU stress helper with {record.workers} workers")
+        workers = [r for r in find_by_token(record.token) if parent_pid(r.pid) == holder.pid]
+        out = record.model_copy(update={"holder": holder, "worker_procs": workers})
+        if len(workers) != record.workers:
             type(self).revert(out)
-            raise RuntimeError(f"host.cpu_stress: {len(workers)} of {record['workers']} workers are running")
+            raise RuntimeError(f"host.cpu_stress: {len(workers)} of {record.workers} workers are running")
         return out
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        r: CpuStressRecord = cls.read_record(record)
-        refs = [p for p in (r.holder, *r.worker_procs) if p is not None]
-        refs += [p for p in find_by_token(r.token) if p not in refs]  # e.g. apply died half-way
+    def revert(cls, record: CpuStressRecord) -> None:
+        refs = [p for p in (record.holder, *record.worker_procs) if p is not None]
+        refs += [p for p in find_by_token(record.token) if p not in refs]  # e.g. apply died half-way
         _terminate(refs)
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        r: CpuStressRecord = cls.read_record(record)
-        return is_alive(r.holder) if r.holder is not None else helper_proc.running(r.token)
+    def observe(cls, record: CpuStressRecord) -> bool:
+        return is_alive(record.holder) if record.holder is not None else helper_proc.running(record.token)
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
-        r: CpuStressRecord = cls.read_record(record)
-        return {"in_effect": cls.observe(record), "workers_alive": sum(map(is_alive, r.worker_procs))}
+    def observe_details(cls, record: CpuStressRecord) -> dict[str, Any]:
+        return {"in_effect": cls.observe(record), "workers_alive": sum(map(is_alive, record.worker_procs))}
 
 
 def _terminate(refs: list[ProcessRef], grace_s: float = 5.0) -> None:

@@ -4,16 +4,16 @@ also sends one request with that file's text as its prompt, once, `at` after the
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, JsonValue
 
 from chaoskit.injectors import helper_proc
 from chaoskit.load.spec import LoadSpec, Poison
 from chaoskit.model.types import Duration, StrictModel, Url
+from chaoskit.targets.process import ProcessRef
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -47,13 +47,22 @@ class FloodSpec(StrictModel):
     load: FloodLoad = Field(description="what to send (like the slo probe's load, without duration)")
 
 
-class Flood(helper_proc.HelperFault):
+class FloodRecord(helper_proc.HelperRecord):
+    """load.flood's record: its token; once started, the helper and the load it sends (as JSON, for the reader of
+    the ledger: revert needs the token alone)."""
+
+    helper: ProcessRef | None = None
+    load: JsonValue = None
+
+
+class Flood(helper_proc.HelperFault[FloodSpec, FloodRecord]):
     type: ClassVar[str] = "load.flood"
     host_needs: ClassVar[frozenset[str]] = frozenset({"native-sender"})
     helper: ClassVar[str | None] = "chaoskit.injectors.flood.helper"
     summary: ClassVar[str] = "send an open-loop request flood from a helper process (revert: it stops)"
     Spec = FloodSpec
     spec: FloodSpec
+    Record = FloodRecord
 
     def load_spec(self, seconds: float) -> LoadSpec:
         return LoadSpec(**self.spec.load.model_dump(), duration=seconds)
@@ -68,12 +77,12 @@ class Flood(helper_proc.HelperFault):
                 f"tokens, {ld.max_tokens} max) to {ld.url}{poison}; revert: SIGTERM it (it also stops by itself "
                 f"after {self.ctx.lifetime_s:g}s)"]
 
-    def prepare(self) -> dict[str, Any]:
-        return {"token": f"chaoskit-flood-{uuid.uuid4().hex}"}
+    def prepare(self) -> FloodRecord:
+        return FloodRecord(token=f"chaoskit-flood-{uuid.uuid4().hex}")
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, record: FloodRecord) -> FloodRecord:
         spec = self.load_spec(self.ctx.lifetime_s)
-        ref = helper_proc.spawn(self.helper, record["token"],
+        ref = helper_proc.spawn(self.helper, record.token,
                                 [spec.model_dump_json(), f"{time.time() + self.ctx.lifetime_s:.3f}"],
                                 f"load flood to {spec.url}")
-        return {**record, "helper": ref.to_json(), "load": json.loads(spec.model_dump_json())}
+        return record.model_copy(update={"helper": ref, "load": spec.model_dump(mode="json")})

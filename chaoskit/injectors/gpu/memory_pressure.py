@@ -7,20 +7,23 @@ import os
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.gpu import nvml
 from chaoskit.gpu.cuda import visible_devices_env
+from chaoskit.gpu.hold import Target
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import NODE_EXECUTORS, FaultContext, NodeHelper
 from chaoskit.model.types import Duration, Percent, StrictModel
 from chaoskit.paths import state_dir
 from chaoskit.targets.kube import KubeNodeSelector
 from chaoskit.targets.local import GpuTarget
+from chaoskit.targets.process import ProcessRef
 from chaoskit.units import format_size, is_percent, parse_size
 
 PROBE_TIMEOUT_S = 60.0
@@ -86,22 +89,32 @@ class GpuMemoryPressureSpec(StrictModel):
                 raise ValueError(why)
         return self
 
-    def target(self) -> dict[str, Any]:
-        """The holder's Target (chaoskit.gpu.hold) as plain data."""
+    def target(self) -> Target:
+        """What the holder holds (chaoskit.gpu.hold's Target)."""
         if self.percent is not None:
             kind, value = "percent", float(self.percent)
         elif self.leave_free is not None:
             kind, value = "leave_free", float(parse_size(self.leave_free))
         else:
             kind, value = "bytes", float(parse_size(self.bytes_)) if self.bytes_ is not None else 0.0
-        return {"kind": kind, "value": value, "hold": self.hold, "ramp_s": self.ramp}
+        return Target(kind, value, self.hold, self.ramp)
 
 
 HOLDER = "chaoskit.injectors.gpu.holder"  # the helper process: holds the memory (or probes the device)
 
 
-def probe_device(device: int | str) -> dict[str, Any]:
-    """The device's name, UUID, total and free bytes, read by a holder-to-be in a fresh process (same env)."""
+@dataclass(frozen=True)
+class DeviceFacts:
+    """The device as a holder-to-be sees it: its name, UUID, total and free bytes."""
+
+    name: str
+    uuid: str
+    total: int
+    free: int
+
+
+def probe_device(device: int | str) -> DeviceFacts:
+    """The device's facts, read by a holder-to-be in a fresh process (same env)."""
     try:
         out = subprocess.run([*helper_proc.command(HOLDER), "probe"],
                              env=helper_proc.env(visible_devices_env(device)), capture_output=True, text=True,
@@ -112,16 +125,49 @@ def probe_device(device: int | str) -> dict[str, Any]:
     line = (out.stdout.strip().splitlines() or [out.stderr.strip()[-300:]])[-1]
     if out.returncode != 0:
         raise PreflightError(f"gpu.memory_pressure: device {device}: {line}")
-    return json.loads(line)
+    facts = json.loads(line)
+    return DeviceFacts(facts["name"], facts["uuid"], int(facts["total"]), int(facts["free"]))
 
 
-class GpuMemoryPressure(helper_proc.HelperFault):
+class Holes(BaseModel):
+    """fragment: how many free holes the holder leaves, of how many bytes each."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    holes: int
+    hole_size: int
+
+
+class GpuHolderRecord(helper_proc.HelperFiles):
+    """gpu.memory_pressure's record: the holder's token, status and corrections journal, the device and what it
+    holds there; once started, the holder."""
+
+    device: int | str
+    target: Target
+    fragment: Holes | None = None
+    holder: ProcessRef | None = None
+
+    def config(self) -> str:
+        """What the holder is started with (JSON)."""
+        return self.model_dump_json(include={"target", "fragment", "status", "journal"})
+
+    def holder_file(self, path: str | None) -> Path | None:
+        """The holder's status or journal file, through the holder's /proc root while it runs: in a Kubernetes
+        helper pod the holder lives in the apply helper's pod, whose files an observe helper does not share."""
+        if path is None:
+            return None
+        file, pid = Path(path), self.holder.pid if self.holder is not None else None
+        through = Path(f"/proc/{pid}/root") / file.relative_to(file.anchor) if pid and file.is_absolute() else file
+        return through if through.exists() else file
+
+
+class GpuMemoryPressure(helper_proc.HelperFault[GpuMemoryPressureSpec, GpuHolderRecord]):
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"
     node_helper: ClassVar[NodeHelper] = NodeHelper(  # the container's GPUs: read from its init's environment and /dev
         capabilities=("SYS_PTRACE",), gpu=True)
     helper: ClassVar[str | None] = HOLDER
-    Record = helper_proc.HelperFiles
+    Record = GpuHolderRecord
     type: ClassVar[str] = "gpu.memory_pressure"
     host_needs: ClassVar[frozenset[str]] = frozenset({"cuda", "nvml"})
     summary: ClassVar[str] = ("take GPU memory with real CUDA allocations: bytes/percent/leave_free, held "
@@ -131,7 +177,7 @@ class GpuMemoryPressure(helper_proc.HelperFault):
 
     def __init__(self, spec: GpuMemoryPressureSpec, ctx: FaultContext | None = None):
         super().__init__(spec, ctx)
-        self.facts: dict[str, Any] | None = None
+        self.facts: DeviceFacts | None = None
         self.unknown = "device not checked yet"
 
     @classmethod
@@ -155,26 +201,26 @@ class GpuMemoryPressure(helper_proc.HelperFault):
             except PreflightError as e:
                 self.unknown = str(e).removeprefix("gpu.memory_pressure: ")
                 raise
-        return GpuTarget(self.spec.device, self.facts["uuid"], self.facts["name"])
+        return GpuTarget(self.spec.device, self.facts.uuid, self.facts.name)
 
     def preflight(self) -> None:
         self.target()
         assert self.facts is not None
         need = self._own_bytes()
-        if self.spec.hold == "fixed" and need is not None and need > self.facts["free"]:
-            raise PreflightError(f"gpu.memory_pressure: device {self.spec.device} has {format_size(self.facts['free'])}"
+        if self.spec.hold == "fixed" and need is not None and need > self.facts.free:
+            raise PreflightError(f"gpu.memory_pressure: device {self.spec.device} has {format_size(self.facts.free)}"
                                  f" free, {format_size(need)} requested")
-        if self.spec.leave_free is not None and parse_size(self.spec.leave_free) >= self.facts["free"] \
+        if self.spec.leave_free is not None and parse_size(self.spec.leave_free) >= self.facts.free \
                 and self.spec.hold == "fixed":
             raise PreflightError(f"gpu.memory_pressure: device {self.spec.device} has only "
-                                 f"{format_size(self.facts['free'])} free, less than leave_free")
+                                 f"{format_size(self.facts.free)} free, less than leave_free")
 
     def _own_bytes(self) -> int | None:
         s, f = self.spec, self.facts
         if s.bytes_ is not None:
             return parse_size(s.bytes_)
         if s.percent is not None and f:
-            return int(s.percent * f["total"])
+            return int(s.percent * f.total)
         return None
 
     def _amount(self) -> str:
@@ -196,64 +242,54 @@ class GpuMemoryPressure(helper_proc.HelperFault):
 
     def plan(self) -> list[str]:
         f = self.facts
-        dev = (f"device {self.spec.device} ({f['name']}, {f['uuid']}, {format_size(f['free'])} free of "
-               f"{format_size(f['total'])})" if f else f"device {self.spec.device} (facts unknown: {self.unknown})")
+        dev = (f"device {self.spec.device} ({f.name}, {f.uuid}, {format_size(f.free)} free of "
+               f"{format_size(f.total)})" if f else f"device {self.spec.device} (facts unknown: {self.unknown})")
         ramp = f", ramping up over {self.spec.ramp:g}s" if self.spec.ramp else ""
         return [f"start a CUDA holder process on {dev}: {self._amount()}{ramp}",
                 f"revert: SIGTERM the holder, which frees every allocation and exits (it also dies with chaoskit "
                 f"and exits by itself after {self.ctx.lifetime_s:g}s)"]
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> GpuHolderRecord:
         token = f"chaoskit-gpuholder-{uuid.uuid4().hex}"
         d = state_dir() / "gpu"
         d.mkdir(parents=True, exist_ok=True)
         frag = self.spec.fragment
-        return {"token": token, "device": self.spec.device, "target": self.spec.target(),
-                "fragment": {"holes": frag.holes, "hole_size": parse_size(frag.hole_size)} if frag else None,
-                "status": str(d / f"{token}.status.json"), "journal": str(d / f"{token}.corrections.jsonl")}
+        return GpuHolderRecord(token=token, device=self.spec.device, target=self.spec.target(),
+                               fragment=Holes(holes=frag.holes, hole_size=parse_size(frag.hole_size)) if frag else None,
+                               status=str(d / f"{token}.status.json"), journal=str(d / f"{token}.corrections.jsonl"))
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, record: GpuHolderRecord) -> GpuHolderRecord:
         until = time.time() + self.ctx.lifetime_s
-        config = {k: record[k] for k in ("target", "fragment", "status", "journal")}
         # the holder's PR_SET_PDEATHSIG fires when the spawning *thread* ends; the engine's apply threads live
         # until the run's event loop closes, which is after rollback
-        ref = helper_proc.spawn(self.helper, record["token"],
-                                [json.dumps(config), f"{until:.3f}", str(os.getpid())],
-                                f"GPU memory holder on device {record['device']}",
-                                extra_env=visible_devices_env(record["device"]))
-        return {**record, "holder": ref.to_json()}
+        ref = helper_proc.spawn(self.helper, record.token, [record.config(), f"{until:.3f}", str(os.getpid())],
+                                f"GPU memory holder on device {record.device}",
+                                extra_env=visible_devices_env(record.device))
+        return record.model_copy(update={"holder": ref})
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        r: helper_proc.HelperFiles = cls.read_record(record)
-        helper_proc.stop(r.token)
-        r.remove_files()
+    def revert(cls, record: GpuHolderRecord) -> None:
+        helper_proc.stop(record.token)
+        record.remove_files()
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
+    def observe_details(cls, record: GpuHolderRecord) -> dict[str, Any]:
         out: dict[str, Any] = {"in_effect": cls.observe(record)}
         try:
-            out["holder"] = json.loads(_holder_file(record, "status").read_text())
-        except (OSError, ValueError, KeyError):
+            status = record.holder_file(record.status)
+            out["holder"] = json.loads(status.read_text()) if status else None
+        except (OSError, ValueError):
             out["holder"] = None
         try:
-            lines = _holder_file(record, "journal").read_text().splitlines()
+            journal = record.holder_file(record.journal)
+            lines = journal.read_text().splitlines() if journal else []
             out["corrections"] = [json.loads(x) for x in lines[-CORRECTIONS_IN_REPORT:]]
             out["corrections_total"] = len(lines)
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError):
             out["corrections"], out["corrections_total"] = [], 0
         try:
-            m = nvml.memory(record["device"])
+            m = nvml.memory(record.device)
             out["nvml"] = {"total": m.total, "used": m.used, "free": m.free}
         except PreflightError as e:
             out["nvml"] = f"unavailable: {e}"
         return out
-
-
-def _holder_file(record: dict[str, Any], key: str) -> Path:
-    """The holder's status or journal file, through the holder's /proc root while it runs: in a Kubernetes
-    helper pod the holder lives in the apply helper's pod, whose files an observe helper does not share."""
-    path = Path(record[key])
-    pid = (record.get("holder") or {}).get("pid")
-    through = Path(f"/proc/{pid}/root") / path.relative_to(path.anchor) if pid and path.is_absolute() else path
-    return through if through.exists() else path

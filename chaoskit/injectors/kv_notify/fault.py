@@ -20,7 +20,6 @@ from pydantic import Field, model_validator
 
 from chaoskit.injectors.proxy.fault import ProxyHelper, ProxyRecord, check_intercept, intercept_listen
 from chaoskit.injectors.proxy.intercept import Intercept
-from chaoskit.injectors.proxy.server import ORIGINAL
 from chaoskit.model.types import Duration, Percent, StrictModel
 
 
@@ -66,10 +65,19 @@ class KvNotifySpec(StrictModel):
 
 
 class KvNotifyRecord(ProxyRecord):
-    stats: str | None = None  # the helper's counts (JSON), named after its token
+    """kv.notify's record: a proxy's, and the file of the helper's counts (JSON), named after its token: revert
+    removes it, so only a file of that name reads back."""
+
+    stats: str | None = None
+
+    @model_validator(mode="after")
+    def _own_stats(self) -> KvNotifyRecord:
+        if self.stats is not None and Path(self.stats).name != f"{self.token}.json":
+            raise ValueError(f"{self.stats} is not the stats file of helper {self.token}")
+        return self
 
 
-class KvNotify(ProxyHelper):
+class KvNotify(ProxyHelper[KvNotifyRecord]):
     type: ClassVar[str] = "kv.notify"
     summary: ClassVar[str] = ("lose, delay or duplicate the KV transfers' done notifications of a disaggregated deployment, "
                               "or corrupt the KV bytes they carry")
@@ -97,31 +105,30 @@ class KvNotify(ProxyHelper):
         where, revert = self.intercept_plan()
         return [f"start a {self.what}{where} {self.effects()}; {revert}"]
 
-    def prepare(self) -> dict[str, Any]:
-        rec = super().prepare()
-        return {**rec, "upstream": ORIGINAL, "stats": str(Path(tempfile.gettempdir()) / f"{rec['token']}.json")}
+    def prepare(self) -> KvNotifyRecord:
+        rec = super().prepare()  # no upstream: each connection goes to its original destination
+        return rec.model_copy(update={"stats": str(Path(tempfile.gettempdir()) / f"{rec.token}.json")})
 
     def config(self) -> Any:
         s = self.spec
         return {"drop": s.drop, "delay": s.delay, "duplicate": s.duplicate, "corrupt": s.corrupt, "stats": self._stats}
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        self._stats = record["stats"]
+    def apply(self, record: KvNotifyRecord) -> KvNotifyRecord:
+        self._stats = record.stats
         return super().apply(record)
 
     @classmethod
-    def revert_many(cls, records: list[dict[str, Any]]) -> None:
+    def revert_many(cls, records: list[KvNotifyRecord]) -> None:
         super().revert_many(records)
         for r in records:
-            stats = cls.read_record(r).stats
-            if stats and Path(stats).name.startswith(cls.token_prefix):
-                Path(stats).unlink(missing_ok=True)
+            if r.stats:
+                Path(r.stats).unlink(missing_ok=True)
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
+    def observe_details(cls, record: KvNotifyRecord) -> dict[str, Any]:
         """The helper's counts: connections, notifications seen, dropped, delayed, duplicated."""
         out: dict[str, Any] = {"in_effect": cls.observe(record)}
-        stats = cls.read_record(record).stats
+        stats = record.stats
         try:
             out |= json.loads(Path(stats).read_text()) if stats else {}
         except (OSError, ValueError):

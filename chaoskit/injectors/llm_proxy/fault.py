@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, mo
 from chaoskit.injectors.proxy.fault import (
     ListenTls,
     ProxyHelper,
+    ProxyRecord,
     UpstreamTls,
     check_host_port,
     check_intercept,
@@ -264,7 +265,7 @@ def _describe(f: Any) -> str:
     return f"{what} on {share}"
 
 
-class LlmProxy(ProxyHelper):
+class LlmProxy(ProxyHelper[ProxyRecord]):
     type: ClassVar[str] = "llm.proxy"
     server: ClassVar[str] = "chaoskit.injectors.llm_proxy.server"
     what: ClassVar[str] = "LLM proxy"
@@ -291,18 +292,17 @@ class LlmProxy(ProxyHelper):
         return self.spec.wire() if tls is None else {**self.spec.wire(), "tls": tls}
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
+    def observe_details(cls, record: ProxyRecord) -> dict[str, Any]:
         """In effect or not, and what each fault did so far (matched, selected, applied, applied_share)."""
         running = cls.observe(record)
         out: dict[str, Any] = {"in_effect": running}
         if running:
-            rec = cls.read_record(record)
-            if rec.ns:  # intercept: the proxy listens in the namespace
+            if record.ns:  # intercept: the proxy listens in the namespace
                 from chaoskit.targets.netns import run_in_netns
 
-                stats = run_in_netns(rec.ns, lambda: stats_of(rec.listen, tls=rec.listen_tls))
+                stats = run_in_netns(record.ns, lambda: stats_of(record.listen, tls=record.listen_tls))
             else:
-                stats = stats_of(rec.listen, tls=rec.listen_tls)
+                stats = stats_of(record.listen, tls=record.listen_tls)
             if stats is not None:
                 out.update(stats)
         return out

@@ -15,6 +15,7 @@ from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.model.types import Percent, StrictModel
 from chaoskit.paths import state_dir
+from chaoskit.targets.process import ProcessRef
 from chaoskit.units import format_size, is_percent, parse_size
 
 SAFE_SHARE_OF_AVAILABLE = 0.8
@@ -106,10 +107,25 @@ def deadband_bytes(total: int) -> int:
     return max(int(DEADBAND_SHARE * total), DEADBAND_MIN)
 
 
-class MemoryPressure(helper_proc.HelperFault):
+class HolderRecord(helper_proc.HelperFiles):
+    """host.memory_pressure's record: the holder's token and status file, the most it may hold (bytes); for a hold,
+    the MemAvailable it keeps (goal_available), its floor and deadband; once started, the holder."""
+
+    bytes: int
+    goal_available: int | None = None
+    floor: int | None = None
+    deadband: int | None = None
+    holder: ProcessRef | None = None
+
+    def config(self) -> str:
+        """What the holder is started with (JSON): its status file and, for a hold, goal, floor and deadband."""
+        return self.model_dump_json(include={"status", "goal_available", "floor", "deadband"}, exclude_none=True)
+
+
+class MemoryPressure(helper_proc.HelperFault[MemoryPressureSpec, HolderRecord]):
     type: ClassVar[str] = "host.memory_pressure"
     host_needs: ClassVar[frozenset[str]] = frozenset({"meminfo"})
-    Record = helper_proc.HelperFiles
+    Record = HolderRecord
     helper: ClassVar[str | None] = "chaoskit.injectors.memory.holder"
     summary: ClassVar[str] = ("hold N bytes of host RAM, or hold MemAvailable at a goal, in a holder process "
                               "(revert: it exits)")
@@ -173,40 +189,40 @@ class MemoryPressure(helper_proc.HelperFault):
                 f"; each correction is counted in its status file (held bytes, last MemAvailable, last corrections)",
                 revert]
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> HolderRecord:
         token = f"chaoskit-holder-{uuid.uuid4().hex}"
         d = state_dir() / "memory"
         d.mkdir(parents=True, exist_ok=True)
-        record: dict[str, Any] = {"token": token, "status": str(d / f"{token}.status.json")}
+        status = str(d / f"{token}.status.json")
         if not self.spec.holds:
-            return {**record, "bytes": self.spec.nbytes()}
+            return HolderRecord(token=token, status=status, bytes=self.spec.nbytes())
         m = meminfo()
         total = m["MemTotal"]
-        return {**record, "bytes": self.cap_bytes(total, m["MemAvailable"]),
-                "goal_available": self.spec.goal_available(total), "floor": floor_bytes(total),
-                "deadband": deadband_bytes(total)}
+        return HolderRecord(token=token, status=status, bytes=self.cap_bytes(total, m["MemAvailable"]),
+                            goal_available=self.spec.goal_available(total), floor=floor_bytes(total),
+                            deadband=deadband_bytes(total))
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, record: HolderRecord) -> HolderRecord:
         until = time.time() + self.ctx.lifetime_s
-        config = {k: record[k] for k in ("status", "goal_available", "floor", "deadband") if k in record}
-        what = (f"memory holder keeping MemAvailable at {format_size(record['goal_available'])}"
-                if "goal_available" in record else f"memory holder for {format_size(record['bytes'])}")
-        args = [str(record["bytes"]), f"{until:.3f}", json.dumps(config)]
-        ref = helper_proc.spawn(self.helper, record["token"], args, what)
-        return {**record, "holder": ref.to_json()}
+        what = (f"memory holder keeping MemAvailable at {format_size(record.goal_available)}"
+                if record.goal_available is not None else f"memory holder for {format_size(record.bytes)}")
+        args = [str(record.bytes), f"{until:.3f}", record.config()]
+        ref = helper_proc.spawn(self.helper, record.token, args, what)
+        return record.model_copy(update={"holder": ref})
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        r: helper_proc.HelperFiles = cls.read_record(record)
-        helper_proc.stop(r.token)
-        r.remove_files()
+    def revert(cls, record: HolderRecord) -> None:
+        helper_proc.stop(record.token)
+        record.remove_files()
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
+    def observe_details(cls, record: HolderRecord) -> dict[str, Any]:
         out: dict[str, Any] = {"in_effect": cls.observe(record)}
         try:
-            st = json.loads(Path(record["status"]).read_text())
-        except (OSError, ValueError, KeyError):
+            st = json.loads(Path(record.status).read_text()) if record.status else None
+        except (OSError, ValueError):
+            st = None
+        if st is None:
             return {**out, "holder": None}
         out.update(holder=st, held=st.get("held"), mem_available=st.get("mem_available"),
                    corrections=st.get("corrections"))

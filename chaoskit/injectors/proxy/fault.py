@@ -9,7 +9,7 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -222,11 +222,14 @@ class ProxyRecord(helper_proc.HelperRecord):
     reset_connections: int | None = None  # intercept with existing: reset: how many open connections were reset
 
 
-class ProxyHelper(helper_proc.HelperFault):
+ProxyRecordT = TypeVar("ProxyRecordT", bound=ProxyRecord)
+
+
+class ProxyHelper(helper_proc.HelperFault[Any, ProxyRecordT]):
     """A proxy run as a helper process (its `helper` module) listening on spec.listen and relaying to
     spec.upstream; subclasses give its JSON configuration."""
     independent_revert: ClassVar[bool] = True
-    Record = ProxyRecord
+    Record: ClassVar[type[ProxyRecord]] = ProxyRecord
 
     helper: ClassVar[str | None] = "chaoskit.injectors.proxy.helper"  # listens, says ready, then runs `server`
     forked: ClassVar[bool] = True  # in a run: from its forkserver (proxy_fork), the same helper
@@ -350,75 +353,74 @@ class ProxyHelper(helper_proc.HelperFault):
                 "the proxy (the connections it carries are closed; it also exits by itself after "
                 f"{self.ctx.lifetime_s:g}s, deleting the table first)")
 
-    def prepare(self) -> dict[str, Any]:
-        rec = {"token": f"{self.token_prefix}{uuid.uuid4().hex}", "listen": self.spec.listen,
-               "upstream": self.spec.upstream or ORIGINAL, "listen_tls": self.spec.listen_tls is not None}
+    def prepare(self) -> ProxyRecordT:
+        rec = self.Record(token=f"{self.token_prefix}{uuid.uuid4().hex}", listen=self.spec.listen,
+                          upstream=self.spec.upstream or ORIGINAL, listen_tls=self.spec.listen_tls is not None)
         if self.spec.intercept is not None:
             t = self.target_as(NetnsTarget)
             port = split_addr(self.spec.listen)[1] or proxy_intercept.free_port(t.ns_path)
-            rec |= {"listen": f"[::]:{port}", "ns": t.ns_path, "ns_inode": t.ns_inode,
-                    "table": f"chaoskit_{uuid.uuid4().hex[:12]}"}
-        return rec
+            rec = rec.model_copy(update={"listen": f"[::]:{port}", "ns": t.ns_path, "ns_inode": t.ns_inode,
+                                         "table": f"chaoskit_{uuid.uuid4().hex[:12]}"})
+        return rec  # type: ignore[return-value]  # self.Record is the family's ProxyRecordT
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
+    def revert(cls, record: ProxyRecordT) -> None:
         cls.revert_many([record])
 
     @classmethod
-    def revert_many(cls, records: list[dict[str, Any]]) -> None:
+    def revert_many(cls, records: list[ProxyRecordT]) -> None:
         """Stop the helpers of many proxies together: they exit side by side, one wait for all (revert is this for
         one; the rollback still reverts and observes each after this). An intercepting proxy's redirect is
         deleted first, so no new connection is sent to a proxy that is going away (the helpers are stopped even
         where deleting one failed; that failure is raised after)."""
-        recs = [cls.read_record(r) for r in records]
         failed: list[Exception] = []
-        for r in recs:
+        for r in records:
             if r.table and r.ns and r.ns_inode is not None:
                 try:
                     proxy_intercept.remove(r.ns, r.ns_inode, r.table)
                 except Exception as e:
                     failed.append(e)
-        helper_proc.stop_all([p for r in recs for p in cls._helpers(r)])
+        helper_proc.stop_all([p for r in records for p in cls._helpers(r)])
         if failed:
             raise failed[0]
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
+    def observe(cls, record: ProxyRecordT) -> bool:
         """Anything of it left: the helper, or an intercepting proxy's redirect."""
-        r = cls.read_record(record)
-        if r.table and r.ns and r.ns_inode is not None and proxy_intercept.present(r.ns, r.ns_inode, r.table):
+        ns, inode, table = record.ns, record.ns_inode, record.table
+        if table and ns and inode is not None and proxy_intercept.present(ns, inode, table):
             return True
-        return bool(cls._helpers(r))
+        return bool(cls._helpers(record))
 
     @staticmethod
     def _helpers(r: ProxyRecord) -> list[ProcessRef]:
         return helper_proc.marked(r.token, r.proxy.to_json() if r.proxy else None)
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, record: ProxyRecordT) -> ProxyRecordT:
         """Start the helper (in the namespace, for intercept), then, for intercept, the redirect to it."""
-        ns = record.get("ns")
-        args = [self.server, record["listen"], record["upstream"], json.dumps(self.config()),
+        ns, table = record.ns, record.table  # intercept: prepare set both
+        args = [self.server, record.listen, record.upstream, json.dumps(self.config()),
                 f"{time.time() + self.ctx.lifetime_s:.3f}"]
-        what = f"{self.what} on {record['listen']}" + (f" in {ns}" if ns else "")
-        env = {"CHAOSKIT_PROXY_NETNS": ns, "CHAOSKIT_PROXY_TABLE": record["table"]} if ns else None
+        what = f"{self.what} on {record.listen}" + (f" in {ns}" if ns else "")
+        env = {"CHAOSKIT_PROXY_NETNS": ns, "CHAOSKIT_PROXY_TABLE": table} if ns and table else None
         if (fs := self.ctx.forkserver) is not None:  # in a run: forked, ~2 ms of CPU instead of ~45
-            ref = fs.spawn(record["token"], args, what, env)
+            ref = fs.spawn(record.token, args, what, env)
         else:
-            ref = helper_proc.spawn(self.helper, record["token"], args, what, env)
-        out = {**record, "proxy": ref.to_json()}
+            ref = helper_proc.spawn(self.helper, record.token, args, what, env)
+        out = record.model_copy(update={"proxy": ref})
         ic = self.spec.intercept
-        if ns and ic is not None:
+        if ns and table and ic is not None:
             try:
-                proxy_intercept.add(ns, record["table"], ic.port, split_addr(record["listen"])[1])
+                proxy_intercept.add(ns, table, ic.port, split_addr(record.listen)[1])
                 if ic.existing == "reset":  # after the redirect: their clients reconnect through the proxy
-                    out["reset_connections"] = proxy_intercept.reset_open(ns, ic.port)
+                    out = out.model_copy(update={"reset_connections": proxy_intercept.reset_open(ns, ic.port)})
             except Exception:  # nothing of it left behind: the redirect (if in) and the proxy
                 type(self).revert_many([out])
                 raise
         return out
 
 
-class Proxy(ProxyHelper):
+class Proxy(ProxyHelper[ProxyRecord]):
     type: ClassVar[str] = "network.proxy"
     server: ClassVar[str] = "chaoskit.injectors.proxy.server"
     what: ClassVar[str] = "proxy"
