@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from chaoskit.injectors import netem_queue  # noqa: E402
+from chaoskit.injectors.netem import nfqueue as netem_queue  # noqa: E402
 from chaoskit.injectors.netem.fault import Netem  # noqa: E402
 from chaoskit.injectors.proxy.fault import Proxy  # noqa: E402
 from chaoskit.targets.netns import run_in_netns  # noqa: E402
@@ -193,8 +193,8 @@ def queue_runs(pair: Pair) -> tuple[dict, list[dict]]:
     try:
         for rate in RATES:
             r = step("udp", cli, srv, SERVER_IP, PORT, PORT, rate)
-            stats = netem_queue.stats(Netem.read_record(rec)) or {}
-            show("queue", r, f"[{kernel_queue(cli, rec['queue'])}; helper late p99 {stats.get('late_p99_us')} us, "
+            stats = netem_queue.stats(rec) or {}
+            show("queue", r, f"[{kernel_queue(cli, rec.queue)}; helper late p99 {stats.get('late_p99_us')} us, "
                              f"{stats.get('sched')}]")
             runs.append(r)
     finally:

@@ -238,7 +238,8 @@ def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, dis
     from chaoskit.observe.fault_feed import FaultFeed
 
     display.notes(loaded)
-    for note in _alert_notes(loaded):
+    ss = loaded.experiment.steady_state
+    for note in (n for p in ss.probes for n in p.after_notes(ss.after.within)):
         display.say(f"[yellow]note:[/] {note}")
     record = experiment_record(loaded)
     view = display.listener(record)
@@ -278,11 +279,3 @@ def _execute(loaded: Loaded, args: RunArgs, journal_path: Path, run_id: str, dis
     jr.close()
     return runner.result
 
-
-def _alert_notes(loaded: Loaded) -> list[str]:
-    """An alert probe whose resolve_within outlasts steadyState.after.within: the after phase gives up first."""
-    ss = loaded.experiment.steady_state
-    return [f"probe {p.name}: resolve_within {p.resolve_within:g}s is longer than steadyState.after.within "
-            f"{ss.after.within:g}s: the after phase stops waiting for its alerts to resolve before that"
-            for p in ss.probes if getattr(p, "type", "") == "alert" and "after" in p.phases
-            and getattr(p, "resolve_within", 0.0) > ss.after.within]

@@ -15,9 +15,6 @@ from chaoskit.injectors.llm_proxy.fault import DelayFault, LlmProxySpec, StallFa
 from chaoskit.injectors.netem.fault import NetemSpec
 from chaoskit.injectors.proxy.fault import LatencyToxic, ProxySpec, SlicerToxic, SlowCloseToxic
 from chaoskit.injectors.proxy.server import split_addr
-from chaoskit.probes.correctness import CorrectnessProbeSpec
-from chaoskit.probes.http import HttpProbeSpec
-from chaoskit.probes.slo import SloProbeSpec
 
 
 def hold_warnings(exp: Experiment, loc: Located) -> list[str]:
@@ -90,31 +87,15 @@ def _clients_through(exp: Experiment, spec: Any) -> list[tuple[str, float]]:
     sent to its listen address; for a fault on a network path or inside a server (netem, kv.notify, cuda_fault),
     whose path a spec does not tell, every probe that sends requests."""
     probes = [*exp.steady_state.probes, *(sg.probe for sg in exp.safeguards if not isinstance(sg.probe, str))]
+    sent = [(p.name, r) for p in probes if (r := p.request_target()) is not None]
     if not _is_proxy(spec):
-        return [(p.name, timeout) for p in probes if (timeout := _request_timeout(p)) is not None]
+        return [(name, r.timeout) for name, r in sent]
     try:
         listen = split_addr(spec.listen)
     except ValueError:  # a listen address only known at run time
         return []
-    out = []
-    for p in probes:
-        if isinstance(p, SloProbeSpec) and _addr(p.load.url) == listen:
-            out.append((p.name, p.load.timeout))
-        elif isinstance(p, HttpProbeSpec) and _addr(p.url) == listen and _held_path(spec, _path(p.url)):
-            out.append((p.name, p.timeout))
-        elif isinstance(p, CorrectnessProbeSpec) and _addr(p.url) == listen:
-            out.append((p.name, p.request_timeout))
-    return out
-
-
-def _request_timeout(probe: Any) -> float | None:
-    if isinstance(probe, SloProbeSpec):
-        return probe.load.timeout
-    if isinstance(probe, HttpProbeSpec):
-        return probe.timeout
-    if isinstance(probe, CorrectnessProbeSpec):
-        return probe.request_timeout
-    return None
+    return [(name, r.timeout) for name, r in sent
+            if _addr(r.url) == listen and (not r.url_path or _held_path(spec, _path(r.url)))]
 
 
 def _addr(url: str) -> tuple[str, int] | None:

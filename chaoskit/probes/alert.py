@@ -73,6 +73,13 @@ class AlertProbeSpec(ProbeSpecBase):
             raise ValueError(f"alerts: {', '.join(dupes)} expected twice; give each an id")
         return self
 
+    def after_notes(self, within: float) -> list[str]:
+        """resolve_within outlasting the after phase's wait: it gives up before the alerts had to resolve."""
+        if "after" not in self.phases or self.resolve_within <= within:
+            return []
+        return [f"probe {self.name}: resolve_within {self.resolve_within:g}s is longer than steadyState.after.within "
+                f"{within:g}s: the after phase stops waiting for its alerts to resolve before that"]
+
 
 @dataclass
 class Track:

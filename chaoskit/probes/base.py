@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, model_validator
@@ -12,8 +13,20 @@ from pydantic_core import PydanticCustomError
 from chaoskit.model.types import Duration, StrictModel, ToleranceSpec
 
 
+@dataclass(frozen=True)
+class RequestTarget:
+    """Where a probe sends its requests and how long it waits for each one (what the experiment's lint needs to
+    tell whether a fault that holds requests holds this probe's). `url_path`: every request goes to the URL's own
+    path; False: the probe adds its API's paths to a base URL."""
+
+    url: str
+    timeout: float
+    url_path: bool = False
+
+
 class ProbeSpecBase(StrictModel):
-    """Fields every probe has."""
+    """Fields every probe has, and what generic code asks of a probe's spec (each with a default for the probes
+    it does not concern)."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="unique probe name")
     timeout: Duration = Field(10.0, gt=0, description="a measurement slower than this is an error result")
@@ -51,6 +64,15 @@ class ProbeSpecBase(StrictModel):
         hint = difflib.get_close_matches(key, allowed, n=1)
         return f"unknown key '{key}' for this probe" + (f" (did you mean '{hint[0]}'?)" if hint else
                                                           f"; it measures: {', '.join(allowed)}")
+
+    def request_target(self) -> RequestTarget | None:
+        """For a probe that sends requests: where to and its per-request timeout; None for the others."""
+        return None
+
+    def after_notes(self, within: float) -> list[str]:
+        """Notes for the run to show before it starts when the after phase waits at most `within` seconds for the
+        steady state (e.g. a probe that needs longer than that to see it); none by default."""
+        return []
 
     def flat_expect(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.model.types import Duration, StrictModel, Url, check_url
-from chaoskit.probes.base import Probe, ProbeSpecBase
+from chaoskit.probes.base import Probe, ProbeSpecBase, RequestTarget
 
 # a failed answer's kind (classify): error, empty, truncated, and against the expected answer: restarted (a prefix
 # of it, then all of it: a failover that started the stream again), duplicated (a piece of it twice), gap (a piece
@@ -66,6 +66,9 @@ class CorrectnessProbeSpec(ProbeSpecBase):
     @classmethod
     def _record_url(cls, v: str | None) -> str | None:
         return v if v is None else check_url(v)
+
+    def request_target(self) -> RequestTarget:
+        return RequestTarget(self.url, self.request_timeout)
 
     @model_validator(mode="after")
     def _check_spec(self) -> CorrectnessProbeSpec:

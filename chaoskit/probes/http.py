@@ -11,7 +11,7 @@ import aiohttp
 from pydantic import Field
 
 from chaoskit.model.types import Url
-from chaoskit.probes.base import Probe, ProbeSpecBase
+from chaoskit.probes.base import Probe, ProbeSpecBase, RequestTarget
 
 _PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
@@ -23,6 +23,9 @@ class HttpProbeSpec(ProbeSpecBase):
     headers: dict[str, str] = Field(default_factory=dict, description="request headers")
     body: str | dict[str, Any] | list[Any] | None = Field(None, description="request body (maps go as JSON)")
     expect_keys: ClassVar[tuple[str, ...]] = ("status", "latency_ms", "body", "headers.", "json.")
+
+    def request_target(self) -> RequestTarget:
+        return RequestTarget(self.url, self.timeout, url_path=True)
 
 
 def json_path(doc: Any, path: str) -> Any:

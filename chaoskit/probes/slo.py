@@ -28,7 +28,7 @@ from chaoskit.load.recorder import ERROR_KINDS, NO_GROUP, PYTHON_ONLY_KINDS, Rec
 from chaoskit.load.runner import ContinuousLoad, Part, run_load
 from chaoskit.load.spec import LoadSpec
 from chaoskit.model.types import Duration
-from chaoskit.probes.base import Probe, ProbeSpecBase
+from chaoskit.probes.base import Probe, ProbeSpecBase, RequestTarget
 from chaoskit.probes.continuous import Continuous
 
 _PCT = ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
@@ -93,6 +93,9 @@ class SloProbeSpec(ProbeSpecBase):
                              f"picks python when group_by is set)")
         self._kinds()
         return self
+
+    def request_target(self) -> RequestTarget:
+        return RequestTarget(self.load.url, self.load.timeout)
 
     def _kinds(self) -> None:
         """errors.KIND / error_share.KIND name known kinds; a kind only the python sender tells apart makes

@@ -5,7 +5,7 @@ names these types; they register like any fault family (pyproject entry points, 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -22,31 +22,33 @@ class DeploymentRecord(RevertRecord):
     dir: str = Field(min_length=1)  # the deployment's state directory (its recorded processes)
 
 
-class ReferenceDeployment(Injector):
+class ReferenceDeployment(Injector[ReferenceDeploymentSpec, DeploymentRecord]):
     type: ClassVar[str] = "reference.deployment"
     internal: ClassVar[bool] = True
     summary: ClassVar[str] = "the reference deployment an experiment declared (started and stopped by the run)"
     Spec = ReferenceDeploymentSpec
+    spec: ReferenceDeploymentSpec
     Record = DeploymentRecord
+    typed: ClassVar[bool] = True
 
     def plan(self) -> list[str]:
         return [f"start the reference deployment in {self.spec.dir}"]
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, record: DeploymentRecord) -> DeploymentRecord:
         raise NotImplementedError("started by chaoskit.reference.scenario, not by the engine")
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
+    def revert(cls, record: DeploymentRecord) -> None:
         from chaoskit.reference.deploy import Deployment
 
-        Deployment(Path(cls.read_record(record).dir)).down(say=lambda _m: None)
+        Deployment(Path(record.dir)).down(say=lambda _m: None)
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
+    def observe(cls, record: DeploymentRecord) -> bool:
         from chaoskit.reference.deploy import Deployment
         from chaoskit.targets.process import ProcessRef, is_alive
 
-        d = Deployment(Path(cls.read_record(record).dir))
+        d = Deployment(Path(record.dir))
         return any(is_alive(ProcessRef.from_json(p)) for p in d.processes())
 
 
@@ -56,6 +58,8 @@ class ReferenceGatewaySpec(StrictModel):
 
 
 class GatewayHealth(RevertRecord):
+    """A gateway's health settings, as its /gateway/status says them and its /gateway/config takes them."""
+
     health_mode: str
     latency_threshold_ms: float
 
@@ -65,28 +69,30 @@ class GatewayRecord(RevertRecord):
     previous: GatewayHealth  # the settings to switch back to
 
 
-class ReferenceGateway(Injector):
+class ReferenceGateway(Injector[ReferenceGatewaySpec, GatewayRecord]):
     """A reused deployment's gateway switched to a run's health settings; revert switches it back."""
 
     type: ClassVar[str] = "reference.gateway"
     internal: ClassVar[bool] = True
     summary: ClassVar[str] = "a reused reference gateway's health settings, switched for one run"
     Spec = ReferenceGatewaySpec
+    spec: ReferenceGatewaySpec
     Record = GatewayRecord
+    typed: ClassVar[bool] = True
 
     def plan(self) -> list[str]:
         return [f"switch the health settings of the gateway at {self.spec.url}"]
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, record: GatewayRecord) -> GatewayRecord:
         raise NotImplementedError("switched by chaoskit.reference.scenario, not by the engine")
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
+    def revert(cls, record: GatewayRecord) -> None:
         from chaoskit.reference.scenario import set_gateway_health
 
-        r: GatewayRecord = cls.read_record(record)
+        r = record
         try:
-            set_gateway_health(r.url, r.previous.model_dump())
+            set_gateway_health(r.url, r.previous.to_json())
         except ConnectionRefusedError:
             pass  # the gateway is gone: nothing to switch back
         except OSError as e:
@@ -94,11 +100,10 @@ class ReferenceGateway(Injector):
                 raise
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
+    def observe(cls, record: GatewayRecord) -> bool:
         from chaoskit.reference.scenario import gateway_health
 
-        r: GatewayRecord = cls.read_record(record)
         try:
-            return gateway_health(r.url) != r.previous.model_dump()
+            return gateway_health(record.url) != record.previous.to_json()
         except OSError:
             return False

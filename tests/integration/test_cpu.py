@@ -130,13 +130,12 @@ def test_throttle_caps_cpu_and_revert_restores_every_thread(hier, test_cgroups, 
     inj.preflight()
     plan = inj.plan()
     record = inj.prepare()
-    cg = Path(record["cgroup"])
+    cg = record.path
     assert cg.name.startswith("chaoskit-") and str(cg) in plan[0] and "0.2 CPU" in plan[0]
-    assert {t["tid"]: t["from"] for t in record["procs"][0]["threads"]} == {main_tid: str(home_a),
-                                                                            side_tid: str(home_b)}
+    assert {t.tid: t.from_ for t in record.procs[0].threads} == {main_tid: str(home_a), side_tid: str(home_b)}
     try:
         record = inj.apply(record)
-        assert CpuThrottle.observe(record)
+        assert CpuThrottle.observe(record) and [r.pid for r in inj.watched_processes(record)] == [busy.pid]
         assert all(cgroup_in(hier, busy.pid, t) == cg for t in threads(busy.pid)), "every thread is moved"
         assert hier.read_limit(cg) == (20000, 100000)
         during = cpu_rate(busy.pid, 1.5)
@@ -175,7 +174,8 @@ def test_an_existing_cgroup_gets_its_own_limit_and_has_it_restored(hier, test_cg
     plan = inj.plan()
     assert str(home) in plan[0] and "0.2 CPU" in plan[0] and "90000" in plan[1]
     record = inj.prepare()
-    assert (record["cgroup"], record["dedicated"], record["previous"]) == (str(home), False, [90000, 100000])
+    assert (record.cgroup, record.dedicated, record.previous) == (str(home), False, (90000, 100000))
+    assert record.to_json()["previous"] == [90000, 100000]  # as the ledger has always kept it
     try:
         record = inj.apply(record)
         assert CpuThrottle.observe(record) and hier.read_limit(home) == (20000, 100000)
@@ -205,14 +205,15 @@ def test_revert_from_the_record_alone_in_a_fresh_process(hier, test_cgroups, bus
     IoHierarchy.move(busy.pid, test_cgroups[0])
     inj = throttle(pid=[busy.pid], cpu="20%", period="50ms")
     record = inj.apply(inj.prepare())
-    cg = Path(record["cgroup"])
+    cg = record.path
     try:
         assert hier.read_limit(cg) == (10000, 50000) and CpuThrottle.observe(record)
         during = cpu_rate(busy.pid)
         assert during <= 0.3, during
         code = ("import json, sys; from chaoskit.injectors.cpu.fault import CpuThrottle; "
-                "CpuThrottle.revert(json.loads(sys.argv[1])); print(CpuThrottle.observe(json.loads(sys.argv[1])))")
-        out = subprocess.run([sys.executable, "-c", code, json.dumps(record)], capture_output=True, text=True,
+                "r = CpuThrottle.from_ledger(json.loads(sys.argv[1])); CpuThrottle.revert(r); "
+                "print(CpuThrottle.observe(r))")
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(record.to_json())], capture_output=True, text=True,
                              cwd=ROOT, timeout=30)
         assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
         assert not cg.exists() and cgroup_in(hier, busy.pid) == test_cgroups[0]
@@ -230,16 +231,16 @@ def test_revert_from_the_prepare_record_and_when_the_target_is_gone(hier, test_c
     CpuThrottle.revert(prepared)  # nothing applied yet: nothing to do
     assert cgroup_in(hier, busy.pid) == home
     inj.apply(prepared)
-    assert cgroup_in(hier, busy.pid) == Path(prepared["cgroup"])
+    assert cgroup_in(hier, busy.pid) == prepared.path
     CpuThrottle.revert(prepared)  # the ledger holds only the intent when apply dies before returning
-    assert cgroup_in(hier, busy.pid) == home and not Path(prepared["cgroup"]).exists()
+    assert cgroup_in(hier, busy.pid) == home and not prepared.path.exists()
 
     record = throttle(pid=busy.pid, cpu=0.5)
     record = record.apply(record.prepare())
     busy.kill()
     busy.wait()
     CpuThrottle.revert(record)  # the target is gone: success
-    assert not Path(record["cgroup"]).exists()
+    assert not record.path.exists()
 
 
 def test_throttle_preflight_refuses_init_and_own_tree(hier):
@@ -302,15 +303,15 @@ def test_cpu_throttle_child_of(hier, tree):
     inj.preflight()
     assert "ckgrandkid" in inj.plan()[1]
     record = inj.prepare()
-    assert [p["pid"] for p in record["procs"]] == [tree["grandchild"]]
+    assert [p.pid for p in record.procs] == [tree["grandchild"]]
     try:
         inj.apply(record)
-        cg = Path(record["cgroup"])
+        cg = record.path
         assert cgroup_in(hier, tree["grandchild"]) == cg
         assert cgroup_in(hier, tree["unrelated"]) != cg and cgroup_in(hier, tree["child"]) != cg
     finally:
         CpuThrottle.revert(record)
-    assert not Path(record["cgroup"]).exists()
+    assert not record.path.exists()
 
 
 # ---------------------------------------------------------------- host.cpu_stress

@@ -64,7 +64,7 @@ def test_failures_at_the_asked_share_and_none_after_revert(tmp_path, state_dir, 
         record = f.apply(f.prepare())
         assert CudaFault.observe(record)
         seen = w.calls(2000)
-        details = CudaFault.observe_details(json.loads(json.dumps(record)))  # the record as the ledger keeps it
+        details = CudaFault.observe_details(CudaFault.from_ledger(json.loads(json.dumps(record.to_json()))))
         CudaFault.revert(record)
         after = w.calls(1000)
         CudaFault.revert(record)  # idempotent

@@ -7,7 +7,6 @@ the way the prepared template starts it, calling the simulated CUDA driver (fake
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import secrets
@@ -27,7 +26,7 @@ from chaoskit.executors.layer import place
 from chaoskit.gpu import cuda_fault_ctl as ctl
 from chaoskit.gpu.cuda_fault_install import CONTROL, LIBRARY, install
 from chaoskit.injectors.base import FaultContext
-from chaoskit.injectors.gpu.cuda_fault import CudaFault
+from chaoskit.injectors.gpu.cuda_fault import CudaFault, CudaFaultRecord
 from tests.conftest import ROOT
 from tests.helpers import standin_container
 from tests.helpers.cuda_workload import Driver
@@ -278,7 +277,7 @@ def test_a_container_without_the_interposer_is_refused_on_its_node(tmp_path):
         remove(cg)
 
 
-def armed_in_a_pod(tmp_path: Path, named: bool) -> tuple[Path, Path, subprocess.Popen, dict]:
+def armed_in_a_pod(tmp_path: Path, named: bool) -> tuple[Path, Path, subprocess.Popen, CudaFaultRecord]:
     """An armed control file in a pod's volume, a `sleep` in the pod's cgroup (its environment naming the file, or
     not), and the record of a fault that reached the file through a process that is gone (PID 999999999)."""
     root = standin_container.hierarchy_or_skip()
@@ -289,8 +288,8 @@ def armed_in_a_pod(tmp_path: Path, named: bool) -> tuple[Path, Path, subprocess.
     _, cg = pod_cgroup(root, uid)
     proc = start_in(cg, ["sleep", "30"], {ctl.ENV: str(control)} if named else {})
     gone = f"/proc/999999999/root{control}"
-    return control, cg, proc, {"controls": [gone], "pids": [999999999],
-                               "inside": {gone: {"path": str(control), "pid": 999999999, "pod_uid": uid}}}
+    return control, cg, proc, CudaFault.from_ledger({"controls": [gone], "pids": [999999999], "inside": {
+        gone: {"path": str(control), "pid": 999999999, "pod_uid": uid}}})
 
 
 def test_revert_finds_the_control_file_through_the_pod_after_its_container_restarted(tmp_path):
@@ -298,7 +297,7 @@ def test_revert_finds_the_control_file_through_the_pod_after_its_container_resta
     pod's volume, with the armed file in it, stayed: revert reaches it through the restarted container."""
     control, cg, restarted, record = armed_in_a_pod(tmp_path, named=True)
     try:
-        assert CudaFault.observe(copy.deepcopy(record))
+        assert CudaFault.observe(record)
         CudaFault.revert(record)
         with ctl.Control(control) as c:
             assert not c.armed

@@ -72,7 +72,7 @@ def test_throttle_holds_direct_reads_and_revert_restores(loopdev):
         assert abs(throttled - RATE) / RATE < 0.10
         assert after > 5 * RATE
         assert hier.cgroup_of(reader.proc.pid) == home
-        assert not Path(record["cgroup"]).exists() and limit_files(hier) == before_limits
+        assert not record.path.exists() and limit_files(hier) == before_limits
     finally:
         reader.stop()
 

@@ -90,7 +90,7 @@ def test_cgroup_target_records_each_process_where_it_was(sleeper):
     line = next(x for x in Path(f"/proc/{sleeper.pid}/cgroup").read_text().splitlines()
                 if "cpu" in x.split(":")[1].split(",") or x.startswith("0::"))
     assert proc["from"].endswith(line.split(":", 2)[2].rstrip("/")) and proc["threads"][0]["tid"] == sleeper.pid
-    assert inj.prepare()["procs"] == target["procs"]  # what apply moves is what the ledger names
+    assert inj.prepare().to_json()["procs"] == target["procs"]  # what apply moves is what the ledger names
 
 
 def test_netns_target_names_the_namespace_by_inode():

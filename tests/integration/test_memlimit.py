@@ -22,7 +22,7 @@ from chaoskit.experiment.schema import experiment_schema
 from chaoskit.injectors import INJECTORS
 from chaoskit.injectors.memory.limit import MemoryLimit, MemoryLimitSpec
 from chaoskit.targets.cgroups import IoHierarchy, MemHierarchy, find_mem_hierarchy
-from chaoskit.targets.process import ProcessRef, find_by_token, is_alive
+from chaoskit.targets.process import find_by_token, is_alive
 from tests.conftest import ROOT, wait_for
 from tests.helpers import cgroup_check
 
@@ -197,10 +197,10 @@ def test_allocating_past_the_limit_gets_the_child_oom_killed(hier, home, childre
     inj.preflight()
     plan = inj.plan()
     record = inj.apply(inj.prepare())
-    cg = Path(record["cgroup"])
+    cg = record.path
     try:
         assert cg.name.startswith("chaoskit-") and str(cg) in plan[0] and "limit 48.0MiB" in plan[0]
-        assert hier.read_limit(cg) == 48 * MiB == record["limit_bytes"] and MemoryLimit.observe(record)
+        assert hier.read_limit(cg) == 48 * MiB == record.limit_bytes and MemoryLimit.observe(record)
         assert hier.cgroup_of(victim.pid) == cg
         assert not victim.allocate(96)  # more than the limit: the kernel's OOM killer ends it
         assert victim.proc.wait(timeout=30) == -9
@@ -227,8 +227,8 @@ def test_an_existing_cgroup_gets_its_own_limit_and_has_its_previous_limits_resto
     assert str(home) in plan[0] and "nothing is moved" in plan[0] and str(256 * MiB) in plan[-1]
     record = inj.apply(inj.prepare())
     try:
-        assert (record["cgroup"], record["dedicated"], record["previous"]) == (str(home), False, before)
-        assert hier.read_limit(home) == record["limit_bytes"] == record["usage_at_move"] + 32 * MiB
+        assert (record.cgroup, record.dedicated, record.previous) == (str(home), False, before)
+        assert hier.read_limit(home) == record.limit_bytes == record.usage_at_move + 32 * MiB
         assert MemoryLimit.observe(record) and hier.cgroup_of(victim.pid) == home
         assert not victim.allocate(64)  # more than the headroom: OOM-killed in its own cgroup
         assert victim.proc.wait(timeout=30) == -9
@@ -245,10 +245,10 @@ def test_headroom_survives_until_it_needs_what_the_holder_took(hier, home, child
     assert victim.allocate(40)  # before the limit: in its RSS, so the OOM killer prefers it to a small holder
     inj = limiter(pid=[victim.pid, bystander.pid], headroom="48MiB", pressure="16MiB")
     record = inj.apply(inj.prepare())
-    cg = Path(record["cgroup"])
-    holder = ProcessRef.from_json(record["holder"])
+    cg = record.path
+    holder = record.holder
     try:
-        assert record["limit_bytes"] == record["usage_at_move"] + 48 * MiB == hier.read_limit(cg)
+        assert record.limit_bytes == record.usage_at_move + 48 * MiB == hier.read_limit(cg)
         assert hier.cgroup_of(holder.pid) == cg and is_alive(holder)
         adj = int(Path(f"/proc/{holder.pid}/oom_score_adj").read_text())
         # -1000 where this host lets a process started here ask for it (the kernel decides: CAP_SYS_RESOURCE, which
@@ -256,7 +256,7 @@ def test_headroom_survives_until_it_needs_what_the_holder_took(hier, home, child
         # inherited from this process (helper_proc.spawn)
         protectable = may_set_oom_score_adj(-1000)
         inherited = int(Path("/proc/self/oom_score_adj").read_text())
-        assert record["holder_oom_score_adj"] == adj == (-1000 if protectable else inherited), (adj, inherited)
+        assert record.holder_oom_score_adj == adj == (-1000 if protectable else inherited), (adj, inherited)
         assert (hier.usage(cg) or 0) >= 16 * MiB  # the holder's pages are charged to the limited cgroup
         assert victim.allocate(8)  # within what the holder left
         assert MemoryLimit.observe(record) and MemoryLimit.observe_details(record)["oom_kills"] in (0, None)
@@ -269,7 +269,7 @@ def test_headroom_survives_until_it_needs_what_the_holder_took(hier, home, child
         assert MemoryLimit.observe(record)  # the bystander is still limited
     finally:
         MemoryLimit.revert(record)
-    assert not cg.exists() and not is_alive(holder) and not find_by_token(record["token"])
+    assert not cg.exists() and not is_alive(holder) and not find_by_token(record.token)
     assert hier.cgroup_of(bystander.pid) == home
 
 
@@ -285,10 +285,9 @@ def test_revert_moves_every_thread_and_a_forked_child_back(hier, home, children)
             side_home = home
         inj = limiter(pid=target.pid, headroom="64MiB")
         record = inj.prepare()
-        assert {t["tid"]: t["from"] for t in record["procs"][0]["threads"]} == {main_tid: str(home),
-                                                                                side_tid: str(side_home)}
+        assert {t.tid: t.from_ for t in record.procs[0].threads} == {main_tid: str(home), side_tid: str(side_home)}
         record = inj.apply(record)
-        cg = Path(record["cgroup"])
+        cg = record.path
         try:
             assert all(hier.cgroup_of(target.pid, t) == cg for t in (main_tid, side_tid))
             forked = int(target.send("fork"))
@@ -314,16 +313,17 @@ def test_revert_from_the_record_alone_in_a_fresh_process(hier, home, children):
     children.append(target := Child(home))
     inj = limiter(pid=target.pid, headroom="64MiB", pressure="8MiB")
     record = inj.apply(inj.prepare())
-    cg = Path(record["cgroup"])
+    cg = record.path
     try:
-        assert MemoryLimit.observe(record) and is_alive(ProcessRef.from_json(record["holder"]))
+        assert MemoryLimit.observe(record) and is_alive(record.holder)
         code = ("import json, sys; from chaoskit.injectors.memory.limit import MemoryLimit; "
-                "MemoryLimit.revert(json.loads(sys.argv[1])); print(MemoryLimit.observe(json.loads(sys.argv[1])))")
-        out = subprocess.run([sys.executable, "-c", code, json.dumps(record)], capture_output=True, text=True,
+                "r = MemoryLimit.from_ledger(json.loads(sys.argv[1])); MemoryLimit.revert(r); "
+                "print(MemoryLimit.observe(r))")
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(record.to_json())], capture_output=True, text=True,
                              cwd=ROOT, timeout=60)
         assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
         assert not cg.exists() and hier.cgroup_of(target.pid) == home
-        assert not find_by_token(record["token"])
+        assert not find_by_token(record.token)
         assert target.allocate(96)  # no limit any more
     finally:
         MemoryLimit.revert(record)
@@ -336,9 +336,9 @@ def test_revert_from_the_prepare_record_and_a_failed_apply(hier, home, children,
     MemoryLimit.revert(prepared)  # nothing applied yet: nothing to do
     assert hier.cgroup_of(target.pid) == home
     inj.apply(prepared)
-    assert hier.cgroup_of(target.pid) == Path(prepared["cgroup"])
+    assert hier.cgroup_of(target.pid) == prepared.path
     MemoryLimit.revert(prepared)  # the ledger holds only the intent when apply dies before returning
-    assert hier.cgroup_of(target.pid) == home and not Path(prepared["cgroup"]).exists()
+    assert hier.cgroup_of(target.pid) == home and not prepared.path.exists()
 
     # pressure that cannot fit what is left under an absolute limit: apply refuses and undoes what it did
     monkeypatch.setattr(MemHierarchy, "usage", lambda self, cg: 60 * MiB)
@@ -346,8 +346,8 @@ def test_revert_from_the_prepare_record_and_a_failed_apply(hier, home, children,
     record = failing.prepare()
     with pytest.raises(RuntimeError, match=r"pressure 8.0MiB does not fit the 4.0MiB left under the limit 64.0MiB"):
         failing.apply(record)
-    assert hier.cgroup_of(target.pid) == home and not Path(record["cgroup"]).exists()
-    assert not find_by_token(record["token"])
+    assert hier.cgroup_of(target.pid) == home and not record.path.exists()
+    assert not find_by_token(record.token)
 
 
 def test_preflight_refuses_init_own_tree_and_missing_targets(hier):

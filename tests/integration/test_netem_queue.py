@@ -25,6 +25,7 @@ import pytest
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.netem import nfqueue as netem_queue
 from chaoskit.injectors.netem.fault import Netem
+from chaoskit.injectors.netem.nfqueue import QueueRecord
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.tc import netem_missing_reason
 from tests.conftest import chaoskit, ledgers, wait_for, write
@@ -47,9 +48,9 @@ def pair() -> Iterator[Pair]:
 @pytest.fixture
 def netem(pair: Pair) -> Iterator:
     """apply(ns, **spec) -> record of a queue-mode network.netem; every one reverted at the end."""
-    records: list[dict] = []
+    records: list[QueueRecord] = []
 
-    def apply(ns: str, **spec) -> dict:
+    def apply(ns: str, **spec) -> QueueRecord:
         inj = Netem(Netem.Spec(type="network.netem", target={"netns": ns}, mode="queue", **spec))
         inj.preflight()
         rec = inj.apply(inj.prepare())
@@ -224,11 +225,11 @@ def kernel_queue(ns_path: str, queue: int) -> dict[str, int]:
     return run_in_netns(ns_path, read)
 
 
-def helper_stats(rec: dict, seen: int) -> dict:
+def helper_stats(rec: QueueRecord, seen: int) -> dict:
     """The helper's counters once it has seen `seen` packets (written every 0.5 s)."""
-    wait_for(lambda: (netem_queue.stats(Netem.read_record(rec)) or {}).get("seen", 0) >= seen, timeout=5)
+    wait_for(lambda: (netem_queue.stats(rec) or {}).get("seen", 0) >= seen, timeout=5)
     time.sleep(0.6)  # one more write: what it did after seeing the last one
-    return netem_queue.stats(Netem.read_record(rec)) or {}
+    return netem_queue.stats(rec) or {}
 
 
 # ------------------------------------------------------------------ delay and jitter
@@ -240,7 +241,7 @@ def test_delay_with_uniform_jitter_adds_20ms_to_udp_and_tcp_round_trips(pair, ne
     try:
         base_udp, base_tcp = udp_rtts_ms(cli, 300), connect_ms(cli, 7000, 100)
         rec = netem(pair.cli, delay="20ms", jitter="5ms")  # the client's egress: one direction of each trip
-        assert rec["mode"] == "queue" and Netem.observe(rec)
+        assert rec.mode == "queue" and Netem.observe(rec)
         udp, tcp = udp_rtts_ms(cli, 1000), connect_ms(cli, 7000, 200)
         stats = helper_stats(rec, 1000)
     finally:
@@ -291,7 +292,7 @@ def test_loss_is_binomial_and_only_the_filtered_port_loses(pair, netem, monkeypa
         got.wait(n)
         untouched.wait(1000)
         stats = helper_stats(rec, n)
-        kq = kernel_queue(pair.path(pair.cli), rec["queue"])
+        kq = kernel_queue(pair.path(pair.cli), rec.queue)
     finally:
         got.close()
         untouched.close()
@@ -517,7 +518,7 @@ def test_sigkill_of_the_helper_fails_open_and_revert_removes_the_rule(pair, nete
     try:
         rec = netem(pair.cli, delay="20ms")
         assert all(rtt() >= 19.5 for _ in range(5))
-        os.kill(rec["helper"]["pid"], signal.SIGKILL)
+        os.kill(rec.helper.pid, signal.SIGKILL)
         t0 = time.monotonic()
         while rtt() >= 5 and time.monotonic() - t0 < 3:
             time.sleep(0.01)
@@ -525,9 +526,9 @@ def test_sigkill_of_the_helper_fails_open_and_revert_removes_the_rule(pair, nete
         after = [rtt() for _ in range(20)]
         print(f"\nhelper SIGKILLed: undelayed traffic after {flowing * 1e3:.0f} ms, then RTT max {max(after):.2f} ms")
         assert flowing < 1.0 and max(after) < 5
-        assert netem_queue.nft.present(cli, rec["table"]) and not Netem.observe(rec)  # rule still there, bypassed
+        assert netem_queue.nft.present(cli, rec.table) and not Netem.observe(rec)  # rule still there, bypassed
         Netem.revert(rec)
-        assert pair.ruleset(pair.cli) == before and not netem_queue.nft.present(cli, rec["table"])
+        assert pair.ruleset(pair.cli) == before and not netem_queue.nft.present(cli, rec.table)
         Netem.revert(rec)  # idempotent
     finally:
         s.close()
@@ -542,7 +543,7 @@ def test_revert_removes_the_rule_then_stops_the_helper_which_lets_held_packets_g
     try:
         rec = netem(pair.cli, delay="2s", filter={"ports": [PORT]})
         send(tx, (SERVER_IP, PORT), 50, every=0.001)
-        wait_for(lambda: (netem_queue.stats(Netem.read_record(rec)) or {}).get("held") == 50, timeout=2)
+        wait_for(lambda: (netem_queue.stats(rec) or {}).get("held") == 50, timeout=2)
         assert not got.got
         t0 = time.monotonic()
         Netem.revert(rec)
@@ -553,7 +554,7 @@ def test_revert_removes_the_rule_then_stops_the_helper_which_lets_held_packets_g
         tx.close()
     print(f"\nrevert with 50 held packets: {took * 1e3:.0f} ms, {len(got.got)} delivered")
     assert len(got.got) == 50 and took < 1.0
-    assert not _helpers(pair.path(pair.cli)) and not netem_queue.nft.present(pair.path(pair.cli), rec["table"])
+    assert not _helpers(pair.path(pair.cli)) and not netem_queue.nft.present(pair.path(pair.cli), rec.table)
 
 
 def test_the_helper_ends_with_its_namespace():
@@ -570,14 +571,14 @@ def test_the_helper_ends_with_its_namespace():
     took = wait_for(lambda: not _helpers(p.path(p.cli)), timeout=3)
     Netem.revert(rec)  # what is left of the record (its stats file) goes
     print(f"\nnamespace deleted: helper gone {took * 1e3:.0f} ms later")
-    assert took < 1.5 and not Path(rec["stats"]).exists()
+    assert took < 1.5 and not Path(rec.stats).exists()
 
 
 def test_a_second_queue_netem_in_the_namespace_is_refused(pair, netem):
     rec = netem(pair.cli, delay="5ms")
     second = Netem(Netem.Spec(type="network.netem", target={"netns": pair.cli}, mode="queue", delay="5ms",
                               direction="ingress"))
-    with pytest.raises(PreflightError, match=f"already has a chaoskit netem queue \\({rec['table']}: another run"):
+    with pytest.raises(PreflightError, match=f"already has a chaoskit netem queue \\({rec.table}: another run"):
         second.preflight()
 
 

@@ -103,7 +103,7 @@ def test_netem_delays_connects_end_to_end(pair):
         inj = Netem(Netem.Spec(type="network.netem", target={"netns": pair.srv}, delay="50ms"))
         inj.preflight()
         rec = inj.apply(inj.prepare())
-        assert rec["mode"] == ("qdisc" if NETEM_MISSING is None else "queue")
+        assert rec.mode == ("qdisc" if NETEM_MISSING is None else "queue")
 
         def rtt() -> float:
             t0 = time.monotonic()
@@ -183,7 +183,7 @@ def test_bandwidth_ingress_goes_through_ifb(pair):
         Bandwidth.revert(rec)
         assert limited < 2e6 * 1.15
         assert pair.qdiscs(pair.cli) == before
-        assert rec["ifb"] not in sh("ip", "-n", pair.cli, "link")
+        assert rec.ifb is not None and rec.ifb not in sh("ip", "-n", pair.cli, "link")
     finally:
         server.close()
 
@@ -219,7 +219,7 @@ def test_previous_root_qdisc_is_restored_byte_exactly(pair):
 REVERT_IN_A_FRESH_PROCESS = """\
 import json, sys
 from chaoskit.injectors.netem.fault import Bandwidth
-Bandwidth.revert(json.loads(sys.argv[1]))
+Bandwidth.revert(Bandwidth.from_ledger(json.loads(sys.argv[1])))
 """
 
 
@@ -230,12 +230,12 @@ def test_a_ledger_record_is_read_back_and_reverted_in_a_fresh_process(pair):
        "rate", "3mbit", "burst", "20k", "latency", "70ms")
     before = pair.qdiscs(pair.srv)
     inj = _bandwidth(pair)
-    line = json.dumps(inj.apply(inj.prepare()))
-    r = Bandwidth.read_record(json.loads(line))
+    line = json.dumps(Bandwidth.to_ledger(inj.apply(inj.prepare())))
+    r = Bandwidth.from_ledger(json.loads(line))
     assert r.previous is not None and r.previous.kind == "tbf" and r.previous.options is not None
-    assert pair.qdiscs(pair.srv) != before and Bandwidth.observe(json.loads(line))
+    assert pair.qdiscs(pair.srv) != before and Bandwidth.observe(r)
     subprocess.run([sys.executable, "-c", REVERT_IN_A_FRESH_PROCESS, line], check=True, timeout=60)
-    assert pair.qdiscs(pair.srv) == before and not Bandwidth.observe(json.loads(line))
+    assert pair.qdiscs(pair.srv) == before and not Bandwidth.observe(r)
 
 
 def test_guards(pair):

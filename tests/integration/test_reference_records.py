@@ -18,7 +18,7 @@ from chaoskit.reference.scenario import gateway_health, set_gateway_health
 from tests.conftest import ROOT, free_port
 
 REVERT = "import json, sys; from chaoskit.injectors import injector_class; " \
-         "injector_class(sys.argv[1]).revert(json.loads(sys.argv[2]))"
+         "cls = injector_class(sys.argv[1]); cls.revert(cls.from_ledger(json.loads(sys.argv[2])))"
 
 
 @pytest.fixture
@@ -46,20 +46,21 @@ def test_a_switched_gateway_is_switched_back_from_the_record_alone(gateway):
     previous = gateway_health(url)
     assert previous == {"health_mode": "status", "latency_threshold_ms": 500.0}
     set_gateway_health(url, {"health_mode": "latency", "latency_threshold_ms": 250})
-    record = {"url": url, "previous": previous}
-    assert ReferenceGateway.observe(record) and ReferenceGateway.read_record(record).previous.health_mode == "status"
+    record = {"url": url, "previous": previous}  # as the run writes it to the ledger
+    r = ReferenceGateway.from_ledger(record)
+    assert ReferenceGateway.observe(r) and r.previous.health_mode == "status"
     revert_in_a_fresh_process("reference.gateway", record)
-    assert gateway_health(url) == previous and not ReferenceGateway.observe(record)
+    assert gateway_health(url) == previous and not ReferenceGateway.observe(r)
     proc.kill()
     proc.communicate()
     revert_in_a_fresh_process("reference.gateway", record)  # the gateway is gone: nothing to switch back
-    assert not ReferenceGateway.observe(record)
+    assert not ReferenceGateway.observe(r)
 
 
 def test_a_deployment_with_nothing_left_reverts_as_a_no_op(tmp_path):
     record = {"dir": str(tmp_path / "ref")}
     revert_in_a_fresh_process("reference.deployment", record)
-    assert not ReferenceDeployment.observe(record)
+    assert not ReferenceDeployment.observe(ReferenceDeployment.from_ledger(record))
 
 
 @pytest.mark.parametrize(("cls", "record", "wrong"), [
@@ -71,5 +72,5 @@ def test_a_deployment_with_nothing_left_reverts_as_a_no_op(tmp_path):
 ])
 def test_a_record_that_does_not_read_back_is_refused(cls, record, wrong):
     with pytest.raises(RecordError) as e:
-        cls.revert(record)
+        cls.revert(cls.from_ledger(record))
     assert str(e.value) == f"{cls.type}: its revert record does not read back {wrong}"

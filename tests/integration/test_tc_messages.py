@@ -160,9 +160,10 @@ def test_bandwidth_revert_restores_a_rate64_tbf_byte_exactly(pair):
     inj = Bandwidth(Bandwidth.Spec(type="network.bandwidth", target={"netns": pair.srv}, rate="16mbit"))
     inj.preflight()
     rec = inj.apply(inj.prepare())
-    assert tc.find(rec["ns"], rec["ifindex"], tc.TC_H_ROOT)["handle"] == ROOT_HANDLE
+    assert tc.find(rec.ns, rec.ifindex, tc.TC_H_ROOT)["handle"] == ROOT_HANDLE
     Bandwidth.revert(rec)
-    assert pair.qdiscs(pair.srv) == before and tc.find(rec["ns"], rec["ifindex"], tc.TC_H_ROOT) == rec["previous"]
+    assert rec.previous is not None
+    assert pair.qdiscs(pair.srv) == before and tc.find(rec.ns, rec.ifindex, tc.TC_H_ROOT) == rec.previous.to_json()
 
 
 def payload(msg) -> bytes:

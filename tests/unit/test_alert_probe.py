@@ -84,6 +84,14 @@ def test_the_spec_defaults_its_expect_and_refuses_what_it_cannot_judge():
         AlertProbeSpec(type="alert", name="a", url="http://x", alerts=[{"name": "A"}], expect={"overdu": "== 0"})
 
 
+def test_a_resolve_within_longer_than_the_after_phase_is_noted_before_the_run():
+    spec = AlertProbeSpec.model_validate({**EXAMPLE, "resolve_within": "10s"})
+    assert spec.after_notes(2.0) == [f"probe {spec.name}: resolve_within 10s is longer than steadyState.after.within "
+                                     "2s: the after phase stops waiting for its alerts to resolve before that"]
+    assert spec.after_notes(10.0) == []
+    assert spec.model_copy(update={"phases": ["before", "during"]}).after_notes(2.0) == []  # no after phase
+
+
 def test_a_fault_detected_in_time_holds_then_the_after_phase_waits_for_the_resolution(server):
     p = _probe(server, detect_within="5s", resolve_within="5s")
     s = _sample(p, Phase.BEFORE)

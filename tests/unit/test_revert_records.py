@@ -268,8 +268,34 @@ def test_network_records_written_the_old_way_read_back(host):
     assert Netem.read_record({**host.queue(host.ns), "stats": str(host.helper_stats)}).helper is None  # as prepared
     other_ns = {**host.ns, "ns_inode": host.ns["ns_inode"] + 1}  # the path names another namespace now: untouched
     for record in ({**egress, **other_ns}, {**queue, **other_ns, "helper": None}):
-        assert not Netem.observe(record)
-    Bandwidth.revert({**egress, **other_ns})
+        assert not Netem.observe(Netem.from_ledger(record))
+    Bandwidth.revert(Bandwidth.from_ledger({**egress, **other_ns}))
+    assert host.changes() == []
+
+
+def test_cgroup_records_written_the_old_way_keep_every_key(host):
+    """process.cpu_throttle / process.memory_limit / disk.throttle records as the ledger has always kept them
+    (plain dicts, before their verbs took the Record) read back without losing a key: the moved processes' comm,
+    the enables_* flag that says revert turns the controller off again, what apply added (holder, limit_bytes)."""
+    moved = {"pid": host.pid, "start_time": host.start_time, "comm": "python3", "from": str(host.slice),
+             "threads": [{"tid": host.pid, "from": str(host.slice)}]}
+    base = {"hierarchy": host.hierarchy, "cgroup": str(host.own_cgroup), "procs": [moved]}
+    records = {
+        CpuThrottle: {**base, "quota": 20000, "period": 100000, "enables_cpu": True},
+        MemoryLimit: {**base, "limit": None, "headroom": 1 << 26, "pressure": 1 << 23, "token": HOLDER,
+                      "enables_memory": True, "usage_at_move": 1 << 20, "limit_bytes": (1 << 26) + (1 << 20),
+                      "charges_moved": False, "holder": {"pid": host.pid, "start_time": host.start_time,
+                                                         "comm": "python3"}, "holder_oom_score_adj": -1000},
+        DiskThrottle: {**base, "dedicated": True, "dev": "8:0", "limits": {"rbps": "1048576"}, "enables_io": True,
+                       "procs": [{k: v for k, v in moved.items() if k != "threads"}]},  # disk.throttle writes none
+    }
+    for cls, record in records.items():
+        back = cls.to_ledger(cls.from_ledger(record))
+        as_written = {**record, "procs": [{"threads": [], **p} for p in record["procs"]]}  # none: an empty list
+        assert {k: back[k] for k in record} == as_written, cls.type
+    r = CpuThrottle.from_ledger(records[CpuThrottle])
+    assert r.enables_cpu and r.procs[0].ref() == ProcessRef(host.pid, host.start_time, "python3")
+    assert MemoryLimit.from_ledger(records[MemoryLimit]).holder == ProcessRef(host.pid, host.start_time, "python3")
     assert host.changes() == []
 
 

@@ -232,3 +232,24 @@ def test_the_dry_run_shows_the_warning(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "Traceback" not in p.stderr, p.stderr
     assert "delay 200s is at least the step's duration (10s)" in p.stderr
+
+
+def test_each_probe_that_sends_requests_says_where_and_its_timeout():
+    """The lint asks the probe spec (request_target), not a list of probe types: an http probe's requests go to
+    its URL's own path; slo and correctness probes add their API's paths; the others send none."""
+    from chaoskit.probes.alert import EXAMPLE as ALERT
+    from chaoskit.probes.alert import AlertProbeSpec
+    from chaoskit.probes.base import RequestTarget
+    from chaoskit.probes.correctness import EXAMPLE as CORRECTNESS
+    from chaoskit.probes.correctness import CorrectnessProbeSpec
+    from chaoskit.probes.http import HttpProbeSpec
+    from chaoskit.probes.slo import SloProbeSpec
+
+    http = HttpProbeSpec(type="http", name="up", url="http://127.0.0.1:9/v1/x", timeout="2s")
+    slo = SloProbeSpec.model_validate({"type": "slo", "name": "sla", "load": {
+        "url": "http://127.0.0.1:9/", "rate": 1, "duration": "1s", "timeout": "30s"}})
+    correctness = CorrectnessProbeSpec.model_validate({**CORRECTNESS, "request_timeout": "7s"})
+    assert http.request_target() == RequestTarget("http://127.0.0.1:9/v1/x", 2.0, url_path=True)
+    assert slo.request_target() == RequestTarget("http://127.0.0.1:9/", 30.0)
+    assert correctness.request_target() == RequestTarget(CORRECTNESS["url"], 7.0)
+    assert AlertProbeSpec.model_validate(ALERT).request_target() is None

@@ -11,17 +11,19 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
+from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import CGROUP_HELPER, NODE_EXECUTORS, FaultContext, Injector, NodeHelper
 from chaoskit.injectors.cgroup_move import (
+    CgroupHierarchy,
     CgroupRecord,
     any_target_inside,
     cgroup_target,
     move_back_and_remove,
     move_in,
+    target_procs,
     target_refs,
 )
 from chaoskit.injectors.process.fault import CgroupTargets, check_cgroup_target, check_targets
@@ -95,21 +97,27 @@ class CpuThrottleRecord(CgroupRecord):
     quota: int | None  # what it set (None: no quota), so revert restores only while the limit is still its own
     period: int
     previous: tuple[int | None, int] | None = None  # an existing cgroup's limit before it
+    # enabling +cpu in the parent (v2) is a change too: recorded before apply, undone by revert if ours
+    enables_cpu: bool = False
+
+    def hier(self) -> CpuHierarchy:
+        return self.hierarchy.of(CpuHierarchy)
 
 
-class CpuThrottle(Injector):
+class CpuThrottle(Injector[CpuThrottleSpec, CpuThrottleRecord]):
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"
     node_helper: ClassVar[NodeHelper] = CGROUP_HELPER
     type: ClassVar[str] = "process.cpu_throttle"
     host_needs: ClassVar[frozenset[str]] = frozenset({"root"})
     Record = CpuThrottleRecord
+    typed: ClassVar[bool] = True
     summary: ClassVar[str] = ("cap the CPU time of processes or of a cgroup (cpu.max / cpu.cfs_quota_us; revert: moved "
                               "back, or the cgroup's previous limit restored)")
     Spec = CpuThrottleSpec
     spec: CpuThrottleSpec
 
-    def __init__(self, spec: BaseModel, ctx: FaultContext | None = None):
+    def __init__(self, spec: CpuThrottleSpec, ctx: FaultContext | None = None):
         super().__init__(spec, ctx)
         self.cgroup_name = f"chaoskit-{uuid.uuid4().hex[:12]}"  # chosen once, so plan names what apply creates
 
@@ -150,62 +158,63 @@ class CpuThrottle(Injector):
         more = f" (more than the {host_cpus()} CPUs here: no limit in effect)" if s.cpu >= host_cpus() else ""
         lines = [f"create cgroup {cg} (cgroup v{hier.version}) with {_limit_text(hier, s.quota_us(), s.period_us())}"
                  f": {s.cpu:g} CPU ({s.cpu * 100:g}% of one CPU) per {s.period * 1e3:g}ms period{more}"]
-        for p in t.procs:
-            lines.append(f"move PID {p['pid']} ({p['comm']}) with its {len(p['threads'])} thread(s) from "
-                         f"{p['from']} into it")
-        if not t.procs:
+        procs = target_procs(t)
+        for p in procs:
+            lines.append(f"move PID {p.pid} ({p.comm}) with its {len(p.threads)} thread(s) from {p.from_} into it")
+        if not procs:
             lines.append(f"move {s.describe()} into it (none running now)")
         lines.append(f"revert: move every thread in {cg} back to its previous cgroup (threads and children started "
                      "meanwhile go where their process came from), then remove the cgroup")
         return lines
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> CpuThrottleRecord:
         t = self.target_as(CgroupTarget)
-        hier = CpuHierarchy.from_json(t.hierarchy)
+        hier, where = CpuHierarchy.from_json(t.hierarchy), CgroupHierarchy.model_validate(t.hierarchy)
+        quota, period = self.spec.quota_us(), self.spec.period_us()
         if t.cgroup is not None:  # its own limit, with the one it had before
-            return {"hierarchy": t.hierarchy, "cgroup": t.cgroup, "dedicated": False, "quota": self.spec.quota_us(),
-                    "period": self.spec.period_us(), "previous": list(hier.read_limit(Path(t.cgroup)))}
-        return {"hierarchy": t.hierarchy, "cgroup": str(hier.root / self.cgroup_name),
-                "quota": self.spec.quota_us(), "period": self.spec.period_us(), "procs": list(t.procs),
-                # enabling +cpu in the parent is a change too: recorded before apply, undone by revert if ours
-                "enables_cpu": hier.version == 2 and not hier.enabled_in(hier.root)}
+            return CpuThrottleRecord(hierarchy=where, cgroup=t.cgroup, dedicated=False, quota=quota, period=period,
+                                     previous=hier.read_limit(Path(t.cgroup)))
+        return CpuThrottleRecord(hierarchy=where, cgroup=str(hier.root / self.cgroup_name), quota=quota, period=period,
+                                 procs=target_procs(t),
+                                 enables_cpu=hier.version == 2 and not hier.enabled_in(hier.root))
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
-        if not record.get("dedicated", True):
-            hier.write_limit(cg, record["quota"], record["period"])
+    def apply(self, record: CpuThrottleRecord) -> CpuThrottleRecord:
+        hier, cg = record.hier(), record.path
+        if not record.dedicated:
+            hier.write_limit(cg, record.quota, record.period)
             return record
         if hier.version == 2:
             hier.enable_in(cg.parent)
         cg.mkdir(exist_ok=True)
-        hier.write_limit(cg, record["quota"], record["period"])
-        return {**record, "procs": move_in(hier, cg, record["procs"], self.type)}
+        hier.write_limit(cg, record.quota, record.period)
+        return record.model_copy(update={"procs": move_in(hier, cg, record.procs, self.type)})
+
+    def watched_processes(self, record: CpuThrottleRecord) -> list[ProcessRef]:
+        return record.moved(self.ctx.target)
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        cls.read_record(record)
-        hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
+    def revert(cls, record: CpuThrottleRecord) -> None:
+        hier, cg = record.hier(), record.path
         if not cg.is_dir():
             return
-        if not record.get("dedicated", True):  # only while the limit is ours (not a later fault's, the kubelet's)
-            if hier.read_limit(cg) == (record["quota"], record["period"]):
-                hier.write_limit(cg, *record["previous"])
+        if not record.dedicated:  # only while the limit is ours (not a later fault's, the kubelet's)
+            if hier.read_limit(cg) == (record.quota, record.period) and record.previous is not None:
+                hier.write_limit(cg, *record.previous)
             return
-        move_back_and_remove(hier, cg, record.get("procs", []), cls.type, RMDIR_WAIT_S, poll_s=0.01)
-        if record.get("enables_cpu"):
+        move_back_and_remove(hier, cg, record.procs, cls.type, RMDIR_WAIT_S, poll_s=0.01)
+        if record.enables_cpu:
             hier.disable_if_unused(cg.parent)
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        cls.read_record(record)
-        hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
-        if not cg.is_dir() or hier.read_limit(cg) != (record["quota"], record["period"]):
+    def observe(cls, record: CpuThrottleRecord) -> bool:
+        hier, cg = record.hier(), record.path
+        if not cg.is_dir() or hier.read_limit(cg) != (record.quota, record.period):
             return False
-        return not record.get("dedicated", True) or any_target_inside(cg, record.get("procs", []))
+        return not record.dedicated or any_target_inside(cg, record.procs)
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
-        hier, cg = CpuHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
+    def observe_details(cls, record: CpuThrottleRecord) -> dict[str, Any]:
+        hier, cg = record.hier(), record.path
         out: dict[str, Any] = {"in_effect": cls.observe(record), "cgroup": str(cg)}
         if cg.is_dir():
             quota, period = hier.read_limit(cg)

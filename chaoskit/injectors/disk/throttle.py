@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import CGROUP_HELPER, NODE_EXECUTORS, Injector, NodeHelper
-from chaoskit.injectors.cgroup_move import CgroupRecord
+from chaoskit.injectors.cgroup_move import CgroupHierarchy, CgroupRecord, MovedProcess, target_procs
 from chaoskit.injectors.process.fault import check_cgroup_path, check_cgroup_target
 from chaoskit.model.types import StrictModel
 from chaoskit.targets.blockdev import BlockTarget, resolve_path, root_disk
@@ -72,9 +72,14 @@ class DiskThrottleRecord(CgroupRecord):
     dev: str
     limits: dict[str, str]  # what it set, so revert restores only while a limit is still its own
     previous: dict[str, str] = Field(default_factory=dict)
+    # enabling +io in the parent (v2) is a change too: recorded before apply, undone by revert if ours
+    enables_io: bool = False
+
+    def hier(self) -> IoHierarchy:
+        return self.hierarchy.of(IoHierarchy)
 
 
-class DiskThrottle(Injector):
+class DiskThrottle(Injector[DiskThrottleSpec, DiskThrottleRecord]):
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"
     node_helper: ClassVar[NodeHelper] = NodeHelper(  # its path is read through /proc/PID/root of the container's init
@@ -82,6 +87,7 @@ class DiskThrottle(Injector):
     type: ClassVar[str] = "disk.throttle"
     host_needs: ClassVar[frozenset[str]] = frozenset({"root", "cgroup-io"})
     Record = DiskThrottleRecord
+    typed: ClassVar[bool] = True
     summary: ClassVar[str] = "throttle read/write bytes and IOPS on the disk behind a path (cgroup io.max / blkio)"
     Spec = DiskThrottleSpec
     spec: DiskThrottleSpec
@@ -110,9 +116,10 @@ class DiskThrottle(Injector):
         procs = []
         for r in self._pids():
             try:
-                procs.append({**r.to_json(), "from": str(hier.cgroup_of(r.pid))})
+                home = hier.cgroup_of(r.pid)
             except PreflightError:  # it exited meanwhile
                 continue
+            procs.append(MovedProcess(pid=r.pid, start_time=r.start_time, comm=r.comm, from_=str(home)).to_json())
         return CgroupTarget(hier.to_json(), f"{s.pid or s.name}", tuple(procs))
 
     def preflight(self) -> None:
@@ -141,55 +148,54 @@ class DiskThrottle(Injector):
         if t.cgroup is not None:
             who = f"cgroup {self.spec.cgroup} (previous limit lines restored on revert)"
         else:
-            who = (f"PIDs {', '.join(str(p['pid']) for p in t.procs) or '(none now)'} moved into a dedicated "
+            who = (f"PIDs {', '.join(str(p.pid) for p in target_procs(t)) or '(none now)'} moved into a dedicated "
                    "cgroup (moved back on revert)")
         return [dev.describe(), f"limit {lim} on {dev.disk} for {who}"]
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> DiskThrottleRecord:
         t, dev = self.target_as(CgroupTarget), self._device()
-        hier = IoHierarchy.from_json(t.hierarchy)
-        rec: dict[str, Any] = {"hierarchy": t.hierarchy, "dev": dev.disk, "limits": self.spec.limits()}
+        hier, where = IoHierarchy.from_json(t.hierarchy), CgroupHierarchy.model_validate(t.hierarchy)
         if t.cgroup is not None:
-            rec.update(cgroup=t.cgroup, previous=hier.read_limits(Path(t.cgroup), dev.disk), dedicated=False)
-        else:
-            rec.update(cgroup=str(hier.root / f"chaoskit-{uuid.uuid4().hex[:12]}"), dedicated=True,
-                       procs=list(t.procs))
-            # enabling +io in the parent is a change too: recorded before apply, undone by revert if ours
-            rec["enables_io"] = hier.version == 2 and not hier.enabled_in(hier.root)
-        return rec
+            return DiskThrottleRecord(hierarchy=where, dev=dev.disk, limits=self.spec.limits(), cgroup=t.cgroup,
+                                      previous=hier.read_limits(Path(t.cgroup), dev.disk), dedicated=False)
+        return DiskThrottleRecord(hierarchy=where, dev=dev.disk, limits=self.spec.limits(),
+                                  cgroup=str(hier.root / f"chaoskit-{uuid.uuid4().hex[:12]}"), dedicated=True,
+                                  procs=target_procs(t),
+                                  enables_io=hier.version == 2 and not hier.enabled_in(hier.root))
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        hier, cg = IoHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
-        if record["dedicated"]:
+    def apply(self, record: DiskThrottleRecord) -> DiskThrottleRecord:
+        hier, cg = record.hier(), record.path
+        if record.dedicated:
             cg.mkdir(exist_ok=True)
             if hier.version == 2:
                 hier.enable_in(cg.parent)
-        hier.write_limits(cg, record["dev"], record["limits"])
-        for p in record.get("procs", []):
-            if is_alive(ProcessRef.from_json(p)):
-                hier.move(p["pid"], cg)
+        hier.write_limits(cg, record.dev, record.limits)
+        for p in record.procs:
+            if is_alive(p.ref()):
+                hier.move(p.pid, cg)
         return record
 
+    def watched_processes(self, record: DiskThrottleRecord) -> list[ProcessRef]:
+        return record.moved(self.ctx.target)
+
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        cls.read_record(record)
-        hier, cg = IoHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
-        if not record["dedicated"]:
-            now = hier.read_limits(cg, record["dev"]) if cg.is_dir() else {}
-            if any(now.get(k) == v for k, v in record["limits"].items()):  # ours, even half-applied; not a later fault's
-                prev = record["previous"]
-                hier.write_limits(cg, record["dev"], {k: prev.get(k, hier.unlimited()) for k in record["limits"]})
+    def revert(cls, record: DiskThrottleRecord) -> None:
+        hier, cg = record.hier(), record.path
+        if not record.dedicated:
+            now = hier.read_limits(cg, record.dev) if cg.is_dir() else {}
+            if any(now.get(k) == v for k, v in record.limits.items()):  # ours, even half-applied; not a later fault's
+                prev = record.previous
+                hier.write_limits(cg, record.dev, {k: prev.get(k, hier.unlimited()) for k in record.limits})
             return
         if not cg.is_dir():
             return
-        for p in record.get("procs", []):
-            ref = ProcessRef.from_json(p)
-            if is_alive(ref) and Path(p["from"]).is_dir():
+        for p in record.procs:
+            if is_alive(p.ref()) and Path(p.from_).is_dir():
                 try:
-                    hier.move(ref.pid, Path(p["from"]))
+                    hier.move(p.pid, Path(p.from_))
                 except (ProcessLookupError, OSError):
                     pass
-        fallback = Path(record["procs"][0]["from"]) if record.get("procs") else cg.parent
+        fallback = Path(record.procs[0].from_) if record.procs else cg.parent
         for pid in hier.procs(cg):  # children forked while throttled go where their parent came from
             try:
                 hier.move(pid, fallback if fallback.is_dir() else cg.parent)
@@ -199,15 +205,13 @@ class DiskThrottle(Injector):
             os.rmdir(cg)
         except FileNotFoundError:
             pass
-        if record.get("enables_io"):
+        if record.enables_io:
             hier.disable_if_unused(cg.parent)
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        cls.read_record(record)
-        hier, cg = IoHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
+    def observe(cls, record: DiskThrottleRecord) -> bool:
+        hier, cg = record.hier(), record.path
         if not cg.is_dir():
             return False
-        now = hier.read_limits(cg, record["dev"])
-        return all(now.get(k) == v for k, v in record["limits"].items())
-
+        now = hier.read_limits(cg, record.dev)
+        return all(now.get(k) == v for k, v in record.limits.items())

@@ -177,12 +177,13 @@ def interposed(pid: int) -> bool:
         return False
 
 
-class CudaFault(Injector):
+class CudaFault(Injector[CudaFaultSpec, CudaFaultRecord]):
     type: ClassVar[str] = "gpu.cuda_fault"
     summary: ClassVar[str] = "CUDA driver calls fail or stall in processes started with the interposer"
     Spec = CudaFaultSpec
     spec: CudaFaultSpec
     Record = CudaFaultRecord
+    typed: ClassVar[bool] = True
     independent_revert: ClassVar[bool] = True  # its own control files
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"
@@ -258,25 +259,24 @@ class CudaFault(Injector):
         return [f"arm {path} (PIDs {', '.join(map(str, pids))}): {rules}; revert: disarm (calls go through; the "
                 f"arming also expires by itself after {self.ctx.lifetime_s:g}s)" for path, pids in controls.items()]
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> CudaFaultRecord:
         controls = self._controls()
         return CudaFaultRecord(controls=list(controls), pids=[p for ps in controls.values() for p in ps],
-                               inside=self._inside(controls)).model_dump()
+                               inside=self._inside(controls))
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        r: CudaFaultRecord = self.read_record(record)
+    def apply(self, record: CudaFaultRecord) -> CudaFaultRecord:
         rules = {k: cr.rule(k) for k, cr in self.spec.rules().items()}
         baseline, until = {}, time.time() + self.ctx.lifetime_s
-        for path in r.controls:
+        for path in record.controls:
             with Control(Path(path)) as c:
                 baseline[path] = {k: n.calls for k, n in c.counts().items()} | {
                     f"{k}_failed": n.failed for k, n in c.counts().items()}
                 c.arm(rules, until)
-        return r.model_copy(update={"baseline": baseline}).model_dump()
+        return record.model_copy(update={"baseline": baseline})
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        r: CudaFaultRecord = cls.read_record(record)
+    def revert(cls, record: CudaFaultRecord) -> None:
+        r = record
         for path in r.controls:
             where = located(r, path)
             if where is None:
@@ -293,14 +293,13 @@ class CudaFault(Injector):
                 continue
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        r: CudaFaultRecord = cls.read_record(record)
-        return any(where is not None and _armed(where) for where in (located(r, p) for p in r.controls))
+    def observe(cls, record: CudaFaultRecord) -> bool:
+        return any(where is not None and _armed(where) for where in (located(record, p) for p in record.controls))
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
+    def observe_details(cls, record: CudaFaultRecord) -> dict[str, Any]:
         """Per kind, the calls made since apply and how many failed (summed over the control files)."""
-        r: CudaFaultRecord = cls.read_record(record)
+        r = record
         out: dict[str, Any] = {}
         for path in r.controls:
             base, where = r.baseline.get(path, {}), located(r, path)

@@ -14,17 +14,20 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
+from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
 from chaoskit.injectors.base import CGROUP_HELPER, NODE_EXECUTORS, FaultContext, Injector, NodeHelper
 from chaoskit.injectors.cgroup_move import (
+    CgroupHierarchy,
     CgroupRecord,
+    MovedProcess,
     any_target_inside,
     cgroup_target,
     move_back_and_remove,
     move_in,
+    target_procs,
     target_refs,
 )
 from chaoskit.injectors.process.fault import CgroupTargets, check_cgroup_target, check_targets, descendants
@@ -85,11 +88,25 @@ class MemoryLimitSpec(CgroupTargets):
 
 
 class MemoryLimitRecord(CgroupRecord):
+    limit: int | None = None  # as the spec asks: an absolute limit, or
+    headroom: int | None = None  # ... what is charged right after the move + this
+    pressure: int | None = None  # what its holder takes of the room
     token: str | None = Field(None, pattern=helper_proc.TOKEN)  # of its holder (revert stops what carries it)
-    limit_bytes: int | None = None  # what it set, once set
+    previous: dict[str, str] = Field(default_factory=dict)  # an existing cgroup's limit files before it
+    # enabling +memory in the parent (v2) is a change too: recorded before apply, undone by revert if ours
+    enables_memory: bool = False
+    # once applied: what was charged right after the move, the limit it set, whether the charges moved along
+    usage_at_move: int | None = None
+    limit_bytes: int | None = None
+    charges_moved: bool | None = None
+    holder: ProcessRef | None = None  # its holder, once started, and the oom_score_adj the host let it have
+    holder_oom_score_adj: int | None = None
+
+    def hier(self) -> MemHierarchy:
+        return self.hierarchy.of(MemHierarchy)
 
 
-class MemoryLimit(Injector):
+class MemoryLimit(Injector[MemoryLimitSpec, MemoryLimitRecord]):
     helper: ClassVar[str | None] = "chaoskit.injectors.memory.limit_helper"
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"
@@ -97,13 +114,14 @@ class MemoryLimit(Injector):
     type: ClassVar[str] = "process.memory_limit"
     host_needs: ClassVar[frozenset[str]] = frozenset({"root"})
     Record = MemoryLimitRecord
+    typed: ClassVar[bool] = True
     summary: ClassVar[str] = ("limit the memory of processes in a cgroup, or of an existing cgroup, optionally with "
                               "an OOM-proof holder taking part of it (memory.max / memory.limit_in_bytes; revert: "
                               "moved back, or the cgroup's previous limits restored)")
     Spec = MemoryLimitSpec
     spec: MemoryLimitSpec
 
-    def __init__(self, spec: BaseModel, ctx: FaultContext | None = None):
+    def __init__(self, spec: MemoryLimitSpec, ctx: FaultContext | None = None):
         super().__init__(spec, ctx)
         self.cgroup_name = f"chaoskit-{uuid.uuid4().hex[:12]}"  # chosen once, so plan names what apply creates
 
@@ -161,9 +179,10 @@ class MemoryLimit(Injector):
         lines = [f"create cgroup {cg} (cgroup v{hier.version} memory) with {self._limit_words()}"
                  + ("" if hier.version == 2 else "; memory.move_charge_at_immigrate = 3 where the kernel still "
                                                  "moves charges")]
-        for p in t.procs:
-            lines.append(f"move PID {p['pid']} ({p['comm']}) from {p['from']} into it")
-        if not t.procs:
+        procs = target_procs(t)
+        for p in procs:
+            lines.append(f"move PID {p.pid} ({p.comm}) from {p.from_} into it")
+        if not procs:
             lines.append(f"move {self._what()} into it (none running now)")
         if s.pressure:
             lines.append(f"start a holder process inside it that takes {format_size(s.pressure)} of the room, "
@@ -184,21 +203,19 @@ class MemoryLimit(Injector):
                          "room (oom_score_adj -1000)")
         return [*lines, f"revert: stop the holder if any, and write back {saved}"]
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> MemoryLimitRecord:
         t, s = self.target_as(CgroupTarget), self.spec
-        hier = MemHierarchy.from_json(t.hierarchy)
+        hier, where = MemHierarchy.from_json(t.hierarchy), CgroupHierarchy.model_validate(t.hierarchy)
         token = f"chaoskit-holder-memlimit-{uuid.uuid4().hex}" if s.pressure else None
+        asked = {"limit": s.limit, "headroom": s.headroom, "pressure": s.pressure, "token": token}
         if t.cgroup is not None:  # its own limit, with the files it had before
-            return {"hierarchy": t.hierarchy, "cgroup": t.cgroup, "dedicated": False, "limit": s.limit,
-                    "headroom": s.headroom, "pressure": s.pressure, "procs": [], "token": token,
-                    "previous": hier.limit_files(Path(t.cgroup))}
-        return {"hierarchy": t.hierarchy, "cgroup": str(hier.root / self.cgroup_name), "limit": s.limit,
-                "headroom": s.headroom, "pressure": s.pressure, "procs": list(t.procs),
-                "token": token,
-                # enabling +memory in the parent is a change too: recorded before apply, undone by revert if ours
-                "enables_memory": hier.version == 2 and not hier.enabled_in(hier.root)}
+            return MemoryLimitRecord(hierarchy=where, cgroup=t.cgroup, dedicated=False, **asked,
+                                     previous=hier.limit_files(Path(t.cgroup)))
+        return MemoryLimitRecord(hierarchy=where, cgroup=str(hier.root / self.cgroup_name), **asked,
+                                 procs=target_procs(t),
+                                 enables_memory=hier.version == 2 and not hier.enabled_in(hier.root))
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, record: MemoryLimitRecord) -> MemoryLimitRecord:
         try:
             return self._apply(record)
         except BaseException:
@@ -208,18 +225,19 @@ class MemoryLimit(Injector):
                 pass  # the ledger still holds the intent: rollback tries again and reports it
             raise
 
-    def _apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
-        moved, charges_moved = [], False
-        if record.get("dedicated", True):
+    def _apply(self, record: MemoryLimitRecord) -> MemoryLimitRecord:
+        hier, cg = record.hier(), record.path
+        moved: list[MovedProcess] = []
+        charges_moved = False
+        if record.dedicated:
             if hier.version == 2:
                 hier.enable_in(cg.parent)
             cg.mkdir(exist_ok=True)
             charges_moved = hier.move_charges_on_immigrate(cg)
-            moved = move_in(hier, cg, record["procs"], self.type)
+            moved = move_in(hier, cg, record.procs, self.type)
         usage = hier.usage(cg) or 0
-        limit = record["limit"] if record["limit"] is not None else usage + record["headroom"]
-        pressure = record["pressure"] or 0
+        limit = record.limit if record.limit is not None else usage + (record.headroom or 0)
+        pressure = record.pressure or 0
         if pressure and pressure >= limit - usage:
             raise RuntimeError(f"process.memory_limit: pressure {format_size(pressure)} does not fit the "
                                f"{format_size(max(limit - usage, 0))} left under the limit {format_size(limit)} "
@@ -229,57 +247,57 @@ class MemoryLimit(Injector):
         except OSError as e:
             raise RuntimeError(f"process.memory_limit: cannot set a limit of {format_size(limit)} on {cg}: "
                                f"{e.strerror} ({format_size(usage)} is charged to it after the move)") from None
-        out = {**record, "procs": moved, "usage_at_move": usage, "limit_bytes": limit, "charges_moved": charges_moved}
+        out = record.model_copy(update={"procs": moved, "usage_at_move": usage, "limit_bytes": limit,
+                                        "charges_moved": charges_moved})
         if pressure:
             until = time.time() + self.ctx.lifetime_s
             # the holder's PR_SET_PDEATHSIG fires when the spawning *thread* ends (see gpu.py)
-            holder = helper_proc.spawn(self.helper, record["token"], [str(cg), str(pressure), f"{until:.3f}",
-                                                                      str(os.getpid())],
+            holder = helper_proc.spawn(self.helper, record.token, [str(cg), str(pressure), f"{until:.3f}",
+                                                                   str(os.getpid())],
                                        f"memory holder for {format_size(pressure)} in {cg}")
-            out["holder"] = holder.to_json()
-            out["holder_oom_score_adj"] = _oom_score_adj(holder.pid)
+            out = out.model_copy(update={"holder": holder, "holder_oom_score_adj": _oom_score_adj(holder.pid)})
         return out
 
+    def watched_processes(self, record: MemoryLimitRecord) -> list[ProcessRef]:
+        return record.moved(self.ctx.target)
+
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        cls.read_record(record)
-        helper_proc.stop(record.get("token"))  # first: it holds memory in the cgroup and is not a target
-        hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
-        if not record.get("dedicated", True):
-            ours = record.get("limit_bytes")  # None: the apply failed part way, and the limit files are ours
+    def revert(cls, record: MemoryLimitRecord) -> None:
+        helper_proc.stop(record.token)  # first: it holds memory in the cgroup and is not a target
+        hier, cg = record.hier(), record.path
+        if not record.dedicated:
+            ours = record.limit_bytes  # None: the apply failed part way, and the limit files are ours
             if cg.is_dir() and (ours is None or hier.read_limit(cg) == ours):
-                hier.restore_limits(cg, record["previous"])
+                hier.restore_limits(cg, record.previous)
             return
         if cg.is_dir():
             # children started meanwhile go where their parent came from; v1 reclaims what an emptied cgroup holds
-            move_back_and_remove(hier, cg, record.get("procs", []), cls.type, RMDIR_WAIT_S, poll_s=0.05,
+            move_back_and_remove(hier, cg, record.procs, cls.type, RMDIR_WAIT_S, poll_s=0.05,
                                  by_parent=True, when_empty=hier.force_empty)
-        if record.get("enables_memory"):
+        if record.enables_memory:
             hier.disable_if_unused(cg.parent)
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        cls.read_record(record)
-        hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
-        if not cg.is_dir() or record.get("limit_bytes") is None or hier.read_limit(cg) != record["limit_bytes"]:
+    def observe(cls, record: MemoryLimitRecord) -> bool:
+        hier, cg = record.hier(), record.path
+        if not cg.is_dir() or record.limit_bytes is None or hier.read_limit(cg) != record.limit_bytes:
             return False
-        return not record.get("dedicated", True) or any_target_inside(cg, record.get("procs", []))
+        return not record.dedicated or any_target_inside(cg, record.procs)
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
-        hier, cg = MemHierarchy.from_json(record["hierarchy"]), Path(record["cgroup"])
-        procs = record.get("procs", [])
-        alive = [p for p in procs if is_alive(ProcessRef.from_json(p))]
+    def observe_details(cls, record: MemoryLimitRecord) -> dict[str, Any]:
+        hier, cg = record.hier(), record.path
+        alive = [p for p in record.procs if is_alive(p.ref())]
         out: dict[str, Any] = {
-            "in_effect": cls.observe(record), "cgroup": str(cg), "charges_moved": record.get("charges_moved"),
-            "usage_at_move": record.get("usage_at_move"),
-            "survivors": [f"{p['pid']} {p['comm']}" for p in alive],
-            "gone": [f"{p['pid']} {p['comm']}" for p in procs if p not in alive],  # OOM-killed, or exited
+            "in_effect": cls.observe(record), "cgroup": str(cg), "charges_moved": record.charges_moved,
+            "usage_at_move": record.usage_at_move,
+            "survivors": [f"{p.pid} {p.comm}" for p in alive],
+            "gone": [f"{p.pid} {p.comm}" for p in record.procs if p not in alive],  # OOM-killed, or exited
         }
-        if record.get("holder"):
-            out["holder_alive"] = is_alive(ProcessRef.from_json(record["holder"]))
-            out["holder_bytes"] = record.get("pressure")
-            out["holder_oom_score_adj"] = record.get("holder_oom_score_adj")  # -1000 unless the host refused it
+        if record.holder is not None:
+            out["holder_alive"] = is_alive(record.holder)
+            out["holder_bytes"] = record.pressure
+            out["holder_oom_score_adj"] = record.holder_oom_score_adj  # -1000 unless the host refused it
         if cg.is_dir():
             events = hier.events(cg)
             # times a charge hit the limit: v1 counts memory and memory+swap apart, v2 says `max`

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import uuid
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, field_validator, model_validator
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
@@ -180,6 +180,7 @@ class QdiscOptions(RevertRecord):
 class QdiscSnapshot(RevertRecord):
     """A root qdisc as tc.find snapshots it, which revert puts back byte-exactly."""
 
+    ifindex: int | None = None  # of the interface it was on (revert puts it back on the record's ifindex)
     handle: int = Field(ge=0)
     parent: int
     kind: str
@@ -194,7 +195,7 @@ class QdiscRecord(netem_queue.InterfaceRecord):
     qdisc it replaced (None: the kernel's default), on ingress its IFB device, always one named ck<10 hex>
     (revert deletes the link of that name), and whether an ingress qdisc was there before."""
 
-    mode: Literal["qdisc"] = "qdisc"  # network.netem's (network.bandwidth writes none)
+    mode: Literal["qdisc"] = "qdisc"  # network.netem's mode (network.bandwidth's is always qdisc)
     mode_reason: str = ""
     previous: QdiscSnapshot | None = None
     ifb: str | None = Field(None, pattern=r"^ck[0-9a-f]{10}$")
@@ -207,18 +208,26 @@ class QdiscRecord(netem_queue.InterfaceRecord):
         return self
 
 
+NetemRecord = QdiscRecord | netem_queue.QueueRecord  # network.netem's, by its mode
+
+
 # ---------------------------------------------------------------- the injectors
 
+TcSpecT = TypeVar("TcSpecT", NetemSpec, BandwidthSpec)
+TcRecordT = TypeVar("TcRecordT", bound=RevertRecord)
 
-class _TcFault(Injector):
-    """Shared plan/apply/revert: record the previous qdisc, install ours at the root, restore exactly."""
+
+class _TcFault(Injector[TcSpecT, TcRecordT]):
+    """Shared plan/prepare/apply/revert of a root qdisc: record the previous qdisc, install ours at the root,
+    restore exactly (the verbs are the families', around these)."""
 
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "target.kubernetes"
     node_helper: ClassVar[NodeHelper] = NETNS_HELPER
     Record = QdiscRecord
+    typed: ClassVar[bool] = True
 
-    spec: NetemSpec | BandwidthSpec
+    spec: TcSpecT
 
     def resolve_target(self) -> NetnsTarget:
         return resolve(self.spec.target, self.spec.allow_host, self.type)
@@ -279,32 +288,33 @@ class _TcFault(Injector):
                      if self.spec.direction == "egress" else "revert: ingress qdisc and IFB device deleted")
         return lines
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare_qdisc(self, **more: Any) -> QdiscRecord:
+        """The record of a qdisc fault (`more`: network.netem's mode and why)."""
         t = self._target()
-        rec: dict[str, Any] = {"ns": t.ns_path, "ns_inode": t.ns_inode, "ifindex": t.ifindex,
-                               "ifname": t.ifname, "direction": self.spec.direction}
+        assert t.ifindex is not None and t.ifname is not None
+        where = {"ns": t.ns_path, "ns_inode": t.ns_inode, "ifindex": t.ifindex, "ifname": t.ifname, **more}
         if self.spec.direction == "ingress":
-            rec["ifb"] = f"ck{uuid.uuid4().hex[:10]}"
-            rec["had_ingress"] = tc.find(t.ns_path, t.ifindex, tc.TC_H_INGRESS) is not None
-        else:
-            rec["previous"] = tc.find(t.ns_path, t.ifindex, tc.TC_H_ROOT)
-        return rec
+            return QdiscRecord(**where, direction="ingress", ifb=f"ck{uuid.uuid4().hex[:10]}",
+                               had_ingress=tc.find(t.ns_path, t.ifindex, tc.TC_H_INGRESS) is not None)
+        previous = tc.find(t.ns_path, t.ifindex, tc.TC_H_ROOT)
+        return QdiscRecord(**where, direction="egress",
+                           previous=None if previous is None else QdiscSnapshot.model_validate(previous))
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        with_iproute(record["ns"], lambda ipr: self._install(ipr, record))
+    def apply_qdisc(self, record: QdiscRecord) -> QdiscRecord:
+        with_iproute(record.ns, lambda ipr: self._install(ipr, record))
         return record
 
-    def _install(self, ipr: Any, record: dict[str, Any]) -> None:
-        index = record["ifindex"]
-        if record["direction"] == "ingress":
-            if record.get("had_ingress"):
-                raise RuntimeError(f"{record['ifname']} already has an ingress qdisc that is not chaoskit's; "
+    def _install(self, ipr: Any, record: QdiscRecord) -> None:
+        index = record.ifindex
+        if record.direction == "ingress":
+            if record.had_ingress:
+                raise RuntimeError(f"{record.ifname} already has an ingress qdisc that is not chaoskit's; "
                                    "refusing to replace it")
-            ipr.link("add", ifname=record["ifb"], kind="ifb")
-            index = ipr.link_lookup(ifname=record["ifb"])[0]
+            ipr.link("add", ifname=record.ifb, kind="ifb")
+            index = ipr.link_lookup(ifname=record.ifb)[0]
             ipr.link("set", index=index, state="up")
-            ipr.tc("add", "ingress", record["ifindex"])
-            ipr.tc("add-filter", "u32", record["ifindex"], parent=0xFFFF0000, prio=1, protocol=ETH_P_ALL,
+            ipr.tc("add", "ingress", record.ifindex)
+            ipr.tc("add-filter", "u32", record.ifindex, parent=0xFFFF0000, prio=1, protocol=ETH_P_ALL,
                    target=0x10000, keys=["0x0/0x0+0"],
                    action={"kind": "mirred", "direction": "egress", "action": "redirect", "ifindex": index})
         if self.spec.filter is None:
@@ -317,10 +327,6 @@ class _TcFault(Injector):
             for keys in self.spec.filter.u32_keys():
                 ipr.tc("add-filter", "u32", index, parent=ROOT_HANDLE, prio=1, protocol=ETH_P_IP,
                        target=FAULT_CLASS, keys=keys)
-
-    @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        cls.revert_qdisc(cls.read_record(record))
 
     @staticmethod
     def revert_qdisc(r: QdiscRecord) -> None:
@@ -339,10 +345,6 @@ class _TcFault(Injector):
             tc.delete(r.ns, r.ifindex, tc.TC_H_ROOT)
         else:
             tc.restore(r.ns, r.ifindex, r.previous.to_json())
-
-    @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        return cls.observe_qdisc(cls.read_record(record))
 
     @classmethod
     def holds(cls, record: dict[str, Any]) -> list[str]:
@@ -386,7 +388,7 @@ def netem_mode(asked: str) -> tuple[str, str]:
     return "queue", f"auto: {reason.split(' (')[0]}"
 
 
-class Netem(_TcFault):
+class Netem(_TcFault[NetemSpec, NetemRecord]):
     type: ClassVar[str] = "network.netem"
     host_needs: ClassVar[frozenset[str]] = frozenset({"root", "netem"})
     # on a pod, queue mode's helper sends its held copies (egress) and duplicates through a raw socket: NET_RAW
@@ -431,46 +433,43 @@ class Netem(_TcFault):
             return netem_queue.plan(self.spec, self._target(), why)
         return [f"mode qdisc ({why})", *super().plan()]
 
-    def prepare(self) -> dict[str, Any]:
+    def prepare(self) -> NetemRecord:
         mode, why = self.mode()
         if mode == "queue":
             return netem_queue.prepare(self._target(), self.spec.direction, why)
-        return {**super().prepare(), "mode": "qdisc", "mode_reason": why}
+        return self.prepare_qdisc(mode="qdisc", mode_reason=why)
 
-    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
-        if record.get("mode") == "queue":
+    def apply(self, record: NetemRecord) -> NetemRecord:
+        if isinstance(record, netem_queue.QueueRecord):
             dist = str(dist_file(self.spec.distribution)) if self.spec.distribution != "uniform" else None
             return netem_queue.apply(self.spec, record, dist, self.ctx.lifetime_s)
-        return super().apply(record)
+        return self.apply_qdisc(record)
 
     @classmethod
-    def read_record(cls, record: dict[str, Any]) -> Any:
+    def read_record(cls, record: dict[str, Any]) -> NetemRecord:
         """A QdiscRecord, or in queue mode a netem_queue.QueueRecord (RecordError naming each wrong field)."""
-        if not (isinstance(record, dict) and record.get("mode") == "queue"):
-            return super().read_record(record)
-        return cls.read_record_as(netem_queue.QueueRecord, record)
+        queue = isinstance(record, dict) and record.get("mode") == "queue"
+        model = netem_queue.QueueRecord if queue else QdiscRecord
+        return cls.read_record_as(model, record)
 
     @classmethod
-    def revert(cls, record: dict[str, Any]) -> None:
-        r = cls.read_record(record)
-        if isinstance(r, netem_queue.QueueRecord):
-            netem_queue.revert(r)
+    def revert(cls, record: NetemRecord) -> None:
+        if isinstance(record, netem_queue.QueueRecord):
+            netem_queue.revert(record)
         else:
-            cls.revert_qdisc(r)
+            cls.revert_qdisc(record)
 
     @classmethod
-    def observe(cls, record: dict[str, Any]) -> bool:
-        r = cls.read_record(record)
-        if isinstance(r, netem_queue.QueueRecord):
-            return netem_queue.observe(r)
-        return cls.observe_qdisc(r)
+    def observe(cls, record: NetemRecord) -> bool:
+        if isinstance(record, netem_queue.QueueRecord):
+            return netem_queue.observe(record)
+        return cls.observe_qdisc(record)
 
     @classmethod
-    def observe_details(cls, record: dict[str, Any]) -> dict[str, Any]:
-        r = cls.read_record(record)
-        details: dict[str, Any] = {"in_effect": cls.observe(record), "mode": r.mode}
-        if isinstance(r, netem_queue.QueueRecord):
-            details["helper"] = netem_queue.stats(r)
+    def observe_details(cls, record: NetemRecord) -> dict[str, Any]:
+        details: dict[str, Any] = {"in_effect": cls.observe(record), "mode": record.mode}
+        if isinstance(record, netem_queue.QueueRecord):
+            details["helper"] = netem_queue.stats(record)
         return details
 
     def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:
@@ -478,7 +477,7 @@ class Netem(_TcFault):
                    NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE)
 
 
-class Bandwidth(_TcFault):
+class Bandwidth(_TcFault[BandwidthSpec, QdiscRecord]):
     type: ClassVar[str] = "network.bandwidth"
     host_needs: ClassVar[frozenset[str]] = frozenset({"root"})
     summary: ClassVar[str] = "limit throughput with a token bucket (tbf)"
@@ -489,6 +488,20 @@ class Bandwidth(_TcFault):
         if os.geteuid() != 0:
             raise PreflightError("network.bandwidth needs root (CAP_NET_ADMIN)")
         super().preflight()
+
+    def prepare(self) -> QdiscRecord:
+        return self.prepare_qdisc()
+
+    def apply(self, record: QdiscRecord) -> QdiscRecord:
+        return self.apply_qdisc(record)
+
+    @classmethod
+    def revert(cls, record: QdiscRecord) -> None:
+        cls.revert_qdisc(record)
+
+    @classmethod
+    def observe(cls, record: QdiscRecord) -> bool:
+        return cls.observe_qdisc(record)
 
     def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:
         ipr.tc("replace", "tbf", ifindex, handle=handle, parent=parent, rate=parse_rate(self.spec.rate),

@@ -140,11 +140,12 @@ def stats_dir() -> Path:
         return out
 
 
-def prepare(t: NetnsTarget, direction: str, reason: str) -> dict[str, Any]:
+def prepare(t: NetnsTarget, direction: Literal["egress", "ingress"], reason: str) -> QueueRecord:
     token = f"{TOKEN_PREFIX}{uuid.uuid4().hex}"
-    return {"mode": "queue", "mode_reason": reason, "ns": t.ns_path, "ns_inode": t.ns_inode, "ifindex": t.ifindex,
-            "ifname": t.ifname, "direction": direction, "table": f"{TABLE_PREFIX}{token[-12:]}", "token": token,
-            "stats": str(stats_dir() / f"{token}.json")}
+    assert t.ifindex is not None and t.ifname is not None  # a qdisc fault's target always names its interface
+    return QueueRecord(mode="queue", mode_reason=reason, ns=t.ns_path, ns_inode=t.ns_inode, ifindex=t.ifindex,
+                       ifname=t.ifname, direction=direction, table=f"{TABLE_PREFIX}{token[-12:]}", token=token,
+                       stats=str(stats_dir() / f"{token}.json"))
 
 
 def spawn(exe: Path, token: str, ns_path: str, args: list[str]) -> tuple[ProcessRef, int]:
@@ -163,15 +164,14 @@ def spawn(exe: Path, token: str, ns_path: str, args: list[str]) -> tuple[Process
     return (ref if ref is not None else ProcessRef(proc.pid, 0)), int(line[1])
 
 
-def apply(spec: Any, record: dict[str, Any], dist_file: str | None, lifetime_s: float) -> dict[str, Any]:
+def apply(spec: Any, record: QueueRecord, dist_file: str | None, lifetime_s: float) -> QueueRecord:
     """Helper first (bound to its queue), then the rule: from then on the selected packets go through it."""
-    args = helper_args(spec, record["ifname"], dist_file, record["stats"], time.time() + lifetime_s)
-    ref, queue = spawn(build(), record["token"], record["ns"], args)
-    record = {**record, "helper": ref.to_json(), "queue": queue}
+    args = helper_args(spec, record.ifname, dist_file, record.stats, time.time() + lifetime_s)
+    ref, queue = spawn(build(), record.token, record.ns, args)
+    record = record.model_copy(update={"helper": ref, "queue": queue})
     f = spec.filter
-    matches = nft.selection(record["direction"], record["ifname"], f.destinations if f else None,
-                            f.ports if f else None)
-    nft.install(record["ns"], record["table"], record["direction"], matches, queue)
+    matches = nft.selection(record.direction, record.ifname, f.destinations if f else None, f.ports if f else None)
+    nft.install(record.ns, record.table, record.direction, matches, queue)
     return record
 
 
