@@ -112,7 +112,7 @@ class Replica:
                 return Reply("tool_call", tiny_tools.fragments(args), "tool_calls", tool,
                              f"chatcmpl-tool-{hashlib.sha256(prompt.encode()).hexdigest()[:24]}")
             if schema is not None:
-                text = json.dumps(tiny_tools.fill(schema, prompt))
+                text = tiny_tools.structured(body, schema, prompt)
                 return Reply("json", tiny_tools.fragments(text), "stop")
         return Reply("text", tokens(prompt, n), "length")
 

@@ -5,8 +5,9 @@ When a request calls a tool (`tools` given, `tool_choice` not "none", the last m
 - `tool_choice: {"type": "function", "function": {"name": N}}` calls N; `"required"` calls the first offered tool
   the last user message names (or the first offered tool);
 - `"auto"` (the default) calls the first offered tool whose name the last user message contains as a word.
-The arguments fill the tool's `parameters` schema: a `NAME=VALUE` word in the last user message sets property
-NAME (taken as the property's type), every other value is generated from the prompt's hash (see `fill`)."""
+The arguments fill the tool's `parameters` schema (a json_schema answer its schema): a `NAME=VALUE` word in the
+last user message sets top-level property NAME (taken as the property's type), every other value is generated
+from the prompt's hash (see `fill`)."""
 
 from __future__ import annotations
 
@@ -73,10 +74,14 @@ def tool_schema(body: dict[str, Any], name: str) -> dict[str, Any]:
 
 def arguments(body: dict[str, Any], name: str, prompt: str) -> str:
     """The JSON arguments of the call to `name`: NAME=VALUE words of the last user message, the rest generated."""
-    schema = tool_schema(body, name)
+    return structured(body, tool_schema(body, name), f"{prompt}\0{name}")
+
+
+def structured(body: dict[str, Any], schema: dict[str, Any], seed: str) -> str:
+    """JSON valid against `schema`: its top-level properties from NAME=VALUE words of the last user message, the
+    rest generated from `seed`."""
     given = dict(_ASSIGN.findall(last_user_text(body.get("messages") or [])))
-    value = fill(schema, f"{prompt}\0{name}", root=schema, given=given)
-    return json.dumps(value)
+    return json.dumps(fill(schema, seed, root=schema, given=given))
 
 
 def _hash(seed: str) -> int:
