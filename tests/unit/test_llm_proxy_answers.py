@@ -154,3 +154,19 @@ def test_the_plan_takes_the_new_faults_and_reads_whole_answers_only_for_rewrites
         ("tool_args", "error_event", "schema_break")
     only_error = FaultTable(wire[1:2], 0).plan(req)
     assert only_error is not None and only_error.on_events() and not only_error.rewrites()
+
+
+def test_a_whole_answer_is_read_to_its_end_in_each_framing():
+    from chaoskit.injectors.llm_proxy.server import Whole
+    from chaoskit.injectors.llm_proxy.sse import length_line
+
+    body = json.dumps({"choices": [{"message": {"content": ARGS}}]}).encode()
+    w = Whole(b"", "length", len(body))
+    assert [w.feed(body[:10]), w.feed(body[10:])] == [False, True] and w.body() == body
+    chunked = b"%x\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n" % (7, body[:7], len(body) - 7, body[7:])
+    w = Whole(b"", "chunked", 0)
+    assert [w.feed(chunked[i:i + 5]) for i in range(0, len(chunked), 5)][-1] and w.body() == body
+    w = Whole(b"", "close", 0)
+    assert not w.feed(body) and w.body() == body  # its end: the upstream's close
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert length_line(head, 42) == b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 42\r\n\r\n"
