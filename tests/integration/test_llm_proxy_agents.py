@@ -13,15 +13,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
+import pydantic
 import pytest
 
 from chaoskit.injectors.llm_proxy.fault import LlmProxy, stats_of
 from chaoskit.reference.tiny_openai import SERVED_NAME
 from chaoskit.targets.process import all_pids, cmdline
 from tests.conftest import free_port, wait_for
-
-openai = pytest.importorskip("openai")
-pydantic = pytest.importorskip("pydantic")
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "required": ["city", "days"],

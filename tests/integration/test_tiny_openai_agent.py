@@ -12,14 +12,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
+import pydantic
 import pytest
 
 from chaoskit.reference.tiny_openai import SERVED_NAME
 from chaoskit.reference.tiny_tools import tokens
 from tests.conftest import free_port, wait_for
-
-openai = pytest.importorskip("openai")
-pydantic = pytest.importorskip("pydantic")
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
            "parameters": {"type": "object", "required": ["city", "days"], "properties": {
