@@ -153,6 +153,9 @@ def up(
     disaggregated: str | None = typer.Option(None, "--disaggregated", metavar="P:D",
                                              help="tiny_lm split into P prefill and D decode servers (KV handed "
                                                   "over a TCP side channel), the gateway as the PD router; e.g. 1:1"),
+    mcp: bool = typer.Option(False, "--mcp", help="also start tiny-mcp, a small MCP tool server (streamable HTTP "
+                             "at /mcp; deterministic tools; logs/tiny-mcp.requests.jsonl) on the port after the "
+                             "others (the agents extra: pip install 'chaoskit[agents]')"),
     as_json: bool = typer.Option(False, "--json", help="print the facts as JSON"),
     dir: Path | None = DIR_OPT,
 ) -> None:
@@ -176,7 +179,7 @@ def up(
         opts = RefOptions(engine=engine, replicas=replicas, port=port, netns=netns, health=health,
                           latency_threshold_ms=threshold_ms, model_params=_params(model_param),
                           disaggregated=_split(disaggregated, engine), gateway=gateway,
-                          gateway_params=_params(gateway_param, "--gateway-param"), tap=tap)
+                          gateway_params=_params(gateway_param, "--gateway-param"), tap=tap, mcp=mcp)
         from chaoskit.app.orphans import replay_orphans
 
         say_orphans(replay_orphans())
@@ -197,6 +200,8 @@ def up(
         out.print(f"  {r['name']}: {r['url']} pid {r['pid']}" + (f" netns {r['netns']}" if r["netns"] else "")
                   + (f" model processes {', '.join(map(str, r['model_pids']))}" if r.get("model_pids") else ""),
                   highlight=False)
+    if facts.get("mcp"):
+        out.print(f"  tiny-mcp: {facts['mcp']['url']} pid {facts['mcp']['pid']}", highlight=False)
     out.print("facts for experiments ({target.*}): " + ", ".join(k for k in facts if k not in ("replicas", "settings")), highlight=False)
     out.print(hint, highlight=False, markup=False, soft_wrap=True)
 

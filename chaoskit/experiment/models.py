@@ -70,6 +70,9 @@ class Reference(StrictModel):
                       "cannot hide what was sent to it. It accepts connections for the replica: a replica that "
                       "refuses them (killed) is seen by the gateway as a connection closed before any answer, "
                       "not as connection refused; false keeps connection refused, without the count")
+    mcp: bool = Field(False, description="also tiny-mcp, a small MCP tool server (streamable HTTP, the official "
+                      "mcp SDK: the agents extra) whose tools answer deterministically and log each call; facts "
+                      "{target.mcp.url}, {target.mcp.request_log}")
     replicas: int = Field(2, ge=1, le=8, description="replicas behind the gateway")
     health: Literal["status", "latency"] = Field("status", description="gateway health checks: status (HTTP 200 "
                                                  "only) or latency (also eject replicas slower than the threshold)")

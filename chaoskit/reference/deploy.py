@@ -135,8 +135,10 @@ class Deployment:
         if not 1 <= opts.replicas <= 8:
             raise ChaoskitError("--replicas must be between 1 and 8")
         servers = sum(opts.disaggregated) if opts.disaggregated else opts.replicas
-        extra = 2 if opts.third_party else 0  # a gateway's second listener and the tap's counters
+        extra = (2 if opts.third_party else 0) + opts.mcp  # a gateway's second listener, the tap's counters; tiny-mcp
         ports = [opts.port] + [opts.port + 1 + k for k in range(3 * servers + extra)]
+        if opts.mcp:
+            openai_stack.check_mcp()
         busy = [p for p in ports if not port_free("127.0.0.1", p)]
         if busy:
             raise PreflightError(f"ports in use: {', '.join(map(str, busy))}; choose another --port "
@@ -154,6 +156,7 @@ class Deployment:
                 replicas = self._start_replicas(opts, say)
             gw = (openai_stack.start_gateway(self, opts, replicas, completion_probe(opts.engine), say)
                   if opts.third_party else self._start_gateway(opts, replicas, say))
+            mcp = openai_stack.start_mcp(self, ports[-1], say) if opts.mcp else None
         except BaseException:
             say("start failed; stopping what was started")
             self.down(say=lambda _: None)
@@ -173,6 +176,8 @@ class Deployment:
                         "tap_log": gw.get("tap_log"), "tap_metrics": gw.get("tap_metrics")},
             "gateway_pid": gw["pid"],
         }
+        if mcp is not None:
+            facts["mcp"] = mcp
         if opts.netns:
             facts["netns"] = r0["netns"]
         if opts.disaggregated:
@@ -395,6 +400,8 @@ class Deployment:
         facts = self.facts() or {}
         urls = {r["name"]: r["url"] for r in facts.get("replicas", [])}
         urls["gateway"] = facts.get("url", "")
+        if facts.get("mcp"):
+            urls["tiny-mcp"] = facts["mcp"]["url"]
         engine = facts.get("engine", "triton")
         third_party = facts.get("gateway", {}).get("kind", "chaoskit") != "chaoskit"
         procs = self.processes()
@@ -418,6 +425,9 @@ class Deployment:
         elif p["name"] == "gateway":
             answer = http_answer(url + "/gateway/status", timeout=2)
             ready, check = answer.ok, "GET /gateway/status: " + ("answered" if answer.ok else answer.describe())
+        elif p["name"] == "tiny-mcp":
+            answer = http_answer(url.removesuffix("/mcp") + "/health", timeout=2)
+            ready, check = answer.ok, "GET /health: " + ("answered" if answer.ok else answer.describe())
         else:
             ready, check = check_replica(url, engine)
         return {"name": p["name"], "pid": p["pid"], "alive": alive, "ready": ready, "check": check, "url": url,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from chaoskit.errors import ChaoskitError
+from chaoskit.errors import ChaoskitError, PreflightError
 from chaoskit.reference import gateways
 from chaoskit.reference.gateways.base import Upstream
 from chaoskit.reference.httpcheck import http_status
@@ -89,6 +89,25 @@ def start_tap(dep: Deployment, replicas: list[dict[str, Any]], metrics_port: int
     p = dep.spawn("tap", argv)
     dep.wait_ready("tap", lambda: all(listening(*hp) for hp in routes.values()), p["pid"])
     return routes
+
+
+def start_mcp(dep: Deployment, port: int, say: Callable[[str], None]) -> dict[str, Any]:
+    """tiny-mcp (chaoskit.reference.tiny_mcp) on 127.0.0.1:port, logging each tool call; its facts."""
+    log = dep.logs / "tiny-mcp.requests.jsonl"
+    argv = [sys.executable, "-m", "chaoskit.reference.tiny_mcp", "--port", str(port), "--log", str(log)]
+    p = dep.spawn("tiny-mcp", argv)
+    url = f"http://127.0.0.1:{port}"
+    dep.wait_ready("tiny-mcp", lambda: http_status(f"{url}/health", None, 5) == 200, p["pid"])
+    say(f"tiny-mcp ready at {url}/mcp (pid {p['pid']})")
+    return {"url": f"{url}/mcp", "pid": p["pid"], "port": port, "request_log": str(log)}
+
+
+def check_mcp() -> None:
+    """Before anything starts: tiny-mcp runs on the official MCP SDK (the `agents` extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("mcp") is None:
+        raise PreflightError("--mcp needs the official MCP SDK: pip install 'chaoskit[agents]' (the mcp package)")
 
 
 def tap_log(dep: Deployment) -> Path:

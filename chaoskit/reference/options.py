@@ -23,6 +23,7 @@ class RefOptions:
     gateway: str = "chaoskit"  # or a third-party one (chaoskit.reference.gateways)
     gateway_params: dict[str, str] = field(default_factory=dict)  # a third-party gateway's settings
     tap: bool = True  # a third-party gateway reaches each replica through a counting pass-through (reference.tap)
+    mcp: bool = False  # also a small MCP tool server (reference.tiny_mcp) on the port after the others
 
     @property
     def third_party(self) -> bool:
@@ -35,7 +36,8 @@ class RefOptions:
                 "model_params": dict(sorted(self.model_params.items())),
                 **({"disaggregated": list(self.disaggregated)} if self.disaggregated else {}),
                 **({"gateway": self.gateway, "gateway_params": dict(sorted(self.gateway_params.items())),
-                    "tap": self.tap} if self.third_party else {})}
+                    "tap": self.tap} if self.third_party else {}),
+                **({"mcp": True} if self.mcp else {})}
 
     def model_settings(self) -> dict[str, str]:
         """The tiny_lm parameters: model_params less the gateway's (GATEWAY_PARAMS)."""

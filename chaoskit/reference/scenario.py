@@ -42,7 +42,8 @@ def options(ref: Reference, port: int = 0) -> RefOptions:
     gateway_params = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in ref.gateway_params.items()}
     return RefOptions(engine=ref.engine, replicas=ref.replicas, port=ref.port or port, netns=ref.netns,
                       health=ref.health, latency_threshold_ms=ref.latency_threshold * 1e3, model_params=params,
-                      disaggregated=split, gateway=ref.gateway, gateway_params=gateway_params, tap=ref.tap)
+                      disaggregated=split, gateway=ref.gateway, gateway_params=gateway_params, tap=ref.tap,
+                      mcp=ref.mcp)
 
 
 def describe(ref: Reference) -> str:
@@ -55,7 +56,7 @@ def describe(ref: Reference) -> str:
         gateway = f", gateway {ref.gateway} ({', '.join(f'{k}={v}' for k, v in settings.items())})"
     return (f"{engine}{gateway}, health {ref.health}"
             + (f" ({ref.latency_threshold * 1e3:g} ms)" if ref.health == "latency" else "")
-            + (", netns" if ref.netns else "") + (f", {params}" if params else ""))
+            + (", netns" if ref.netns else "") + (", tiny-mcp" if ref.mcp else "") + (f", {params}" if params else ""))
 
 
 def _running_with(d: Path, settings: dict[str, Any]) -> dict[str, Any] | None:

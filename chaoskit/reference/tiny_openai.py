@@ -1,5 +1,8 @@
 """`engine: tiny-openai`: a light OpenAI-compatible replica (completions and chat, streamed or not) with
-deterministic greedy tokens at a set token rate, which logs every request it serves (the independent count)."""
+deterministic greedy tokens at a set token rate, which logs every request it serves (the independent count).
+Chat also takes `tools`/`tool_choice` (a tool call, its arguments streamed in fragments as vLLM streams them) and
+`response_format` json_schema/json_object (a JSON answer valid against the schema): chaoskit.reference.tiny_tools
+says when and what, from the prompt alone."""
 
 from __future__ import annotations
 
@@ -15,17 +18,11 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
+from chaoskit.reference import tiny_tools
+from chaoskit.reference.tiny_tools import tokens
+
 SERVED_NAME = "tiny-openai"
-WORDS = ("the", "a", "model", "token", "fast", "slow", "gpu", "cache", "node", "queue", "page", "block", "route",
-         "retry", "shard", "batch", "stream", "reply", "prompt", "layer", "head", "vector", "kernel", "graph",
-         "server", "client", "load", "time", "data", "fault", "chaos", "steady")
 DEFAULT_MAX_TOKENS = 16
-
-
-def tokens(prompt: str, n: int) -> list[str]:
-    """The greedy answer to `prompt`: the same `n` words on every replica and every call (temperature 0)."""
-    digest = hashlib.sha256(prompt.encode()).digest()
-    return [" " + WORDS[(digest[i % len(digest)] + i) % len(WORDS)] for i in range(n)]
 
 
 def prompt_key(prompt: str) -> str:
@@ -46,9 +43,22 @@ class BadRequest(Exception):
         self.status, self.kind = status, kind
 
 
+@dataclass(frozen=True)
+class Reply:
+    """What a request is answered: `pieces` sent one per token (words; a tool call's argument fragments; a JSON
+    answer's fragments), the tool called (if any) and the finish reason."""
+
+    kind: str  # text | tool_call | json
+    pieces: list[str]
+    finish: str
+    tool: str = ""
+    call_id: str = ""
+
+
 class Replica:
     """The HTTP handlers and the request log (a JSON line per request: when it came and ended, its path, the
-    client's request id, its prompt's key, whether streamed, tokens sent, status and outcome)."""
+    client's request id, its prompt's key, whether streamed, what it answered (text, tool_call and the tool, or
+    json), tokens sent, status and outcome)."""
 
     def __init__(self, settings: Settings, log: TextIO | None):
         self.s = settings
@@ -74,7 +84,7 @@ class Replica:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise BadRequest(400, "messages: a non-empty list is required", "BadRequestError")
-            prompt = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+            prompt = "\n".join(str(m.get("content") or "") for m in messages if isinstance(m, dict))
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
@@ -86,6 +96,25 @@ class Replica:
             raise BadRequest(400, f"This model's maximum context length is {self.s.max_context} tokens. However, "
                                   f"you requested {len(prompt) + n} tokens.", "BadRequestError")
         return prompt, n
+
+    @staticmethod
+    def reply(body: dict[str, Any], chat: bool, prompt: str, n: int) -> Reply:
+        """A tool call, a JSON answer or text (tiny_tools decides), or BadRequest for a tool_choice or
+        response_format it cannot follow."""
+        if chat:
+            try:
+                tool = tiny_tools.chosen_tool(body)
+                schema = None if tool else tiny_tools.response_schema(body)
+            except (ValueError, TypeError, AttributeError, KeyError) as e:
+                raise BadRequest(400, str(e), "BadRequestError") from None
+            if tool:
+                args = tiny_tools.arguments(body, tool, prompt)
+                return Reply("tool_call", tiny_tools.fragments(args), "tool_calls", tool,
+                             f"chatcmpl-tool-{hashlib.sha256(prompt.encode()).hexdigest()[:24]}")
+            if schema is not None:
+                text = tiny_tools.structured(body, schema, prompt)
+                return Reply("json", tiny_tools.fragments(text), "stop")
+        return Reply("text", tokens(prompt, n), "length")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self.answer(request, chat=False)
@@ -101,38 +130,62 @@ class Replica:
             if not isinstance(body, dict):
                 raise BadRequest(400, "the body must be a JSON object", "BadRequestError")
             prompt, n = self.parse(body, chat)
+            reply = self.reply(body, chat, prompt, n)
         except (ValueError, BadRequest) as e:
             status, kind = (e.status, e.kind) if isinstance(e, BadRequest) else (400, "BadRequestError")
             self.record(t0=t0, t1=time.time(), path=request.path, rid=rid, stream=False, tokens=0, status=status,
                         outcome="rejected")
             return self.error(status, str(e) if isinstance(e, BadRequest) else f"invalid JSON: {e}", kind)
-        words = tokens(prompt, n)
         stream = bool(body.get("stream"))
         key = prompt_key(prompt)
-        sent = [0]  # tokens sent so far (a client gone mid-answer leaves fewer than n)
+        sent = [0]  # tokens sent so far (a client gone mid-answer leaves fewer)
         try:
             if stream:
-                return await self.stream(request, words, chat, sent)
-            await asyncio.sleep(n / self.s.token_rate)
-            sent[0] = n
-            return web.json_response(self.whole(words, chat, len(prompt)))
+                return await self.stream(request, reply, chat, sent)
+            await asyncio.sleep(len(reply.pieces) / self.s.token_rate)
+            sent[0] = len(reply.pieces)
+            return web.json_response(self.whole(reply, chat, len(prompt)))
         finally:
             self.record(t0=t0, t1=time.time(), path=request.path, rid=rid, prompt=key, stream=stream,
-                        tokens=sent[0], status=200, outcome="complete" if sent[0] == n else "client_gone")
+                        answer=reply.kind, **({"tool": reply.tool} if reply.tool else {}), tokens=sent[0],
+                        status=200, outcome="complete" if sent[0] == len(reply.pieces) else "client_gone")
 
-    def whole(self, words: list[str], chat: bool, prompt_len: int) -> dict[str, Any]:
-        text = "".join(words)
-        usage = {"prompt_tokens": prompt_len, "completion_tokens": len(words),
-                 "total_tokens": prompt_len + len(words)}
-        choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text},
-                                   "finish_reason": "length"} if chat else
-                                  {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+    @staticmethod
+    def message(reply: Reply) -> dict[str, Any]:
+        """The whole answer's chat message: text, or a tool call with its JSON arguments."""
+        if reply.kind != "tool_call":
+            return {"role": "assistant", "content": "".join(reply.pieces)}
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": reply.call_id, "type": "function",
+             "function": {"name": reply.tool, "arguments": "".join(reply.pieces)}}]}
+
+    def whole(self, reply: Reply, chat: bool, prompt_len: int) -> dict[str, Any]:
+        n = len(reply.pieces)
+        usage = {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n}
+        choice: dict[str, Any] = ({"index": 0, "message": self.message(reply), "finish_reason": reply.finish}
+                                  if chat else {"index": 0, "text": "".join(reply.pieces), "logprobs": None,
+                                                "finish_reason": reply.finish})
         return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "object": "chat.completion" if chat else "text_completion", "model": SERVED_NAME,
                 "choices": [choice], "usage": usage}
 
-    async def stream(self, request: web.Request, words: list[str], chat: bool,
-                     sent: list[int]) -> web.StreamResponse:
+    @staticmethod
+    def deltas(reply: Reply, chat: bool) -> list[tuple[dict[str, Any], str | None]]:
+        """(delta or completion choice, finish_reason) per event. A tool call as vLLM streams it: its id, type and
+        name first (arguments ""), then an argument fragment per event, then an empty delta with "tool_calls"."""
+        last = len(reply.pieces) - 1
+        if not chat:
+            return [({"text": p, "logprobs": None}, reply.finish if i == last else None)
+                    for i, p in enumerate(reply.pieces)]
+        if reply.kind != "tool_call":
+            return [({"content": p, **({"role": "assistant"} if i == 0 else {})}, reply.finish if i == last else None)
+                    for i, p in enumerate(reply.pieces)]
+        head = {"role": "assistant", "tool_calls": [{"index": 0, "id": reply.call_id, "type": "function",
+                                                     "function": {"name": reply.tool, "arguments": ""}}]}
+        frags = [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in reply.pieces]
+        return [(head, None), *((f, None) for f in frags), ({}, reply.finish)]
+
+    async def stream(self, request: web.Request, reply: Reply, chat: bool, sent: list[int]) -> web.StreamResponse:
         """Server-sent events as vLLM sends them: a chunk per token, the last with finish_reason, then [DONE]."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -140,16 +193,16 @@ class Replica:
         kind = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time())
         start = time.monotonic()
-        for i, word in enumerate(words):
-            await asyncio.sleep(max(0.0, start + (i + 1) / self.s.token_rate - time.monotonic()))
-            last = i == len(words) - 1
-            choice: dict[str, Any] = ({"index": 0, "delta": {"content": word, **({"role": "assistant"} if i == 0
-                                                                                 else {})}}
-                                      if chat else {"index": 0, "text": word, "logprobs": None})
-            choice["finish_reason"] = "length" if last else None
+        tool = reply.kind == "tool_call"
+        for i, (delta, finish) in enumerate(self.deltas(reply, chat)):
+            piece = not tool or 0 < i <= len(reply.pieces)  # a tool call's head and end carry no token
+            if piece:
+                await asyncio.sleep(max(0.0, start + (sent[0] + 1) / self.s.token_rate - time.monotonic()))
+            choice: dict[str, Any] = {"index": 0, "delta": delta} if chat else {"index": 0, **delta}
+            choice["finish_reason"] = finish
             chunk = {"id": cid, "object": kind, "created": created, "model": SERVED_NAME, "choices": [choice]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            sent[0] = i + 1
+            sent[0] += piece
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

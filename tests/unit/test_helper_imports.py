@@ -59,6 +59,7 @@ def test_a_proxy_server_runs_on_the_standard_library_and_what_it_shares(server):
                                                         "chaoskit.injectors.proxy.splice"],
                     "chaoskit.injectors.kv_notify.server": l4,
                     "chaoskit.injectors.llm_proxy.server": sorted([*l4, "chaoskit.injectors.llm_proxy",
+                                                                  "chaoskit.injectors.llm_proxy.answers",
                                                                   "chaoskit.injectors.llm_proxy.faults",
                                                                   "chaoskit.injectors.llm_proxy.sse", "chaoskit.load",
                                                                   "chaoskit.load.timer"])}[server]

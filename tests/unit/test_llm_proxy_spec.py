@@ -59,6 +59,16 @@ def spec(faults: list[dict] | None = None, **kw) -> LlmProxySpec:
     ([{"type": "rate_limit", "requests_per_s": 5, "key": "ip"}], {}, "should match pattern"),
     ([{"type": "rate_limit", "requests_per_s": 5, "key": "header:"}], {}, "should match pattern"),
     ([{"type": "rate_limit", "requests_per_s": 5, "burst": 0.5}], {}, "greater than or equal to 1"),
+    ([{"type": "tool_args"}], {}, "mode\n  Field required"),
+    ([{"type": "tool_args", "mode": "garble"}], {}, "'cut', 'invalid_json', 'bad_escape', 'wrong_tool_name', "
+                                                    "'duplicate_call' or 'finish_stop'"),
+    ([{"type": "tool_args", "mode": "cut", "after_tokens": 2}], {}, "Extra inputs are not permitted"),
+    ([{"type": "error_event", "after_tokens": -1}], {}, "greater than or equal to 0"),
+    ([{"type": "error_event", "code": 200}], {}, "greater than or equal to 400"),
+    ([{"type": "error_event", "message": ""}], {}, "at least 1 character"),
+    ([{"type": "error_event", "done": "perhaps"}], {}, "valid boolean"),
+    ([{"type": "schema_break", "mode": "shuffle"}], {}, "'drop_required' or 'wrong_type'"),
+    ([{"type": "schema_break", "share": "120%"}], {}, "share is a fraction 0..1"),
     ([{"type": "abort", "name": "x"}, {"type": "truncate", "after_tokens": 1, "name": "x"}], {},
      "faults\\[1\\]: name 'x' is used twice"),
     ([{"type": "abort", "name": "has space"}], {}, "should match pattern"),
@@ -115,12 +125,19 @@ method:
     with pytest.raises(ChaoskitError) as e:
         load_experiment(f)
     assert "e.yaml:12" in str(e.value) and "exactly one of requests_per_s or tokens_per_s" in str(e.value)
+    f.write_text(f.read_text().replace("{type: rate_limit, requests_per_s: 5, tokens_per_s: 5}",
+                                       "{type: error_event, after_tokens: 2}\n        - {type: tool_args, mode: chop}"))
+    with pytest.raises(ChaoskitError) as e:
+        load_experiment(f)
+    assert str(e.value).endswith("e.yaml:13:29: method[0].inject.faults[1].mode: Input should be 'cut', "
+                                 "'invalid_json', 'bad_escape', 'wrong_tool_name', 'duplicate_call' or 'finish_stop'")
 
 
 def test_every_field_of_the_published_schema_has_a_description():
     defs = experiment_schema()["$defs"]
     for name in ("LlmProxySpec", "Match", "AbortFault", "DelayFault", "TokenDelayFault", "StallFault",
-                 "TruncateFault", "MalformedFault", "RateLimitFault", "CorruptTokensFault"):
+                 "TruncateFault", "MalformedFault", "RateLimitFault", "CorruptTokensFault", "ToolArgsFault",
+                 "ErrorEventFault", "SchemaBreakFault"):
         missing = [k for k, v in defs[name]["properties"].items() if k != "type" and not v.get("description")]
         assert not missing, f"{name}: fields without a description: {missing}"
 

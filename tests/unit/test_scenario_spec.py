@@ -56,6 +56,20 @@ def test_when_lays_the_fix_over_the_deployment(tmp_path, fix, health, params):
     assert opts.latency_threshold_ms == (300.0 if fix == "true" else 500.0)
 
 
+def test_mcp_asks_for_tiny_mcp_and_its_facts_are_substituted(tmp_path):
+    from chaoskit.reference.scenario import describe
+
+    body = OWN.replace("engine: triton", "engine: tiny-openai\n    mcp: true").replace(
+        'url: "{target.url}/"', 'url: "{target.mcp.url}"')
+    facts = {"url": "http://127.0.0.1:18000", "replica_pid": 4242, "mcp": {"url": "http://127.0.0.1:18007/mcp"}}
+    exp = load_experiment(write(tmp_path, body), deployed=facts).experiment
+    ref = exp.target.reference
+    assert isinstance(ref, Reference) and ref.mcp
+    assert options(ref).mcp and options(ref).settings()["mcp"] is True and "mcp" not in options(Reference()).settings()
+    assert describe(ref) == "tiny-openai x2, health status, tiny-mcp, isolate_kv_cache=false"
+    assert exp.steady_state.probes[0].url == "http://127.0.0.1:18007/mcp"
+
+
 def test_own_deployment_defers_its_facts_and_the_dry_run_plans_them_later(tmp_path):
     loaded = load_experiment(write(tmp_path, OWN), strict=True)  # strict, yet no deployment needed yet
     assert deferred_paths(loaded.deferred) == {"method[0]"}

@@ -177,8 +177,43 @@ class RateLimitFault(_Fault):
         return self
 
 
+class ToolArgsFault(_Fault):
+    type: Literal["tool_args"]
+    mode: Literal["cut", "invalid_json", "bad_escape", "wrong_tool_name", "duplicate_call", "finish_stop"] = Field(
+        description="how a chat answer's tool call breaks (streamed or whole; answers without one pass unchanged): "
+                    "cut: its arguments lose the second half of their last fragment (at least the closing brace); "
+                    "invalid_json: their double quotes become single quotes; bad_escape: \\x41 (no JSON escape) "
+                    "after their first double quote; wrong_tool_name: '_unknown' appended to the function's name; "
+                    "duplicate_call: the call comes twice (the copy's id ends in '-2'); finish_stop: finish_reason "
+                    "'stop' instead of 'tool_calls'")
+
+
+class ErrorEventFault(_Fault):
+    type: Literal["error_event"]
+    after_tokens: int = Field(0, ge=0, description="the error event replaces the rest of the stream after this "
+                              "many token events (text or tool-call argument fragments); a stream with no more "
+                              "gets it in place of its [DONE]. Streams only: a JSON answer passes unchanged")
+    done: bool = Field(True, description="send data: [DONE] after the error event (as vLLM does), or end the "
+                       "stream right after it")
+    message: str = Field("llm.proxy: injected error", min_length=1, description="the error's message")
+    error_type: str = Field("InternalServerError", min_length=1, description="the error's type")
+    code: int = Field(500, ge=400, le=599, description="the error's code (the HTTP status stays 200)")
+
+
+class SchemaBreakFault(_Fault):
+    type: Literal["schema_break"]
+    mode: Literal["drop_required", "wrong_type"] = Field(
+        "drop_required", description="how a structured answer (a request with response_format json_schema) "
+                                     "breaks its schema while still parsing: drop_required: its first required "
+                                     "property is removed; wrong_type: that property (else its first) gets a value "
+                                     "of another type (a string becomes its length, anything else the string "
+                                     "'wrong type'). A streamed answer's content is held back and sent as one delta "
+                                     "before its final event")
+
+
 LlmFault = Annotated[AbortFault | DelayFault | TokenDelayFault | StallFault | TruncateFault | MalformedFault
-                     | RateLimitFault | CorruptTokensFault, Field(discriminator="type")]
+                     | RateLimitFault | CorruptTokensFault | ToolArgsFault | ErrorEventFault | SchemaBreakFault,
+                     Field(discriminator="type")]
 
 
 class LlmProxySpec(StrictModel):
@@ -261,6 +296,10 @@ def _describe(f: Any) -> str:
         "malformed": lambda: f"{f.corrupt} after {f.after_tokens} tokens",
         "rate_limit": lambda: f"429 beyond {f.requests_per_s or f.tokens_per_s:g} "
                               f"{'requests' if f.requests_per_s else 'tokens'}/s per {f.key}",
+        "tool_args": lambda: f"break tool calls ({f.mode})",
+        "error_event": lambda: f"an error event ({f.code}) after {f.after_tokens} tokens"
+                               + (", then [DONE]" if f.done else ", no [DONE]"),
+        "schema_break": lambda: f"break structured answers' schema ({f.mode})",
     }[f.type]()
     return f"{what} on {share}"
 
@@ -271,7 +310,8 @@ class LlmProxy(ProxyHelper[ProxyRecord]):
     what: ClassVar[str] = "LLM proxy"
     token_prefix: ClassVar[str] = "chaoskit-llm-proxy-"
     summary: ClassVar[str] = ("LLM-aware HTTP proxy: abort (503/429 + Retry-After), delay, token_delay, stall, "
-                              "truncate (cut or clean), malformed SSE, corrupt_tokens, rate_limit")
+                              "truncate (cut or clean), malformed SSE, corrupt_tokens, rate_limit, tool_args, "
+                              "error_event, schema_break")
     Spec = LlmProxySpec
     spec: LlmProxySpec
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from fnmatch import translate
 from typing import Any
 
-LOCAL, RESPONSE = ("abort", "rate_limit"), ("token_delay", "stall", "truncate", "malformed", "corrupt_tokens")
+LOCAL = ("abort", "rate_limit")
+RESPONSE = ("token_delay", "stall", "truncate", "malformed", "corrupt_tokens", "tool_args", "error_event",
+            "schema_break")
 MAX_KEYS = 10_000  # rate_limit buckets kept per fault (a per-request key would otherwise grow without end)
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"]*)"')
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
@@ -153,10 +155,17 @@ class Plan:
     malformed: Fault | None = None  # in-stream corruption (error_object of a non-streaming request is `local`)
     corrupt_tokens: Fault | None = None  # token text replaced (SSE streams only; a JSON answer passes unchanged)
     tokens: Bucket | None = None  # rate_limit tokens_per_s: the bucket each forwarded token is taken from
+    tool_args: Fault | None = None  # tool calls broken (chaoskit.injectors.llm_proxy.answers; streamed or whole)
+    error_event: Fault | None = None  # an error event inside a 200 stream (SSE streams only)
+    schema_break: Fault | None = None  # a json_schema answer that breaks its schema (streamed or whole)
 
     def on_events(self) -> bool:
         return bool(self.token_delay or self.stall or self.truncate or self.malformed or self.corrupt_tokens
-                    or self.tokens)
+                    or self.tokens or self.tool_args or self.error_event or self.schema_break)
+
+    def rewrites(self) -> bool:
+        """Whether a whole (non-streamed) JSON answer is read in full and rewritten."""
+        return bool(self.tool_args or self.schema_break)
 
 
 def error_body(path: str, message: str, code: int) -> bytes:

@@ -26,8 +26,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from chaoskit.injectors.llm_proxy.answers import Rewrite
 from chaoskit.injectors.llm_proxy.faults import FaultTable, Local, Plan, Request
-from chaoskit.injectors.llm_proxy.sse import Chunked, ChunkedEnd, EventStream
+from chaoskit.injectors.llm_proxy.sse import Chunked, ChunkedEnd, EventStream, length_line
 from chaoskit.injectors.proxy.server import ORIGINAL, original_dst, serve_helper, serve_until, split_addr
 from chaoskit.load.timer import Alarm
 
@@ -41,6 +42,7 @@ _TE_CHUNKED = re.compile(rb"\r\ntransfer-encoding[ \t]*:[^\r\n]*chunked")
 _CLOSE = re.compile(rb"\r\nconnection[ \t]*:[^\r\n]*close")
 _EXPECT = re.compile(rb"\r\nexpect[ \t]*:[^\r\n]*100-continue", re.IGNORECASE)
 _SSE = re.compile(rb"\r\ncontent-type[ \t]*:[ \t]*text/event-stream")
+_JSON = re.compile(rb"\r\ncontent-type[ \t]*:[ \t]*application/json")
 REASONS = {200: "OK", 400: "Bad Request", 413: "Payload Too Large", 429: "Too Many Requests",
            431: "Request Header Fields Too Large", 500: "Internal Server Error", 502: "Bad Gateway",
            503: "Service Unavailable", 504: "Gateway Timeout"}
@@ -264,7 +266,7 @@ class Exchange:
     """One request and its response."""
 
     __slots__ = ("down", "req", "raw", "keep", "plan", "up", "hbuf", "head_done", "framing", "left", "chunks",
-                 "events", "up_close", "sent_any", "retried", "trace")
+                 "events", "up_close", "sent_any", "retried", "trace", "whole")
 
     def __init__(self, down: Downstream, req: Request, raw: bytes, keep: bool, plan: Plan | None):
         self.down, self.req, self.raw, self.keep, self.plan = down, req, raw, keep, plan
@@ -276,6 +278,7 @@ class Exchange:
         self.chunks: ChunkedEnd | None = None  # a chunked body relayed as it is: where it ends
         self.events: EventStream | None = None
         self.trace: RequestTrace | None = None  # a traced request's (llm_proxy_trace): its fault spans at the end
+        self.whole: Whole | None = None  # a JSON answer read in full to be rewritten (tool_args, schema_break)
 
     def traced_end(self, client_gone: bool) -> None:
         trace, self.trace = self.trace, None
@@ -341,6 +344,9 @@ class Exchange:
             self._head(data)
         elif self.events is not None:
             self.events.feed(data)
+        elif self.whole is not None:
+            if self.whole.feed(data):
+                self._rewritten()
         else:
             self._relay(data)
 
@@ -396,6 +402,11 @@ class Exchange:
                 if rest:
                     self.events.feed(rest)
                 return
+            if plan.rewrites() and status == 200 and _JSON.search(lower) and self.framing != "none":
+                self.whole = Whole(head, self.framing, self.left)
+                if self.whole.feed(rest):
+                    self._rewritten()
+                return
         self.sent_any = True
         if self.framing == "chunked":
             self.chunks = ChunkedEnd()
@@ -405,6 +416,16 @@ class Exchange:
                 self.finish()
             return
         self._relay(rest, head)
+
+    def _rewritten(self) -> None:
+        """The whole JSON answer is in: on to the client with tool_args / schema_break's effects."""
+        w, plan = self.whole, self.plan
+        assert w is not None and plan is not None
+        self.whole = None
+        body = Rewrite(plan.tool_args, plan.schema_break, self.req.body).whole(w.body())
+        self.down.t.write(length_line(w.head, len(body)) + body)
+        self.sent_any = True
+        self.finish()
 
     def finish(self, close: bool = False) -> None:
         if self.down.ex is not self:
@@ -416,6 +437,8 @@ class Exchange:
     def upstream_lost(self) -> None:
         if self.events is not None:
             self.events.upstream_lost()
+        elif self.whole is not None and self.framing == "close":  # its end: the upstream's close
+            self._rewritten()
         elif self.head_done and self.framing == "close":
             self.finish(close=True)
         elif not self.head_done and not self.hbuf and not self.retried and self.up is not None and self.up.uses > 1:
@@ -429,6 +452,30 @@ class Exchange:
             self.down.done(close=True, drop_upstream=True)
         else:  # mid-body: the client sees the same cut the upstream made
             self.down.done(close=True, drop_upstream=True)
+
+
+class Whole:
+    """A JSON answer's body read in full (length-framed, chunked, or up to the upstream's close)."""
+
+    __slots__ = ("head", "framing", "left", "parts", "chunks")
+
+    def __init__(self, head: bytes, framing: str, left: int):
+        self.head, self.framing, self.left = head, framing, left
+        self.parts: list[bytes] = []
+        self.chunks = Chunked() if framing == "chunked" else None
+
+    def feed(self, data: bytes) -> bool:
+        """Whether the body is complete."""
+        if self.chunks is not None:
+            parts, at = self.chunks.feed(data, collect=True)
+            self.parts += parts
+            return at >= 0
+        self.parts.append(data)
+        self.left -= len(data)
+        return self.framing == "length" and self.left <= 0
+
+    def body(self) -> bytes:
+        return b"".join(self.parts)
 
 
 def _why(e: OSError) -> str:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httptools
 
+from chaoskit.injectors.llm_proxy.answers import Rewrite
+
 if TYPE_CHECKING:
     from chaoskit.injectors.llm_proxy.faults import Plan, Request
 
@@ -32,6 +34,8 @@ class Exchange(Protocol):
     def finish(self, close: bool = False) -> None: ...
 
 TOKEN = re.compile(rb'"(?:text|content|text_output)"\s*:\s*"[^"]')  # a non-empty token text, as chaoskit load counts
+ARGUMENTS = re.compile(rb'"arguments"\s*:\s*"[^"]')  # a tool call's non-empty argument fragment
+DONE = re.compile(rb"^data:[ ]?\[DONE\]", re.MULTILINE)
 _LENGTH_LINE = re.compile(rb"\r\n(?:content-length|transfer-encoding)[ \t]*:[^\r\n]*", re.IGNORECASE)
 END, CUT = object(), object()  # event-queue markers: finish the response / close the connection
 
@@ -133,6 +137,9 @@ class EventStream:
         self.frozen = False  # stall until the client gives up: nothing more leaves
         self.scheduled = False
         self.corrupted = False  # corrupt_tokens replaced a token's text in this stream
+        self.pieces = 0  # error_event: token events and argument fragments so far
+        self.rewrite = (Rewrite(plan.tool_args, plan.schema_break, ex.req.body)
+                        if plan.tool_args is not None or plan.schema_break is not None else None)
         self.out: list[bytes] = []
 
     def start(self, head: bytes) -> None:
@@ -171,12 +178,25 @@ class EventStream:
         self._send()
 
     def event(self, ev: bytes) -> None:
+        if self.rewrite is None or self.stopped:
+            self._event(ev)
+            return
+        for out in self.rewrite.event(ev):  # tool_args, schema_break: events changed, held back or added
+            self._event(out)
+
+    def _event(self, ev: bytes) -> None:
         if self.stopped:
             return
         if self.frozen:  # stalled until the client gives up: nothing more happens to this stream
             self.q.append((math.inf, ev))
             return
         p, now = self.plan, time.monotonic()
+        if p.error_event is not None:
+            piece = TOKEN.search(ev) is not None or ARGUMENTS.search(ev) is not None
+            if DONE.search(ev) is not None or (piece and self.pieces >= p.error_event.params["after_tokens"]):
+                self._error(now, p.error_event)
+                return
+            self.pieces += piece
         if p.truncate is not None and self.tokens >= p.truncate.params["after_tokens"]:
             p.truncate.applied += 1
             self._stop(now, END if p.truncate.params.get("clean") else CUT)
@@ -223,12 +243,26 @@ class EventStream:
         else:
             self.shift += f.params["duration"]
 
+    def _error(self, now: float, f: Any) -> None:
+        """error_event: the error chunk (then [DONE] where asked, on OpenAI paths) in place of the rest."""
+        f.applied += 1
+        self._push(now + self.shift, b"data: " + error_event(self.ex.req.path, f.params) + b"\n\n")
+        if f.params.get("done", True) and not self.ex.req.path.startswith("/v2/"):
+            self._push(now + self.shift, b"data: [DONE]\n\n")
+        self._stop(now, END)
+
     def _stop(self, now: float, marker: object) -> None:
         self.stopped = True
         self._push(now + self.shift, marker)
 
     def end(self) -> None:
+        if self.rewrite is not None and not self.stopped and not self.frozen:
+            for out in self.rewrite.flush():
+                self._event(out)
         if self.stopped or self.frozen:
+            return
+        if self.plan.error_event is not None:  # a stream with no [DONE] (Triton's): the error ends it
+            self._error(time.monotonic(), self.plan.error_event)
             return
         self.ended = True
         t = self.plan.truncate
@@ -293,9 +327,20 @@ class EventStream:
             self.out.clear()
 
 
-def error_event() -> bytes:
-    return json.dumps({"error": {"message": "llm.proxy: injected error", "type": "chaoskit_fault",
-                                 "code": 500}}).encode()
+def length_line(head: bytes, n: int) -> bytes:
+    """A response head with its framing replaced by Content-Length: n."""
+    return _LENGTH_LINE.sub(b"", head)[:-2] + b"Content-Length: %d\r\n\r\n" % n
+
+
+def error_event(path: str = "", params: dict[str, Any] | None = None) -> bytes:
+    """An error chunk's JSON: malformed error_object's, or error_event's as vLLM words one (Triton's: a string)."""
+    if params is None:
+        return json.dumps({"error": {"message": "llm.proxy: injected error", "type": "chaoskit_fault",
+                                     "code": 500}}).encode()
+    if path.startswith("/v2/"):
+        return json.dumps({"error": params["message"]}).encode()
+    return json.dumps({"error": {"message": params["message"], "type": params["error_type"], "param": None,
+                                 "code": params["code"]}}).encode()
 
 
 def replace_text(ev: bytes, text: str) -> bytes | None:
