@@ -70,7 +70,7 @@ def stack(tmp_path_factory) -> Iterator[tuple[int, int, Path]]:
         if rec is not None:
             LlmProxy.revert(rec)
             assert not LlmProxy.observe(rec)
-            assert not [p for p in all_pids() if rec["token"] in cmdline(p)]
+            assert not [p for p in all_pids() if rec.token in cmdline(p)]
         replica.send_signal(signal.SIGTERM)
         assert replica.wait(10) is not None
 
