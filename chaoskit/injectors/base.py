@@ -114,11 +114,8 @@ class Injector(ABC, Generic[SpecT, RecordT]):
     # "netem", "nftables", "cgroup-io", "cuda", "nvml", "kmsg", "kube", "native-sender", ...); a failed check
     # lists the faults that declare it as what it blocks
     host_needs: ClassVar[frozenset[str]] = frozenset()
-    # the model of its revert record (a RevertRecord), checked by read_record; None: a plain dict, unchecked
+    # the model of its revert record (a RevertRecord), checked by read_record: its verbs take and return it
     Record: ClassVar[type[RevertRecord] | None] = None
-    # True when its verbs take and return its Record (the contract); False for a family still on plain dicts,
-    # whose verbs read the dict themselves (from_ledger / to_ledger pass it through)
-    typed: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -196,7 +193,8 @@ class Injector(ABC, Generic[SpecT, RecordT]):
     def prepare(self) -> RecordT:
         """The revert record known before apply; written to the ledger (fsync) before `apply` runs.
         It must be enough to undo a partially applied fault."""
-        return {}  # type: ignore[return-value]  # a family on plain dicts (typed False); a typed one overrides
+        raise NotImplementedError(f"{type(self).__name__}: a fault family prepares its Record (an internal, "
+                                  "ledger-only type is never prepared)")
 
     @abstractmethod
     def apply(self, record: RecordT) -> RecordT:
@@ -205,18 +203,19 @@ class Injector(ABC, Generic[SpecT, RecordT]):
     @classmethod
     def from_ledger(cls, data: dict[str, Any]) -> RecordT:
         """The record the ledger (or a helper pod's request) holds as JSON, as the verbs take it: read_record."""
-        return cls.read_record(data) if cls.typed else data  # type: ignore[return-value]
+        return cls.read_record(data)  # type: ignore[no-any-return]
 
     @classmethod
     def to_ledger(cls, record: RecordT) -> dict[str, Any]:
         """The record as the ledger (or a helper pod's answer) keeps it: plain JSON."""
-        return record.to_json() if cls.typed else record  # type: ignore[return-value]
+        return record.to_json()
 
     @classmethod
     def read_record(cls, record: dict[str, Any]) -> Any:
-        """The record the ledger gave back as the family's Record (RecordError naming each wrong field); the
-        dict itself for a family that declares no Record."""
-        return record if cls.Record is None else cls.read_record_as(cls.Record, record)
+        """The record the ledger gave back as the family's Record (RecordError naming each wrong field)."""
+        if cls.Record is None:
+            raise TypeError(f"{cls.__name__} declares no Record")
+        return cls.read_record_as(cls.Record, record)
 
     @classmethod
     def read_record_as(cls, model: type[BaseModel], record: dict[str, Any]) -> Any:
@@ -260,20 +259,9 @@ class Injector(ABC, Generic[SpecT, RecordT]):
 
     def watched_processes(self, record: RecordT) -> list[ProcessRef]:
         """The processes this fault acted on, alive when it did (from the record `apply` returned), whose exit
-        while it is in effect the run reports: by default those of its resolved local target, for a cgroup
-        fault the processes it moved (the record's `procs`); none for a whole cgroup, a network namespace or a
-        GPU."""
-        if self.typed:
-            return self.target_processes()
-        from chaoskit.targets.local import CgroupTarget, ProcessTarget
-        from chaoskit.targets.process import ProcessRef
-
-        t = self.ctx.target
-        if isinstance(t, ProcessTarget):
-            return list(t.processes)
-        if isinstance(t, CgroupTarget):
-            return [ProcessRef.from_json(p) for p in record.get("procs", t.procs)]  # type: ignore[attr-defined]
-        return []
+        while it is in effect the run reports: by default those of its resolved local target (a cgroup fault
+        says the processes it moved); none for a whole cgroup, a network namespace or a GPU."""
+        return self.target_processes()
 
     def target_processes(self) -> list[ProcessRef]:
         """The processes of its resolved local target: a process target's, a cgroup target's members."""

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import Field, model_validator
 
@@ -171,7 +171,6 @@ class HelperFault(Injector[SpecT, HelperRecordT]):
     """A fault that is a helper process found by the token in its record: revert stops it, observe sees it."""
 
     Record = HelperRecord
-    typed: ClassVar[bool] = True
 
     @classmethod
     def revert(cls, record: HelperRecordT) -> None:

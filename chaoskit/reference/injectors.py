@@ -29,7 +29,6 @@ class ReferenceDeployment(Injector[ReferenceDeploymentSpec, DeploymentRecord]):
     Spec = ReferenceDeploymentSpec
     spec: ReferenceDeploymentSpec
     Record = DeploymentRecord
-    typed: ClassVar[bool] = True
 
     def plan(self) -> list[str]:
         return [f"start the reference deployment in {self.spec.dir}"]
@@ -78,7 +77,6 @@ class ReferenceGateway(Injector[ReferenceGatewaySpec, GatewayRecord]):
     Spec = ReferenceGatewaySpec
     spec: ReferenceGatewaySpec
     Record = GatewayRecord
-    typed: ClassVar[bool] = True
 
     def plan(self) -> list[str]:
         return [f"switch the health settings of the gateway at {self.spec.url}"]

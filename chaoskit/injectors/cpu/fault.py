@@ -111,7 +111,6 @@ class CpuThrottle(Injector[CpuThrottleSpec, CpuThrottleRecord]):
     type: ClassVar[str] = "process.cpu_throttle"
     host_needs: ClassVar[frozenset[str]] = frozenset({"root"})
     Record = CpuThrottleRecord
-    typed: ClassVar[bool] = True
     summary: ClassVar[str] = ("cap the CPU time of processes or of a cgroup (cpu.max / cpu.cfs_quota_us; revert: moved "
                               "back, or the cgroup's previous limit restored)")
     Spec = CpuThrottleSpec

@@ -43,7 +43,6 @@ class DiskFill(Injector[DiskFillSpec, FillRecord]):
     Spec = DiskFillSpec
     spec: DiskFillSpec
     Record = FillRecord
-    typed: ClassVar[bool] = True
 
     def _needed(self) -> int:
         used, total = usage(Path(self.spec.path))

@@ -87,7 +87,6 @@ class DiskThrottle(Injector[DiskThrottleSpec, DiskThrottleRecord]):
     type: ClassVar[str] = "disk.throttle"
     host_needs: ClassVar[frozenset[str]] = frozenset({"root", "cgroup-io"})
     Record = DiskThrottleRecord
-    typed: ClassVar[bool] = True
     summary: ClassVar[str] = "throttle read/write bytes and IOPS on the disk behind a path (cgroup io.max / blkio)"
     Spec = DiskThrottleSpec
     spec: DiskThrottleSpec

@@ -220,7 +220,6 @@ class Exec(Injector[ExecSpec, ExecRecord]):
     summary: ClassVar[str] = "your own commands (argv, no shell): apply, revert (ledgered before apply), observe"
     Spec = ExecSpec
     Record = ExecRecord
-    typed: ClassVar[bool] = True
     spec: ExecSpec
 
     def _cwd(self) -> Path:

@@ -139,7 +139,6 @@ class NftRecord(RevertRecord):
 class _Firewall(Injector[DropSpec | PartitionSpec, NftRecord]):
     independent_revert: ClassVar[bool] = True
     Record = NftRecord
-    typed: ClassVar[bool] = True
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "target.kubernetes"
     node_helper: ClassVar[NodeHelper] = NETNS_HELPER

@@ -183,7 +183,6 @@ class CudaFault(Injector[CudaFaultSpec, CudaFaultRecord]):
     Spec = CudaFaultSpec
     spec: CudaFaultSpec
     Record = CudaFaultRecord
-    typed: ClassVar[bool] = True
     independent_revert: ClassVar[bool] = True  # its own control files
     executors: ClassVar[frozenset[str]] = NODE_EXECUTORS
     target_field: ClassVar[str | None] = "kubernetes"

@@ -74,7 +74,6 @@ class MigReconfigure(Injector[MigSpec, MigRecord]):
     Spec = MigSpec
     spec: MigSpec
     Record = MigRecord
-    typed: ClassVar[bool] = True
 
     @classmethod
     def backend(cls) -> MigBackend:

@@ -223,7 +223,6 @@ class XidEvent(Injector[XidSpec, XidRecord]):
     # the node's kernel log: written through the host's /dev/kmsg, read back (CAP_SYSLOG) to confirm each line
     node_helper: ClassVar[NodeHelper] = NodeHelper(capabilities=("SYSLOG",), host_paths=("/dev/kmsg",))
     Record = XidRecord
-    typed: ClassVar[bool] = True
     summary: ClassVar[str] = "write NVIDIA driver XID lines for a GPU to the kernel log (an event: nothing to revert)"
     Spec = XidSpec
     spec: XidSpec

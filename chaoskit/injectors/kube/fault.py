@@ -83,7 +83,6 @@ class _PodDeletion(Injector[Any, PodDeletionRecord]):
     """Delete the chosen pods (UID precondition: a pod recreated under the same name is never deleted)."""
 
     Record = PodDeletionRecord
-    typed: ClassVar[bool] = True
 
     def __init__(self, spec: Any, ctx: FaultContext | None = None):
         super().__init__(spec, ctx)
@@ -230,7 +229,6 @@ class DeploymentScale(Injector[DeploymentScaleSpec, ScaleRecord]):
     Spec = DeploymentScaleSpec
     spec: DeploymentScaleSpec
     Record = ScaleRecord
-    typed: ClassVar[bool] = True
 
     def __init__(self, spec: Any, ctx: FaultContext | None = None):
         super().__init__(spec, ctx)

@@ -114,7 +114,6 @@ class MemoryLimit(Injector[MemoryLimitSpec, MemoryLimitRecord]):
     type: ClassVar[str] = "process.memory_limit"
     host_needs: ClassVar[frozenset[str]] = frozenset({"root"})
     Record = MemoryLimitRecord
-    typed: ClassVar[bool] = True
     summary: ClassVar[str] = ("limit the memory of processes in a cgroup, or of an existing cgroup, optionally with "
                               "an OOM-proof holder taking part of it (memory.max / memory.limit_in_bytes; revert: "
                               "moved back, or the cgroup's previous limits restored)")

@@ -225,7 +225,6 @@ class _TcFault(Injector[TcSpecT, TcRecordT]):
     target_field: ClassVar[str | None] = "target.kubernetes"
     node_helper: ClassVar[NodeHelper] = NETNS_HELPER
     Record = QdiscRecord
-    typed: ClassVar[bool] = True
 
     spec: TcSpecT
 

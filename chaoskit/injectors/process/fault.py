@@ -283,7 +283,6 @@ class ProcessSignal(Injector[ProcessSignalSpec, SignalRecord]):
     Spec = ProcessSignalSpec
     spec: ProcessSignalSpec
     Record = SignalRecord
-    typed: ClassVar[bool] = True
 
     def resolve_target(self) -> ProcessTarget:
         s = self.spec
