@@ -3,24 +3,19 @@ directory, every command run from a directory outside the checkout with no CHAOS
 PYTHONPATH) set. What a run needs — the eBPF sources, the probe and fault libraries, the experiments and their
 data — must come from the installed package, not from the checkout.
 
-The venv gets chaoskit from the wheel only (`--no-deps`); its dependencies come from the project's .venv
-through a plain path entry in a .pth file. A plain entry does not run .venv's own .pth files, so the editable
-chaoskit installed there stays invisible; test_chaoskit_is_the_installed_wheel checks that.
+The venv gets chaoskit from the wheel only (the `user` fixture, tests/e2e/conftest.py and tests/helpers/installed.py);
+its dependencies come from the project's .venv through a plain path entry in a .pth file, which leaves the editable
+chaoskit installed there invisible; test_chaoskit_is_the_installed_wheel checks that.
 `chaoskit ref install triton` installs the engine the scenario runs on; `chaoskit init` writes a first
 experiment for an OpenAI-compatible stand-in and, with nothing listening, a template."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 import tomllib
 import zipfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -33,61 +28,6 @@ VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["versi
 
 def _shipped(path: Path) -> bool:
     return "__pycache__" not in path.parts and path.suffix not in (".pyc", ".so")
-
-
-@dataclass
-class User:
-    """The installed CLI, run as a user would: from `home` (outside the checkout), without CHAOSKIT_* variables."""
-
-    venv: Path
-    wheel: Path
-    home: Path
-    env: dict[str, str]
-
-    def run(self, *args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.venv / "bin" / "chaoskit"), *args], cwd=cwd or self.home, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
-
-    def python(self, code: str) -> str:
-        p = subprocess.run([str(self.venv / "bin" / "python"), "-c", code], cwd=self.home, env=self.env,
-                           capture_output=True, text=True, timeout=60)
-        assert p.returncode == 0, p.stdout + p.stderr
-        return p.stdout.strip()
-
-
-@pytest.fixture(scope="module")
-def user(tmp_path_factory: pytest.TempPathFactory) -> Iterator[User]:
-    top = tmp_path_factory.mktemp("installed")
-    try:
-        yield _install(top)
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
-
-
-def _install(top: Path) -> User:
-    # the wheel of this working tree (built from a copy: no build/ or egg-info in the checkout)
-    src = top / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "chaoskit", src / "chaoskit", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(top / "dist"), str(src)], check=True, capture_output=True, timeout=120)
-    (wheel,) = (top / "dist").glob("chaoskit-*.whl")
-    # a fresh venv with that wheel alone; the dependencies through a path entry to .venv's site-packages
-    venv = top / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                    "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True, timeout=120)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                                "['purelib'])"], check=True, capture_output=True, text=True).stdout.strip())
-    (site / "_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    home = top / "home"
-    home.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("CHAOSKIT_") and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "COLUMNS")}
-    assert not home.resolve().is_relative_to(ROOT.resolve())
-    return User(venv, wheel, home, env)
 
 
 def test_the_wheel_carries_every_file_of_the_package(user):
