@@ -388,6 +388,9 @@ class Deployment:
                 say(f"deleted netns {name}")
             except OSError:
                 pass
+        from chaoskit.reference import vllm
+
+        shutil.rmtree(vllm.ipc_dir(self.root), ignore_errors=True)  # its replicas' IPC sockets (engine vllm)
         for f in (ref_registry.PROCESSES, ref_registry.FACTS, ref_registry.NETNS):
             (self.root / f).unlink(missing_ok=True)
         ref_registry.unregister(self.root)

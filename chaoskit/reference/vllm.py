@@ -3,6 +3,7 @@ locally, and one OpenAI-compatible server per replica with every cache inside th
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -103,11 +104,20 @@ def stub_dist_info() -> None:
         (stub / "INSTALLER").write_text("chaoskit\n")
 
 
+def ipc_dir(state: Path) -> Path:
+    """Where the replicas of the deployment in `state` put vLLM's ZeroMQ IPC sockets: a short path of its own
+    under /tmp (a socket path has at most 107 bytes, which a deployment directory inside a run's output can
+    exceed with vLLM's 36-character names); `ref down` removes it."""
+    return Path("/tmp") / f"chaoskit-vllm-{hashlib.sha1(str(state.resolve()).encode()).hexdigest()[:12]}"
+
+
 def env(state: Path) -> dict[str, str]:
     caches = state / "cache"
     for d in ("vllm", "inductor", "tmp", "hf"):
         (caches / d).mkdir(parents=True, exist_ok=True)
+    ipc_dir(state).mkdir(mode=0o700, exist_ok=True)
     return {**os.environ, "VLLM_CACHE_ROOT": str(caches / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+            "VLLM_RPC_BASE_PATH": str(ipc_dir(state)),
             "TMPDIR": str(caches / "tmp"), "HF_HOME": str(caches / "hf"), "HF_HUB_OFFLINE": "1",
             "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
