@@ -351,7 +351,7 @@ def test_correctness_probe_passes_a_healthy_deployment_3_runs_of_3(triton):
 
 def test_revert_stops_the_proxy_from_its_record_alone(triton):
     port, rec = _start(triton["url"], [{"type": "truncate", "after_tokens": 1}])
-    rec = json.loads(json.dumps(rec))  # as the ledger holds it
+    rec = LlmProxy.from_ledger(json.loads(json.dumps(LlmProxy.to_ledger(rec))))  # as the ledger holds it
     details = LlmProxy.observe_details(rec)
     assert details["in_effect"] and details["faults"]["truncate-0"]["matched"] == 0
     LlmProxy.revert(rec)

@@ -329,7 +329,7 @@ class LlmProxy(ProxyHelper[ProxyRecord]):
 
     def config(self) -> Any:
         tls = self.tls_wire()
-        return self.spec.wire() if tls is None else {**self.spec.wire(), "tls": tls}
+        return self.spec.wire() if tls is None else {**self.spec.wire(), "tls": tls.to_json()}
 
     @classmethod
     def observe_details(cls, record: ProxyRecord) -> dict[str, Any]:

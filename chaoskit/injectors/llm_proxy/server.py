@@ -505,9 +505,9 @@ async def serve(sock: socket.socket, upstream: str, config: dict[str, Any], unti
         tracer = LlmTracer.from_env(faults)
     tls = None
     if config.get("tls"):  # HTTPS on either side: the ssl contexts' module, only now
-        from chaoskit.injectors.proxy.tls import Tls, quiet_handshakes
+        from chaoskit.injectors.proxy.tls import Tls, TlsConfig, quiet_handshakes
 
-        tls = Tls.of(config["tls"], alpn=["http/1.1"])
+        tls = Tls.of(TlsConfig.from_json(config["tls"]), alpn=["http/1.1"])
         quiet_handshakes(loop)
     px = Proxy(upstream, faults, loop, tracer, tls)
     server = await loop.create_server(lambda: Downstream(px), sock=sock, backlog=1024,

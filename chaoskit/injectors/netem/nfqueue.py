@@ -175,17 +175,13 @@ def apply(spec: Any, record: QueueRecord, dist_file: str | None, lifetime_s: flo
     return record
 
 
-def _helper_ref(r: QueueRecord) -> dict[str, Any] | None:
-    return r.helper.to_json() if r.helper is not None else None
-
-
 def revert(r: QueueRecord) -> None:
     """The rule first (new packets pass untouched), then the helper (SIGTERM: what it holds goes at once), then
     the rest of the table (only now: unregistering its hook would drop the packets still held)."""
     here = r.same_namespace()
     if here:
         nft.withdraw(r.ns, r.table, r.direction)
-    helper_proc.stop(r.token, ref=_helper_ref(r))
+    helper_proc.stop(r.token, ref=r.helper)
     if here:
         nft.remove(r.ns, r.table)
     Path(r.stats).unlink(missing_ok=True)
@@ -194,7 +190,7 @@ def revert(r: QueueRecord) -> None:
 
 def observe(r: QueueRecord) -> bool:
     """In effect: the table is there and its helper is running."""
-    return r.same_namespace() and nft.present(r.ns, r.table) and helper_proc.running(r.token, _helper_ref(r))
+    return r.same_namespace() and nft.present(r.ns, r.table) and helper_proc.running(r.token, r.helper)
 
 
 def holds(r: QueueRecord) -> list[str]:
@@ -203,7 +199,7 @@ def holds(r: QueueRecord) -> list[str]:
     chain), with the command that shows it; the queue and its helper; the helper's stats file."""
     show = f"nsenter --net={r.ns} nft --debug=netlink list table {nft.FAMILY} {r.table}"
     helper = "not started yet" if r.helper is None else f"PID {r.helper.pid} ({r.helper.comm}), " + (
-        "running" if helper_proc.running(r.token, _helper_ref(r)) else "gone")
+        "running" if helper_proc.running(r.token, r.helper) else "gone")
     return [f"nft table {nft.FAMILY} {r.table} in netns {r.ns}: {r.direction} packets of {r.ifname} go to its "
             f"chain {nft.QUEUE_CHAIN}, whose NFQUEUE rule nft list ruleset cannot print (an xtables-compat "
             f"expression); see it: {show}",

@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from chaoskit.load.traceparent import parse
 
@@ -33,6 +33,16 @@ class SpanRecord:
     attributes: dict[str, Any]
     span_id: int | None = None
     children: tuple[SpanRecord, ...] = ()
+
+
+class Toxic(Protocol):
+    """A toxic drawn for a connection (proxy.server.Toxic), as its span names it."""
+
+    type: str
+    stream: str
+    toxicity: float
+
+    def params(self) -> dict[str, float]: ...
 
 
 def incoming(value: str | None) -> tuple[int, int] | None:
@@ -188,7 +198,7 @@ def http_traceparent(first: bytes) -> tuple[int, int] | None:
 class ConnTrace:
     """One network.proxy connection with toxics drawn: traced once its first request head names a trace."""
 
-    def __init__(self, toxics: list[dict[str, Any]]):
+    def __init__(self, toxics: list[Toxic]):
         self.toxics, self.start_ns = toxics, time.time_ns()
         self.ctx: tuple[int, int] | None = None
         self.aborted = False
@@ -198,13 +208,11 @@ class ConnTrace:
         if self.ctx is None:
             return []
         end = time.time_ns()
-        return [SpanRecord(f"network.proxy {t['type']}", self.ctx[0], self.ctx[1], self.start_ns, end,
-                           {"chaoskit.proxy": "network.proxy", "chaoskit.toxic.type": t["type"],
-                            "chaoskit.toxic.stream": t.get("stream", "downstream"),
-                            "chaoskit.toxic.toxicity": float(t.get("toxicity", 1.0)),
+        return [SpanRecord(f"network.proxy {t.type}", self.ctx[0], self.ctx[1], self.start_ns, end,
+                           {"chaoskit.proxy": "network.proxy", "chaoskit.toxic.type": t.type,
+                            "chaoskit.toxic.stream": t.stream, "chaoskit.toxic.toxicity": float(t.toxicity),
                             "chaoskit.proxy.aborted": self.aborted,
-                            **scalar_params("chaoskit.toxic.param.",
-                                            {k: v for k, v in t.items() if k not in ("type", "stream", "toxicity")})})
+                            **scalar_params("chaoskit.toxic.param.", t.params())})
                 for t in self.toxics]
 
 
@@ -221,7 +229,7 @@ class NetTracer:
         sink = SpanSink.from_env(environ, "chaoskit network.proxy")
         return cls(sink) if sink is not None else None
 
-    def begin(self, toxics: list[dict[str, Any]]) -> ConnTrace:
+    def begin(self, toxics: list[Toxic]) -> ConnTrace:
         t = ConnTrace(toxics)
         self.live.add(t)
         return t
