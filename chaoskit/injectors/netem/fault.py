@@ -346,9 +346,8 @@ class _TcFault(Injector[TcSpecT, TcRecordT]):
             tc.restore(r.ns, r.ifindex, r.previous.to_json())
 
     @classmethod
-    def holds(cls, record: dict[str, Any]) -> list[str]:
-        r = cls.read_record(record)
-        return netem_queue.holds(r) if isinstance(r, netem_queue.QueueRecord) else qdisc_holds(r)
+    def holds(cls, record: NetemRecord) -> list[str]:
+        return netem_queue.holds(record) if isinstance(record, netem_queue.QueueRecord) else qdisc_holds(record)
 
     @staticmethod
     def observe_qdisc(r: QdiscRecord) -> bool:
