@@ -31,11 +31,12 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from chaoskit.injectors.proxy.splice import Relay, RelayStarted
 
 if TYPE_CHECKING:
+    from chaoskit.injectors.proxy.tls import TlsJson
     from chaoskit.injectors.proxy.trace import ConnTrace, NetTracer
 
 CHUNK = 64 * 1024
@@ -73,6 +74,21 @@ class Toxic(NamedTuple):
     @classmethod
     def from_json(cls, data: dict[str, str | float]) -> Toxic:
         return cls(**data)  # type: ignore[arg-type]  # to_json's own form
+
+
+class ProxyConfig(NamedTuple):
+    """network.proxy's helper configuration: its toxics, and where it ends or starts TLS, proxy.tls.TlsConfig's
+    JSON (None: plain TCP both ways; that module is imported only when there is one)."""
+
+    toxics: list[Toxic]
+    tls: TlsJson | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> ProxyConfig:
+        """From its argv's JSON: the toxics' list, or {"toxics": [...], "tls": {...}}."""
+        if isinstance(data, list):
+            return cls([Toxic.from_json(t) for t in data])
+        return cls([Toxic.from_json(t) for t in data.get("toxics", [])], data.get("tls"))
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -264,13 +280,10 @@ class Connection:
             p.reader.feed_eof()
 
 
-async def serve(sock: socket.socket, upstream: str, config: list[dict[str, Any]] | dict[str, Any],
-                until: float) -> None:
-    """config: the toxics, or {"toxics": [...], "tls": {...}} where the proxy ends or starts TLS."""
+async def serve(sock: socket.socket, upstream: str, config: ProxyConfig, until: float) -> None:
     intercept = upstream == ORIGINAL
     up_host, up_port = ("", 0) if intercept else split_addr(upstream)
-    wire, tls_cfg = (config, None) if isinstance(config, list) else (config.get("toxics", []), config.get("tls"))
-    toxics = [Toxic.from_json(t) for t in wire]
+    toxics, tls_cfg = config
     listen_ssl = up_ssl = server_name = None
     if tls_cfg:  # the ssl contexts' module, only now
         from chaoskit.injectors.proxy.tls import Tls, TlsConfig, quiet_handshakes
@@ -444,14 +457,18 @@ def run_fast(coro: Awaitable[Any]) -> Any:
     return uvloop.run(coro)  # type: ignore[arg-type]
 
 
+ConfigT = TypeVar("ConfigT")
+
+
 def serve_helper(sock: socket.socket, argv: list[str],
-                 serve: Callable[[socket.socket, str, Any, float], Awaitable[None]]) -> int:
+                 serve: Callable[[socket.socket, str, ConfigT, float], Awaitable[None]],
+                 config: Callable[[Any], ConfigT]) -> int:
     """A proxy server's part of its helper (proxy_proc listened already): argv is upstream, its JSON
-    configuration, the epoch to end at."""
-    run_fast(serve(sock, argv[0], json.loads(argv[1]), float(argv[2])))
+    configuration (read by `config`: the server's typed configuration), the epoch to end at."""
+    run_fast(serve(sock, argv[0], config(json.loads(argv[1])), float(argv[2])))
     return 0
 
 
 def helper_main(sock: socket.socket, argv: list[str]) -> int:
     """Called by proxy_proc with its listening socket."""
-    return serve_helper(sock, argv, serve)
+    return serve_helper(sock, argv, serve, ProxyConfig.from_json)
