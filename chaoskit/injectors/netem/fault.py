@@ -186,9 +186,6 @@ class QdiscSnapshot(RevertRecord):
     kind: str
     options: QdiscOptions | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump()
-
 
 class QdiscRecord(netem_queue.InterfaceRecord):
     """A qdisc fault's record (network.bandwidth; network.netem in qdisc mode): where, and on egress the root
