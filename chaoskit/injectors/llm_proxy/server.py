@@ -211,12 +211,10 @@ class Downstream(asyncio.Protocol):
         if req.path == "/chaoskit/metrics":
             body, ctype = px.faults.metrics(px.requests, px.upstream_errors, px.connections), "text/plain"
         elif req.path == "/chaoskit/stats":
-            stats = px.faults.stats(px.requests, px.upstream_errors)
-            if px.upstream_error:
-                stats["upstream_error"] = px.upstream_error
-            if px.tracer is not None:  # a traced run: what its spans did
-                stats["otlp"] = px.tracer.sink.stats()
-            body, ctype = json.dumps(stats).encode(), "application/json"
+            stats = px.faults.stats(px.requests, px.upstream_errors)._replace(
+                upstream_error=px.upstream_error or None,
+                otlp=px.tracer.sink.stats() if px.tracer is not None else None)  # a traced run: what its spans did
+            body, ctype = json.dumps(stats.to_json()).encode(), "application/json"
         else:
             status, body, ctype = 404, b'{"error": "llm.proxy: /chaoskit/metrics or /chaoskit/stats"}', "application/json"
         self.t.write(answer(status, [], body, not keep, ctype))

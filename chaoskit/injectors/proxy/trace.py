@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from chaoskit.load.traceparent import parse
 
@@ -56,6 +56,20 @@ def scalar_params(prefix: str, params: Mapping[str, Any]) -> dict[str, Any]:
     return {f"{prefix}{k}": v for k, v in params.items() if isinstance(v, (str, bool, int, float))}
 
 
+class SinkStats(NamedTuple):
+    """What a proxy's spans did: the endpoint, the spans it accepted and those dropped (export failed, queue
+    full), and why the latest export failed (None: it did not)."""
+
+    endpoint: str
+    spans_exported: int
+    spans_lost: int
+    error: str | None
+
+    def to_json(self) -> dict[str, str | int | None]:
+        return {"endpoint": self.endpoint, "spans_exported": self.spans_exported, "spans_lost": self.spans_lost,
+                "error": self.error}
+
+
 class SpanSink:
     """Records spans (add, on the event loop: an append) and exports them from a thread, started by start() (the
     SDK's import, ~60 ms of CPU, happens there: while the proxy has just started, not on a request's path).
@@ -88,9 +102,9 @@ class SpanSink:
         if not self.exported:  # until the endpoint has accepted one, each goes at once: close() waits for none
             self._wake.set()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> SinkStats:
         """For the proxy's /chaoskit/stats (so the journal's fault_observed details): what reached the endpoint."""
-        return {"endpoint": self.url, "spans_exported": self.exported, "spans_lost": self.lost, "error": self.error}
+        return SinkStats(self.url, self.exported, self.lost, self.error)
 
     def close(self, timeout_s: float = 0.5) -> None:
         """Export what is left, waiting at most timeout_s, and only when the endpoint has accepted spans and its
