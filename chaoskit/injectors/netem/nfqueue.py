@@ -81,7 +81,7 @@ def build() -> Path:
 
 def helper_args(spec: Any, ifname: str, dist_file: str | None, stats: str, until: float) -> list[str]:
     """network.netem's spec (a NetemSpec) as the helper's key=value arguments."""
-    kv: dict[str, Any] = {
+    kv: dict[str, str | int | float] = {
         "delay_ns": round(spec.delay * 1e9), "jitter_ns": round(spec.jitter * 1e9), "delay_corr": spec.correlation,
         "loss": spec.loss, "loss_corr": spec.loss_correlation, "duplicate": spec.duplicate,
         "duplicate_corr": spec.duplicate_correlation, "corrupt": spec.corrupt,
