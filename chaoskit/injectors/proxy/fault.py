@@ -284,7 +284,7 @@ class ProxyHelper(helper_proc.HelperFault[Any, ProxyRecordT]):
         """The TLS files load, and an upstream that answers now accepts the handshake (its certificate trusted)."""
         from chaoskit.injectors.proxy import tls as proxy_tls
 
-        tls = self.tls_wire() or proxy_tls.TlsConfig()
+        tls = self.tls_wire() or TlsConfig()
         try:
             proxy_tls.Tls.of(tls)
         except (OSError, ValueError) as e:  # ssl.SSLError is an OSError

@@ -18,6 +18,7 @@ from chaoskit.load.traceparent import parse
 ENDPOINT_ENV = "CHAOSKIT_OTLP_ENDPOINT"  # set by a traced `chaoskit run` (observe.traces.EnvCarrier) for its life
 EVERY_S = 0.2  # how often the thread exports what was recorded
 KEEP = 10_000  # records waiting at most (a dead endpoint drops the oldest, never grows the helper)
+Attributes = dict[str, str | bool | int | float]  # a span's attributes: OpenTelemetry's scalar attribute values
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class SpanRecord:
     parent_id: int
     start_ns: int
     end_ns: int
-    attributes: dict[str, Any]
+    attributes: Attributes
     span_id: int | None = None
     children: tuple[SpanRecord, ...] = ()
 
@@ -51,7 +52,7 @@ def incoming(value: str | None) -> tuple[int, int] | None:
     return (parsed[0], parsed[1]) if parsed and parsed[2] & 1 else None
 
 
-def scalar_params(prefix: str, params: Mapping[str, Any]) -> dict[str, Any]:
+def scalar_params(prefix: str, params: Mapping[str, Any]) -> Attributes:
     """A fault's parameters as span attributes (the scalar ones)."""
     return {f"{prefix}{k}": v for k, v in params.items() if isinstance(v, (str, bool, int, float))}
 
