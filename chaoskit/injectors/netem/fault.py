@@ -464,7 +464,8 @@ class Netem(_TcFault[NetemSpec, NetemRecord]):
     def observe_details(cls, record: NetemRecord) -> dict[str, Any]:
         details: dict[str, Any] = {"in_effect": cls.observe(record), "mode": record.mode}
         if isinstance(record, netem_queue.QueueRecord):
-            details["helper"] = netem_queue.stats(record)
+            counters = netem_queue.stats(record)
+            details["helper"] = counters.to_json() if counters is not None else None
         return details
 
     def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:

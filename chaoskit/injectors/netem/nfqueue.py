@@ -12,7 +12,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, model_validator
 
@@ -208,16 +208,44 @@ def holds(r: QueueRecord) -> list[str]:
             f"stats file {r.stats}"]
 
 
-def stats(r: QueueRecord) -> dict[str, Any] | None:
-    """The helper's counters (written every 0.5 s): packets seen, delayed, dropped, ... and its release lateness;
-    read through the helper's own root where the file is not here (an observe helper pod: the apply helper's
-    emptyDir is not its own)."""
+class QueueStats(NamedTuple):
+    """The helper's counters (its stats file, nfqueue.c's write_stats): the queue it bound; packets seen, passed
+    untouched, delayed, dropped, duplicated, corrupted, reordered, refused for a full queue (overflow); held now
+    and at most; its release lateness (p50, p99, max, in µs); netlink and copy errors; its scheduling ("fifo":
+    realtime, else "other")."""
+
+    queue: int
+    seen: int
+    passed: int
+    delayed: int
+    dropped: int
+    duplicated: int
+    corrupted: int
+    reordered: int
+    overflow: int
+    held: int
+    max_held: int
+    late_p50_us: int
+    late_p99_us: int
+    late_max_us: int
+    netlink_errors: int
+    copy_errors: int
+    sched: str
+
+    def to_json(self) -> dict[str, int | str]:
+        """As the helper wrote it (same keys, same order): the journal's observe details."""
+        return {name: getattr(self, name) for name in self._fields}
+
+
+def stats(r: QueueRecord) -> QueueStats | None:
+    """The helper's counters (written every 0.5 s); read through the helper's own root where the file is not here
+    (an observe helper pod: the apply helper's emptyDir is not its own)."""
     places = [Path(r.stats)]
     if r.helper is not None:
         places.append(Path(f"/proc/{r.helper.pid}/root{r.stats}"))
     for path in places:
         try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
+            return QueueStats(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):  # TypeError: not the helper's keys
             continue
     return None
