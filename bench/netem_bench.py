@@ -193,9 +193,9 @@ def queue_runs(pair: Pair) -> tuple[dict, list[dict]]:
     try:
         for rate in RATES:
             r = step("udp", cli, srv, SERVER_IP, PORT, PORT, rate)
-            stats = netem_queue.stats(rec) or {}
-            show("queue", r, f"[{kernel_queue(cli, rec.queue)}; helper late p99 {stats.get('late_p99_us')} us, "
-                             f"{stats.get('sched')}]")
+            stats = netem_queue.stats(rec)
+            show("queue", r, f"[{kernel_queue(cli, rec.queue)}; helper late p99 "
+                             f"{stats.late_p99_us if stats else None} us, {stats.sched if stats else None}]")
             runs.append(r)
     finally:
         Netem.revert(rec)

@@ -337,7 +337,7 @@ def forked_ms(forkserver, module: str, config: str, until: str) -> float:  # noq
     t0 = time.perf_counter()
     ref = forkserver.spawn(token, [module, f"127.0.0.1:{free_ports(1)[0]}", "127.0.0.1:9", config, until], "bench")
     took = (time.perf_counter() - t0) * 1000
-    helper_proc.stop(token, ref=ref.to_json())
+    helper_proc.stop(token, ref=ref)
     return took
 
 

@@ -71,7 +71,9 @@ def held(entry: Entry) -> HeldFault:
     from chaoskit.injectors.holdings import summary
 
     try:
-        holds = injector_class(entry.type).holds(entry.record)
+        cls = injector_class(entry.type)
+        # a ledger-only type (no Record) is said by its fields as written
+        holds = cls.holds(cls.from_ledger(entry.record)) if cls.Record is not None else summary(entry.record)
     except Exception as e:  # status lists every fault, whatever one family's words do
         holds = [*summary(entry.record), f"(the record's fields as written: {entry.type} did not describe it: "
                                          f"{type(e).__name__}: {e})"]

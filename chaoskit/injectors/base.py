@@ -238,14 +238,14 @@ class Injector(ABC, Generic[SpecT, RecordT]):
         return False
 
     @classmethod
-    def holds(cls, record: dict[str, Any]) -> list[str]:
+    def holds(cls, record: RecordT) -> list[str]:
         """What the fault holds on its host while in effect (kernel objects with where they are, files, helper
-        processes), one item each in words, from its ledger record alone (`chaoskit status`). By default the
-        record's own fields (holdings.summary); a family whose objects need more words than its record names
-        (an nft table's family, the command that shows it) says them."""
+        processes), one item each in words, from its record alone (`chaoskit status`). By default the record's
+        own fields (holdings.summary of its ledger form); a family whose objects need more words than its record
+        names (an nft table's family, the command that shows it) says them."""
         from chaoskit.injectors.holdings import summary
 
-        return summary(record)
+        return summary(cls.to_ledger(record))
 
     @classmethod
     def observe_details(cls, record: RecordT) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import Field, model_validator
 
@@ -64,18 +64,17 @@ def started(pid: int, token: str) -> ProcessRef:
     return ref if ref is not None else ProcessRef(pid, 0)
 
 
-def marked(token: str | None, ref: dict[str, Any] | None) -> list[ProcessRef]:
+def marked(token: str | None, ref: ProcessRef | None) -> list[ProcessRef]:
     """The live processes carrying `token`: just the recorded one (`ref`) when the record has it (one /proc
     read instead of a scan of every process's command line), else all found by the token."""
     if not token:
         return []
-    if ref is not None and ref.get("start_time"):  # 0: spawn could not read it; scan by token
-        r = ProcessRef.from_json(ref)
-        return [r] if is_alive(r) and token in cmdline(r.pid) else []
+    if ref is not None and ref.start_time:  # 0: spawn could not read it; scan by token
+        return [ref] if is_alive(ref) and token in cmdline(ref.pid) else []
     return find_by_token(token)
 
 
-def stop(token: str | None, grace_s: float = 5.0, ref: dict[str, Any] | None = None) -> None:
+def stop(token: str | None, grace_s: float = 5.0, ref: ProcessRef | None = None) -> None:
     """SIGTERM every process carrying the token (the recorded `ref` only, when given), SIGKILL what is left
     after `grace_s`."""
     stop_all(marked(token, ref), grace_s)
@@ -127,7 +126,7 @@ def _send(pidfd: int, sig: int) -> None:
         pass
 
 
-def running(token: str | None, ref: dict[str, Any] | None = None) -> bool:
+def running(token: str | None, ref: ProcessRef | None = None) -> bool:
     return any(is_alive(r) for r in marked(token, ref))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaoskit.targets.process import find_by_token
+from chaoskit.targets.process import ProcessRef, find_by_token
 
 MAX_ITEMS = 8  # of a list: the rest counted
 MAX_CHARS = 200  # of one value
@@ -22,9 +22,9 @@ def summary(record: Any) -> list[str]:
         if key == "token" and isinstance(value, str):
             lines.append(f"helper {value}: {_pids(find_by_token(value)) or 'no process carries it now'}")
         elif _is_process(value):
-            lines.append(f"{key}: {_process(value)}")
+            lines.append(f"{key}: {_process(value['pid'], value.get('comm'))}")
         elif isinstance(value, list) and value and all(_is_process(v) for v in value):
-            lines.append(f"{key}: {_listed([_process(v) for v in value])}")
+            lines.append(f"{key}: {_listed([_process(v['pid'], v.get('comm')) for v in value])}")
         elif isinstance(value, dict):
             lines += [f"{key}.{line}" for line in summary(value)]
         elif isinstance(value, list) and value:
@@ -38,12 +38,12 @@ def _is_process(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("pid"), int)
 
 
-def _process(ref: dict[str, Any]) -> str:
-    return f"PID {ref['pid']}" + (f" ({ref['comm']})" if ref.get("comm") else "")
+def _process(pid: int, comm: str | None) -> str:
+    return f"PID {pid}" + (f" ({comm})" if comm else "")
 
 
-def _pids(refs: list[Any]) -> str:
-    return _listed([_process(r.to_json()) for r in refs])
+def _pids(refs: list[ProcessRef]) -> str:
+    return _listed([_process(r.pid, r.comm) for r in refs])
 
 
 def _listed(items: list[str]) -> str:

@@ -99,8 +99,8 @@ class KubeTargetSpec(StrictModel):
 class ClusterRef:
     """The resolved way to the API server, as JSON in revert records (a fresh process reaches the same one)."""
 
-    kubeconfig: str | None
-    context: str | None
+    kubeconfig: str | None = None
+    context: str | None = None
     in_cluster: bool = False
 
     def to_json(self) -> dict[str, Any]:

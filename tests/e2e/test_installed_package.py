@@ -59,9 +59,9 @@ fs, token = Forkserver(), f"chaoskit-proxy-{uuid.uuid4().hex}"
 ref = fs.spawn(token, ["chaoskit.injectors.proxy.server", f"127.0.0.1:{port}", "127.0.0.1:9", "[]",
                       str(time.time() + 30)], "proxy")
 fs.close()
-print(cmdline(ref.pid)[0], helper_proc.running(token, ref.to_json()))
-helper_proc.stop(token, ref=ref.to_json())
-print(helper_proc.running(token, ref.to_json()))
+print(cmdline(ref.pid)[0], helper_proc.running(token, ref))
+helper_proc.stop(token, ref=ref)
+print(helper_proc.running(token, ref))
 """
 
 

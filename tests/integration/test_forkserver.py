@@ -75,11 +75,11 @@ def test_forked_helpers_serve_carry_their_token_and_outlive_the_forkserver(echo)
             assert echoes(port)
         fs.close()
         assert not server.is_running()
-        assert all(helper_proc.running(t, r.to_json()) and echoes(p) for t, r, p in helpers)
+        assert all(helper_proc.running(t, r) and echoes(p) for t, r, p in helpers)
     finally:
         fs.close()
         helper_proc.stop_all([r for _, r, _ in helpers])
-    assert not any(helper_proc.running(t, r.to_json()) for t, r, _ in helpers)
+    assert not any(helper_proc.running(t, r) for t, r, _ in helpers)
 
 
 def test_a_helper_that_cannot_listen_says_why_and_the_forkserver_goes_on(echo):
@@ -92,7 +92,7 @@ def test_a_helper_that_cannot_listen_says_why_and_the_forkserver_goes_on(echo):
         token, port = f"chaoskit-proxy-{uuid.uuid4().hex}", free_port()
         ref = fs.spawn(token, args(port, echo), "proxy")
         assert echoes(port)
-        helper_proc.stop(token, ref=ref.to_json())
+        helper_proc.stop(token, ref=ref)
     finally:
         taken.close()
         fs.close()

@@ -104,7 +104,7 @@ def streamed_call(c: openai.OpenAI) -> tuple[list[tuple[str, str, str]], str | N
 
 
 def applied(port: int) -> dict[str, int]:
-    return {name: f["applied"] for name, f in stats_of(f"127.0.0.1:{port}")["faults"].items()}
+    return {name: f.applied for name, f in stats_of(f"127.0.0.1:{port}").faults.items()}
 
 
 @pytest.mark.parametrize("mode, name, arguments, whole_arguments, finish, copies", [
@@ -206,8 +206,8 @@ def test_a_share_is_counted_as_the_clients_saw_it(stack):
     _, port, log = stack
     c = client(port, "some")
     seen = [streamed_call(c)[1] for _ in range(20)]
-    stats = stats_of(f"127.0.0.1:{port}")["faults"]["some"]
-    assert stats["matched"] == 20 and stats["selected"] == stats["applied"] == seen.count("stop")
+    stats = stats_of(f"127.0.0.1:{port}").faults["some"]
+    assert stats.matched == 20 and stats.selected == stats.applied == seen.count("stop")
     assert 0 < seen.count("stop") < 20 and seen.count("stop") + seen.count("tool_calls") == 20
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert sum(x.get("tool") == "get_weather" and x["outcome"] == "complete" for x in lines[-20:]) == 20

@@ -225,11 +225,13 @@ def kernel_queue(ns_path: str, queue: int) -> dict[str, int]:
     return run_in_netns(ns_path, read)
 
 
-def helper_stats(rec: QueueRecord, seen: int) -> dict:
+def helper_stats(rec: QueueRecord, seen: int) -> netem_queue.QueueStats:
     """The helper's counters once it has seen `seen` packets (written every 0.5 s)."""
-    wait_for(lambda: (netem_queue.stats(rec) or {}).get("seen", 0) >= seen, timeout=5)
+    wait_for(lambda: (st := netem_queue.stats(rec)) is not None and st.seen >= seen, timeout=5)
     time.sleep(0.6)  # one more write: what it did after seeing the last one
-    return netem_queue.stats(rec) or {}
+    st = netem_queue.stats(rec)
+    assert st is not None
+    return st
 
 
 # ------------------------------------------------------------------ delay and jitter
@@ -251,8 +253,8 @@ def test_delay_with_uniform_jitter_adds_20ms_to_udp_and_tcp_round_trips(pair, ne
     added_tcp = statistics.mean(tcp) - statistics.median(base_tcp)
     spread = statistics.pstdev(udp) * math.sqrt(3)  # a uniform ±j has standard deviation j/√3
     print(f"\nqueue delay 20ms ±5ms: UDP echo +{added_udp:.3f} ms over {len(udp)} (spread ±{spread:.2f} ms), "
-          f"TCP connect +{added_tcp:.3f} ms over {len(tcp)}; helper late p50 {stats['late_p50_us']} us "
-          f"p99 {stats['late_p99_us']} us ({stats['sched']})")
+          f"TCP connect +{added_tcp:.3f} ms over {len(tcp)}; helper late p50 {stats.late_p50_us} us "
+          f"p99 {stats.late_p99_us} us ({stats.sched})")
     assert len(udp) == 1000 and len(tcp) == 200
     assert abs(added_udp - 20) <= 1 and abs(added_tcp - 20) <= 1
     assert abs(spread - 5) <= 0.2 * 5
@@ -301,7 +303,7 @@ def test_loss_is_binomial_and_only_the_filtered_port_loses(pair, netem, monkeypa
     lo, hi = binomial_interval(n, p)
     print(f"\nqueue loss 10%: {lost} of {n} lost (99% interval {lo}-{hi}); helper {stats}")
     assert lo <= lost <= hi
-    assert stats["dropped"] == lost and stats["seen"] == n  # the filter: port 9002 never reached the queue
+    assert stats.dropped == lost and stats.seen == n  # the filter: port 9002 never reached the queue
     assert len(untouched.got) == 1000
     assert kq == {"held": 0, "queue_dropped": 0, "user_dropped": 0}
 
@@ -342,7 +344,7 @@ def test_a_destination_filter_touches_only_that_destination(pair, netem):
     finally:
         got.close()
         tx.close()
-    assert len(got.got) == 200 and stats["seen"] == stats["dropped"] == 200
+    assert len(got.got) == 200 and stats.seen == stats.dropped == 200
 
 
 @pytest.mark.parametrize("direction", ["egress", "ingress"])
@@ -366,8 +368,8 @@ def test_duplicates_are_counted_at_the_receiver(pair, netem, direction):
     lo, hi = binomial_interval(n, p, 0.999)
     print(f"\nqueue duplicate 10% ({direction}): {dups} duplicates of {n} (interval {lo}-{hi})")
     assert set(seqs) == set(range(n)) and max(seqs.count(s) for s in set(seqs)) <= 2
-    assert lo <= dups <= hi and dups == stats["duplicated"] and stats["seen"] == n
-    assert stats["copy_errors"] == stats["netlink_errors"] == 0
+    assert lo <= dups <= hi and dups == stats.duplicated and stats.seen == n
+    assert stats.copy_errors == stats.netlink_errors == 0
 
 
 def test_reorder_sends_a_share_at_once_and_the_receiver_sees_it_out_of_order(pair, netem):
@@ -389,7 +391,7 @@ def test_reorder_sends_a_share_at_once_and_the_receiver_sees_it_out_of_order(pai
     lo, hi = binomial_interval(n, p, 0.999)
     print(f"\nqueue reorder 25% at 10ms: {immediate} of {n} sent at once (interval {lo}-{hi}), "
           f"{overtaken} arrived after a later one")
-    assert len(latency) == n and lo <= immediate <= hi and immediate == stats["reordered"]
+    assert len(latency) == n and lo <= immediate <= hi and immediate == stats.reordered
     assert overtaken >= 0.9 * (n - immediate)
     assert all(9.5 <= ms for ms in latency.values() if ms >= 5)
 
@@ -411,10 +413,10 @@ def test_corrupted_packets_fail_the_receivers_checksum(pair, netem):
     after = snmp(srv, "Udp")
     errors, csum = after["InErrors"] - before["InErrors"], after["InCsumErrors"] - before["InCsumErrors"]
     lo, hi = binomial_interval(n, p, 0.999)
-    print(f"\nqueue corrupt 10%: {stats['corrupted']} corrupted of {n} (interval {lo}-{hi}); receiver: "
+    print(f"\nqueue corrupt 10%: {stats.corrupted} corrupted of {n} (interval {lo}-{hi}); receiver: "
           f"{len(got.got)} delivered, Udp InErrors +{errors} (InCsumErrors +{csum})")
-    assert lo <= stats["corrupted"] <= hi
-    assert len(got.got) + errors == n and errors == stats["corrupted"] and csum >= 0.9 * errors
+    assert lo <= stats.corrupted <= hi
+    assert len(got.got) + errors == n and errors == stats.corrupted and csum >= 0.9 * errors
 
 
 def test_rate_limits_throughput_within_5_percent(pair, netem):
@@ -432,7 +434,7 @@ def test_rate_limits_throughput_within_5_percent(pair, netem):
     arrivals = sorted(g[2] for g in got.got)
     measured = (len(arrivals) - 1) * (size + 28) / ((arrivals[-1] - arrivals[0]) / 1e9)
     print(f"\nqueue rate 40mbit: {measured / 1e6:.3f} MB/s of IP packets ({len(arrivals)} of {n} arrived)")
-    assert len(arrivals) == n and abs(measured - rate) <= 0.05 * rate and stats["overflow"] == 0
+    assert len(arrivals) == n and abs(measured - rate) <= 0.05 * rate and stats.overflow == 0
 
 
 def test_a_full_queue_drops_what_is_over_its_limit(pair, netem):
@@ -447,7 +449,7 @@ def test_a_full_queue_drops_what_is_over_its_limit(pair, netem):
     finally:
         got.close()
         tx.close()
-    assert (stats["delayed"], stats["overflow"]) == (100, 200) and sorted(g[0] for g in got.got) == list(range(100))
+    assert (stats.delayed, stats.overflow) == (100, 200) and sorted(g[0] for g in got.got) == list(range(100))
 
 
 def test_a_delayed_tcp_sender_is_not_held_back_by_tcp_small_queues(pair, netem):
@@ -492,7 +494,7 @@ def test_egress_copies_reach_neighbour_discovery_multicast_and_broadcast(pair, n
             s.close()
     print(f"\nIPv6 after neighbour discovery {took6 * 1e3:.1f} ms, IPv4 broadcast {took4 * 1e3:.1f} ms; {stats}")
     assert took6 >= 0.02 and took4 >= 0.01  # solicitation and datagram each held 10 ms; the broadcast 10 ms
-    assert stats["copy_errors"] == 0
+    assert stats.copy_errors == 0
 
 
 # ------------------------------------------------------------------ fail open, revert, watchdog
@@ -543,7 +545,7 @@ def test_revert_removes_the_rule_then_stops_the_helper_which_lets_held_packets_g
     try:
         rec = netem(pair.cli, delay="2s", filter={"ports": [PORT]})
         send(tx, (SERVER_IP, PORT), 50, every=0.001)
-        wait_for(lambda: (netem_queue.stats(rec) or {}).get("held") == 50, timeout=2)
+        wait_for(lambda: getattr(netem_queue.stats(rec), "held", None) == 50, timeout=2)
         assert not got.got
         t0 = time.monotonic()
         Netem.revert(rec)

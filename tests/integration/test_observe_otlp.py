@@ -288,10 +288,10 @@ def test_a_dead_endpoint_neither_breaks_the_proxy_nor_holds_up_its_revert(endpoi
         _abort_one_traced_request(port)
         if endpoint == "closed":
             deadline = time.monotonic() + 5
-            while (otlp := (stats_of(f"127.0.0.1:{port}") or {}).get("otlp", {})).get("error") is None:
+            while (otlp := getattr(stats_of(f"127.0.0.1:{port}"), "otlp", None)) is None or otlp.error is None:
                 assert time.monotonic() < deadline, otlp
                 time.sleep(0.05)
-            assert otlp["spans_lost"] == 1 and otlp["spans_exported"] == 0, otlp
+            assert otlp.spans_lost == 1 and otlp.spans_exported == 0, otlp
             _abort_one_traced_request(port)  # still serving
         t = time.monotonic()
     finally:

@@ -183,7 +183,11 @@ REFUSED = [
      "be greater than or equal to 1; written.0.at: Field required)"),
     (XidEvent, lambda h: {"pci_bus_id": "0000:3b:00.0", "xid": 79, "level": 4}, "(event: Field required)"),
     (MigReconfigure, lambda h: {"uuid": "GPU-no-such-gpu", "checkpoint": "MIG 1g.18gb x7"},
-     "(checkpoint: Input should be a valid dictionary)"),
+     "(checkpoint: Input should be a dictionary or an instance of MigState)"),
+    (MigReconfigure, lambda h: {"uuid": "GPU-x", "checkpoint": {"uuid": "GPU-x", "mode_current": True,
+                                                                "mode_pending": False, "gpu_instances": [{"id": 1}]}},
+     "(checkpoint.gpu_instances.0.profile: Field required; checkpoint.gpu_instances.0.profile_id: Field required; "
+     "checkpoint.gpu_instances.0.slices: Field required; checkpoint.gpu_instances.0.placement: Field required)"),
     (Bandwidth, lambda h: {**h.ns, "ifindex": 0, "ifname": "eth0/x", "direction": "ingress", "ifb": "eth0"},
      "(ifindex: Input should be greater than 0; ifname: String should match pattern '^[^/:\\s]{1,15}$'; "
      "ifb: String should match pattern '^ck[0-9a-f]{10}$')"),  # revert deletes the link named so

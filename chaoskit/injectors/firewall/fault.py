@@ -194,10 +194,9 @@ class _Firewall(Injector[DropSpec | PartitionSpec, NftRecord]):
         return r.same_namespace() and nftables.has_table(r.ns, FAMILY, r.table)
 
     @classmethod
-    def holds(cls, record: dict[str, Any]) -> list[str]:
-        r: NftRecord = cls.read_record(record)
-        return [f"nft table {FAMILY} {r.table} in netns {r.ns}; see it: nsenter --net={r.ns} nft list table "
-                f"{FAMILY} {r.table}"]
+    def holds(cls, record: NftRecord) -> list[str]:
+        t, ns = record.table, record.ns
+        return [f"nft table {FAMILY} {t} in netns {ns}; see it: nsenter --net={ns} nft list table {FAMILY} {t}"]
 
 
 class Drop(_Firewall):

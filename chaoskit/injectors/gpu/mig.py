@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -54,15 +54,16 @@ def _process_list(procs: list[mig.ComputeProcess]) -> str:
 
 
 class MigRecord(RevertRecord):
-    """gpu.mig's record: the device and the MIG state checkpointed before the change (chaoskit.gpu.mig's JSON),
-    which revert restores; no checkpoint: prepare never read the state, so nothing was changed."""
+    """gpu.mig's record: the device and the MIG state checkpointed before the change (in the ledger as
+    chaoskit.gpu.mig.to_json writes it), which revert restores; no checkpoint: prepare never read the state, so
+    nothing was changed."""
 
     uuid: str | None = None
-    checkpoint: dict[str, Any] | None = None
+    checkpoint: mig.MigState | None = None
     device: int | str | None = None
     target: dict[str, int] = Field(default_factory=dict)  # the layout apply sets (mig-parted's form)
     enable_mig: bool = False
-    applied: dict[str, Any] | None = None  # after apply: the state it left (chaoskit.gpu.mig's JSON)
+    applied: mig.MigState | None = None  # after apply: the state it left
     changed: bool | None = None
     note: str = ""
 
@@ -158,22 +159,23 @@ class MigReconfigure(Injector[MigSpec, MigRecord]):
 
     def prepare(self) -> MigRecord:
         state = self.backend().read_state(self.spec.device)
-        return MigRecord(device=self.spec.device, uuid=state.uuid, checkpoint=mig.to_json(state),
+        return MigRecord(device=self.spec.device, uuid=state.uuid, checkpoint=state,
                          target=self._target(), enable_mig=self.spec.enable_mig)
 
     def apply(self, record: MigRecord) -> MigRecord:
-        before = mig.from_json(record.checkpoint)
+        before = record.checkpoint
+        assert before is not None  # prepare read it
         now = mig.apply_layout(self.backend(), record.uuid, record.target, enable_mig=record.enable_mig)
         changed = not mig.same_state(before, now)
         note = "changed" if changed else "already matches: no change"
-        return record.model_copy(update={"applied": mig.to_json(now), "changed": changed, "note": note})
+        return record.model_copy(update={"applied": now, "changed": changed, "note": note})
 
     @classmethod
     def revert(cls, record: MigRecord) -> None:
         r = record
         if r.checkpoint is None:
             return  # prepare never read the state: nothing was changed
-        checkpoint = mig.from_json(r.checkpoint)
+        checkpoint = r.checkpoint
         b = cls.backend()
         mig.restore(b, checkpoint.uuid, checkpoint)
         mig.assert_equal(checkpoint, b.read_state(checkpoint.uuid))
@@ -183,5 +185,5 @@ class MigReconfigure(Injector[MigSpec, MigRecord]):
         r = record
         if r.checkpoint is None:
             return False
-        checkpoint = mig.from_json(r.checkpoint)
+        checkpoint = r.checkpoint
         return not mig.same_state(checkpoint, cls.backend().read_state(checkpoint.uuid))

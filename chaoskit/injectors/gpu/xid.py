@@ -276,19 +276,19 @@ class XidEvent(Injector[XidSpec, XidRecord]):
 
     def apply(self, record: XidRecord) -> XidRecord:
         tail = _tail_or_none()
-        written: list[dict[str, Any]] = []
+        written: list[WrittenLine] = []
         try:
             for i, line in enumerate(record.lines):
                 if i and self.spec.interval:
                     time.sleep(self.spec.interval)
                 write_kmsg(line, record.level)
-                written.append({"line": line, "at": time.time(), "seq": None})
+                written.append(WrittenLine(line=line, at=time.time(), seq=None))
             if tail is not None:
-                _note_sequence_numbers(written, tail.read())
+                written = _with_sequence_numbers(written, tail.read())
         finally:
             if tail is not None:
                 tail.close()
-        return record.model_copy(update={"written": [WrittenLine.model_validate(w) for w in written]})
+        return record.model_copy(update={"written": written})
 
     @classmethod
     def revert(cls, record: XidRecord) -> None:
@@ -314,12 +314,13 @@ def _tail_or_none() -> KmsgTail | None:
     return tail
 
 
-def _note_sequence_numbers(written: list[dict[str, Any]], records: list[tuple[int, str]]) -> None:
-    """Fill in each written line's kmsg sequence number; a line the kernel dropped is an error."""
-    pending = iter(records)
+def _with_sequence_numbers(written: list[WrittenLine], records: list[tuple[int, str]]) -> list[WrittenLine]:
+    """The written lines with their kmsg sequence numbers; a line the kernel dropped is an error."""
+    pending, out = iter(records), []
     for w in written:
-        seq = next((n for n, msg in pending if msg == w["line"]), None)
+        seq = next((n for n, msg in pending if msg == w.line), None)
         if seq is None:
             raise RuntimeError(f"wrote an XID line to {KMSG} but it is not in the kernel log "
-                               f"(dropped by the kernel? check kernel.printk_devkmsg): {w['line']}")
-        w["seq"] = seq
+                               f"(dropped by the kernel? check kernel.printk_devkmsg): {w.line}")
+        out.append(w.model_copy(update={"seq": seq}))
+    return out

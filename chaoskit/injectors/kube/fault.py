@@ -31,11 +31,11 @@ log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
 
 
-def _apis(cluster: dict[str, Any]) -> tuple[Any, Any]:
+def _apis(cluster: ClusterRef) -> tuple[Any, Any]:
     """(CoreV1Api, AppsV1Api) for a record's cluster."""
     from kubernetes import client
 
-    api = api_client(ClusterRef.from_json(cluster))
+    api = api_client(cluster)
     return client.CoreV1Api(api), client.AppsV1Api(api)
 
 
@@ -73,7 +73,7 @@ class PodDeletionRecord(RevertRecord):
     deleted pod is an event: its controller recreates it); it reads back only so that revert and observe name
     the pods they report, and a foreign record is refused like any other family's."""
 
-    cluster: dict[str, Any]
+    cluster: ClusterRef
     grace_period_s: int | None = Field(None, ge=0)
     pods: list[DeletedPod] = Field(default_factory=list)
     deleted_at: float | None = None
@@ -95,7 +95,7 @@ class _PodDeletion(Injector[Any, PodDeletionRecord]):
     def _targets(self) -> list[Placement]:
         if self._chosen is None:  # chosen once: plan, ledger and apply name the same pods
             self._cluster = resolve_cluster(self.spec.target.kubernetes)
-            core, _ = _apis(self._cluster.to_json())
+            core, _ = _apis(self._cluster)
             self._chosen = choose(core, self.spec.target.kubernetes)
         return self._chosen
 
@@ -115,15 +115,15 @@ class _PodDeletion(Injector[Any, PodDeletionRecord]):
                 "recreates it, nothing to revert" for p in self._targets()]
 
     def placement(self) -> dict[str, Any]:
-        return {"cluster": self._cluster_json(), "pods": [p.to_json() for p in self._targets()]}
+        return {"cluster": self._cluster_ref().to_json(), "pods": [p.to_json() for p in self._targets()]}
 
-    def _cluster_json(self) -> dict[str, Any]:
+    def _cluster_ref(self) -> ClusterRef:
         self._targets()
         assert self._cluster is not None
-        return self._cluster.to_json()
+        return self._cluster
 
     def prepare(self) -> PodDeletionRecord:
-        return PodDeletionRecord(cluster=self._cluster_json(), grace_period_s=self.grace_seconds(),
+        return PodDeletionRecord(cluster=self._cluster_ref(), grace_period_s=self.grace_seconds(),
                                  pods=[DeletedPod.model_validate(p.to_json()) for p in self._targets()])
 
     def apply(self, record: PodDeletionRecord) -> PodDeletionRecord:
@@ -215,7 +215,7 @@ def _scale(apps: Any, namespace: str, name: str, replicas: int) -> None:
 class ScaleRecord(RevertRecord):
     """deployment.scale's record: the cluster, the deployment, the count it had and the count it was given."""
 
-    cluster: dict[str, Any]
+    cluster: ClusterRef
     namespace: str = Field(min_length=1)
     deployment: str = Field(min_length=1)
     previous_replicas: int = Field(ge=0)
@@ -238,7 +238,7 @@ class DeploymentScale(Injector[DeploymentScaleSpec, ScaleRecord]):
         if self._before is None:
             t = self.spec.target.kubernetes
             ref = resolve_cluster(t)
-            _, apps = _apis(ref.to_json())
+            _, apps = _apis(ref)
             try:
                 self._before = ref, _replicas(apps, t.namespace, t.deployment)
             except Exception as e:
@@ -265,7 +265,7 @@ class DeploymentScale(Injector[DeploymentScaleSpec, ScaleRecord]):
     def prepare(self) -> ScaleRecord:
         ref, before = self._current()
         t = self.spec.target.kubernetes
-        return ScaleRecord(cluster=ref.to_json(), namespace=t.namespace, deployment=t.deployment,
+        return ScaleRecord(cluster=ref, namespace=t.namespace, deployment=t.deployment,
                            previous_replicas=before, replicas=self.spec.replicas)
 
     def apply(self, record: ScaleRecord) -> ScaleRecord:

@@ -19,7 +19,7 @@ import os
 import random
 import socket
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 from chaoskit.injectors.proxy.server import Listener, original_dst, serve_helper, serve_until
 
@@ -28,14 +28,27 @@ DONE, TRANSFER = b"D", b"T"
 INVERT = bytes(255 - b for b in range(256))  # every byte inverted, at C speed (bytes.translate)
 
 
+class NotifyConfig(NamedTuple):
+    """kv.notify's helper configuration: the chance a notification is dropped, duplicated or corrupted, its delay
+    in seconds, and the file its counts are written to (None: none)."""
+
+    drop: float = 0.0
+    delay: float = 0.0
+    duplicate: float = 0.0
+    corrupt: float = 0.0
+    stats: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> NotifyConfig:
+        """From its argv's JSON (KvNotify.config)."""
+        return cls(*(float(data.get(k, 0)) for k in ("drop", "delay", "duplicate", "corrupt")), data.get("stats"))
+
+
 class Notify:
     """The fault and its counts."""
 
-    def __init__(self, cfg: dict[str, Any]):
-        self.drop, self.delay, self.duplicate = float(cfg.get("drop", 0)), float(cfg.get("delay", 0)), float(
-            cfg.get("duplicate", 0))
-        self.corrupt = float(cfg.get("corrupt", 0))
-        self.stats = cfg.get("stats")
+    def __init__(self, cfg: NotifyConfig):
+        self.drop, self.delay, self.duplicate, self.corrupt, self.stats = cfg
         self.counts = {"connections": 0, "notifications": 0, "dropped": 0, "delayed": 0, "duplicated": 0,
                        "corrupted": 0}
         self.held: list[asyncio.StreamWriter] = []  # upstream connections whose notification was dropped
@@ -114,7 +127,7 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         pass
 
 
-async def serve(sock: socket.socket, upstream: str, config: dict[str, Any], until: float) -> None:
+async def serve(sock: socket.socket, upstream: str, config: NotifyConfig, until: float) -> None:
     notify = Notify(config)
     notify.save()
     await serve_until(Listener(sock, notify.relay), until)
@@ -122,4 +135,4 @@ async def serve(sock: socket.socket, upstream: str, config: dict[str, Any], unti
 
 def helper_main(sock: socket.socket, argv: list[str]) -> int:
     """Called by proxy_proc with its listening socket."""
-    return serve_helper(sock, argv, serve)
+    return serve_helper(sock, argv, serve, NotifyConfig.from_json)

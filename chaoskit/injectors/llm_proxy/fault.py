@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
+from chaoskit.injectors.llm_proxy.faults import ProxyStats
 from chaoskit.injectors.proxy.fault import (
     ListenTls,
     ProxyHelper,
@@ -329,7 +330,7 @@ class LlmProxy(ProxyHelper[ProxyRecord]):
 
     def config(self) -> Any:
         tls = self.tls_wire()
-        return self.spec.wire() if tls is None else {**self.spec.wire(), "tls": tls}
+        return self.spec.wire() if tls is None else {**self.spec.wire(), "tls": tls.to_json()}
 
     @classmethod
     def observe_details(cls, record: ProxyRecord) -> dict[str, Any]:
@@ -344,11 +345,11 @@ class LlmProxy(ProxyHelper[ProxyRecord]):
             else:
                 stats = stats_of(record.listen, tls=record.listen_tls)
             if stats is not None:
-                out.update(stats)
+                out.update(stats.to_json())
         return out
 
 
-def stats_of(listen: str, timeout: float = 2.0, tls: bool = False) -> dict[str, Any] | None:
+def stats_of(listen: str, timeout: float = 2.0, tls: bool = False) -> ProxyStats | None:
     """The proxy's own counters (GET /chaoskit/stats; over HTTPS where it ends TLS: our own helper on the address
     we gave it, so its certificate is not checked); None when it does not answer."""
     host, port = split_addr(listen)
@@ -361,6 +362,6 @@ def stats_of(listen: str, timeout: float = 2.0, tls: bool = False) -> dict[str, 
     try:
         with urllib.request.urlopen(f"{'https' if tls else 'http'}://{host}:{port}/chaoskit/stats", timeout=timeout,
                                     context=ctx) as r:
-            return json.loads(r.read())
-    except (OSError, ValueError):
+            return ProxyStats.from_json(json.loads(r.read()))
+    except (OSError, ValueError, KeyError, TypeError):  # not an answer of ours
         return None

@@ -13,7 +13,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from fnmatch import translate
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 LOCAL = ("abort", "rate_limit")
 RESPONSE = ("token_delay", "stall", "truncate", "malformed", "corrupt_tokens", "tool_args", "error_event",
@@ -22,6 +22,9 @@ MAX_KEYS = 10_000  # rate_limit buckets kept per fault (a per-request key would 
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"]*)"')
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
 _TRITON_MODEL = re.compile(r"^/v2/models/([^/]+)/")
+
+if TYPE_CHECKING:
+    from chaoskit.injectors.proxy.trace import SinkStats
 
 
 def _glob(pattern: str) -> re.Pattern[str]:
@@ -175,6 +178,59 @@ def error_body(path: str, message: str, code: int) -> bytes:
     return json.dumps({"error": {"message": message, "type": "chaoskit_fault", "code": code}}).encode()
 
 
+CountsJson = dict[str, str | float | None]  # FaultCounts.to_json
+StatsJson = dict[str, int | str | dict[str, CountsJson] | dict[str, str | int | None]]  # ProxyStats.to_json
+
+
+class FaultCounts(NamedTuple):
+    """What one fault did so far: its type and share; the requests its match selected, those its share drew, those
+    its effect really happened on, and that as a share of the matched (None: none matched yet)."""
+
+    type: str
+    share: float
+    matched: int
+    selected: int
+    applied: int
+    applied_share: float | None
+
+    def to_json(self) -> dict[str, str | float | None]:
+        return {"type": self.type, "share": self.share, "matched": self.matched, "selected": self.selected,
+                "applied": self.applied, "applied_share": self.applied_share}
+
+
+class ProxyStats(NamedTuple):
+    """The proxy's /chaoskit/stats answer: the requests it received (its own endpoints aside), those answered 502
+    (the upstream could not be reached), each fault's counts by name; why the latest upstream connection failed
+    and, in a traced run, what its spans did (None: neither)."""
+
+    requests: int
+    upstream_errors: int
+    faults: dict[str, FaultCounts]
+    upstream_error: str | None = None
+    otlp: SinkStats | None = None
+
+    def to_json(self) -> StatsJson:
+        """Its JSON (and the journal's fault_observed details): upstream_error and otlp only where set."""
+        out: StatsJson = {
+            "requests": self.requests, "upstream_errors": self.upstream_errors,
+            "faults": {name: c.to_json() for name, c in self.faults.items()}}
+        if self.upstream_error:
+            out["upstream_error"] = self.upstream_error
+        if self.otlp is not None:
+            out["otlp"] = self.otlp.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> ProxyStats:
+        """From the proxy's answer (to_json's form)."""
+        from chaoskit.injectors.proxy.trace import SinkStats
+
+        otlp = data.get("otlp")
+        return cls(data["requests"], data["upstream_errors"],
+                   {name: FaultCounts(**c) for name, c in data["faults"].items()}, data.get("upstream_error"),
+                   SinkStats(**otlp) if otlp is not None else None)
+
+
 class FaultTable:
     def __init__(self, wire: list[dict[str, Any]], seed: int):
         self.faults = [self._fault(i, f, seed) for i, f in enumerate(wire)]
@@ -239,11 +295,11 @@ class FaultTable:
 
     # ---------------------------------------------------------------- what it did
 
-    def stats(self, requests: int, upstream_errors: int) -> dict[str, Any]:
-        return {"requests": requests, "upstream_errors": upstream_errors, "faults": {
-            f.name: {"type": f.type, "share": f.share, "matched": f.matched, "selected": f.selected,
-                     "applied": f.applied, "applied_share": round(f.applied / f.matched, 6) if f.matched else None}
-            for f in self.faults}}
+    def stats(self, requests: int, upstream_errors: int) -> ProxyStats:
+        return ProxyStats(requests, upstream_errors, {
+            f.name: FaultCounts(f.type, f.share, f.matched, f.selected, f.applied,
+                                round(f.applied / f.matched, 6) if f.matched else None)
+            for f in self.faults})
 
     def metrics(self, requests: int, upstream_errors: int, connections: int) -> bytes:
         out = ["# HELP llm_proxy_requests_total requests the proxy received (its own /chaoskit/ endpoints aside)",

@@ -24,7 +24,7 @@ import re
 import socket
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from chaoskit.injectors.llm_proxy.answers import Rewrite
 from chaoskit.injectors.llm_proxy.faults import FaultTable, Local, Plan, Request
@@ -34,7 +34,7 @@ from chaoskit.load.timer import Alarm
 
 if TYPE_CHECKING:
     from chaoskit.injectors.llm_proxy.trace import LlmTracer, RequestTrace
-    from chaoskit.injectors.proxy.tls import Tls
+    from chaoskit.injectors.proxy.tls import Tls, TlsJson
 
 MAX_HEAD, MAX_BODY = 64 * 1024, 64 << 20
 _CL = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*(\d+)")
@@ -211,12 +211,10 @@ class Downstream(asyncio.Protocol):
         if req.path == "/chaoskit/metrics":
             body, ctype = px.faults.metrics(px.requests, px.upstream_errors, px.connections), "text/plain"
         elif req.path == "/chaoskit/stats":
-            stats = px.faults.stats(px.requests, px.upstream_errors)
-            if px.upstream_error:
-                stats["upstream_error"] = px.upstream_error
-            if px.tracer is not None:  # a traced run: what its spans did
-                stats["otlp"] = px.tracer.sink.stats()
-            body, ctype = json.dumps(stats).encode(), "application/json"
+            stats = px.faults.stats(px.requests, px.upstream_errors)._replace(
+                upstream_error=px.upstream_error or None,
+                otlp=px.tracer.sink.stats() if px.tracer is not None else None)  # a traced run: what its spans did
+            body, ctype = json.dumps(stats.to_json()).encode(), "application/json"
         else:
             status, body, ctype = 404, b'{"error": "llm.proxy: /chaoskit/metrics or /chaoskit/stats"}', "application/json"
         self.t.write(answer(status, [], body, not keep, ctype))
@@ -495,19 +493,32 @@ def _nodelay(t: asyncio.BaseTransport) -> None:
             pass
 
 
-async def serve(sock: socket.socket, upstream: str, config: dict[str, Any], until: float) -> None:
+class LlmConfig(NamedTuple):
+    """llm.proxy's helper configuration: its faults (their seeded table), and where it speaks HTTPS, proxy.tls's
+    TlsConfig JSON (None: plain HTTP both ways; that module is imported only when there is one)."""
+
+    faults: FaultTable
+    tls: TlsJson | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> LlmConfig:
+        """From its argv's JSON: LlmProxySpec.wire(), with "tls" beside."""
+        return cls(FaultTable(data["faults"], data.get("seed", 0)), data.get("tls"))
+
+
+async def serve(sock: socket.socket, upstream: str, config: LlmConfig, until: float) -> None:
     loop = asyncio.get_running_loop()
-    faults = FaultTable(config["faults"], config.get("seed", 0))
+    faults = config.faults
     tracer = None
     if os.environ.get("CHAOSKIT_OTLP_ENDPOINT"):  # a traced run: the fault spans' module, only now
         from chaoskit.injectors.llm_proxy.trace import LlmTracer
 
         tracer = LlmTracer.from_env(faults)
     tls = None
-    if config.get("tls"):  # HTTPS on either side: the ssl contexts' module, only now
-        from chaoskit.injectors.proxy.tls import Tls, quiet_handshakes
+    if config.tls:  # HTTPS on either side: the ssl contexts' module, only now
+        from chaoskit.injectors.proxy.tls import Tls, TlsConfig, quiet_handshakes
 
-        tls = Tls.of(config["tls"], alpn=["http/1.1"])
+        tls = Tls.of(TlsConfig.from_json(config.tls), alpn=["http/1.1"])
         quiet_handshakes(loop)
     px = Proxy(upstream, faults, loop, tracer, tls)
     server = await loop.create_server(lambda: Downstream(px), sock=sock, backlog=1024,
@@ -517,4 +528,4 @@ async def serve(sock: socket.socket, upstream: str, config: dict[str, Any], unti
 
 def helper_main(sock: socket.socket, argv: list[str]) -> int:
     """Called by proxy_proc with its listening socket."""
-    return serve_helper(sock, argv, serve)
+    return serve_helper(sock, argv, serve, LlmConfig.from_json)

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from chaoskit.injectors.llm_proxy.faults import Fault, FaultTable, Plan, Request
-from chaoskit.injectors.proxy.trace import SpanRecord, SpanSink, incoming, scalar_params
+from chaoskit.injectors.proxy.trace import Attributes, SpanRecord, SpanSink, incoming, scalar_params
 from chaoskit.load.traceparent import format_header
 
 _TRACEPARENT = re.compile(rb"(\r\ntraceparent[ \t]*:)[^\r\n]*", re.IGNORECASE)
@@ -88,7 +88,7 @@ class LlmTracer:
     def end(self, t: RequestTrace, req: Request, plan: Plan, events: Any, client_gone: bool) -> None:
         """The exchange is over: its span, with one per fault drawn under it."""
         end = time.time_ns()
-        common: dict[str, Any] = {"chaoskit.proxy": "llm.proxy", "http.request.method": req.method.decode("latin-1"),
+        common: Attributes = {"chaoskit.proxy": "llm.proxy", "http.request.method": req.method.decode("latin-1"),
                                   "url.path": req.path, "chaoskit.proxy.client_gone": client_gone,
                                   "chaoskit.proxy.faults": ",".join(plan.names)}
         if plan.local is not None:
@@ -103,12 +103,12 @@ class LlmTracer:
             if f is None:
                 continue
             c = t.counted.get(name)
-            attrs = {"chaoskit.fault.name": name, "chaoskit.fault.type": f.type, "chaoskit.fault.share": f.share,
+            attrs: Attributes = {"chaoskit.fault.name": name, "chaoskit.fault.type": f.type, "chaoskit.fault.share": f.share,
                      "chaoskit.fault.applied": bool(c and c.hits), **scalar_params("chaoskit.fault.param.", f.params)}
             if f.type == "delay" and c and c.hits:
                 attrs["chaoskit.proxy.delay_s"] = round(plan.delay_s, 6)
             children.append(SpanRecord(f"llm.proxy {f.type}", t.trace_id, t.span_id, t.start_ns, end, attrs))
-        common["chaoskit.proxy.applied"] = ",".join(r.attributes["chaoskit.fault.name"] for r in children
+        common["chaoskit.proxy.applied"] = ",".join(str(r.attributes["chaoskit.fault.name"]) for r in children
                                                     if r.attributes["chaoskit.fault.applied"])
         self.sink.add(SpanRecord("llm.proxy request", t.trace_id, t.parent_id, t.start_ns, end, common, t.span_id,
                                  tuple(children)))

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 PAGE = mmap.PAGESIZE
 CHUNK = 64 << 20
@@ -142,16 +142,46 @@ def pick_method() -> str:
     return "populate_write" if sys.platform.startswith("linux") else "touch"
 
 
+class Config(NamedTuple):
+    """What the holder is started with (its argv's JSON: HolderRecord.config): its status file, and to hold
+    MemAvailable at a goal, the goal, floor and deadband in bytes (no goal: it holds a fixed size)."""
+
+    status: str | None = None
+    goal_available: int | None = None
+    floor: int | None = None
+    deadband: int | None = None
+
+
+class Correction(NamedTuple):
+    """One correction of a hold (the status file's last_corrections): when, MemAvailable before, the goal, the
+    bytes added (negative: given back), held and MemAvailable after, and what stopped a growth short (or None)."""
+
+    t: float
+    mem_available: int
+    goal: int
+    delta: int
+    held: int
+    after: int
+    bound: str | None = None
+
+    def to_json(self) -> dict[str, float | str]:
+        return {"t": self.t, "mem_available": self.mem_available, "goal": self.goal, "delta": self.delta,
+                "held": self.held, "after": self.after, **({"bound": self.bound} if self.bound else {})}
+
+
 class Status:
-    """The small JSON file an injector's observe_details reads."""
+    """The small JSON file an injector's observe_details reads: the holder's config, its state, the latest
+    corrections."""
 
-    def __init__(self, path: str | None, base: dict[str, Any]):
-        self.path = Path(path) if path else None
-        self.base = base
+    def __init__(self, config: Config, nbytes: int):
+        self.path = Path(config.status) if config.status else None
+        hold = config.goal_available is not None
+        self.base = {"mode": "hold" if hold else "fixed", "cap" if hold else "bytes": nbytes,
+                     **{k: v for k, v in config._asdict().items() if k != "status" and v is not None}}
         self.corrections = 0
-        self.last: deque[dict[str, Any]] = deque(maxlen=KEEP_CORRECTIONS)
+        self.last: deque[Correction] = deque(maxlen=KEEP_CORRECTIONS)
 
-    def correction(self, c: dict[str, Any]) -> None:
+    def correction(self, c: Correction) -> None:
         self.corrections += 1
         self.last.append(c)
 
@@ -160,7 +190,7 @@ class Status:
             return
         data = {**self.base, "state": state, "pid": os.getpid(), "method": pages.method, "held": pages.held,
                 "mem_available": avail if avail is not None else meminfo()[1], "corrections": self.corrections,
-                "last_corrections": list(self.last), "t": round(time.time(), 3), **extra}
+                "last_corrections": [c.to_json() for c in self.last], "t": round(time.time(), 3), **extra}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.path)
@@ -202,8 +232,7 @@ class Hold:
         if delta == 0 and why == self.bound:  # on target, or still held back by the same bound: nothing new
             return avail
         self.bound = why
-        self.status.correction({"t": round(t, 3), "mem_available": before, "goal": self.goal, "delta": delta,
-                                "held": self.pages.held, "after": avail, **({"bound": why} if why else {})})
+        self.status.correction(Correction(round(t, 3), before, self.goal, delta, self.pages.held, avail, why))
         return avail
 
     def settled(self, avail: int) -> bool:
@@ -212,7 +241,7 @@ class Hold:
 
 def main(argv: list[str]) -> int:
     _token, nbytes, until = argv[0], int(argv[1]), float(argv[2])
-    config: dict[str, Any] = json.loads(argv[3]) if len(argv) > 3 else {}
+    config = Config(**json.loads(argv[3])) if len(argv) > 3 else Config()
     stop = False
 
     def _stop(*_: object) -> None:
@@ -222,15 +251,14 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the terminal is the engine's to handle
     pages = Pages(pick_method(), lambda: stop)
-    hold = "goal_available" in config
-    status = Status(config.get("status"), {"mode": "hold" if hold else "fixed", "cap" if hold else "bytes": nbytes,
-                                           **{k: config[k] for k in ("goal_available", "floor", "deadband")
-                                              if k in config}})
+    hold = config.goal_available is not None
+    status = Status(config, nbytes)
     ctl: Hold | None = None
     t0 = time.monotonic()
     try:
         if hold:
-            ctl = Hold(pages, status, config["goal_available"], nbytes, config["floor"], config["deadband"])
+            assert config.goal_available is not None and config.floor is not None and config.deadband is not None
+            ctl = Hold(pages, status, config.goal_available, nbytes, config.floor, config.deadband)
             avail = ctl.correct()
             populate_s = time.monotonic() - t0
             for _ in range(SETTLE_TICKS):

@@ -186,9 +186,6 @@ class QdiscSnapshot(RevertRecord):
     kind: str
     options: QdiscOptions | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump()
-
 
 class QdiscRecord(netem_queue.InterfaceRecord):
     """A qdisc fault's record (network.bandwidth; network.netem in qdisc mode): where, and on egress the root
@@ -346,9 +343,8 @@ class _TcFault(Injector[TcSpecT, TcRecordT]):
             tc.restore(r.ns, r.ifindex, r.previous.to_json())
 
     @classmethod
-    def holds(cls, record: dict[str, Any]) -> list[str]:
-        r = cls.read_record(record)
-        return netem_queue.holds(r) if isinstance(r, netem_queue.QueueRecord) else qdisc_holds(r)
+    def holds(cls, record: NetemRecord) -> list[str]:
+        return netem_queue.holds(record) if isinstance(record, netem_queue.QueueRecord) else qdisc_holds(record)
 
     @staticmethod
     def observe_qdisc(r: QdiscRecord) -> bool:
@@ -468,7 +464,8 @@ class Netem(_TcFault[NetemSpec, NetemRecord]):
     def observe_details(cls, record: NetemRecord) -> dict[str, Any]:
         details: dict[str, Any] = {"in_effect": cls.observe(record), "mode": record.mode}
         if isinstance(record, netem_queue.QueueRecord):
-            details["helper"] = netem_queue.stats(record)
+            counters = netem_queue.stats(record)
+            details["helper"] = counters.to_json() if counters is not None else None
         return details
 
     def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:

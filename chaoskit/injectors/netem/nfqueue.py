@@ -12,7 +12,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, model_validator
 
@@ -81,7 +81,7 @@ def build() -> Path:
 
 def helper_args(spec: Any, ifname: str, dist_file: str | None, stats: str, until: float) -> list[str]:
     """network.netem's spec (a NetemSpec) as the helper's key=value arguments."""
-    kv: dict[str, Any] = {
+    kv: dict[str, str | int | float] = {
         "delay_ns": round(spec.delay * 1e9), "jitter_ns": round(spec.jitter * 1e9), "delay_corr": spec.correlation,
         "loss": spec.loss, "loss_corr": spec.loss_correlation, "duplicate": spec.duplicate,
         "duplicate_corr": spec.duplicate_correlation, "corrupt": spec.corrupt,
@@ -175,17 +175,13 @@ def apply(spec: Any, record: QueueRecord, dist_file: str | None, lifetime_s: flo
     return record
 
 
-def _helper_ref(r: QueueRecord) -> dict[str, Any] | None:
-    return r.helper.to_json() if r.helper is not None else None
-
-
 def revert(r: QueueRecord) -> None:
     """The rule first (new packets pass untouched), then the helper (SIGTERM: what it holds goes at once), then
     the rest of the table (only now: unregistering its hook would drop the packets still held)."""
     here = r.same_namespace()
     if here:
         nft.withdraw(r.ns, r.table, r.direction)
-    helper_proc.stop(r.token, ref=_helper_ref(r))
+    helper_proc.stop(r.token, ref=r.helper)
     if here:
         nft.remove(r.ns, r.table)
     Path(r.stats).unlink(missing_ok=True)
@@ -194,7 +190,7 @@ def revert(r: QueueRecord) -> None:
 
 def observe(r: QueueRecord) -> bool:
     """In effect: the table is there and its helper is running."""
-    return r.same_namespace() and nft.present(r.ns, r.table) and helper_proc.running(r.token, _helper_ref(r))
+    return r.same_namespace() and nft.present(r.ns, r.table) and helper_proc.running(r.token, r.helper)
 
 
 def holds(r: QueueRecord) -> list[str]:
@@ -203,7 +199,7 @@ def holds(r: QueueRecord) -> list[str]:
     chain), with the command that shows it; the queue and its helper; the helper's stats file."""
     show = f"nsenter --net={r.ns} nft --debug=netlink list table {nft.FAMILY} {r.table}"
     helper = "not started yet" if r.helper is None else f"PID {r.helper.pid} ({r.helper.comm}), " + (
-        "running" if helper_proc.running(r.token, _helper_ref(r)) else "gone")
+        "running" if helper_proc.running(r.token, r.helper) else "gone")
     return [f"nft table {nft.FAMILY} {r.table} in netns {r.ns}: {r.direction} packets of {r.ifname} go to its "
             f"chain {nft.QUEUE_CHAIN}, whose NFQUEUE rule nft list ruleset cannot print (an xtables-compat "
             f"expression); see it: {show}",
@@ -212,16 +208,44 @@ def holds(r: QueueRecord) -> list[str]:
             f"stats file {r.stats}"]
 
 
-def stats(r: QueueRecord) -> dict[str, Any] | None:
-    """The helper's counters (written every 0.5 s): packets seen, delayed, dropped, ... and its release lateness;
-    read through the helper's own root where the file is not here (an observe helper pod: the apply helper's
-    emptyDir is not its own)."""
+class QueueStats(NamedTuple):
+    """The helper's counters (its stats file, nfqueue.c's write_stats): the queue it bound; packets seen, passed
+    untouched, delayed, dropped, duplicated, corrupted, reordered, refused for a full queue (overflow); held now
+    and at most; its release lateness (p50, p99, max, in µs); netlink and copy errors; its scheduling ("fifo":
+    realtime, else "other")."""
+
+    queue: int
+    seen: int
+    passed: int
+    delayed: int
+    dropped: int
+    duplicated: int
+    corrupted: int
+    reordered: int
+    overflow: int
+    held: int
+    max_held: int
+    late_p50_us: int
+    late_p99_us: int
+    late_max_us: int
+    netlink_errors: int
+    copy_errors: int
+    sched: str
+
+    def to_json(self) -> dict[str, int | str]:
+        """As the helper wrote it (same keys, same order): the journal's observe details."""
+        return {name: getattr(self, name) for name in self._fields}
+
+
+def stats(r: QueueRecord) -> QueueStats | None:
+    """The helper's counters (written every 0.5 s); read through the helper's own root where the file is not here
+    (an observe helper pod: the apply helper's emptyDir is not its own)."""
     places = [Path(r.stats)]
     if r.helper is not None:
         places.append(Path(f"/proc/{r.helper.pid}/root{r.stats}"))
     for path in places:
         try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
+            return QueueStats(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):  # TypeError: not the helper's keys
             continue
     return None

@@ -20,6 +20,8 @@ from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, NodeHelper
 from chaoskit.injectors.proxy import intercept as proxy_intercept
 from chaoskit.injectors.proxy.intercept import TABLE_PATTERN, Intercept
 from chaoskit.injectors.proxy.server import ORIGINAL, split_addr
+from chaoskit.injectors.proxy.server import Toxic as WireToxic
+from chaoskit.injectors.proxy.tls import ListenConfig, TlsConfig, UpstreamConfig
 from chaoskit.model.types import Duration, Percent, StrictModel
 from chaoskit.targets import nftables
 from chaoskit.targets.local import NetnsTarget
@@ -32,8 +34,8 @@ class _Toxic(StrictModel):
     stream: Literal["upstream", "downstream"] = Field("downstream", description="downstream = upstream->client")
     toxicity: Percent = Field(1.0, description="chance that a connection gets this toxic")
 
-    def wire(self) -> dict[str, Any]:
-        return self.model_dump()
+    def wire(self) -> WireToxic:
+        return WireToxic(**self.model_dump())
 
 
 class LatencyToxic(_Toxic):
@@ -52,8 +54,8 @@ class BandwidthToxic(_Toxic):
         parse_rate(v)
         return v
 
-    def wire(self) -> dict[str, Any]:
-        return {**self.model_dump(), "rate": parse_rate(self.rate)}
+    def wire(self) -> WireToxic:
+        return WireToxic(**{**self.model_dump(), "rate": parse_rate(self.rate)})
 
 
 class SlowCloseToxic(_Toxic):
@@ -282,31 +284,30 @@ class ProxyHelper(helper_proc.HelperFault[Any, ProxyRecordT]):
         """The TLS files load, and an upstream that answers now accepts the handshake (its certificate trusted)."""
         from chaoskit.injectors.proxy import tls as proxy_tls
 
-        tls = self.tls_wire() or {}
+        tls = self.tls_wire() or TlsConfig()
         try:
             proxy_tls.Tls.of(tls)
         except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
-            which = "listen_tls" if "listen" in tls and not isinstance(e, FileNotFoundError) else "a TLS file"
+            which = "listen_tls" if tls.listen is not None and not isinstance(e, FileNotFoundError) else "a TLS file"
             raise PreflightError(f"{self.type}: {which} cannot be loaded: {proxy_tls.why(e)}"
                                  + (f" ({e.filename})" if getattr(e, "filename", None) else "")) from None
-        if "upstream" in tls:
-            why = proxy_tls.check_upstream(*split_addr(self.spec.upstream), tls["upstream"])
+        if tls.upstream is not None:
+            why = proxy_tls.check_upstream(*split_addr(self.spec.upstream), tls.upstream)
             if why is not None:
-                ca = tls["upstream"].get("ca_file") or "the system's CAs"
+                ca = tls.upstream.ca_file or "the system's CAs"
                 raise PreflightError(f"{self.type}: upstream {self.spec.upstream}: {why} (checked against {ca}; "
                                      "upstream_tls.ca_file names the CA to trust, insecure: true skips the check)")
 
-    def tls_wire(self) -> dict[str, Any] | None:
+    def tls_wire(self) -> TlsConfig | None:
         """The helper's `tls` configuration (absolute paths), None when the proxy speaks plain TCP both ways."""
-        out: dict[str, Any] = {}
         up, down = self.spec.upstream_tls, self.spec.listen_tls
-        if up is not None:
-            out["upstream"] = {"ca_file": str(Path(up.ca_file).resolve()) if up.ca_file else None,
-                               "insecure": up.insecure, "server_name": up.server_name}
-        if down is not None:
-            out["listen"] = {"cert_file": str(Path(down.cert_file).resolve()),
-                             "key_file": str(Path(down.key_file).resolve())}
-        return out or None
+        if up is None and down is None:
+            return None
+        return TlsConfig(
+            listen=ListenConfig(str(Path(down.cert_file).resolve()), str(Path(down.key_file).resolve()))
+            if down is not None else None,
+            upstream=UpstreamConfig(str(Path(up.ca_file).resolve()) if up.ca_file else None, up.insecure,
+                                    up.server_name) if up is not None else None)
 
     def tls_plan(self) -> str:
         """The plan's words on TLS ('' when there is none)."""
@@ -394,7 +395,7 @@ class ProxyHelper(helper_proc.HelperFault[Any, ProxyRecordT]):
 
     @staticmethod
     def _helpers(r: ProxyRecord) -> list[ProcessRef]:
-        return helper_proc.marked(r.token, r.proxy.to_json() if r.proxy else None)
+        return helper_proc.marked(r.token, r.proxy)
 
     def apply(self, record: ProxyRecordT) -> ProxyRecordT:
         """Start the helper (in the namespace, for intercept), then, for intercept, the redirect to it."""
@@ -444,6 +445,6 @@ class Proxy(ProxyHelper[ProxyRecord]):
                 + (revert or f"revert: stop it (it also exits by itself after {self.ctx.lifetime_s:g}s)")]
 
     def config(self) -> Any:
-        toxics = [t.wire() for t in self.spec.toxics]
+        toxics = [t.wire().to_json() for t in self.spec.toxics]
         tls = self.tls_wire()
-        return toxics if tls is None else {"toxics": toxics, "tls": tls}
+        return toxics if tls is None else {"toxics": toxics, "tls": tls.to_json()}

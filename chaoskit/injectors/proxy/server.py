@@ -31,17 +31,64 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from chaoskit.injectors.proxy.splice import Relay, RelayStarted
 
 if TYPE_CHECKING:
+    from chaoskit.injectors.proxy.tls import TlsJson
     from chaoskit.injectors.proxy.trace import ConnTrace, NetTracer
 
 CHUNK = 64 * 1024
 ORIGINAL = "original-destination"  # the upstream of an intercepting proxy: each connection's own
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
 IP6T_SO_ORIGINAL_DST = 80  # linux/netfilter_ipv6/ip6_tables.h
+PARAMS = {"latency": ("latency", "jitter"), "bandwidth": ("rate",), "slow_close": ("delay",), "timeout": ("timeout",),
+          "reset_peer": ("timeout",), "slicer": ("average_size", "size_variation", "delay"), "limit_data": ("bytes",)}
+
+
+class Toxic(NamedTuple):
+    """One toxic as the helper takes it: its kind, the stream it acts on (downstream = upstream->client), the
+    chance a connection gets it, and the parameters of its kind (PARAMS; rate in bytes/s, times in seconds)."""
+
+    type: str
+    stream: str = "downstream"
+    toxicity: float = 1.0
+    latency: float = 0.0
+    jitter: float = 0.0
+    rate: int = 0
+    delay: float = 0.0
+    timeout: float = 0.0
+    average_size: int = 0
+    size_variation: int = 0
+    bytes: int = 0
+
+    def params(self) -> dict[str, float]:
+        """The parameters of its kind, by name."""
+        return {k: getattr(self, k) for k in PARAMS[self.type]}
+
+    def to_json(self) -> dict[str, str | float]:
+        """The wire form (in the helper's argv): its fields, those of other kinds left out."""
+        return {"stream": self.stream, "toxicity": self.toxicity, "type": self.type, **self.params()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, str | float]) -> Toxic:
+        return cls(**data)  # type: ignore[arg-type]  # to_json's own form
+
+
+class ProxyConfig(NamedTuple):
+    """network.proxy's helper configuration: its toxics, and where it ends or starts TLS, proxy.tls.TlsConfig's
+    JSON (None: plain TCP both ways; that module is imported only when there is one)."""
+
+    toxics: list[Toxic]
+    tls: TlsJson | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> ProxyConfig:
+        """From its argv's JSON: the toxics' list, or {"toxics": [...], "tls": {...}}."""
+        if isinstance(data, list):
+            return cls([Toxic.from_json(t) for t in data])
+        return cls([Toxic.from_json(t) for t in data.get("toxics", [])], data.get("tls"))
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -72,10 +119,10 @@ def original_dst(sock: socket.socket | None) -> tuple[str, int] | None:
 class Pipe:
     """One direction of one connection with its toxics."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, toxics: list[dict[str, Any]],
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, toxics: list[Toxic],
                  conn: Connection):
         self.reader, self.writer, self.conn = reader, writer, conn
-        self.toxics = {t["type"]: t for t in toxics}
+        self.toxics = {t.type: t for t in toxics}
         self.sent = 0
         self.next_free = 0.0  # bandwidth pacing
         self.first: Callable[[bytes], None] | None = None  # told the first bytes read (a traced connection's)
@@ -103,15 +150,15 @@ class Pipe:
     async def _toxic(self) -> None:
         t = self.toxics
         if "timeout" in t:  # swallow everything; close after the timeout (0 = never)
-            if t["timeout"]["timeout"] > 0:
-                await asyncio.sleep(t["timeout"]["timeout"])
+            if t["timeout"].timeout > 0:
+                await asyncio.sleep(t["timeout"].timeout)
                 self.conn.abort(reset=False)
             else:
                 while await self.reader.read(CHUNK):
                     pass
             return
         if "reset_peer" in t:
-            asyncio.get_running_loop().call_later(t["reset_peer"]["timeout"], self.conn.abort, True)
+            asyncio.get_running_loop().call_later(t["reset_peer"].timeout, self.conn.abort, True)
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=256)
         feeder = asyncio.create_task(self._feed(queue))
         try:
@@ -121,16 +168,16 @@ class Pipe:
                     break
                 if "latency" in t:
                     lat = t["latency"]
-                    delay = lat["latency"] + random.uniform(-lat["jitter"], lat["jitter"])
+                    delay = lat.latency + random.uniform(-lat.jitter, lat.jitter)
                     wait = arrived + max(0.0, delay) - time.monotonic()
                     if wait > 0:
                         await asyncio.sleep(wait)
                 if "limit_data" in t:
-                    room = t["limit_data"]["bytes"] - self.sent
+                    room = t["limit_data"].bytes - self.sent
                     data = data[:max(0, room)]
                 for piece in self._slices(data):
                     await self._write(piece)
-                if "limit_data" in t and self.sent >= t["limit_data"]["bytes"]:
+                if "limit_data" in t and self.sent >= t["limit_data"].bytes:
                     self.conn.abort(reset=False)
                     return
         finally:
@@ -153,7 +200,7 @@ class Pipe:
             return [data]
         out, i = [], 0
         while i < len(data):
-            n = max(1, int(s["average_size"] + random.uniform(-s["size_variation"], s["size_variation"])))
+            n = max(1, int(s.average_size + random.uniform(-s.size_variation, s.size_variation)))
             out.append(data[i:i + n])
             i += n
         return out
@@ -165,30 +212,30 @@ class Pipe:
         if bw:  # pace so the average never exceeds rate (bytes/s); a piece leaves when the link is free
             now = time.monotonic()
             start = max(now, self.next_free)
-            self.next_free = start + len(data) / bw["rate"]
+            self.next_free = start + len(data) / bw.rate
             if start > now:
                 await asyncio.sleep(start - now)
         self.writer.write(data)
         await self.writer.drain()
         self.sent += len(data)
         s = self.toxics.get("slicer")
-        if s and s["delay"] > 0:
-            await asyncio.sleep(s["delay"])
+        if s and s.delay > 0:
+            await asyncio.sleep(s.delay)
 
 
 class Connection:
     """A client connection and its upstream connection, with the toxics drawn for it."""
 
     def __init__(self, client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-                 upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter], drawn: list[dict[str, Any]],
+                 upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter], drawn: list[Toxic],
                  tracer: NetTracer | None = None):
         self.client, self.upstream = client, upstream
         self.tracer = tracer if drawn else None
         self.trace: ConnTrace | None = None
-        self.slow_close = next((t["delay"] for t in drawn if t["type"] == "slow_close"), 0.0)
+        self.slow_close = next((t.delay for t in drawn if t.type == "slow_close"), 0.0)
         self.pipes = [
-            Pipe(client[0], upstream[1], [t for t in drawn if t.get("stream") == "upstream"], self),
-            Pipe(upstream[0], client[1], [t for t in drawn if t.get("stream", "downstream") == "downstream"], self),
+            Pipe(client[0], upstream[1], [t for t in drawn if t.stream == "upstream"], self),
+            Pipe(upstream[0], client[1], [t for t in drawn if t.stream == "downstream"], self),
         ]
         self.closed = False
         if self.tracer is not None:
@@ -233,17 +280,15 @@ class Connection:
             p.reader.feed_eof()
 
 
-async def serve(sock: socket.socket, upstream: str, config: list[dict[str, Any]] | dict[str, Any],
-                until: float) -> None:
-    """config: the toxics, or {"toxics": [...], "tls": {...}} where the proxy ends or starts TLS."""
+async def serve(sock: socket.socket, upstream: str, config: ProxyConfig, until: float) -> None:
     intercept = upstream == ORIGINAL
     up_host, up_port = ("", 0) if intercept else split_addr(upstream)
-    toxics, tls_cfg = (config, None) if isinstance(config, list) else (config.get("toxics", []), config.get("tls"))
+    toxics, tls_cfg = config
     listen_ssl = up_ssl = server_name = None
     if tls_cfg:  # the ssl contexts' module, only now
-        from chaoskit.injectors.proxy.tls import Tls, quiet_handshakes
+        from chaoskit.injectors.proxy.tls import Tls, TlsConfig, quiet_handshakes
 
-        tls = Tls.of(tls_cfg)
+        tls = Tls.of(TlsConfig.from_json(tls_cfg))
         listen_ssl, up_ssl, server_name = tls.listen, tls.upstream, tls.server_name
         quiet_handshakes(asyncio.get_running_loop())
     tracer = None
@@ -261,7 +306,7 @@ async def serve(sock: socket.socket, upstream: str, config: list[dict[str, Any]]
                 client.close()
                 return
             host, port = dst
-        drawn = [t for t in toxics if random.random() < t.get("toxicity", 1.0)]
+        drawn = [t for t in toxics if random.random() < t.toxicity]
         upstream = None
         if not drawn and listen_ssl is None and up_ssl is None:  # untouched: the kernel relays it
             upstream = await _connect(host, port)
@@ -412,14 +457,18 @@ def run_fast(coro: Awaitable[Any]) -> Any:
     return uvloop.run(coro)  # type: ignore[arg-type]
 
 
+ConfigT = TypeVar("ConfigT")
+
+
 def serve_helper(sock: socket.socket, argv: list[str],
-                 serve: Callable[[socket.socket, str, Any, float], Awaitable[None]]) -> int:
+                 serve: Callable[[socket.socket, str, ConfigT, float], Awaitable[None]],
+                 config: Callable[[Any], ConfigT]) -> int:
     """A proxy server's part of its helper (proxy_proc listened already): argv is upstream, its JSON
-    configuration, the epoch to end at."""
-    run_fast(serve(sock, argv[0], json.loads(argv[1]), float(argv[2])))
+    configuration (read by `config`: the server's typed configuration), the epoch to end at."""
+    run_fast(serve(sock, argv[0], config(json.loads(argv[1])), float(argv[2])))
     return 0
 
 
 def helper_main(sock: socket.socket, argv: list[str]) -> int:
     """Called by proxy_proc with its listening socket."""
-    return serve_helper(sock, argv, serve)
+    return serve_helper(sock, argv, serve, ProxyConfig.from_json)

@@ -11,13 +11,14 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from chaoskit.load.traceparent import parse
 
 ENDPOINT_ENV = "CHAOSKIT_OTLP_ENDPOINT"  # set by a traced `chaoskit run` (observe.traces.EnvCarrier) for its life
 EVERY_S = 0.2  # how often the thread exports what was recorded
 KEEP = 10_000  # records waiting at most (a dead endpoint drops the oldest, never grows the helper)
+Attributes = dict[str, str | bool | int | float]  # a span's attributes: OpenTelemetry's scalar attribute values
 
 
 @dataclass(frozen=True)
@@ -30,9 +31,19 @@ class SpanRecord:
     parent_id: int
     start_ns: int
     end_ns: int
-    attributes: dict[str, Any]
+    attributes: Attributes
     span_id: int | None = None
     children: tuple[SpanRecord, ...] = ()
+
+
+class Toxic(Protocol):
+    """A toxic drawn for a connection (proxy.server.Toxic), as its span names it."""
+
+    type: str
+    stream: str
+    toxicity: float
+
+    def params(self) -> dict[str, float]: ...
 
 
 def incoming(value: str | None) -> tuple[int, int] | None:
@@ -41,9 +52,23 @@ def incoming(value: str | None) -> tuple[int, int] | None:
     return (parsed[0], parsed[1]) if parsed and parsed[2] & 1 else None
 
 
-def scalar_params(prefix: str, params: Mapping[str, Any]) -> dict[str, Any]:
+def scalar_params(prefix: str, params: Mapping[str, Any]) -> Attributes:
     """A fault's parameters as span attributes (the scalar ones)."""
     return {f"{prefix}{k}": v for k, v in params.items() if isinstance(v, (str, bool, int, float))}
+
+
+class SinkStats(NamedTuple):
+    """What a proxy's spans did: the endpoint, the spans it accepted and those dropped (export failed, queue
+    full), and why the latest export failed (None: it did not)."""
+
+    endpoint: str
+    spans_exported: int
+    spans_lost: int
+    error: str | None
+
+    def to_json(self) -> dict[str, str | int | None]:
+        return {"endpoint": self.endpoint, "spans_exported": self.spans_exported, "spans_lost": self.spans_lost,
+                "error": self.error}
 
 
 class SpanSink:
@@ -78,9 +103,9 @@ class SpanSink:
         if not self.exported:  # until the endpoint has accepted one, each goes at once: close() waits for none
             self._wake.set()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> SinkStats:
         """For the proxy's /chaoskit/stats (so the journal's fault_observed details): what reached the endpoint."""
-        return {"endpoint": self.url, "spans_exported": self.exported, "spans_lost": self.lost, "error": self.error}
+        return SinkStats(self.url, self.exported, self.lost, self.error)
 
     def close(self, timeout_s: float = 0.5) -> None:
         """Export what is left, waiting at most timeout_s, and only when the endpoint has accepted spans and its
@@ -188,7 +213,7 @@ def http_traceparent(first: bytes) -> tuple[int, int] | None:
 class ConnTrace:
     """One network.proxy connection with toxics drawn: traced once its first request head names a trace."""
 
-    def __init__(self, toxics: list[dict[str, Any]]):
+    def __init__(self, toxics: list[Toxic]):
         self.toxics, self.start_ns = toxics, time.time_ns()
         self.ctx: tuple[int, int] | None = None
         self.aborted = False
@@ -198,13 +223,11 @@ class ConnTrace:
         if self.ctx is None:
             return []
         end = time.time_ns()
-        return [SpanRecord(f"network.proxy {t['type']}", self.ctx[0], self.ctx[1], self.start_ns, end,
-                           {"chaoskit.proxy": "network.proxy", "chaoskit.toxic.type": t["type"],
-                            "chaoskit.toxic.stream": t.get("stream", "downstream"),
-                            "chaoskit.toxic.toxicity": float(t.get("toxicity", 1.0)),
+        return [SpanRecord(f"network.proxy {t.type}", self.ctx[0], self.ctx[1], self.start_ns, end,
+                           {"chaoskit.proxy": "network.proxy", "chaoskit.toxic.type": t.type,
+                            "chaoskit.toxic.stream": t.stream, "chaoskit.toxic.toxicity": float(t.toxicity),
                             "chaoskit.proxy.aborted": self.aborted,
-                            **scalar_params("chaoskit.toxic.param.",
-                                            {k: v for k, v in t.items() if k not in ("type", "stream", "toxicity")})})
+                            **scalar_params("chaoskit.toxic.param.", t.params())})
                 for t in self.toxics]
 
 
@@ -221,7 +244,7 @@ class NetTracer:
         sink = SpanSink.from_env(environ, "chaoskit network.proxy")
         return cls(sink) if sink is not None else None
 
-    def begin(self, toxics: list[dict[str, Any]]) -> ConnTrace:
+    def begin(self, toxics: list[Toxic]) -> ConnTrace:
         t = ConnTrace(toxics)
         self.live.add(t)
         return t
