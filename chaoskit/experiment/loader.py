@@ -140,7 +140,7 @@ def _pending(data: dict, variables: dict[str, Any], deployed: dict[str, Any] | N
     nb = own.neighbour
     neighbour = None if nb is None else {"engine": nb.engine, "replicas": nb.replicas, "netns": nb.netns}
     split = (own.disaggregated.prefill, own.disaggregated.decode) if own.disaggregated else None
-    return pending_shape(reference_shape(own.engine, own.replicas, own.netns, neighbour, split))
+    return pending_shape(reference_shape(own.engine, own.replicas, own.netns, neighbour, split, own.mcp))
 
 
 def _file_facts(path: Path) -> dict[str, Any]:

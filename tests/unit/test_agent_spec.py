@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
@@ -105,3 +106,22 @@ def test_a_streamed_tool_call_is_put_together_and_replayed():
     assert t.message() == {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
     assert run_local("get_weather", {"city": "Paris", "days": 3}).startswith("Paris: 3 day(s), ")
+
+
+def test_the_bundled_agents_scenarios_validate_with_tiny_mcp_facts(tmp_path, monkeypatch):
+    """Their {target.mcp.url} is a fact the deployment publishes with mcp: true, checked before it runs; without
+    mcp the same placeholder is refused."""
+    from chaoskit.errors import SpecError
+    from chaoskit.experiment.loader import load_experiment
+
+    monkeypatch.setenv("CHAOSKIT_REF_DIR", str(tmp_path / "none"))
+    files = sorted(Path(__file__).resolve().parents[2].glob("chaoskit/library/experiments/agents/*.yaml"))
+    assert [f.stem for f in files] == ["error-event-mid-stream", "tool-args-broken"]
+    for f in files:
+        loaded = load_experiment(f, strict=False)
+        assert [p.type for p in loaded.experiment.steady_state.probes] == ["agent", "agent"], f
+        (tmp_path / f.name).write_text(f.read_text().replace("mcp: true, ", ""))
+        line = next(n for n, text in enumerate(f.read_text().splitlines(), 1) if "mcp_url:" in text)
+        with pytest.raises(SpecError, match=rf"{f.name}:{line}:7: steadyState.probes\[0\].mcp_url: unknown "
+                                            r"substitution \{target.mcp.url\}"):
+            load_experiment(tmp_path / f.name, strict=False)
