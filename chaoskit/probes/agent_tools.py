@@ -1,5 +1,6 @@
 """The agent probe's local tools and the checks of a tool call: deterministic answers (tiny-mcp serves the same
-functions over MCP), their OpenAI tool definitions, and whether a call's arguments fit a tool's JSON Schema."""
+functions over MCP), their OpenAI tool definitions, and whether a call's arguments (or a structured answer) fit a
+JSON Schema."""
 
 from __future__ import annotations
 
@@ -63,29 +64,35 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
 
 
 def parse_arguments(text: str, schema: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
-    """(the arguments, None) when `text` is a JSON object that fits the tool's schema (its required properties,
-    the types and enums of its top-level properties, no others where additionalProperties is false), else
+    """(the arguments, None) when `text` is a JSON object that fits the tool's schema (see parse_object), else
     (None, why not)."""
+    return parse_object(text, schema, "arguments", "argument")
+
+
+def parse_object(text: str, schema: dict[str, Any], what: str = "the answer",
+                 part: str = "property") -> tuple[dict[str, Any] | None, str | None]:
+    """(the object, None) when `text` is a JSON object that fits `schema` (its required properties, the types and
+    enums of its top-level properties, no others where additionalProperties is false), else (None, why not)."""
     try:
-        args = json.loads(text)
+        doc = json.loads(text)
     except ValueError as e:
-        return None, f"arguments are not JSON ({e}): {text[:80]!r}"
-    if not isinstance(args, dict):
-        return None, f"arguments are not a JSON object: {text[:80]!r}"
+        return None, f"{what}: not JSON ({e}): {text[:80]!r}"
+    if not isinstance(doc, dict):
+        return None, f"{what}: not a JSON object: {text[:80]!r}"
     props = schema.get("properties") or {}
-    missing = [k for k in schema.get("required") or () if k not in args]
+    missing = [k for k in schema.get("required") or () if k not in doc]
     if missing:
-        return None, f"arguments lack required {', '.join(missing)}"
-    for key, value in args.items():
+        return None, f"{what}: required {', '.join(missing)} missing"
+    for key, value in doc.items():
         sub = props.get(key)
         if sub is None:
             if schema.get("additionalProperties") is False:
-                return None, f"argument {key} is not a parameter of the tool"
+                return None, f"{part} {key} is not in the schema"
             continue
         types = sub.get("type") if isinstance(sub, dict) else None
         types = [types] if isinstance(types, str) else types or []
         if types and not any(_TYPES.get(t, lambda _: True)(value) for t in types):
-            return None, f"argument {key}: {json.dumps(value)[:40]} is not {' or '.join(types)}"
+            return None, f"{part} {key}: {json.dumps(value)[:40]} is not {' or '.join(types)}"
         if isinstance(sub, dict) and isinstance(sub.get("enum"), list) and value not in sub["enum"]:
-            return None, f"argument {key}: {json.dumps(value)[:40]} is not one of its enum"
-    return args, None
+            return None, f"{part} {key}: {json.dumps(value)[:40]} is not one of its enum"
+    return doc, None

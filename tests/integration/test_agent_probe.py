@@ -1,7 +1,8 @@
 """agent probe against a real tiny-openai replica and tiny-mcp: it holds when nothing is wrong; behind an llm.proxy
 that breaks tool-call arguments or sends an error event inside the stream it deviates, and the tasks it counts as
 done are exactly the tool calls tiny-mcp's own request log shows (a task whose tool call was refused never calls
-the tool); repair sends the broken turns again. The model requests it sent match tiny-openai's request log."""
+the tool); repair sends the broken turns again. The model requests it sent match tiny-openai's request log. The
+correctness probe's `schema` catches the structured answers llm.proxy's schema_break breaks, exactly those."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 from chaoskit.injectors.llm_proxy.fault import LlmProxy, stats_of
 from chaoskit.probes.agent import AgentProbe, AgentProbeSpec
 from chaoskit.probes.agent_tools import weather
+from chaoskit.probes.correctness import CorrectnessProbe, CorrectnessProbeSpec
 from chaoskit.reference.tiny_tools import tokens
 from chaoskit.targets.process import all_pids, cmdline
 from tests.conftest import free_port, wait_for
@@ -29,7 +31,9 @@ ANSWER = "".join(tokens("\n".join([PROMPT, "", weather("Paris", 3)]), 16))  # wh
 FAULTS = [{"name": "args", "type": "tool_args", "mode": "invalid_json", "share": 0.5,
            "match": {"headers": {"X-Fault": "args"}}},
           {"name": "error", "type": "error_event", "after_tokens": 2, "message": "pop from empty list", "share": 0.5,
-           "match": {"headers": {"X-Fault": "error", "x-request-id": "*-t1-*"}}}]  # the tool-call turn only
+           "match": {"headers": {"X-Fault": "error", "x-request-id": "*-t1-*"}}},  # the tool-call turn only
+          {"name": "schema", "type": "schema_break", "mode": "wrong_type", "share": 0.5,
+           "match": {"headers": {"X-Fault": "schema"}}}]
 
 
 def _answers(port: int) -> bool:
@@ -124,3 +128,30 @@ def test_broken_tool_calls_and_error_events_fail_tasks_as_tiny_mcp_counts(stack,
     assert fixed["succeeded"] == len(calls) and fixed["succeeded"] > out["succeeded"]
     assert applied == fixed["retries"] + fixed["failed"]  # each broken turn sent again, or the 4th fails its task
     assert len(requests) == round(fixed["turns"] * 20) == 2 * fixed["succeeded"] + applied  # a failed task: 4 tries
+
+
+def test_the_correctness_probe_with_a_schema_counts_the_answers_schema_break_broke(stack):
+    schema = {"type": "object", "required": ["city", "days"],
+              "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
+
+    def sample(port: int, fault: str | None) -> dict:
+        probe = CorrectnessProbe(CorrectnessProbeSpec.model_validate({
+            "type": "correctness", "name": "answers", "url": f"http://127.0.0.1:{port}", "api": "openai-chat",
+            "model": "tiny-openai", "schema": schema, "stream": "both", "requests": 20, "concurrency": 4,
+            "headers": {"X-Fault": fault} if fault else {},
+            "prompts": [{"prompt": "a forecast for city=Paris days=3", "answer": '{"city": "Paris", "days": 3}'}]}))
+
+        async def go() -> dict:
+            try:
+                return await probe.measure()
+            finally:
+                await probe.close()
+
+        return asyncio.run(go())
+
+    assert sample(stack["up"], None)["failed"] == 0  # tiny-openai's structured answers fit the schema
+    before = stats_of(f"127.0.0.1:{stack['proxy']}")["faults"]["schema"]["applied"]
+    out = sample(stack["proxy"], "schema")
+    applied = stats_of(f"127.0.0.1:{stack['proxy']}")["faults"]["schema"]["applied"] - before
+    print(f"\nschema_break: {out['failures.schema']} of 20 answers broke the schema; {out.get('first_failure')}")
+    assert 0 < out["failures.schema"] == out["failed"] == applied < 20
