@@ -163,7 +163,7 @@ class Tools:
         except TimeoutError:
             raise TaskFailed("tool_error", f"{name}: no result within {timeout:g}s") from None
         except Exception as e:  # noqa: BLE001 - whatever the MCP client raises is this tool call's failure
-            raise TaskFailed("tool_error", f"{name}: {type(e).__name__}: {e}"[:200]) from None
+            raise TaskFailed("tool_error", f"{name}: {leaf(e)}") from None
         text = "".join(getattr(c, "text", "") for c in result.content)
         if result.is_error:
             raise TaskFailed("tool_error", f"{name}: error result: {text[:120]}")
@@ -203,9 +203,16 @@ class AgentProbe(Probe):
         if s.mcp_url is None:
             return self.summarize(await self.run_all(Tools(), recording))
         import mcp.client
-        async with mcp.client.Client(s.mcp_url, read_timeout_seconds=s.tool_timeout) as session:
-            tools = Tools(session, (await session.list_tools()).tools)
-            return self.summarize(await self.run_all(tools, recording))
+        done: list[tuple[Task, float]] | None = None
+        try:
+            async with mcp.client.Client(s.mcp_url, read_timeout_seconds=s.tool_timeout) as session:
+                tools = Tools(session, (await session.list_tools()).tools)
+                done = await self.run_all(tools, recording)
+        except Exception as e:  # noqa: BLE001 - no session (or its end failed): no task can call a tool
+            if done is None:
+                failed = TaskFailed("tool_error", f"MCP server {s.mcp_url}: {leaf(e)}")
+                done = [(Task(tool_errors=1, failure=failed), 0.0) for _ in range(s.tasks)]
+        return self.summarize(done)
 
     async def run_all(self, tools: Tools, recording: bool) -> list[tuple[Task, float]]:
         s, gate, t0 = self.spec, asyncio.Semaphore(self.spec.concurrency), time.monotonic()
@@ -317,6 +324,13 @@ class AgentProbe(Probe):
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+def leaf(e: BaseException) -> str:
+    """What went wrong, out of the exception groups the MCP client's task groups wrap it in."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return f"{type(e).__name__}: {e}"[:200]
 
 
 def read_chunk(turn: Turn, chunk: Any) -> None:

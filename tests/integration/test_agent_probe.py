@@ -155,3 +155,21 @@ def test_the_correctness_probe_with_a_schema_counts_the_answers_schema_break_bro
     applied = stats_of(f"127.0.0.1:{stack['proxy']}")["faults"]["schema"]["applied"] - before
     print(f"\nschema_break: {out['failures.schema']} of 20 answers broke the schema; {out.get('first_failure')}")
     assert 0 < out["failures.schema"] == out["failed"] == applied < 20
+
+
+def test_no_mcp_server_fails_every_task_as_a_tool_error():
+    port = free_port()  # nothing listens there
+    probe = AgentProbe(AgentProbeSpec.model_validate({"type": "agent", "name": "agent", "url": "http://127.0.0.1:1",
+                                                      "model": "m", "mcp_url": f"http://127.0.0.1:{port}/mcp",
+                                                      "tasks": 3}))
+
+    async def go() -> dict:
+        try:
+            return await probe.measure()
+        finally:
+            await probe.close()
+
+    out = asyncio.run(go())
+    assert (out["succeeded"], out["failures.tool_error"], out["tool_errors"], out["turns"]) == (0, 3, 3, 0.0)
+    assert out["first_failure"] == (f"tool_error: MCP server http://127.0.0.1:{port}/mcp: ConnectError: All "
+                                    "connection attempts failed")
