@@ -126,12 +126,13 @@ def _facts(data: dict, variables: dict[str, Any], strict: bool,
 def _pending(data: dict, variables: dict[str, Any], deployed: dict[str, Any] | None) -> Pending | None:
     """The facts a reference deployment will publish once it runs, where they are not known now: the file's own
     deployment before it starts (its engine and replica count, `when` overlays applied), or `reference: ENGINE`
-    while none is running (names only: its replica count and --netns are not known)."""
+    while none is running (names only: its replica count, --netns and --mcp are not known)."""
     ref = data["target"].get("reference") if isinstance(data.get("target"), dict) else None
     if deployed is not None or ref is None:
         return None
     if isinstance(ref, str):
-        return None if reference_running() else pending_shape(reference_shape(ref, netns=True), counted=False)
+        return None if reference_running() else pending_shape(reference_shape(ref, netns=True, mcp=True),
+                                                              counted=False)
     try:
         own = Reference.model_validate(ref).effective(variables)
     except ValidationError:  # reported by validation, or a placeholder inside it: check names only
@@ -140,7 +141,7 @@ def _pending(data: dict, variables: dict[str, Any], deployed: dict[str, Any] | N
     nb = own.neighbour
     neighbour = None if nb is None else {"engine": nb.engine, "replicas": nb.replicas, "netns": nb.netns}
     split = (own.disaggregated.prefill, own.disaggregated.decode) if own.disaggregated else None
-    return pending_shape(reference_shape(own.engine, own.replicas, own.netns, neighbour, split))
+    return pending_shape(reference_shape(own.engine, own.replicas, own.netns, neighbour, split, own.mcp))
 
 
 def _file_facts(path: Path) -> dict[str, Any]:

@@ -16,12 +16,13 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.model.types import Duration, StrictModel, Url, check_url
+from chaoskit.probes.agent_tools import parse_object
 from chaoskit.probes.base import Probe, ProbeSpecBase, RequestTarget
 
 # a failed answer's kind (classify): error, empty, truncated, and against the expected answer: restarted (a prefix
 # of it, then all of it: a failover that started the stream again), duplicated (a piece of it twice), gap (a piece
-# of it missing), mismatch (anything else)
-KINDS = ("mismatch", "empty", "truncated", "error", "restarted", "duplicated", "gap")
+# of it missing), mismatch (anything else); schema: with `schema`, an answer that is not JSON or breaks it
+KINDS = ("mismatch", "empty", "truncated", "error", "restarted", "duplicated", "gap", "schema")
 _KEYS = ("requests", "ok", "failed", "failed_share", "recorded", "failures.", "failure_share.")
 EXAMPLE = {"name": "answers", "type": "correctness", "url": "http://127.0.0.1:8000", "api": "openai-chat",
            "model": "my-model", "prompts": ["What is the capital of France?", {"prompt": "2 + 2 =", "answer": " 4"}],
@@ -56,6 +57,10 @@ class CorrectnessProbeSpec(ProbeSpecBase):
     requests: int = Field(50, ge=1, description="requests per sample, the prompts in turn")
     concurrency: int = Field(8, ge=1, le=256, description="requests in flight at once")
     max_tokens: int = Field(16, gt=0, description="max_tokens of each request (temperature is always 0)")
+    json_schema: dict[str, Any] | None = Field(
+        None, alias="schema", description="openai-chat: structured answers; each request asks for them "
+        "(response_format json_schema with this JSON Schema, an object's) and an answer that is not a JSON object "
+        "fitting it (its required properties, the types and enums of its top-level ones) fails as `schema`")
     request_timeout: Duration = Field(10.0, gt=0, description="per request: no whole answer by then is an error")
     headers: dict[str, str] = Field(default_factory=dict, description="request headers (e.g. Authorization)")
     timeout: Duration | None = Field(None, description="the whole sample (default: request_timeout x the rounds "
@@ -77,6 +82,8 @@ class CorrectnessProbeSpec(ProbeSpecBase):
             object.__setattr__(self, "timeout", self.request_timeout * rounds + 5.0)
         if self.api != "triton" and not self.model:
             raise ValueError(f"api {self.api} needs model")
+        if self.json_schema is not None and self.api != "openai-chat":
+            raise ValueError(f"schema: structured answers need api openai-chat (response_format), not {self.api}")
         if not self.prompts and not self.prompts_file:
             raise ValueError("no prompts: give prompts, prompts_file or both")
         if "before" not in self.phases and self.prompts_file is None and not all_golden(self.prompts):
@@ -126,15 +133,18 @@ class Answer:
     error: str | None = None  # no answer: the connection, a timeout, a status, an error object, bad JSON
 
 
-def classify(a: Answer, expected: str | None) -> str | None:
+def classify(a: Answer, expected: str | None, schema: dict[str, Any] | None = None) -> str | None:
     """The failure kind of an answer (None: correct, or the first answer of a prompt yet to be recorded). A
-    stream cut, ended without its end markers, or a strict prefix of the expected answer is truncated."""
+    stream cut, ended without its end markers, or a strict prefix of the expected answer is truncated; a whole
+    answer that does not fit the schema asked for is schema."""
     if a.error is not None:
         return "error"
     if not a.text:
         return "empty"
     if not a.finished or (expected is not None and len(a.text) < len(expected) and expected.startswith(a.text)):
         return "truncated"
+    if schema is not None and parse_object(a.text, schema)[0] is None:
+        return "schema"
     if expected is not None and a.text != expected:
         return against(a.text, expected)
     return None
@@ -164,6 +174,9 @@ def request_for(s: CorrectnessProbeSpec, base: str, prompt: str, stream: bool) -
                 {"text_input": prompt, "max_tokens": s.max_tokens})
     body: dict[str, Any] = {"model": s.model, "max_tokens": s.max_tokens, "temperature": 0, "stream": stream}
     if s.api == "openai-chat":
+        if s.json_schema is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer",
+                                                                              "schema": s.json_schema}}
         return f"{base}/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}
     return f"{base}/v1/completions", {**body, "prompt": prompt}
 
@@ -296,7 +309,7 @@ class CorrectnessProbe(Probe):
             stream = s.stream if isinstance(s.stream, bool) else (i // len(prompts)) % 2 == 0
             async with gate:
                 a = await fetch(self._session, s, base, prompts[k].prompt, stream)  # type: ignore[arg-type]
-            kind = classify(a, self._expected.get(k))
+            kind = classify(a, self._expected.get(k), s.json_schema)
             if kind is None:
                 if recording:
                     self._expected.setdefault(k, a.text)  # the first whole answer of a prompt is its record
@@ -304,7 +317,8 @@ class CorrectnessProbe(Probe):
             counts[kind] += 1
             if not first:
                 first.append(f"prompt {k} ({'stream' if stream else 'json'}): {kind}: "
-                             + (a.error or f"got {a.text[:60]!r}, expected {self._expected.get(k, '')[:60]!r}"))
+                             + (a.error or (parse_object(a.text, s.json_schema)[1] if kind == "schema" else None)
+                                or f"got {a.text[:60]!r}, expected {self._expected.get(k, '')[:60]!r}"))
 
         await asyncio.gather(*(one(i) for i in range(s.requests)))
         failed = sum(counts.values())

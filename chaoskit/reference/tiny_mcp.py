@@ -1,7 +1,8 @@
 """`tiny-mcp`: a small MCP tool server (streamable HTTP at /mcp, the official `mcp` SDK) beside the reference,
 whose tools answer deterministically - the same arguments, the same answer - and which logs every tool call it
 serves (the independent count). Its tools are the ones tiny-openai's tool calls name when a prompt asks:
-get_weather(city, days), get_time(zone) and slow_lookup(key, seconds) (answers after `seconds`, at most 60)."""
+get_weather(city, days), get_time(zone) and slow_lookup(key, seconds) (answers after `seconds`, at most 60); their
+answers are the agent probe's local tools' (chaoskit.probes.agent_tools)."""
 
 from __future__ import annotations
 
@@ -13,26 +14,9 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-SKIES = ("sunny", "cloudy", "rain", "snow", "fog", "wind")
+from chaoskit.probes.agent_tools import clock, lookup, weather
+
 MAX_SLOW_S = 60.0
-
-
-def _h(*parts: object) -> int:
-    return int.from_bytes(hashlib.sha256("\0".join(map(str, parts)).encode()).digest()[:8], "big")
-
-
-def weather(city: str, days: int) -> str:
-    h = _h("weather", city, days)
-    return f"{city}: {days} day(s), {h % 35 - 5} C, {SKIES[(h >> 8) % len(SKIES)]}"
-
-
-def clock(zone: str) -> str:
-    h = _h("time", zone)
-    return f"{h % 24:02d}:{(h >> 8) % 60:02d} {zone}"
-
-
-def lookup(key: str) -> str:
-    return f"{key}: {_h('lookup', key) % 10**6:06d}"
 
 
 class Calls:

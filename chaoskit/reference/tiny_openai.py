@@ -141,7 +141,10 @@ class Replica:
         sent = [0]  # tokens sent so far (a client gone mid-answer leaves fewer)
         try:
             if stream:
-                return await self.stream(request, reply, chat, sent)
+                try:
+                    return await self.stream(request, reply, chat, sent)
+                except ConnectionResetError:  # the client went mid-answer (aiohttp's reset error is one): logged
+                    return web.Response(status=200)  # as client_gone below; nothing more can reach it
             await asyncio.sleep(len(reply.pieces) / self.s.token_rate)
             sent[0] = len(reply.pieces)
             return web.json_response(self.whole(reply, chat, len(prompt)))

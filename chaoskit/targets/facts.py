@@ -23,6 +23,7 @@ OPENAI_REPLICA_FACTS = ("request_log",)  # engine tiny-openai: its JSON line per
 PD_FACTS = ("prefill_pid", "prefill_pids", "prefill_url", "decode_url", "decode_pid", "decode_kv",  # disaggregated
             "decode_kv_port")
 PD_REPLICA_FACTS = ("role", "kv")
+MCP_FACTS = ("url", "pid", "port", "request_log")  # with mcp: tiny-mcp, {target.mcp.url} ...
 TRITON_REPLICA_FACTS = ("model_pids",)
 # The bundled model repository's models: a Triton replica's model_pids are their python backend stubs, in this order.
 TRITON_MODELS = ("tiny_lm", "tiny_lm_stream")
@@ -112,10 +113,10 @@ def _first(key: str) -> str:
 
 def reference_shape(engine: str, replicas: int = 1, netns: bool = False,
                     neighbour: dict[str, Any] | None = None,
-                    disaggregated: tuple[int, int] | None = None) -> dict[str, Any]:
+                    disaggregated: tuple[int, int] | None = None, mcp: bool = False) -> dict[str, Any]:
     """The facts `chaoskit ref up` (deploy.py) publishes for this engine and replica count, values unknown:
     the same keys, so a placeholder can be checked before the deployment exists. A disaggregated deployment's
-    replicas are its decode servers, then its prefill servers."""
+    replicas are its decode servers, then its prefill servers; with mcp, tiny-mcp's facts are {target.mcp.*}."""
     shape: dict[str, Any] = dict.fromkeys(REFERENCE_FACTS + (("netns",) if netns else ()))
     shape["replicas"] = [_replica_shape(engine) for _ in range(replicas)]
     shape["replica_pids"] = [None] * replicas
@@ -129,6 +130,8 @@ def reference_shape(engine: str, replicas: int = 1, netns: bool = False,
         shape["settings"]["disaggregated"] = None
     if neighbour is not None:
         shape["neighbour"] = reference_shape(**neighbour)
+    if mcp:
+        shape["mcp"] = dict.fromkeys(MCP_FACTS)
     return shape
 
 

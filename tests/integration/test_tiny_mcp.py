@@ -19,6 +19,7 @@ import openai
 from chaoskit.reference.scenario import free_port_block
 from chaoskit.reference.tiny_openai import SERVED_NAME
 from chaoskit.reference.tiny_tools import tokens
+from chaoskit.targets.facts import MCP_FACTS
 from chaoskit.targets.process import group_members
 
 
@@ -52,6 +53,7 @@ def test_an_agent_turn_through_tiny_openai_and_tiny_mcp(tmp_path: Path) -> None:
     pids = [facts["gateway_pid"], *facts["replica_pids"], mcp["pid"]]
     try:
         assert mcp["url"] == f"http://127.0.0.1:{port + 4}/mcp" and facts["settings"]["mcp"] is True
+        assert sorted(mcp) == sorted(MCP_FACTS)  # what an experiment may name before the deployment runs
         tools, _ = asyncio.run(mcp_turn(mcp["url"], []))
         assert [t["function"]["name"] for t in tools] == ["get_weather", "get_time", "slow_lookup"]
         model = openai.OpenAI(base_url=f"{facts['url']}/v1", api_key="none", max_retries=0, timeout=10)

@@ -129,3 +129,23 @@ def test_every_field_of_the_published_schema_has_a_description():
     for name in ("CorrectnessProbeSpec", "GoldenPrompt"):
         missing = [k for k, v in defs[name]["properties"].items() if k != "type" and not v.get("description")]
         assert not missing, f"{name}: fields without a description: {missing}"
+
+
+def test_a_schema_asks_for_structured_answers_and_judges_them():
+    from chaoskit.probes.correctness import request_for
+
+    schema = {"type": "object", "required": ["city", "days"],
+              "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
+    with pytest.raises(ValidationError, match="schema: structured answers need api openai-chat"):
+        spec(schema=schema)
+    s = spec(api="openai-chat", schema=schema)
+    url, body = request_for(s, "http://h:1", "hi", True)
+    assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    assert "response_format" not in request_for(spec(api="openai-chat"), "http://h:1", "hi", True)[1]
+    ok = '{"city": "Paris", "days": 3}'
+    assert classify(Answer(ok, True), None, schema) is None
+    assert classify(Answer(ok, True), ok, schema) is None
+    assert classify(Answer('{"city": "Paris"}', True), None, schema) == "schema"  # what schema_break drop_required sends
+    assert classify(Answer('{"city": 5, "days": 3}', True), None, schema) == "schema"  # ... and wrong_type
+    assert classify(Answer('{"city": "Paris", "days": 3', True), None, schema) == "schema"
+    assert classify(Answer('{"city": "Paris", "days": 3', False), None, schema) == "truncated"

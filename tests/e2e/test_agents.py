@@ -1,0 +1,58 @@
+"""The bundled agents/ scenarios: an agent probe's tasks (the official OpenAI SDK and MCP client) through an
+llm.proxy that breaks tool calls or sends error events inside the stream. Each ends with exactly its documented
+exit code without and with `--var fix=true`; what the probe counted matches tiny-mcp's and tiny-openai's own
+request logs; nothing is left running (the run brings its deployment up and takes it down)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from chaoskit.reference.deploy import Deployment
+from chaoskit.targets.process import ProcessRef, is_alive
+from tests.conftest import ROOT, chaoskit, free_port
+
+SCENARIOS = ROOT / "chaoskit" / "library" / "experiments" / "agents"
+
+
+def _log(tmp_path: Path, name: str) -> list[dict]:
+    [path] = list(tmp_path.glob(f"ref*/logs/{name}.requests.jsonl"))
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name, fix, expected", [
+    ("tool-args-broken", "false", 1), ("tool-args-broken", "true", 0),
+    ("error-event-mid-stream", "false", 1), ("error-event-mid-stream", "true", 0)])
+def test_an_agents_scenario_flips_with_its_fix(tmp_path, state_dir, name, fix, expected):
+    assert re.search(r"^# Expected:", (SCENARIOS / f"{name}.yaml").read_text(), re.MULTILINE)
+    p = chaoskit("run", str(SCENARIOS / f"{name}.yaml"), "--var", f"fix={fix}", "--var", f"proxy_port={free_port()}",
+                 "--out", str(tmp_path / "o"), "--plain", state=state_dir,
+                 env={"CHAOSKIT_REF_DIR": str(tmp_path / "ref")})
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == expected, out + err
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    samples = [x["values"] for x in s["samples"] if x["probe"].startswith("agent-") and "tasks" in x["values"]]
+    during = [x["values"] for x in s["samples"] if x["probe"] == "agent-through-proxy" and x["phase"] == "during"]
+    print(f"\n{name} fix={fix}: success_rate during {[v['success_rate'] for v in during]}, retries "
+          f"{[v['retries'] for v in during]}")
+    assert during and all(x["verdict"] == "ok" for x in s["samples"] if x["probe"] == "agent-direct")
+    if expected == 1:
+        assert any(v["success_rate"] < 0.8 for v in during)
+        kind = "bad_arguments" if name == "tool-args-broken" else "model_error"
+        assert sum(v[f"failures.{kind}"] for v in during) == sum(v["failed"] for v in during) > 0
+    else:
+        assert all(v["success_rate"] >= 0.8 for v in during) and sum(v["retries"] for v in during) > 0
+    # the independent counts: every tool call the probe made is one tiny-mcp served, every model turn (retries
+    # included) one tiny-openai served; a task whose tool call was broken never reached the tool
+    calls = _log(tmp_path, "tiny-mcp")
+    turns = [r for r in _log(tmp_path, "tiny-openai-0") if r["rid"].startswith("agent-")]  # not the health checks
+    assert len(calls) == sum(v["tool_calls"] for v in samples)
+    assert len(turns) == sum(round(v["turns"] * v["tasks"]) for v in samples)
+    if name == "tool-args-broken":
+        assert len(calls) == sum(v["succeeded"] for v in samples)
+    left = [f"{q['name']} {q['pid']}" for d in tmp_path.glob("ref*") for q in Deployment(d).processes()
+            if is_alive(ProcessRef.from_json(q))]
+    assert left == [], out + err

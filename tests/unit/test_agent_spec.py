@@ -1,0 +1,127 @@
+"""agent probe: its spec's refusals, the checks of a tool call's arguments, how a streamed turn is read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import pytest
+from pydantic import ValidationError
+
+from chaoskit.probes.agent import AgentProbeSpec, AgentScript, TaskFailed, Tools, Turn, check_calls, read_chunk
+from chaoskit.probes.agent_tools import LOCAL, parse_arguments, run_local
+
+
+def spec(**kw) -> AgentProbeSpec:
+    return AgentProbeSpec.model_validate({"type": "agent", "name": "agent", "url": "http://h:1", "model": "m", **kw})
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"scripts": [{"prompt": "hi", "tool": "search"}]}, "scripts[0].tool: 'search' is not a local tool (local tools: "
+                                                         "get_weather, get_time); give mcp_url"),
+    ({"scripts": []}, "at least 1 item"),
+    ({"phases": ["during"]}, "scripts without an answer are recorded in the before phase"),
+    ({"expect": {"failures": {"bad_args": "== 0"}}}, "expect.failures.bad_args: unknown kind (did you mean "
+                                                     "'bad_arguments'?)"),
+    ({"expect": {"success": "> 0.95"}}, "unknown key 'success' for this probe (did you mean 'success_rate'?)"),
+    ({"tasks": 0}, "greater than or equal to 1"),
+    ({"max_turns": 1}, "greater than or equal to 2"),
+    ({"url": "h:1"}, "should match pattern"),
+    ({"repair": "sometimes"}, "Input should be a valid boolean"),
+    ({"scripts": [{"prompt": "hi", "tool": "get_time", "answr": "x"}]}, "Extra inputs are not permitted"),
+])
+def test_invalid_specs(kw, message):
+    with pytest.raises(ValidationError) as e:
+        spec(**kw)
+    assert message in str(e.value)
+
+
+def test_defaults_an_mcp_tool_and_the_timeout_follows_rounds_and_rate():
+    s = spec(expect={"success_rate": "> 0.95", "failure_share": {"bad_arguments": "== 0"}})
+    assert (s.tasks, s.concurrency, s.repair, s.scripts[0].tool, s.scripts[0].arguments) == \
+        (10, 4, False, "get_weather", {"city": "Paris", "days": 3})
+    assert s.timeout == 30.0 * 3 + 5.0  # 10 tasks, 4 at a time: 3 rounds of task_timeout
+    assert spec(tasks=5, rate=2, concurrency=5, task_timeout="2s").timeout == 2.0 + 2.0 + 5.0
+    assert spec(mcp_url="http://h:2/mcp", scripts=[{"prompt": "p", "tool": "slow_lookup", "answer": "a"}],
+                phases=["during"]).scripts[0].tool == "slow_lookup"
+
+
+SCHEMA = LOCAL["get_weather"][1]
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"city": "Paris", "days": 3}', None),
+    ('{"city": "Paris"}', None),
+    ('{"city": "Paris", "days": 3', "arguments: not JSON"),
+    ('{"city": "Pa\\qris"}', "arguments: not JSON"),
+    ('["Paris"]', "arguments: not a JSON object"),
+    ('{"days": 3}', "arguments: required city missing"),
+    ('{"city": "Paris", "days": "3"}', 'argument days: "3" is not integer'),
+    ('{"city": "Paris", "days": true}', "argument days: true is not integer"),
+])
+def test_arguments_parse_and_fit_the_schema(text, why):
+    args, got = parse_arguments(text, SCHEMA)
+    assert (got is None if why is None else got.startswith(why)), got
+    assert (args is None) == (why is not None)
+    strict = {**SCHEMA, "additionalProperties": False}
+    assert parse_arguments('{"city": "P", "x": 1}', strict)[1] == "argument x is not in the schema"
+
+
+def turn(*calls: tuple[str, str], finish: str = "tool_calls") -> Turn:
+    return Turn(calls={i: [f"id{i}", n, a] for i, (n, a) in enumerate(calls)}, finish=finish)
+
+
+SCRIPT = AgentScript(prompt="p", tool="get_weather", arguments={"city": "Paris", "days": 3})
+
+
+@pytest.mark.parametrize("t, kind", [
+    (turn(("get_weather", '{"city": "Paris", "days": 3}')), None),
+    (turn(("get_weathr", '{"city": "Paris", "days": 3}')), "wrong_tool"),
+    (turn(("get_weather", '{"city": "Paris", "days": 3')), "bad_arguments"),
+    (turn(("get_weather", '{"city": "Lyon", "days": 3}')), "bad_arguments"),  # fits the schema, not the script
+    (turn(("get_weather", '{"city": "Paris", "days": 3}'), finish="stop"), "truncated"),
+])
+def test_tool_calls_are_checked_strictly(t, kind):
+    if kind is None:
+        assert check_calls(t, Tools(), SCRIPT) == [{"city": "Paris", "days": 3}]
+        return
+    with pytest.raises(TaskFailed) as e:
+        check_calls(t, Tools(), SCRIPT)
+    assert e.value.kind == kind
+
+
+def chunk(delta: dict, finish: str | None = None) -> NS:
+    calls = [NS(index=c["index"], id=c.get("id"), function=NS(name=c.get("name"), arguments=c.get("arguments")))
+             for c in delta.get("tool_calls", ())]
+    return NS(choices=[NS(delta=NS(content=delta.get("content"), tool_calls=calls or None), finish_reason=finish)])
+
+
+def test_a_streamed_tool_call_is_put_together_and_replayed():
+    t = Turn()
+    for c in (chunk({"tool_calls": [{"index": 0, "id": "c1", "name": "get_weather", "arguments": ""}]}),
+              chunk({"tool_calls": [{"index": 0, "arguments": '{"city": '}]}),
+              chunk({"tool_calls": [{"index": 0, "arguments": '"Paris"}'}]}), chunk({}, "tool_calls")):
+        read_chunk(t, c)
+    assert (t.finish, t.tokens) == ("tool_calls", 2)
+    assert t.message() == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    assert run_local("get_weather", {"city": "Paris", "days": 3}).startswith("Paris: 3 day(s), ")
+
+
+def test_the_bundled_agents_scenarios_validate_with_tiny_mcp_facts(tmp_path, monkeypatch):
+    """Their {target.mcp.url} is a fact the deployment publishes with mcp: true, checked before it runs; without
+    mcp the same placeholder is refused."""
+    from chaoskit.errors import SpecError
+    from chaoskit.experiment.loader import load_experiment
+
+    monkeypatch.setenv("CHAOSKIT_REF_DIR", str(tmp_path / "none"))
+    files = sorted(Path(__file__).resolve().parents[2].glob("chaoskit/library/experiments/agents/*.yaml"))
+    assert [f.stem for f in files] == ["error-event-mid-stream", "tool-args-broken"]
+    for f in files:
+        loaded = load_experiment(f, strict=False)
+        assert [p.type for p in loaded.experiment.steady_state.probes] == ["agent", "agent"], f
+        (tmp_path / f.name).write_text(f.read_text().replace("mcp: true, ", ""))
+        line = next(n for n, text in enumerate(f.read_text().splitlines(), 1) if "mcp_url:" in text)
+        with pytest.raises(SpecError, match=rf"{f.name}:{line}:7: steadyState.probes\[0\].mcp_url: unknown "
+                                            r"substitution \{target.mcp.url\}"):
+            load_experiment(tmp_path / f.name, strict=False)
