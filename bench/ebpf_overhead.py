@@ -4,7 +4,7 @@ the five attached and sampled every second against the same workload without the
 Why this workload and not the reference Triton: Triton's req/s moves ±15% from round to round on this 2-core
 machine, and it fires only two of the five programs (sched and socket-state events). The overhead of a
 tracepoint program is paid per event, so the bench runs a workload that is dense in exactly the events the
-programs in chaoskit/library/bpf/ trace, which makes the loss measured here an upper bound for a service that produces fewer
+programs in the bundled bpf/ trace, which makes the loss measured here an upper bound for a service that produces fewer
 events per unit of work:
 - requests: PAIRS closed-loop client processes each open a NEW TCP connection per request to their own forked
   server process on 127.0.0.1, pair i pinned to CPU i (inet_sock_set_state -> tcp_connect_latency; unpinned,

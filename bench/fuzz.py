@@ -36,7 +36,7 @@ from tests.helpers.fuzzdocs import SEEDS, check_document, mutate  # noqa: E402
 WORDS = ["run", "validate", "--var", "x=1", "=", "--dry-run", "--junit", "--out", "--all", "--ledger", "/nonexistent",
          "rollback", "schema", "list", "version", "--json", "-x", "--var=a", "a b", "", "--plain", "--live",
          "experiments/basic/memory-pressure.yaml", "experiments/network/drop.yaml", "--force", "é", "-"]
-LIBRARY = ROOT / "chaoskit/library/experiments"
+LIBRARY = ROOT / "experiments"
 
 
 def crashed(r: Result, codes: tuple[int, ...]) -> str | None:

@@ -30,11 +30,15 @@ def ledger_dir() -> Path:
 
 
 def library(kind: str) -> Path:
-    """A directory of the library shipped as package data (chaoskit/library/KIND): bpf, probes, faults or
-    experiments. A directory on disk: bcc compiles the eBPF sources by path."""
+    """A directory of the library bundled in the package (the package chaoskit.library.KIND, whose files are the
+    folder KIND/ of the source tree): bpf, probes, faults, experiments or matrices. A directory on disk: bcc
+    compiles the eBPF sources by path."""
     if kind not in LIBRARY_KINDS:
         raise ValueError(f"no library {kind!r} (one of {', '.join(LIBRARY_KINDS)})")
-    found = importlib.resources.files(chaoskit).joinpath("library", kind)
+    try:
+        found = importlib.resources.files(f"chaoskit.library.{kind}")
+    except ModuleNotFoundError:
+        found = None
     if not isinstance(found, Path) or not found.is_dir():
         raise ChaoskitError(f"chaoskit's bundled {kind}/ is missing ({found}): the package is incomplete or not "
                             "installed as files; reinstall it (pip install chaoskit)")

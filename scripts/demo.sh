@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export CHAOSKIT_REF_DIR=${CHAOSKIT_REF_DIR:-.chaoskit/demo-ref}
 CK=.venv/bin/chaoskit
-SCENARIO=sits2026/health-check-blindspot  # bundled: chaoskit/library/experiments/sits2026/
+SCENARIO=sits2026/health-check-blindspot  # bundled: experiments/sits2026/
 $CK run "$SCENARIO" --out chaoskit-runs/demo --junit chaoskit-runs/demo/junit.xml
 code=$?
 echo "demo: without the fix chaoskit exited $code (expected 1, deviated: replica-0-ready passed while the" \

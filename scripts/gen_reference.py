@@ -631,7 +631,7 @@ def _event_comment(event: Any) -> str:
 
 @functools.cache
 def bundled_experiments() -> list[dict[str, Any]]:
-    """The bundled experiments (chaoskit/library/experiments/), read from the files: name, description, the
+    """The bundled experiments (library("experiments")), read from the files: name, description, the
     fault types of the method, the probe types of the steady state, the reference deployment declared."""
     from chaoskit.paths import library
 
@@ -686,7 +686,7 @@ def experiments_page() -> str:
             f"| `{e['name']}` | {cell(e['description'])} | {', '.join(f'`{x}`' for x in e['faults'])} "
             f"| {', '.join(f'`{x}`' for x in e['probes'])} | {cell(e['deployment'])} |")
     parts = [HEADER, "# Bundled experiments\n\nEvery experiment the package carries "
-             "(`chaoskit/library/experiments/`), from the files themselves. Run one by name from any directory: "
+             "(`experiments/` in the source tree), from the files themselves. Run one by name from any directory: "
              "`chaoskit run NAME`; a directory name runs it as a suite (`chaoskit run sits2026`). Each file's "
              "header comment states its chain and the verdict it expects; `chaoskit list` names them.\n\n"]
     for group in sorted(sections):

@@ -187,7 +187,7 @@ def main() -> int:
             env.append(f"PYTHONPATH={args.src.resolve()}")
         # the experiment names the server by its command line: `python -m http.server PORT ...`
         # a copy in the run's directory, so the report names the file as a user's own (not this checkout's path)
-        src = (args.src or ROOT).resolve() / "chaoskit" / "library" / "experiments" / "basic" / "stop-http-server.yaml"
+        src = (args.src or ROOT).resolve() / "experiments" / "basic" / "stop-http-server.yaml"
         shutil.copy2(src, tmp / "stop-http-server.yaml")
         run = [str(ROOT / ".venv" / "bin" / "python"), "-m", "chaoskit", "run", "stop-http-server.yaml",
                "--var", f"port={port}", "--out", str(tmp / "run")]

@@ -44,7 +44,7 @@ else
 fi
 
 stamp=.venv/.chaoskit-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)  # what the editable install was made from
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   "$PY" -m venv .venv

@@ -97,7 +97,7 @@ requires_triton = pytest.mark.skipif(TRITON_MISSING is not None, reason=f"Triton
 
 def bcc_missing(program: str) -> str | None:
     """What this host lacks to run the eBPF probe `program` (None: nothing). Only the host's part: root, tracefs,
-    kernel headers, bcc. A compile or load error of the project's own chaoskit/library/bpf/*.c is not a reason to
+    kernel headers, bcc. A compile or load error of the project's own bpf/*.c is not a reason to
     skip: the test that uses the program fails with it."""
     from chaoskit.probes import ebpf
 

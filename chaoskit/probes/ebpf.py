@@ -1,4 +1,4 @@
-"""ebpf probe: the bcc programs in chaoskit/library/bpf/ on kernel tracepoints, compiled once per run (in preflight) and kept
+"""ebpf probe: the bundled bcc programs (bpf/, chaoskit.library.bpf) on kernel tracepoints, compiled once per run (in preflight) and kept
 attached; each sample reports the window since the last one (histograms: running per-CPU totals, differenced)."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ RAW_ARGS: dict[str, tuple[tuple[str, int, str], ...]] = {
 
 
 def bpf_dir() -> Path:
-    """The bcc sources: $CHAOSKIT_BPF_DIR, else the package's own (chaoskit/library/bpf)."""
+    """The bcc sources: $CHAOSKIT_BPF_DIR, else the package's own (library("bpf"))."""
     env = os.environ.get("CHAOSKIT_BPF_DIR")
     return Path(env) if env else library("bpf")
 

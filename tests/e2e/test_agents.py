@@ -15,7 +15,7 @@ from chaoskit.reference.deploy import Deployment
 from chaoskit.targets.process import ProcessRef, is_alive
 from tests.conftest import ROOT, chaoskit, free_port
 
-SCENARIOS = ROOT / "chaoskit" / "library" / "experiments" / "agents"
+SCENARIOS = ROOT / "experiments" / "agents"
 
 
 def _log(tmp_path: Path, name: str) -> list[dict]:

@@ -22,7 +22,7 @@ from chaoskit.reference.scenario import free_port_block
 from chaoskit.targets.process import ProcessRef, is_alive
 from tests.conftest import ROOT, chaoskit
 
-SCENARIOS = ROOT / "chaoskit" / "library" / "experiments" / "disagg"
+SCENARIOS = ROOT / "experiments" / "disagg"
 
 
 def _stuck(summary: dict, phase: str) -> list[float]:

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, TRITON_MISSING, bcc_missing
+from tests.helpers.installed import LIBRARY
 
-LIBRARY = ROOT / "chaoskit" / "library"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
@@ -31,14 +31,18 @@ def _shipped(path: Path) -> bool:
 
 
 def test_the_wheel_carries_every_file_of_the_package(user):
-    """Every file of chaoskit/ in this tree (the library's eBPF sources, YAML and data files included) is in
-    the wheel: a new kind of file the package-data globs miss fails here, not on a user's machine."""
+    """Every file of chaoskit/ in this tree, and of the library's folders beside it (eBPF sources, YAML and data
+    files) at chaoskit/library/KIND/, is in the wheel: a new kind of file the package-data globs miss fails here,
+    not on a user's machine."""
     names = set(zipfile.ZipFile(user.wheel).namelist())
     tree = {str(p.relative_to(ROOT)) for p in (ROOT / "chaoskit").rglob("*") if p.is_file() and _shipped(p)}
+    tree |= {f"chaoskit/library/{p.relative_to(ROOT)}" for kind in LIBRARY for p in (ROOT / kind).rglob("*")
+             if p.is_file() and _shipped(p)}
     assert sorted(tree - names) == []
     library = [n for n in names if n.startswith("chaoskit/library/")]
-    assert {n.split("/")[2] for n in library} == {"bpf", "probes", "faults", "experiments", "matrices"}
+    assert {n.split("/")[2] for n in library} == {"__init__.py", *LIBRARY}
     assert any(n.startswith("chaoskit/library/experiments/sits2026/data/") for n in library)
+    assert not [n for n in names if n.split("/")[0] in LIBRARY]  # only under chaoskit/library/
 
 
 def test_chaoskit_is_the_installed_wheel(user):
@@ -83,8 +87,8 @@ def test_version_comes_from_the_package_metadata(user):
 def test_list_shows_every_bundled_experiment_by_name(user):
     p = user.run("list")
     assert p.returncode == 0, p.stdout + p.stderr
-    names = sorted(str(f.relative_to(LIBRARY / "experiments").with_suffix(""))
-                   for f in (LIBRARY / "experiments").rglob("*.yaml"))
+    names = sorted(str(f.relative_to(ROOT / "experiments").with_suffix(""))
+                   for f in (ROOT / "experiments").rglob("*.yaml"))
     assert len(names) >= 20
     rows = {line.split("|")[1].strip() for line in p.stdout.splitlines() if line.count("|") >= 3}  # piped: ASCII
     assert [n for n in names if n not in rows] == [], p.stdout

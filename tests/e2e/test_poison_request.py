@@ -12,7 +12,7 @@ from chaoskit.reference.deploy import Deployment
 from chaoskit.targets.process import ProcessRef, is_alive
 from tests.conftest import ROOT, chaoskit, requires_triton
 
-SCENARIO = ROOT / "chaoskit" / "library" / "experiments" / "poison" / "poison-request-retry-storm.yaml"
+SCENARIO = ROOT / "experiments" / "poison" / "poison-request-retry-storm.yaml"
 
 
 @requires_triton

@@ -1,4 +1,4 @@
-"""The bundled sits2026/ scenarios (chaoskit/library/experiments/sits2026/): every scenario validates and
+"""The bundled sits2026/ scenarios (experiments/sits2026/): every scenario validates and
 documents its verdict; each CPU-runnable one runs with one command (it brings up its own deployment) and ends
 with exactly its documented exit code, with and without `--var fix=true`; nothing is left running afterwards,
 also after a SIGKILL of the run."""
@@ -18,7 +18,7 @@ import pytest
 from chaoskit.reference import vllm
 from tests.conftest import ROOT, chaoskit, requires_triton, wait_for
 
-SCENARIOS = ROOT / "chaoskit" / "library" / "experiments" / "sits2026"
+SCENARIOS = ROOT / "experiments" / "sits2026"
 EXPECTED = re.compile(r"^# Expected:", re.MULTILINE)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="replicas in network namespaces need root")
 needs_vllm = pytest.mark.skipif(not vllm.installed(), reason=f"vLLM not installed in {vllm.home()} (make vllm)")

@@ -1,4 +1,4 @@
-"""chaoskit/library/experiments/sits2026/oom-kills-healthy-replica.yaml through the CLI, once: it brings up two Triton replicas,
+"""experiments/sits2026/oom-kills-healthy-replica.yaml through the CLI, once: it brings up two Triton replicas,
 memory-limits replica 0 with a holder beside it, and the kernel OOM-kills one of replica 0's processes; the run
 ends with exactly the documented exit code, a complete rollback, and nothing left behind."""
 

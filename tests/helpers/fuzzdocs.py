@@ -11,7 +11,7 @@ from chaoskit.errors import SpecError
 from chaoskit.experiment.loader import LINT_FAILED, load_experiment
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-SEEDS = sorted((ROOT / "chaoskit" / "library" / "experiments").rglob("*.yaml"))
+SEEDS = sorted((ROOT / "experiments").rglob("*.yaml"))
 JUNK = ["", "-1", "0", "1e309", "NaN", "-5ms", "150%", "1.5.5", "'", '"', "[", "{", "}", "]", ":", "- x", "*a",
         "&a x", "!!python/object:os.system", "~", "null", "true", "0x10", "9" * 40, "é🙂", "{target.nope}",
         "{var.}", "{{}}", "\t", "%", "12GiB", "1e-9s", "SIGKILL", "network.nope", "\\x00",

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
+# the bundled library: folders beside chaoskit/ in this tree, chaoskit/library/KIND in the wheel (setup.py)
+LIBRARY = ("bpf", "experiments", "faults", "matrices", "probes")
+
 
 @dataclass
 class User:
@@ -46,9 +49,10 @@ def install(top: Path) -> User:
     # the wheel of this working tree (built from a copy: no build/ or egg-info in the checkout)
     src = top / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "chaoskit", src / "chaoskit", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+    for folder in ("chaoskit", *LIBRARY):  # the bundled library's folders beside chaoskit/ (setup.py maps them)
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(top / "dist"), str(src)], check=True, capture_output=True, timeout=120)
     (wheel,) = (top / "dist").glob("chaoskit-*.whl")

@@ -33,11 +33,11 @@ def test_validate_bad_file(tmp_path, state_dir):
 def test_validate_many_and_junk(tmp_path, state_dir):
     junk = tmp_path / "junk.yaml"
     junk.write_bytes(b"\x00\x01\x02")
-    p = chaoskit("validate", "chaoskit/library/experiments/basic/stop-http-server.yaml", str(junk), str(tmp_path / "missing.yaml"),
+    p = chaoskit("validate", "experiments/basic/stop-http-server.yaml", str(junk), str(tmp_path / "missing.yaml"),
                  state=state_dir)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "Traceback" not in out + err
-    assert "✓ chaoskit/library/experiments/basic/stop-http-server.yaml" in out
+    assert "✓ experiments/basic/stop-http-server.yaml" in out
     assert "binary file" in err and "no such file" in err
 
 
@@ -50,7 +50,7 @@ def test_run_invalid_file_applies_nothing(tmp_path, state_dir):
 
 
 def test_run_bad_var(tmp_path, state_dir):
-    p = chaoskit("run", "chaoskit/library/experiments/basic/stop-http-server.yaml", "--var", "oops", state=state_dir)
+    p = chaoskit("run", "experiments/basic/stop-http-server.yaml", "--var", "oops", state=state_dir)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "expected NAME=VALUE" in err
 
@@ -91,7 +91,7 @@ def test_validate_a_directory_as_run_takes_it(tmp_path, state_dir):
     an error of its own."""
     d = tmp_path / "exps"
     (d / "deeper").mkdir(parents=True)
-    good = write(d / "a-good.yml", (ROOT / "chaoskit/library/experiments/basic/stop-http-server.yaml").read_text())
+    good = write(d / "a-good.yml", (ROOT / "experiments/basic/stop-http-server.yaml").read_text())
     bad = write(d / "b-bad.yaml", BAD)
     write(d / "notes.txt", "not an experiment")
     write(d / "deeper" / "c.yaml", BAD)

@@ -340,7 +340,7 @@ method:
 def test_a_program_that_does_not_compile_is_a_preflight_error(tmp_path, state_dir):
     broken = tmp_path / "bpf"
     broken.mkdir()
-    (broken / "hist.h").write_text((ROOT / "chaoskit" / "library" / "bpf" / "hist.h").read_text())
+    (broken / "hist.h").write_text((ROOT / "bpf" / "hist.h").read_text())
     (broken / "runqueue_latency.c").write_text("this is not C;\n")
     exp = write(tmp_path / "e.yaml", EXPERIMENT)
     env_dir = os.environ.get("CHAOSKIT_BPF_DIR")

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-SCENARIOS = ROOT / "chaoskit" / "library" / "experiments" / "gateways"
+SCENARIOS = ROOT / "experiments" / "gateways"
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(600)]
 

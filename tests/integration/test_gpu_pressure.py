@@ -22,7 +22,7 @@ from tests.conftest import FAKE_GPU_TOTAL, ROOT, chaoskit, device_used, ledger_o
 
 GiB = 1 << 30
 TOTAL = FAKE_GPU_TOTAL
-GPU_EXPERIMENTS = sorted(p.name for p in (ROOT / "chaoskit" / "library" / "experiments" / "gpu").glob("*.yaml") if "xid" not in p.name)
+GPU_EXPERIMENTS = sorted(p.name for p in (ROOT / "experiments" / "gpu").glob("*.yaml") if "xid" not in p.name)
 
 
 def _real_driver_missing() -> str | None:
@@ -159,7 +159,7 @@ REAL_DRIVER_MISSING = _real_driver_missing()
 @pytest.mark.parametrize("name", GPU_EXPERIMENTS)
 @pytest.mark.parametrize("dry", [False, True])
 def test_gpu_experiment_without_gpu_fails_preflight_with_exit_4(tmp_path, state_dir, name, dry):
-    run = chaoskit("run", f"chaoskit/library/experiments/gpu/{name}", *(["--dry-run"] if dry else []), "--plain",
+    run = chaoskit("run", f"experiments/gpu/{name}", *(["--dry-run"] if dry else []), "--plain",
                    "--out", str(tmp_path / "o"), state=state_dir)
     out, err = run.communicate(timeout=60)
     assert run.returncode == 4, out + err

@@ -1,4 +1,4 @@
-"""The bundled Kubernetes experiments (chaoskit/library/experiments/kubernetes/): the docs' walkthrough (pod.kill +
+"""The bundled Kubernetes experiments (experiments/kubernetes/): the docs' walkthrough (pod.kill +
 deployment.scale), latency on pods' network through helper pods, and GPU memory pressure on a GPU pod. Each
 validates with every fault on a `kubernetes:` target, and without a cluster each exits 4 plainly: the missing
 kubeconfig named, no traceback, nothing applied (the three run as one suite: one process)."""

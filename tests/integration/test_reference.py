@@ -253,7 +253,7 @@ def _process_experiments() -> list[Path]:
     from chaoskit.experiment.loader import load_experiment
 
     found = []
-    for f in sorted((ROOT / "chaoskit" / "library" / "experiments").rglob("*.yaml")):
+    for f in sorted((ROOT / "experiments").rglob("*.yaml")):
         exp = load_experiment(f, strict=False).experiment
         ref = exp.target.reference
         engine = ref if isinstance(ref, str) or ref is None else ref.engine

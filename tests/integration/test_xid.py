@@ -32,7 +32,7 @@ KMSG_MISSING = _kmsg_missing()
 pytestmark = [pytest.mark.root,
               pytest.mark.skipif(KMSG_MISSING is not None, reason=str(KMSG_MISSING))]
 
-EXPERIMENT = "chaoskit/library/experiments/gpu/xid-79-detector-check.yaml"
+EXPERIMENT = "experiments/gpu/xid-79-detector-check.yaml"
 
 
 def unique_bus() -> str:

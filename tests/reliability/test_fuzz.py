@@ -58,8 +58,8 @@ def test_rollback_never_writes_to_a_file_that_is_not_a_ledger(tmp_path, state_di
     from tests.conftest import ROOT, chaoskit
 
     f = tmp_path / "drop.yaml"
-    f.write_bytes((ROOT / "chaoskit/library/experiments/network/drop.yaml").read_bytes())
+    f.write_bytes((ROOT / "experiments/network/drop.yaml").read_bytes())
     rb = chaoskit("rollback", "--ledger", str(f), state=state_dir)
     out, err = rb.communicate(timeout=60)
     assert rb.returncode == 2 and "not a chaoskit ledger" in err
-    assert f.read_bytes() == (ROOT / "chaoskit/library/experiments/network/drop.yaml").read_bytes()
+    assert f.read_bytes() == (ROOT / "experiments/network/drop.yaml").read_bytes()

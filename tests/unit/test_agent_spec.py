@@ -115,7 +115,7 @@ def test_the_bundled_agents_scenarios_validate_with_tiny_mcp_facts(tmp_path, mon
     from chaoskit.experiment.loader import load_experiment
 
     monkeypatch.setenv("CHAOSKIT_REF_DIR", str(tmp_path / "none"))
-    files = sorted(Path(__file__).resolve().parents[2].glob("chaoskit/library/experiments/agents/*.yaml"))
+    files = sorted(Path(__file__).resolve().parents[2].glob("experiments/agents/*.yaml"))
     assert [f.stem for f in files] == ["error-event-mid-stream", "tool-args-broken"]
     for f in files:
         loaded = load_experiment(f, strict=False)

@@ -277,7 +277,7 @@ def test_slo_expectations_on_kinds_pick_the_python_sender():
 
 
 def test_bundled_llm_experiments_validate():
-    for f in sorted(Path(__file__).resolve().parents[2].glob("chaoskit/library/experiments/llm/*.yaml")):
+    for f in sorted(Path(__file__).resolve().parents[2].glob("experiments/llm/*.yaml")):
         loaded = load_experiment(f, strict=False)
         assert loaded.experiment.method[0].inject.type == "llm.proxy", f
         assert json.dumps(loaded.experiment.method[0].inject.wire())

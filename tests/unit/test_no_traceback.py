@@ -21,7 +21,7 @@ from chaoskit.experiment.loader import LINT_FAILED, load_experiment
 from chaoskit.model.types import check_url
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-PROXY_LATENCY = ROOT / "chaoskit/library/experiments/network/proxy-latency.yaml"
+PROXY_LATENCY = ROOT / "experiments/network/proxy-latency.yaml"
 
 
 @pytest.fixture

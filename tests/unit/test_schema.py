@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = sorted((ROOT / "chaoskit" / "library" / "experiments").rglob("*.yaml"))
+FILES = sorted((ROOT / "experiments").rglob("*.yaml"))
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def test_every_bundled_experiment_validates(validator, path):
     assert not errors, errors
 
 
-BASE = yaml.safe_load((ROOT / "chaoskit/library/experiments/basic/memory-pressure.yaml").read_text())
+BASE = yaml.safe_load((ROOT / "experiments/basic/memory-pressure.yaml").read_text())
 
 
 @pytest.mark.parametrize("change", [

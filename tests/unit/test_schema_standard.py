@@ -74,7 +74,7 @@ def test_ajv_strict_compiles_it_and_accepts_every_bundled_experiment(tmp_path):
     assert (AJV / "ajv").is_dir(), f"ajv is not installed in {AJV}: run `make setup` (npm install ajv@8)"
     (tmp_path / "schema.json").write_text(json.dumps(experiment_schema()))
     docs = []
-    for i, f in enumerate(sorted((ROOT / "chaoskit" / "library" / "experiments").rglob("*.yaml"))):
+    for i, f in enumerate(sorted((ROOT / "experiments").rglob("*.yaml"))):
         docs.append(tmp_path / f"{i}.json")
         docs[-1].write_text(json.dumps(yaml.safe_load(f.read_text())))
     (tmp_path / "bad.json").write_text(json.dumps(_slo({"eror_rate": "< 0.1"})))

@@ -169,7 +169,7 @@ def test_safeguard_must_name_a_probe(tmp_path):
 
 
 def test_bundled_experiments_validate():
-    root = Path(__file__).resolve().parents[2] / "chaoskit" / "library" / "experiments"
+    root = Path(__file__).resolve().parents[2] / "experiments"
     files = sorted(root.rglob("*.yaml"))
     assert files, "no bundled experiments"
     for f in files:
@@ -178,7 +178,7 @@ def test_bundled_experiments_validate():
 
 def test_run_time_facts_in_typed_fields(tmp_path, monkeypatch):
     """A port that comes from the reference deployment validates before it exists and is an int once it does."""
-    exp = Path(__file__).resolve().parents[2] / "chaoskit" / "library" / "experiments" / "network" / "drop.yaml"
+    exp = Path(__file__).resolve().parents[2] / "experiments" / "network" / "drop.yaml"
     monkeypatch.setenv("CHAOSKIT_REF_DIR", str(tmp_path / "none"))
     load_experiment(exp, strict=False)
     with pytest.raises(Exception, match="not running"):
@@ -231,7 +231,7 @@ def test_proxy_refuses_what_is_not_an_address(field, value):
 def test_a_misspelt_var_is_an_error_naming_the_declared_ones(tmp_path):
     from chaoskit.errors import SpecError
 
-    f = Path(__file__).resolve().parents[2] / "chaoskit" / "library" / "experiments" / "basic" / "memory-pressure.yaml"
+    f = Path(__file__).resolve().parents[2] / "experiments" / "basic" / "memory-pressure.yaml"
     assert load_experiment(f, {"size": "64MiB"}).experiment  # declared: fine
     with pytest.raises(SpecError, match=r"--var sizee: .* has no variable 'sizee' \(did you mean 'size'\?\); "
                                         r"it declares: port, size"):
@@ -250,7 +250,7 @@ def test_every_url_fact_validates_before_the_deployment_exists(tmp_path):
     assert load_experiment(f, strict=False).experiment
 
 
-PROBE_LIBRARY = sorted((Path(__file__).resolve().parents[2] / "chaoskit" / "library" / "probes").glob("*.yaml"))
+PROBE_LIBRARY = sorted((Path(__file__).resolve().parents[2] / "probes").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("probe", PROBE_LIBRARY, ids=lambda p: p.stem)

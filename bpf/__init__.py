@@ -1,0 +1,1 @@
+"""The bundled eBPF sources, shipped as the package chaoskit.library.bpf (found with chaoskit.paths.library("bpf"))."""
