@@ -101,10 +101,10 @@ def test_status_names_the_kernel_objects_and_halt_the_runs(tmp_path, pair):
         shown = subprocess.run(see.split(), capture_output=True, text=True, timeout=30)
         assert "[ target name NFQUEUE rev 3 ]" in shown.stdout, shown
 
+        run_id = ledgers(state)[0].stem  # before the halt: the run removes its ledger once it has reverted
         halt = chaoskit("halt", "--reason", "seen enough", state=state)
         said, err = halt.communicate(timeout=60)
         assert halt.returncode == 0, err
-        run_id = ledgers(state)[0].stem
         lines = said.splitlines()
         assert lines[0] == f"stopping 1 run of state directory {state}:", said
         assert lines[1].startswith(f"  holds-demo (run {run_id}, PID {run.pid}): network.") and \
