@@ -155,7 +155,8 @@ def up(
                                                   "over a TCP side channel), the gateway as the PD router; e.g. 1:1"),
     mcp: bool = typer.Option(False, "--mcp", help="also start tiny-mcp, a small MCP tool server (streamable HTTP "
                              "at /mcp; deterministic tools; logs/tiny-mcp.requests.jsonl) on the port after the "
-                             "others (the agents extra: pip install 'chaoskit[agents]')"),
+                             "others (the agents extra of the chaoskit wheel, "
+                             "e.g. pip install 'chaoskit-0.1.0-py3-none-any.whl[agents]', or pip install 'mcp==2.3.0')"),
     as_json: bool = typer.Option(False, "--json", help="print the facts as JSON"),
     dir: Path | None = DIR_OPT,
 ) -> None:

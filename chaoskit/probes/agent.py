@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -18,10 +19,10 @@ from chaoskit.probes.agent_tools import LOCAL, openai_tool, parse_arguments, run
 from chaoskit.probes.base import Probe, ProbeSpecBase, RequestTarget
 
 # why a task failed: model_error (an API error: a status, an error event in the stream, the connection),
-# truncated (a stream or answer without its finish_reason), bad_arguments (a tool call's arguments do not parse or
-# fit the tool's schema, or are not the script's), wrong_tool (a tool not offered, or not the script's),
-# no_tool_call (an answer before the script's tool was called), tool_error (the tool failed), empty_answer,
-# wrong_answer (not the recorded or golden one), timeout (the task took longer than task_timeout)
+# truncated (a stream or answer without its finish_reason, or tool calls whose finish_reason is not tool_calls),
+# bad_arguments (a tool call's arguments do not parse or fit the tool's schema, or are not the script's), wrong_tool
+# (a tool not offered), no_tool_call (an answer before the script's tool was called), tool_error (the tool failed),
+# empty_answer, wrong_answer (not the recorded or golden one, or none recorded), timeout (longer than task_timeout)
 KINDS = ("model_error", "truncated", "bad_arguments", "wrong_tool", "no_tool_call", "tool_error", "empty_answer",
          "wrong_answer", "timeout")
 RETRIED = ("model_error", "truncated", "bad_arguments", "wrong_tool")  # a turn that repair sends again
@@ -92,6 +93,10 @@ class AgentProbeSpec(ProbeSpecBase):
                 if s.tool not in LOCAL:
                     raise ValueError(f"scripts[{i}].tool: '{s.tool}' is not a local tool (local tools: "
                                      f"{', '.join(LOCAL)}); give mcp_url for an MCP server's tools")
+                if s.arguments is not None:
+                    args, why = parse_arguments(json.dumps(s.arguments), LOCAL[s.tool][1])
+                    if args is None:
+                        raise ValueError(f"scripts[{i}].arguments: {s.tool} would never accept them: {why}")
         if "before" not in self.phases and any(s.answer is None for s in self.scripts):
             raise ValueError(f"scripts without an answer are recorded in the before phase, but phases "
                              f"({', '.join(self.phases)}) leave it out: add before, or give each script its answer")
@@ -189,8 +194,10 @@ class AgentProbe(Probe):
             if self.spec.mcp_url is not None:
                 import mcp.client  # noqa: F401
         except ImportError as e:
-            raise PreflightError(f"agent probe {self.spec.name}: {e.name} is not installed (pip install "
-                                 f"'chaoskit[agents]')") from None
+            raise PreflightError(f"agent probe {self.spec.name}: {e.name} is not installed (install the agents "
+                                 f"extra of the chaoskit wheel, e.g. pip install "
+                                 f"'chaoskit-0.1.0-py3-none-any.whl[agents]', or pip install 'mcp==2.3.0' "
+                                 f"'openai>=1.40')") from None
 
     async def measure(self) -> dict[str, Any]:
         s = self.spec
@@ -203,16 +210,29 @@ class AgentProbe(Probe):
         if s.mcp_url is None:
             return self.summarize(await self.run_all(Tools(), recording))
         import mcp.client
-        done: list[tuple[Task, float]] | None = None
+        return self.summarize(await self.with_mcp(mcp.client.Client(s.mcp_url, read_timeout_seconds=s.tool_timeout),
+                                                  recording))
+
+    async def with_mcp(self, client: Any, recording: bool) -> list[tuple[Task, float]]:
+        """The tasks on an MCP session; only the MCP client's own steps (the session's start, tools/list, its end)
+        are caught: without a session no task can call a tool, and a failed end changes no task's outcome."""
         try:
-            async with mcp.client.Client(s.mcp_url, read_timeout_seconds=s.tool_timeout) as session:
-                tools = Tools(session, (await session.list_tools()).tools)
-                done = await self.run_all(tools, recording)
-        except Exception as e:  # noqa: BLE001 - no session (or its end failed): no task can call a tool
-            if done is None:
-                failed = TaskFailed("tool_error", f"MCP server {s.mcp_url}: {leaf(e)}")
-                done = [(Task(tool_errors=1, failure=failed), 0.0) for _ in range(s.tasks)]
-        return self.summarize(done)
+            session = await client.__aenter__()
+        except Exception as e:  # noqa: BLE001 - whatever the MCP client raises
+            return self.unreachable(e)
+        try:
+            listed = (await session.list_tools()).tools
+        except Exception as e:  # noqa: BLE001 - whatever the MCP client raises
+            await end_quietly(client)
+            return self.unreachable(e)
+        try:
+            return await self.run_all(Tools(session, listed), recording)
+        finally:
+            await end_quietly(client)
+
+    def unreachable(self, e: BaseException) -> list[tuple[Task, float]]:
+        failed = TaskFailed("tool_error", f"MCP server {self.spec.mcp_url}: {leaf(e)}")
+        return [(Task(tool_errors=1, failure=failed), 0.0) for _ in range(self.spec.tasks)]
 
     async def run_all(self, tools: Tools, recording: bool) -> list[tuple[Task, float]]:
         s, gate, t0 = self.spec, asyncio.Semaphore(self.spec.concurrency), time.monotonic()
@@ -263,15 +283,18 @@ class AgentProbe(Probe):
         expected = self._expected.get(k)
         if expected is None and recording:
             self._expected[k] = text
-        elif expected is not None and text != expected:
+        elif expected is None:
+            raise TaskFailed("wrong_answer", f"answered {text[:60]!r}, but no answer recorded for scripts[{k}] "
+                             f"(every task of it failed in the first sample)")
+        elif text != expected:
             raise TaskFailed("wrong_answer", f"answered {text[:60]!r}, expected {expected[:60]!r}")
         task.answer = text
 
     async def usable_turn(self, rid: str, task: Task, messages: list[dict[str, Any]], tools: Tools,
                           script: AgentScript) -> tuple[Turn, list[dict[str, Any]]]:
         """A model turn and its calls' arguments, sent again (repair) while it is unusable."""
-        attempts = 1 + (self.spec.retries if self.spec.repair else 0)
-        for attempt in range(1, attempts + 1):
+        attempts, attempt = 1 + (self.spec.retries if self.spec.repair else 0), 1
+        while True:
             task.turns += 1
             task.retries += attempt > 1
             try:
@@ -281,7 +304,7 @@ class AgentProbe(Probe):
             except TaskFailed as e:
                 if e.kind not in RETRIED or attempt == attempts:
                     raise
-        raise AssertionError("unreachable")
+            attempt += 1
 
     async def model_turn(self, rid: str, messages: list[dict[str, Any]], tools: Tools) -> Turn:
         import openai
@@ -324,6 +347,13 @@ class AgentProbe(Probe):
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+async def end_quietly(client: Any) -> None:
+    try:
+        await client.__aexit__(None, None, None)
+    except Exception:  # noqa: BLE001, S110 - the session's end; the tasks' outcomes are already known
+        pass
 
 
 def leaf(e: BaseException) -> str:

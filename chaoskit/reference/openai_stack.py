@@ -107,7 +107,8 @@ def check_mcp() -> None:
     import importlib.util
 
     if importlib.util.find_spec("mcp") is None:
-        raise PreflightError("--mcp needs the official MCP SDK: pip install 'chaoskit[agents]' (the mcp package)")
+        raise PreflightError("--mcp needs the official MCP SDK: the agents extra of the chaoskit wheel "
+                             "(pip install 'chaoskit-0.1.0-py3-none-any.whl[agents]') or pip install 'mcp==2.3.0'")
 
 
 def tap_log(dep: Deployment) -> Path:

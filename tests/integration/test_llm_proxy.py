@@ -183,11 +183,11 @@ def test_stall_stops_after_n_tokens_for_the_duration_then_goes_on(px):
 
 
 def test_stall_without_duration_keeps_the_connection_open_until_the_client_gives_up(px):
-    before = stats_of(f"127.0.0.1:{px}")["faults"]["hang"]["applied"]
+    before = stats_of(f"127.0.0.1:{px}").faults["hang"].applied
     a = via(px, "hang", body=prompt(8), timeout=1.0)
     assert a.gave_up and not a.closed and not a.complete
     assert len(a.tokens()) == 2 and a.times[-1] < 0.5
-    assert stats_of(f"127.0.0.1:{px}")["faults"]["hang"]["applied"] == before + 1
+    assert stats_of(f"127.0.0.1:{px}").faults["hang"].applied == before + 1
 
 
 def test_truncate_closes_after_n_tokens_without_the_final_chunk(px):
@@ -213,11 +213,11 @@ def test_corrupt_tokens_replaces_token_text_and_keeps_events_valid(triton, px):
     assert a.status == 200 and a.complete and len(a.events) == len(direct.events) == 8
     texts = [json.loads(e[len(b"data: "):])["text_output"] for e in a.events]  # every event is valid JSON
     assert texts == ["#"] * 8 and [json.loads(e[6:])["text_output"] for e in direct.events] != texts
-    before = stats_of(f"127.0.0.1:{px}")["faults"]["garble_some"]["applied"]
+    before = stats_of(f"127.0.0.1:{px}").faults["garble_some"].applied
     some = via(px, "garble_some", body=prompt(12))
     replaced = sum(json.loads(e[6:])["text_output"] == "\ufffd" for e in some.events)
     assert some.complete and len(some.events) == 12 and 1 <= replaced <= 11, replaced  # seed 0: a share of them
-    assert stats_of(f"127.0.0.1:{px}")["faults"]["garble_some"]["applied"] == before + 1  # once per stream
+    assert stats_of(f"127.0.0.1:{px}").faults["garble_some"].applied == before + 1  # once per stream
 
 
 @pytest.mark.parametrize("corrupt", ["bad_json", "missing_data", "error_object"])
@@ -278,8 +278,8 @@ def test_share_is_reproducible_by_seed_and_counted(triton, proxies):
     picks = _aborted(one, 60)
     assert _aborted(same, 60) == picks and _aborted(other, 60) != picks
     assert 8 <= len(picks) <= 28
-    st = stats_of(f"127.0.0.1:{one}")["faults"]["a"]
-    assert (st["matched"], st["selected"], st["applied"]) == (60, len(picks), len(picks))
+    st = stats_of(f"127.0.0.1:{one}").faults["a"]
+    assert (st.matched, st.selected, st.applied) == (60, len(picks), len(picks))
     with urllib.request.urlopen(f"http://127.0.0.1:{one}/chaoskit/metrics", timeout=5) as r:
         text = r.read().decode()
     assert f'llm_proxy_fault_applied_total{{fault="a",type="abort"}} {len(picks)}' in text
@@ -305,7 +305,7 @@ def test_load_generator_classifies_what_the_proxy_did(triton, proxies):
             arrival="constant", max_tokens=6, prompt_tokens=8, timeout=3, stall_timeout=0.4)) for port in ports))
 
     for port, s in zip(ports, asyncio.run(runs()), strict=True):
-        applied = {k: v["applied"] for k, v in stats_of(f"127.0.0.1:{port}")["faults"].items()}
+        applied = {k: v.applied for k, v in stats_of(f"127.0.0.1:{port}").faults.items()}
         print(f"\nclient errors {s['errors']}, proxy applied {applied}")
         assert s["sender"] == "python" and s["sent"] == 50
         assert s["errors"] == {kinds[k]: n for k, n in applied.items() if n}
@@ -337,7 +337,7 @@ def answers(url: str, samples: int = 2, **kw) -> list[dict]:
 def test_correctness_probe_catches_corrupt_tokens_at_1_percent_within_one_sample_of_50(triton, proxies):
     (port,) = proxies(triton["url"], [([{"type": "corrupt_tokens", "name": "garble", "token_share": "1%"}], 1)])
     recorded, judged = answers(f"http://127.0.0.1:{port}", record_url=triton["url"])
-    garbled = stats_of(f"127.0.0.1:{port}")["faults"]["garble"]["applied"]
+    garbled = stats_of(f"127.0.0.1:{port}").faults["garble"].applied
     print(f"\ncorrupt_tokens 1% of 50 x 16 tokens: {garbled} streams garbled; the probe: {judged['first_failure']}")
     assert recorded["failed"] == 0 and recorded["recorded"] == len(PROMPTS)
     assert judged["failed"] == judged["failures.mismatch"] == garbled >= 1  # each garbled stream, nothing else
@@ -351,7 +351,7 @@ def test_correctness_probe_passes_a_healthy_deployment_3_runs_of_3(triton):
 
 def test_revert_stops_the_proxy_from_its_record_alone(triton):
     port, rec = _start(triton["url"], [{"type": "truncate", "after_tokens": 1}])
-    rec = LlmProxy.from_ledger(json.loads(json.dumps(LlmProxy.to_ledger(rec))))  # read back as from the ledger
+    rec = LlmProxy.from_ledger(json.loads(json.dumps(LlmProxy.to_ledger(rec))))  # as the ledger holds it
     details = LlmProxy.observe_details(rec)
     assert details["in_effect"] and details["faults"]["truncate-0"]["matched"] == 0
     LlmProxy.revert(rec)

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
 from pydantic import ValidationError
 
-from chaoskit.probes.agent import AgentProbeSpec, AgentScript, TaskFailed, Tools, Turn, check_calls, read_chunk
+from chaoskit.probes.agent import (
+    AgentProbe,
+    AgentProbeSpec,
+    AgentScript,
+    Task,
+    TaskFailed,
+    Tools,
+    Turn,
+    check_calls,
+    read_chunk,
+)
 from chaoskit.probes.agent_tools import LOCAL, parse_arguments, run_local
 
 
@@ -29,6 +40,11 @@ def spec(**kw) -> AgentProbeSpec:
     ({"url": "h:1"}, "should match pattern"),
     ({"repair": "sometimes"}, "Input should be a valid boolean"),
     ({"scripts": [{"prompt": "hi", "tool": "get_time", "answr": "x"}]}, "Extra inputs are not permitted"),
+    ({"scripts": [{"prompt": "hi", "tool": "get_weather", "arguments": {"days": 3}}]},
+     "scripts[0].arguments: get_weather would never accept them: arguments: required city missing"),
+    ({"scripts": [{"prompt": "hi", "tool": "get_time"}, {"prompt": "hi", "tool": "get_weather",
+                                                          "arguments": {"city": "Paris", "days": "3"}}]},
+     'scripts[1].arguments: get_weather would never accept them: argument days: "3" is not integer'),
 ])
 def test_invalid_specs(kw, message):
     with pytest.raises(ValidationError) as e:
@@ -125,3 +141,82 @@ def test_the_bundled_agents_scenarios_validate_with_tiny_mcp_facts(tmp_path, mon
         with pytest.raises(SpecError, match=rf"{f.name}:{line}:7: steadyState.probes\[0\].mcp_url: unknown "
                                             r"substitution \{target.mcp.url\}"):
             load_experiment(tmp_path / f.name, strict=False)
+
+
+def test_arguments_a_local_tool_never_accepts_name_file_line_and_field_exit_2(tmp_path):
+    from chaoskit.errors import ChaoskitError
+    from chaoskit.experiment.loader import load_experiment
+
+    f = tmp_path / "e.yaml"
+    f.write_text("apiVersion: chaoskit/v1\nkind: Experiment\nmetadata: {name: bad-args}\nsteadyState:\n"
+                 "  probes:\n    - {name: a, type: agent, url: 'http://127.0.0.1:1', model: m,\n"
+                 "       scripts: [{prompt: p, tool: get_time, arguments: {zone: 3}}]}\nmethod: []\n")
+    with pytest.raises(ChaoskitError) as e:
+        load_experiment(f)
+    assert e.value.exit_code == 2
+    assert re.search(r"e\.yaml:6:\d+: steadyState\.probes\[0\]\.agent: scripts\[0\]\.arguments: get_time would never "
+                     r"accept them: argument zone: 3 is not string", str(e.value)), str(e.value)
+
+
+def test_without_a_recorded_answer_later_answers_fail_as_wrong_answer():
+    """A script none of whose tasks answered in the first sample: its later answers are judged, and fail."""
+    probe = AgentProbe(spec(scripts=[{"prompt": "p", "tool": "get_time"}, {"prompt": "q", "tool": "get_time"}]))
+    probe.judge(0, Task(), "12:00 UTC", recording=True)  # scripts[1]: every task failed before its answer
+    with pytest.raises(TaskFailed) as e:
+        probe.judge(1, Task(), "13:00 UTC", recording=False)
+    assert (e.value.kind, str(e.value)) == ("wrong_answer", "answered '13:00 UTC', but no answer recorded for "
+                                            "scripts[1] (every task of it failed in the first sample)")
+    probe.judge(0, Task(), "12:00 UTC", recording=False)
+    with pytest.raises(TaskFailed, match="expected '12:00 UTC'"):
+        probe.judge(0, Task(), "12:01 UTC", recording=False)
+
+
+class FakeClient:
+    """An MCP client's steps as the probe calls them: the session's start, tools/list, its end."""
+
+    def __init__(self, fail_at: str | None = None):
+        self.fail_at, self.ended = fail_at, 0
+
+    async def __aenter__(self):
+        if self.fail_at == "start":
+            raise ConnectionError("refused")
+        return self
+
+    async def list_tools(self):
+        if self.fail_at == "list":
+            raise ConnectionError("reset")
+        return NS(tools=[])
+
+    async def __aexit__(self, *exc):
+        self.ended += 1
+        if self.fail_at == "end":
+            raise ConnectionError("gone")
+
+
+@pytest.mark.parametrize("fail_at", ["start", "list"])
+def test_only_the_mcp_clients_own_failures_become_tool_errors(fail_at):
+    import asyncio
+
+    probe = AgentProbe(spec(mcp_url="http://127.0.0.1:1/mcp", tasks=3,
+                            scripts=[{"prompt": "p", "tool": "t", "answer": "a"}]))
+    client = FakeClient(fail_at)
+    done = asyncio.run(probe.with_mcp(client, recording=True))
+    why = "refused" if fail_at == "start" else "reset"
+    assert [(t.failure.kind, str(t.failure)) for t, _ in done] == \
+        [("tool_error", f"MCP server http://127.0.0.1:1/mcp: ConnectionError: {why}")] * 3
+    assert client.ended == (fail_at == "list")
+
+
+def test_an_error_in_the_probes_own_code_propagates_and_the_session_still_ends(monkeypatch):
+    import asyncio
+
+    probe = AgentProbe(spec(mcp_url="http://127.0.0.1:1/mcp", scripts=[{"prompt": "p", "tool": "t", "answer": "a"}]))
+
+    async def broken(tools, recording):
+        raise KeyError("a bug of ours")
+
+    monkeypatch.setattr(probe, "run_all", broken)
+    for client in (FakeClient(), FakeClient("end")):
+        with pytest.raises(KeyError, match="a bug of ours"):
+            asyncio.run(probe.with_mcp(client, recording=True))
+        assert client.ended == 1
