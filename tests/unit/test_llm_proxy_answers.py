@@ -170,3 +170,47 @@ def test_a_whole_answer_is_read_to_its_end_in_each_framing():
     assert not w.feed(body) and w.body() == body  # its end: the upstream's close
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     assert length_line(head, 42) == b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 42\r\n\r\n"
+
+
+class Down:
+    """The client side of an Exchange: what it was sent, and how the exchange ended."""
+
+    def __init__(self):
+        self.t, self.sent, self.ended = self, [], None
+        self.closed, self.ex = False, None
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def done(self, close: bool, drop_upstream: bool) -> None:
+        self.ended = close
+
+
+@pytest.mark.parametrize("limit", [10**6, 100])
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_a_whole_answer_over_the_body_limit_is_relayed_unchanged_and_not_counted(monkeypatch, limit, framing):
+    from chaoskit.injectors.llm_proxy import server
+
+    monkeypatch.setattr(server, "MAX_BODY", limit)
+    table = FaultTable([{"name": "tool_args", "type": "tool_args", "mode": "finish_stop"}], 0)
+    req = Request(b"POST", "/v1/chat/completions", b"POST / HTTP/1.1\r\n\r\n", b"{}", "127.0.0.1")
+    body = json.dumps({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": ARGS}}]}}]}).encode()
+    assert 100 < len(body) < 10**6
+    framed, how = ((body, b"Content-Length: %d" % len(body)) if framing == "length" else
+                   (b"%x\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n" % (60, body[:60], len(body) - 60, body[60:]),
+                    b"Transfer-Encoding: chunked"))
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%b\r\n\r\n" % how
+    down = Down()
+    ex = server.Exchange(down, req, b"", True, table.plan(req))  # type: ignore[arg-type]
+    down.ex = ex
+    for i in range(0, len(head + framed), 40):  # as the upstream's segments come
+        ex.feed((head + framed)[i:i + 40])
+    sent = b"".join(down.sent)
+    assert down.ended is False  # the answer ended where its framing says, the connection kept
+    if limit == 100:  # held back up to 100 bytes, then everything relayed as it came
+        assert sent == head[:-2] + b"X-Chaoskit-Fault: tool_args\r\n\r\n" + framed
+        assert table.faults[0].applied == 0
+    else:
+        assert b'"finish_reason": "stop"' in sent and table.faults[0].applied == 1

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chaoskit.injectors.llm_proxy.faults import Fault
 
 BAD_ESCAPE = "\\x41"
 _DATA = re.compile(rb"^data:[ ]?(.*)$", re.MULTILINE)
@@ -83,7 +86,7 @@ def break_schema(text: str, schema: dict[str, Any], mode: str) -> str | None:
 class Rewrite:
     """tool_args and/or schema_break on one answer; `applied` is called once per fault whose effect happened."""
 
-    def __init__(self, tool_args: Any, schema_break: Any, request_body: bytes):
+    def __init__(self, tool_args: Fault | None, schema_break: Fault | None, request_body: bytes):
         self.tool_args, self.schema_break = tool_args, schema_break
         self.mode = tool_args.params["mode"] if tool_args is not None else ""
         self.schema = request_schema(request_body) if schema_break is not None else None
@@ -94,7 +97,7 @@ class Rewrite:
         self.envelope: dict[str, Any] | None = None  # ... and the first event that held some (its id, model ...)
         self.touched = False  # the event being rewritten was changed (it is re-encoded)
 
-    def applied(self, f: Any) -> None:
+    def applied(self, f: Fault) -> None:
         if f.name not in self.done:
             self.done.add(f.name)
             f.applied += 1
@@ -235,7 +238,7 @@ class Rewrite:
                 choice["finish_reason"] = "stop"
                 self._did()
             elif self.mode == "duplicate_call" and self.calls:
-                index, call = min(self.calls.items())
+                call = self.calls[min(self.calls)]
                 copy = {"index": max(self.calls) + 1, "id": f"{call['id']}-2", "type": "function",
                         "function": {"name": call["name"], "arguments": call["arguments"]}}
                 extra = {**doc, "choices": [{"index": choice.get("index", 0), "delta": {"tool_calls": [copy]},

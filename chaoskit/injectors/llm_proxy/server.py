@@ -420,6 +420,11 @@ class Exchange:
         w, plan = self.whole, self.plan
         assert w is not None and plan is not None
         self.whole = None
+        if w.over:  # too large to hold: relayed as it came (with the rest), no fault applied on it
+            self.sent_any = True
+            self.chunks = ChunkedEnd() if self.framing == "chunked" else None
+            self._relay(b"".join(w.raw), w.head)
+            return
         body = Rewrite(plan.tool_args, plan.schema_break, self.req.body).whole(w.body())
         self.down.t.write(length_line(w.head, len(body)) + body)
         self.sent_any = True
@@ -453,17 +458,26 @@ class Exchange:
 
 
 class Whole:
-    """A JSON answer's body read in full (length-framed, chunked, or up to the upstream's close)."""
+    """A JSON answer's body read in full (length-framed, chunked, or up to the upstream's close), up to `limit`
+    bytes: beyond it `over` is set and `raw` holds the bytes as they came, to be relayed unchanged."""
 
-    __slots__ = ("head", "framing", "left", "parts", "chunks")
+    __slots__ = ("head", "framing", "left", "parts", "chunks", "raw", "size", "limit", "over")
 
-    def __init__(self, head: bytes, framing: str, left: int):
+    def __init__(self, head: bytes, framing: str, left: int, limit: int | None = None):
         self.head, self.framing, self.left = head, framing, left
+        self.limit = MAX_BODY if limit is None else limit
         self.parts: list[bytes] = []
         self.chunks = Chunked() if framing == "chunked" else None
+        self.raw: list[bytes] = []
+        self.size, self.over = 0, False
 
     def feed(self, data: bytes) -> bool:
-        """Whether the body is complete."""
+        """Whether the body is complete, or over the limit (`over`)."""
+        self.raw.append(data)
+        self.size += len(data)
+        if self.size > self.limit:
+            self.over = True
+            return True
         if self.chunks is not None:
             parts, at = self.chunks.feed(data, collect=True)
             self.parts += parts
