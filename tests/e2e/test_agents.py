@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from chaoskit.reference.deploy import Deployment
-from chaoskit.targets.process import ProcessRef, is_alive
 from tests.conftest import ROOT, chaoskit, free_port
+from tests.helpers.survivors import survivors
 
 SCENARIOS = ROOT / "experiments" / "agents"
 
@@ -53,6 +52,4 @@ def test_an_agents_scenario_flips_with_its_fix(tmp_path, state_dir, name, fix, e
     assert len(turns) == sum(round(v["turns"] * v["tasks"]) for v in samples)
     if name == "tool-args-broken":
         assert len(calls) == sum(v["succeeded"] for v in samples)
-    left = [f"{q['name']} {q['pid']}" for d in tmp_path.glob("ref*") for q in Deployment(d).processes()
-            if is_alive(ProcessRef.from_json(q))]
-    assert left == [], out + err
+    assert survivors(tmp_path / "ref") == [], out + err  # the process list's (`down` empties the records)

@@ -64,14 +64,30 @@ def stack(tmp_path_factory) -> Iterator[dict[str, Any]]:
         rec = inj.apply(inj.prepare())
         yield {"up": up, "proxy": port, "mcp": f"http://127.0.0.1:{mport}/mcp", "logs": logs}
     finally:
+        try:
+            if rec is not None:
+                LlmProxy.revert(rec)
+        finally:  # tiny-openai and tiny-mcp stopped whatever the revert did, before any assertion
+            lingered = stop(procs)
         if rec is not None:
-            LlmProxy.revert(rec)
             assert not LlmProxy.observe(rec)
             assert not [p for p in all_pids() if rec.token in cmdline(p)]
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            assert p.wait(10) is not None
+        assert not lingered
+
+
+def stop(procs: list[subprocess.Popen]) -> list[int]:
+    """SIGTERM each; the pids of those still running 10 s later (then killed)."""
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    lingered = []
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            lingered.append(p.pid)
+            p.kill()
+            p.wait()
+    return lingered
 
 
 def lines(path: Path) -> list[dict]:

@@ -67,12 +67,22 @@ def stack(tmp_path_factory) -> Iterator[tuple[int, int, Path]]:
         rec = inj.apply(inj.prepare())
         yield up, port, log
     finally:
+        try:
+            if rec is not None:
+                LlmProxy.revert(rec)
+        finally:  # tiny-openai stopped whatever the revert did, before any assertion
+            replica.send_signal(signal.SIGTERM)
+            lingered = False
+            try:
+                replica.wait(10)
+            except subprocess.TimeoutExpired:
+                lingered = True
+                replica.kill()
+                replica.wait()
         if rec is not None:
-            LlmProxy.revert(rec)
             assert not LlmProxy.observe(rec)
             assert not [p for p in all_pids() if rec.token in cmdline(p)]
-        replica.send_signal(signal.SIGTERM)
-        assert replica.wait(10) is not None
+        assert not lingered
 
 
 def _answers(port: int) -> bool:
