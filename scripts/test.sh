@@ -6,7 +6,8 @@
 #                pair in one process: it starts once) and test_matrix.py (the gateway matrix, ~3 min: it keeps the
 #                two foreground streams about as long); its reference deployments search for free ports from
 #                28000 (CHAOSKIT_REF_FIRST_PORT), the other stream's from 18000, so the two never race for a block;
-#   integration  the rest of tests/integration, in the foreground;
+#   integration  the rest of tests/integration and tests/e2e/test_agents.py (its tiny-openai scenarios need no
+#                vLLM; here it keeps the two foreground streams about as long), in the foreground;
 #   alone        tests/reliability (the torture test compares the whole host before and after),
 #                test_memory_pressure.py (it holds the host's used memory within 2% of a target) and the tests
 #                that hold timings to a few ms (the load generator's, the proxies' latency, the SLO windows', the
@@ -83,8 +84,9 @@ timed=(tests/integration/test_netem_queue.py::test_delay_with_uniform_jitter_add
 start=$SECONDS
 stream unit "$budget" "$tmp/unit.log" -- tests/unit
 stream scenarios "$budget" "$tmp/scenarios.log" CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
-    tests/integration/test_llm_proxy.py tests/integration/test_matrix.py
-stream integration "$budget" - -- --durations=15 tests/integration --ignore=tests/integration/test_llm_proxy.py \
+    tests/integration/test_llm_proxy.py tests/integration/test_matrix.py --ignore=tests/e2e/test_agents.py
+stream integration "$budget" - -- --durations=15 tests/integration tests/e2e/test_agents.py \
+    --ignore=tests/integration/test_llm_proxy.py \
     --ignore=tests/integration/test_matrix.py \
     $(printf -- '--ignore=%s ' "${alone[@]:1}") $(printf -- '--deselect=%s ' "${timed[@]}")
 finish "${pids[2]}"; integration=$?

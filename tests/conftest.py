@@ -33,11 +33,15 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def own_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Every cache a test session fills is its own, never the user's ~/.cache: chaoskit's (what cbuild compiles:
     the native sender, the netem queue helper, the CUDA fault library) and every XDG-following tool's (pip,
-    pytriton), in the session's temporary directory. The CLI and the helpers the tests start inherit it."""
+    pytriton), in the session's temporary directory; so is chaoskit's state directory. The CLI and the helpers the
+    tests start inherit them."""
     root = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(root))
         mp.setenv("CHAOSKIT_CACHE_DIR", str(root / "chaoskit"))
+        # and a state directory of the session's own: a run a test starts without the state_dir fixture never
+        # writes its ledgers into the host's /var/lib/chaoskit, nor replays the host's unfinished ones
+        mp.setenv("CHAOSKIT_STATE_DIR", str(tmp_path_factory.mktemp("state")))
         yield root
 
 

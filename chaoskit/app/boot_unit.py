@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shlex
 import sys
 from pathlib import Path
 
@@ -21,6 +22,11 @@ def _word(text: str) -> str:
     return text
 
 
+def _cron(text: str) -> str:
+    """One word of a crontab command: shell-quoted, `%` escaped (cron turns a bare one into a newline)."""
+    return shlex.quote(text).replace("%", "\\%")
+
+
 def rollback_command(python: str | None = None) -> list[str]:
     """`chaoskit rollback --all` as this install runs it: the interpreter that runs chaoskit now (a pipx or venv
     interpreter, not resolved: its venv is what imports chaoskit), with `-m chaoskit`."""
@@ -33,10 +39,14 @@ def rollback_unit(python: str | None = None, state: Path | None = None, uid: int
     uid = os.geteuid() if uid is None else uid
     state = (state or state_dir()).absolute()
     command = " ".join(_word(w) for w in rollback_command(python))
-    name = pwd.getpwuid(uid).pw_name
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:  # a UID with no passwd entry (a container run with --user N): systemd takes the number
+        name = str(uid)
     user = f"User={_word(name)}\n" if uid != 0 else ""
+    cron = " ".join(_cron(w) for w in [f"CHAOSKIT_STATE_DIR={state}", *rollback_command(python)])
     return (f"# /etc/systemd/system/{UNIT_NAME}, then: systemctl daemon-reload && systemctl enable {UNIT_NAME}\n"
-            f"# without systemd, in {name}'s crontab: @reboot CHAOSKIT_STATE_DIR={_word(str(state))} {command}\n"
+            f"# without systemd, in {name}'s crontab: @reboot {cron}\n"
             "[Unit]\n"
             "Description=Revert faults left by chaoskit runs that died (crash, reboot)\n"
             "After=local-fs.target network.target\n"

@@ -97,10 +97,8 @@ class MatrixSpec(StrictModel):
         for gateway, params in self.gateway_params.items():
             if gateway not in self.gateways:
                 raise ValueError(f"gateway_params: {gateway} is not one of the gateways")
-            if gateway in GATEWAY_PARAMS and (unknown := GATEWAY_PARAMS[gateway].unknown(params)):
-                raise ValueError(f"gateway_params: {gateway} takes no {', '.join(unknown)}")
-            if gateway in GATEWAY_PARAMS and (wrong := GATEWAY_PARAMS[gateway].wrong_values(params)):
-                raise ValueError(f"gateway_params: {gateway}: {'; '.join(wrong)}")
+            if gateway in GATEWAY_PARAMS and (problem := GATEWAY_PARAMS[gateway].problem(params)):
+                raise ValueError(f"gateway_params: {gateway} {problem}")
         return self
 
 

@@ -111,11 +111,8 @@ class Reference(StrictModel):
             raise ValueError(f"health: latency is chaoskit's gateway's; {self.gateway} uses its own health checks")
         for where, params in (("gateway_params", self.gateway_params),
                               *((f"when.{k}.gateway_params", o.gateway_params) for k, o in self.when.items())):
-            if unknown := GATEWAY_PARAMS[self.gateway].unknown(params):
-                raise ValueError(f"{where}: {self.gateway} takes no {', '.join(unknown)} (it takes: "
-                                 f"{', '.join(sorted(GATEWAY_PARAMS[self.gateway].known()))})")
-            if wrong := GATEWAY_PARAMS[self.gateway].wrong_values(params):
-                raise ValueError(f"{where}: {'; '.join(wrong)}")
+            if problem := GATEWAY_PARAMS[self.gateway].problem(params):
+                raise ValueError(f"{where}: {self.gateway} {problem}")
         return self
 
     def effective(self, variables: dict[str, Any]) -> Reference:

@@ -32,6 +32,12 @@ class GatewayParams:
         return [f"{k}: {params[k]!r} is not one of {', '.join(words)}" for k, words in sorted(self.choices.items())
                 if k in params and str(params[k]) not in words]
 
+    def problem(self, params: dict[str, object]) -> str | None:
+        """What is wrong with `params` in words (after the gateway's name), None when nothing is."""
+        if unknown := self.unknown(params):
+            return f"takes no {', '.join(unknown)} (it takes: {', '.join(sorted(self.known()))})"
+        return "; ".join(self.wrong_values(params)) or None
+
 
 ROUTER = GatewayParams({"policy": "round_robin"}, RUST_ROUTER_FLAGS)  # cache_aware (default) pins a prompt
 PARAMS: dict[str, GatewayParams] = {
@@ -51,6 +57,7 @@ PARAMS: dict[str, GatewayParams] = {
         # 501/505, and error_limit of them in a row makes on_error act (mark-down ejects until `rise` checks pass)
         "observe": "none", "error_limit": "10", "on_error": "fail-check",
         # the active check: health (GET /health) or completion (POST a 1-token completion: the path clients use)
-        "check": "health"}, choices={"check": ("health", "completion"), "observe": ("none", "layer4", "layer7")}),
+        "check": "health"}, choices={"check": ("health", "completion"), "observe": ("none", "layer4", "layer7"),
+                             "on_error": ("fastinter", "fail-check", "sudden-death", "mark-down")}),
 }
 NAMES = (CHAOSKIT, *PARAMS)

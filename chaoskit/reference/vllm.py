@@ -111,11 +111,23 @@ def ipc_dir(state: Path) -> Path:
     return Path("/tmp") / f"chaoskit-vllm-{hashlib.sha1(str(state.resolve()).encode()).hexdigest()[:12]}"
 
 
+def _own_dir(path: Path) -> None:
+    """`path` as a directory of ours, 0700: made here, or made by an earlier `up` of this deployment as this user
+    (a path under /tmp someone else made first is refused)."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        st = path.lstat()
+        if not path.is_dir() or path.is_symlink() or st.st_uid != os.geteuid():
+            raise PreflightError(f"{path}: exists and is not a directory of this user's; remove it") from None
+        path.chmod(0o700)
+
+
 def env(state: Path) -> dict[str, str]:
     caches = state / "cache"
     for d in ("vllm", "inductor", "tmp", "hf"):
         (caches / d).mkdir(parents=True, exist_ok=True)
-    ipc_dir(state).mkdir(mode=0o700, exist_ok=True)
+    _own_dir(ipc_dir(state))
     return {**os.environ, "VLLM_CACHE_ROOT": str(caches / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
             "VLLM_RPC_BASE_PATH": str(ipc_dir(state)),
             "TMPDIR": str(caches / "tmp"), "HF_HOME": str(caches / "hf"), "HF_HUB_OFFLINE": "1",

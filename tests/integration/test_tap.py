@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chaoskit.reference.tiny_openai import tokens
+from chaoskit.reference.tiny_tools import tokens
 from tests.conftest import free_port, wait_for
 
 

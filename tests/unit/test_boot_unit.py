@@ -39,6 +39,13 @@ def test_a_user_other_than_root_gets_a_user_line_and_odd_paths_are_quoted(tmp_pa
     assert lines["User"] == pwd.getpwuid(me).pw_name
     assert lines["ExecStart"] == '"/home/a b/venv/bin/python" -m chaoskit rollback --all'
     assert lines["Environment"] == "CHAOSKIT_STATE_DIR=/srv/50%%/state"
+    cron = next(x for x in text.splitlines() if "crontab" in x).split("@reboot ", 1)[1]
+    assert cron == "CHAOSKIT_STATE_DIR=/srv/50\\%/state '/home/a b/venv/bin/python' -m chaoskit rollback --all"
+
+
+def test_a_uid_without_a_passwd_entry_is_named_by_its_number():
+    uid = next(u for u in range(60000, 65000) if u not in {p.pw_uid for p in pwd.getpwall()})
+    assert _lines(rollback_unit(python="/usr/bin/python3", state=Path("/s"), uid=uid))["User"] == str(uid)
 
 
 def test_the_printed_unit_is_this_install_and_its_command_works(tmp_path):

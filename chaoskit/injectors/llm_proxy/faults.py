@@ -194,8 +194,7 @@ class FaultCounts(NamedTuple):
     applied_share: float | None
 
     def to_json(self) -> dict[str, str | float | None]:
-        return {"type": self.type, "share": self.share, "matched": self.matched, "selected": self.selected,
-                "applied": self.applied, "applied_share": self.applied_share}
+        return dict(self._asdict())  # the fields in their order
 
 
 class ProxyStats(NamedTuple):

@@ -61,13 +61,10 @@ class GatewayKind:
         raise NotImplementedError
 
     def settings(self, params: dict[str, str]) -> dict[str, str]:
-        """The defaults with `params` over them; an unknown key is a ChaoskitError naming the known ones."""
+        """The defaults with `params` over them; an unknown key or a value outside its choices is a ChaoskitError."""
         catalog = PARAMS[self.name]
-        if unknown := catalog.unknown(params):
-            raise ChaoskitError(f"gateway_params for {self.name}: unknown {', '.join(unknown)} (known: "
-                                f"{', '.join(sorted(catalog.known()))})")
-        if wrong := catalog.wrong_values(params):
-            raise ChaoskitError(f"gateway_params for {self.name}: {'; '.join(wrong)}")
+        if problem := catalog.problem(params):
+            raise ChaoskitError(f"gateway_params: {self.name} {problem}")
         return {**catalog.defaults, **params}
 
 
