@@ -90,7 +90,7 @@ def test_a_disaggregated_scenario_flips_with_its_fix(tmp_path, state_dir, name, 
     print(f"\n{name} fix={fix}: decode slots stuck (waiting over 1 s for KV) after the faults {after}, "
           f"recovered {s.get('recovery_s')} s")
     assert _stuck(s, "before") == [0.0]
-    held_floor = 6  # the slots stay held by requests whose KV never comes, the whole after phase (one may free
+    stuck_floor = 6  # the slots stay stuck with requests whose KV never comes, the whole after phase (one may free
     if name == "notification-lost":  # for a moment and be taken by the next request)
         seen = [e["details"] for e in map(json.loads, (tmp_path / "o" / "journal.jsonl").read_text().splitlines())
                 if e.get("event") == "fault_observed" and e.get("type") == "kv.notify" and "dropped" in e["details"]]
@@ -103,9 +103,9 @@ def test_a_disaggregated_scenario_flips_with_its_fix(tmp_path, state_dir, name, 
         # next request. Without the fix some must have been lost (measured: 17 rooms, kv.notify said 17 dropped).
         lost = max(waiting, default=0)
         assert expected == 0 or lost > 0, waiting
-        held_floor = max(1, min(8, lost) - 1)
+        stuck_floor = max(1, min(8, lost) - 1)
     if expected == 1:
-        assert after and all(v >= held_floor for v in after), after
+        assert after and all(v >= stuck_floor for v in after), after
     else:
         assert after[-1] < 2 and s["recovery_s"] is not None
     assert survivors(tmp_path / "ref") == [], out + err  # the process list's (`down` empties the records)

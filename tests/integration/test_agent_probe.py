@@ -128,9 +128,9 @@ def test_the_agent_probe_holds_against_tiny_openai_and_tiny_mcp(stack):
 
 @pytest.mark.parametrize("fault, kind", [("args", "bad_arguments"), ("error", "model_error")])
 def test_broken_tool_calls_and_error_events_fail_tasks_as_tiny_mcp_counts(stack, fault, kind):
-    before = stats_of(f"127.0.0.1:{stack['proxy']}")["faults"][fault]["applied"]
+    before = stats_of(f"127.0.0.1:{stack['proxy']}").faults[fault].applied
     out, calls, requests = measure(stack, stack["proxy"], fault)
-    applied = stats_of(f"127.0.0.1:{stack['proxy']}")["faults"][fault]["applied"] - before
+    applied = stats_of(f"127.0.0.1:{stack['proxy']}").faults[fault].applied - before
     print(f"\n{fault}: {out['succeeded']} of 20 tasks done, tiny-mcp served {len(calls)} calls, the proxy "
           f"broke {applied} turns; {out.get('first_failure')}")
     assert 0 < out["succeeded"] < 20
@@ -139,7 +139,7 @@ def test_broken_tool_calls_and_error_events_fail_tasks_as_tiny_mcp_counts(stack,
     assert len(requests) == round(out["turns"] * 20)  # tiny-openai served every model turn the probe sent
 
     fixed, calls, requests = measure(stack, stack["proxy"], fault, repair=True, retries=3)
-    applied = stats_of(f"127.0.0.1:{stack['proxy']}")["faults"][fault]["applied"] - before - applied
+    applied = stats_of(f"127.0.0.1:{stack['proxy']}").faults[fault].applied - before - applied
     print(f"{fault} with repair: {fixed['succeeded']} of 20 done after {fixed['retries']} retries")
     assert fixed["succeeded"] == len(calls) and fixed["succeeded"] > out["succeeded"]
     assert applied == fixed["retries"] + fixed["failed"]  # each broken turn sent again, or the 4th fails its task
@@ -166,9 +166,9 @@ def test_the_correctness_probe_with_a_schema_counts_the_answers_schema_break_bro
         return asyncio.run(go())
 
     assert sample(stack["up"], None)["failed"] == 0  # tiny-openai's structured answers fit the schema
-    before = stats_of(f"127.0.0.1:{stack['proxy']}")["faults"]["schema"]["applied"]
+    before = stats_of(f"127.0.0.1:{stack['proxy']}").faults["schema"].applied
     out = sample(stack["proxy"], "schema")
-    applied = stats_of(f"127.0.0.1:{stack['proxy']}")["faults"]["schema"]["applied"] - before
+    applied = stats_of(f"127.0.0.1:{stack['proxy']}").faults["schema"].applied - before
     print(f"\nschema_break: {out['failures.schema']} of 20 answers broke the schema; {out.get('first_failure')}")
     assert 0 < out["failures.schema"] == out["failed"] == applied < 20
 
