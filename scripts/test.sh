@@ -107,7 +107,7 @@ left=$((budget - (SECONDS - start)))
 echo "--- alone (after $((SECONDS - start)) s; $left s left of the run's $budget)"
 if [ "$left" -gt 0 ]; then
     pids=()
-    stream alone "$left" - -- "${alone[@]}" "${timed[@]}"
+    stream alone "$left" - -- --durations=15 "${alone[@]}" "${timed[@]}"
     finish "${pids[0]}"; lone=$?
     timed_out alone "$left" "$lone"
 else

@@ -120,7 +120,8 @@ def _silent(s: dict, expected: int) -> None:
     mismatches = sum(x["values"].get("failures.mismatch", 0) for x in samples
                      if x["probe"] == "answers-through-gateway")
     print(f"\nkv-corrupted-silently: {mismatches} wrong answers caught")
-    assert all(x["verdict"] == "ok" for x in samples if x["probe"] == "sla-through-gateway")
+    failed = [x for x in samples if x["probe"] == "sla-through-gateway" and x["verdict"] != "ok"]
+    assert not failed, failed
     assert (mismatches > 0) == (expected == 1), mismatches
 
 
