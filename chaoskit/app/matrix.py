@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +38,16 @@ class MatrixOutcome:
         return [r["cell"] for r in self.results if r["measures"]["verdict"] not in ("held", "deviated")]
 
 
-def prepare(path: Path, out: Path, resume: bool) -> tuple[MatrixSpec, list[Cell]]:
-    """The matrix and its cells, every cell's experiment written and validated before any runs (a wrong one:
-    SpecError, nothing started); an existing --out without --resume is refused."""
+def prepare(path: Path, out: Path, resume: bool, only: Sequence[str] = ()) -> tuple[MatrixSpec, list[Cell]]:
+    """The matrix and its cells (of the faults named in `only`, when given), every cell's experiment written and
+    validated before any runs (a wrong one: SpecError, nothing started); an existing --out without --resume is
+    refused."""
     spec = load_matrix(path)
+    if only:
+        if unknown := sorted(set(only) - {f.name for f in spec.faults}):
+            raise SpecError(f"{path}: --fault {', '.join(unknown)}: no such fault (the matrix has "
+                            f"{', '.join(f.name for f in spec.faults)})")
+        spec = spec.model_copy(update={"faults": [f for f in spec.faults if f.name in only]})
     if (out / "matrix.json").exists() and not resume:
         raise SpecError(f"{out} holds a matrix already: --resume to finish it, or another --out")
     todo = cells(spec)
@@ -56,8 +62,9 @@ def prepare(path: Path, out: Path, resume: bool) -> tuple[MatrixSpec, list[Cell]
     return spec, todo
 
 
-def run_matrix(path: Path, out: Path, resume: bool, say: Callable[[str], None]) -> MatrixOutcome:
-    spec, todo = prepare(path, out, resume)
+def run_matrix(path: Path, out: Path, resume: bool, say: Callable[[str], None],
+               only: Sequence[str] = ()) -> MatrixOutcome:
+    spec, todo = prepare(path, out, resume, only)
     results: list[dict[str, Any]] = []
     for k, cell in enumerate(todo, 1):
         saved = cell_dir(out, cell) / "result.json"

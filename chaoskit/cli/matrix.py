@@ -20,6 +20,7 @@ def matrix(
                                                      "chaoskit-runs/matrix-NAME)"),
     resume: bool = typer.Option(False, "--resume", help="finish a matrix an interruption stopped: cells with a "
                                                        "result are kept, the others run"),
+    faults: list[str] = typer.Option([], "--fault", help="run only this fault's column (repeat for more)"),
 ) -> None:
     """Run every gateway x fault cell of a matrix in order (each brings its deployment up and down), measure
     each (verdict, client error rate, p99, time to eject and readmit the faulty replica, retry amplification,
@@ -38,7 +39,8 @@ def matrix(
         if not path.exists():
             raise ChaoskitError(f"{file}: no such matrix file, and no bundled matrix of that name")
         target = out_dir or Path("chaoskit-runs") / f"matrix-{path.stem}"
-        outcome = run_matrix(path, target, resume, say=lambda m: err.print(m, highlight=False, markup=False))
+        outcome = run_matrix(path, target, resume, say=lambda m: err.print(m, highlight=False, markup=False),
+                             only=faults)
     except ChaoskitError as e:
         for line in str(e).splitlines():
             err.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)

@@ -78,6 +78,9 @@ class MatrixSpec(StrictModel):
     metadata: Metadata
     engine: Literal["tiny-openai", "vllm"] = Field("tiny-openai", description="the replicas' engine")
     replicas: int = Field(2, ge=2, le=4, description="replicas behind each gateway")
+    model_params: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="the replicas' settings (target.reference.model_params), e.g. "
+        "{max_context: 400000} for long prompts")
     gateways: list[Literal[GATEWAY_NAMES]] = Field(min_length=1, description="the rows")  # type: ignore[valid-type]
     gateway_params: dict[str, dict[str, str | int | float | bool]] = Field(
         default_factory=dict, description="per gateway, its settings over chaoskit's defaults")
@@ -143,6 +146,8 @@ def experiment(spec: MatrixSpec, cell: Cell) -> dict[str, Any]:
                "request_timeout": f"{load.timeout}s", "expect": {"failed": spec.answers.failed}}
     reference: dict[str, Any] = {"engine": spec.engine, "replicas": spec.replicas, "gateway": cell.gateway,
                                  "netns": True}
+    if spec.model_params:
+        reference["model_params"] = spec.model_params
     if params := spec.gateway_params.get(cell.gateway):
         reference["gateway_params"] = params
     return {

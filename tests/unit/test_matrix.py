@@ -66,9 +66,19 @@ def test_a_cell_whose_fault_is_wrong_stops_the_matrix_before_any_cell_runs(tmp_p
     assert not (tmp_path / "out" / "matrix.json").exists()
 
 
-def test_the_bundled_matrix_has_five_gateways_and_nine_faults_all_valid(tmp_path: Path) -> None:
+def test_the_bundled_matrix_has_five_gateways_and_ten_faults_all_valid(tmp_path: Path) -> None:
     spec, todo = prepare(library("matrices") / "gateways.yaml", tmp_path / "out", resume=False)
-    assert len(spec.gateways) == 5 and len(spec.faults) >= 9 and len(todo) == 45
+    assert len(spec.gateways) == 5 and len(spec.faults) == 10 and len(todo) == 50
+
+
+def test_fault_runs_one_column_and_model_params_reach_the_replicas(tmp_path: Path) -> None:
+    spec, todo = prepare(library("matrices") / "gateways.yaml", tmp_path / "out", resume=False,
+                         only=["long-prompts"])
+    assert [f.name for f in spec.faults] == ["long-prompts"] and [c.id for c in todo] == [
+        f"{g}--long-prompts" for g in spec.gateways]
+    assert experiment(spec, todo[0])["target"]["reference"]["model_params"] == {"max_context": 400000}
+    with pytest.raises(SpecError, match="--fault nope: no such fault"):
+        prepare(library("matrices") / "gateways.yaml", tmp_path / "out2", resume=False, only=["nope"])
 
 
 def test_time_to_eject_is_where_replica_0s_share_stays_at_most_5_percent() -> None:
