@@ -6,9 +6,6 @@ process or replica left at the end."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +14,9 @@ import openai
 import pydantic
 import pytest
 
-from chaoskit.injectors.llm_proxy.fault import LlmProxy, stats_of
+from chaoskit.injectors.llm_proxy.fault import stats_of
 from chaoskit.reference.tiny_openai import SERVED_NAME
-from chaoskit.targets.process import all_pids, cmdline
-from tests.conftest import free_port, wait_for
+from tests.helpers.agent_stack import agent_stack
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "required": ["city", "days"],
@@ -52,45 +48,8 @@ FAULTS = by_header({
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[tuple[int, int, Path]]:
     """(tiny-openai's port, the proxy's port in front of it, the replica's request log)."""
-    log = tmp_path_factory.mktemp("agents") / "replica.jsonl"
-    up = free_port()
-    replica = subprocess.Popen([sys.executable, "-m", "chaoskit.reference.tiny_openai", "--port", str(up),
-                                "--token-rate", "1000", "--log", str(log)])
-    rec = None
-    try:
-        wait_for(lambda: _answers(up), timeout=20, every=0.1)
-        port = free_port()
-        inj = LlmProxy(LlmProxy.Spec(type="llm.proxy", listen=f"127.0.0.1:{port}", upstream=f"127.0.0.1:{up}",
-                                     faults=FAULTS, seed=3))
-        inj.ctx.lifetime_s = 300
-        inj.preflight()
-        rec = inj.apply(inj.prepare())
-        yield up, port, log
-    finally:
-        try:
-            if rec is not None:
-                LlmProxy.revert(rec)
-        finally:  # tiny-openai stopped whatever the revert did, before any assertion
-            replica.send_signal(signal.SIGTERM)
-            lingered = False
-            try:
-                replica.wait(10)
-            except subprocess.TimeoutExpired:
-                lingered = True
-                replica.kill()
-                replica.wait()
-        if rec is not None:
-            assert not LlmProxy.observe(rec)
-            assert not [p for p in all_pids() if rec.token in cmdline(p)]
-        assert not lingered
-
-
-def _answers(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-            return True
-    except OSError:
-        return False
+    with agent_stack(tmp_path_factory.mktemp("agents"), FAULTS, seed=3) as st:
+        yield st.up, st.proxy, st.logs / "replica.jsonl"
 
 
 def client(port: int, fault: str | None = None) -> openai.OpenAI:
