@@ -39,7 +39,7 @@ class CellMeasures:
     amplification: float | None = None  # upstream attempts per client request sent in that span (rate x span)
     to_replica0: int | None = None  # of those, to the faulty replica
     time_to_eject_s: float | None = None  # None: never ejected while the fault lasted
-    time_to_readmit_s: float | None = None  # None: no attempt reached replica 0 after the revert
+    time_to_readmit_s: float | None = None  # None: replica 0 answered no attempt after the revert
     recovered_s: float | None = None
     metastable: bool = False  # goodput did not come back within the recovery window
     deviations: list[str] = field(default_factory=list)
@@ -114,7 +114,9 @@ def _spread(m: CellMeasures, attempts: list[dict[str, Any]], replica0: str, star
     m.to_replica0 = sum(a["replica"] == replica0 for a in within)
     m.amplification = round(len(within) / (rate * (end - start)), 3) if end > start else None
     m.time_to_eject_s = time_to_eject(within, replica0, start, end)
-    after = [a["t"] for a in attempts if a["t"] >= end and a["replica"] == replica0]
+    # readmitted: the first attempt after the revert that replica 0 answered (one sent on a connection the revert
+    # cut, or refused by a replica that is gone, did not reach it: no status)
+    after = [a["t"] for a in attempts if a["t"] >= end and a["replica"] == replica0 and a.get("status")]
     m.time_to_readmit_s = round(min(after) - end, 3) if after else None
 
 

@@ -119,7 +119,8 @@ def test_measures_from_a_journal_and_a_tap_log(tmp_path: Path) -> None:
     attempts += [{"t": applied + 0.05 * i + 0.01, "replica": "r1", "path": "/v1/completions"} for i in range(10)]
     attempts += [{"t": applied + 0.5, "replica": "r0", "path": "/health"},  # neither the health checks nor the
                  {"t": applied + 0.6, "replica": "r0", "path": "/v1/chat/completions"},  # answers probe's chats
-                 {"t": reverted + 1.5, "replica": "r0", "path": "/v1/completions"}]
+                 {"t": reverted + 0.2, "replica": "r0", "path": "/v1/completions", "status": 0},  # cut: not back
+                 {"t": reverted + 1.5, "replica": "r0", "path": "/v1/completions", "status": 200}]
     tap = tmp_path / "tap.jsonl"
     tap.write_text("".join(json.dumps(a) + "\n" for a in attempts))
     m = measure(j, tap, "r0", rate=20)
