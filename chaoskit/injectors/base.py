@@ -158,9 +158,9 @@ class Injector(ABC, Generic[SpecT, RecordT]):
         return None
 
     @classmethod
-    def on_node(cls, spec: dict[str, Any], container_id: str) -> dict[str, Any] | None:
+    def on_node(cls, spec: SpecT, container_id: str) -> SpecT | None:
         """For a fault whose pod target means something other than the container's processes or cgroup (a GPU):
-        the spec to apply on the container's node, its `kubernetes:` target replaced; None for the others."""
+        its spec as applied on the container's node, its `kubernetes:` target replaced; None for the others."""
         return None
 
     def preflight(self) -> None:
