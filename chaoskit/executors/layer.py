@@ -47,7 +47,7 @@ def place(inj: Injector) -> None:
         return
     from kubernetes import client
 
-    from chaoskit.executors.k8s_helper import HelperPlacement
+    from chaoskit.injectors.placement import HelperPlacement
     from chaoskit.targets.kube import api_client, choose, resolve_cluster
 
     try:
@@ -62,10 +62,9 @@ def place(inj: Injector) -> None:
     helper = selector.helper
     inj.ctx.executor = K8S_HELPER
     inj.ctx.placement = HelperPlacement(
-        cluster=cluster.to_json(), node=pods[0].node, run_id=inj.ctx.run_id or "adhoc", namespace=helper.namespace,
+        cluster=cluster, node=pods[0].node, run_id=inj.ctx.run_id or "adhoc", namespace=helper.namespace,
         image=helper.image, service_account=helper.service_account, deadline_s=helper.deadline_s,
-        runtime_class=helper.runtime_class,
-        targets=[p.to_json() for p in pods], hold_s=inj.ctx.lifetime_s).to_json()
+        runtime_class=helper.runtime_class, targets=pods, hold_s=inj.ctx.lifetime_s)
 
 
 def localize(spec: dict[str, Any], pids: list[int] | None = None, cgroup: str | None = None,

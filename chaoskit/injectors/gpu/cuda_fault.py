@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from chaoskit.errors import PreflightError
 from chaoskit.gpu.cuda_fault_ctl import KINDS, Control, Rule, named_by
 from chaoskit.injectors.base import NODE_EXECUTORS, Injector, NodeHelper, PodPreparation, RevertRecord
+from chaoskit.injectors.placement import HelperPlacement
 from chaoskit.injectors.process.fault import ProcessTargets, check_selector, check_targets
 from chaoskit.model.types import Duration, StrictModel
 from chaoskit.targets.kube import KubeNodeSelector
@@ -153,7 +154,7 @@ class PodRestartRecord(RevertRecord):
     owner: str = Field(min_length=1)  # RUN/KEY, written into the annotation of each Deployment this fault prepares
     deployments: list[str]  # NAMESPACE/NAME
     timeout_s: float = Field(gt=0)  # each rollout's limit (the revert's too)
-    placement: dict[str, Any] | None = None  # the HelperPlacement of the new pods (None: not applied yet)
+    placement: HelperPlacement | None = None  # the helpers' placement on the new pods (None: not applied yet)
 
 
 def reachable(pid: int, path: str) -> str:
