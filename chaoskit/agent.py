@@ -155,9 +155,8 @@ def apply(type_name: str, spec: dict[str, Any], record: dict[str, Any], pod: dic
     reverted before the error is answered. `lifetime_s`: what the fault's own helpers (and a CUDA fault's arming)
     are told to live at most, as on the run's host."""
     cls = injector_class(type_name)
-    if pod is not None:
-        spec = localize_on_node(cls, spec, pod["container_id"])
-    injector = cls(cls.Spec.model_validate(spec), FaultContext(lifetime_s=lifetime_s) if lifetime_s else None)
+    here = localize_on_node(cls, spec, pod["container_id"]) if pod is not None else cls.Spec.model_validate(spec)
+    injector = cls(here, FaultContext(lifetime_s=lifetime_s) if lifetime_s else None)
     if record:  # prepared by the caller (one fault on one node)
         return cls.to_ledger(injector.apply(cls.from_ledger(record)))
     injector.preflight()

@@ -10,7 +10,7 @@ import os
 import sys
 import termios
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Protocol
 
 from rich.console import Console
 
@@ -23,19 +23,23 @@ CHOICES = {"": "continue", "c": "continue", "continue": "continue", "s": "skip",
 PROMPT = "[c]ontinue (Enter) / [s]kip this step / [a]bort: roll back everything and stop > "
 
 
+class Pausable(Protocol):
+    """The run's view (ui.View): it stops redrawing while the operator reads and answers."""
+
+    def paused(self) -> AbstractContextManager[None]: ...
+
+
 class Stepper:
     """The RunOptions.before_step hook: asks on `console`, reads `fd` (the terminal), journals the answer."""
 
-    def __init__(self, console: Console, journal: Journal, view: Any = None, fd: int | None = None):
+    def __init__(self, console: Console, journal: Journal, view: Pausable | None = None, fd: int | None = None):
         self.console, self.journal, self.view = console, journal, view
         self.fd = sys.stdin.fileno() if fd is None else fd
         self.asked = 0
 
     async def __call__(self, step: Step, plans: list[PlanStep]) -> str:
         self.asked += 1
-        paused = getattr(self.view, "paused", None)  # the live view stops redrawing while the operator reads
-        pause: AbstractContextManager[Any] = paused() if paused is not None else nullcontext()
-        with pause:
+        with self.view.paused() if self.view is not None else nullcontext():
             self._show(step, plans)
             choice = await self._ask()
         self.journal.emit(OperatorChose(step=step.label(), choice=choice))

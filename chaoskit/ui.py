@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from rich.console import Console, Group
@@ -42,7 +43,18 @@ def _values(sample: Sample) -> str:
     return sample.why() or ", ".join(f"{k}={v}" for k, v in list(sample.values.items())[:4])
 
 
-class PlainView:
+class View(ABC):
+    """How a run is shown: called with each event as it is journaled."""
+
+    @abstractmethod
+    def __call__(self, ev: Event) -> None: ...
+
+    def paused(self) -> AbstractContextManager[None]:
+        """Stop redrawing while someone types below it (--step's question); a view that only prints does nothing."""
+        return nullcontext()
+
+
+class PlainView(View):
     """One line per event; what CI logs want. Its stamps are in time order."""
 
     def __init__(self, console: Console):
@@ -81,7 +93,7 @@ def _line(ev: Event) -> str:
     return ev.event + " " + " ".join(f"{k}={v}" for k, v in ev.fields().items() if k not in HIDDEN)
 
 
-class LiveView:
+class LiveView(View):
     """A rendering of the run's RunView as events arrive: phase; each probe's recent history (a sparkline of the
     value its tolerances judge, and of the all-requests p99 where the probe measures one, failed samples per
     phase, the last value); safeguards and whether one tripped; active faults with time left."""

@@ -198,8 +198,9 @@ class _Display:
 
     def stepper(self, journal: Journal, view: Listener) -> Any:
         from chaoskit.stepper import Stepper
+        from chaoskit.ui import View
 
-        return Stepper(out, journal, view)
+        return Stepper(out, journal, view if isinstance(view, View) else None)
 
     def running(self, view: Any, run: Callable[[], None]) -> None:
         if self.args.live:

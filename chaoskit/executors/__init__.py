@@ -28,7 +28,8 @@ def get_executor(name: str) -> Executor:
 def route_of(injector: Injector) -> tuple[str, Placement]:
     """(executor name, placement) of a fault: what the target layer put in its context (`local` unless a
     node-level fault targets Kubernetes pods); a Kubernetes API fault (pod.delete) names its pods itself."""
-    return injector.ctx.executor, injector.placement()
+    placement = injector.placement()
+    return injector.ctx.executor, placement.to_json() if placement is not None else None
 
 
 __all__ = ["K8S_HELPER", "LOCAL", "NAMES", "Executor", "Placement", "Record", "UnknownExecutor", "get_executor",

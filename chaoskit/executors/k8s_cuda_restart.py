@@ -5,7 +5,6 @@ and waits for that rollout too. A Deployment prepared before the run stays prepa
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from chaoskit.errors import PreflightError
@@ -21,12 +20,12 @@ from chaoskit.executors.k8s_cuda_wrap import (
     wrap,
     wrap_change,
 )
-from chaoskit.executors.k8s_pods import HelperPlacement
+from chaoskit.executors.k8s_pods import HelperPlacement, placed
 from chaoskit.executors.k8s_records import KeyUnavailable, read_key
 from chaoskit.gpu.cuda_fault_ctl import ENV
 from chaoskit.injectors import Injector, injector_class
 from chaoskit.injectors.gpu.cuda_fault import CudaFault, PodRestartRecord
-from chaoskit.targets.kube import ClusterRef, KubeNodeSelector, api_client, choose, running_pods
+from chaoskit.targets.kube import KubeNodeSelector, api_client, choose, running_pods
 
 
 def _restarts(injector: Injector) -> bool:
@@ -42,7 +41,7 @@ def _apis(hp: HelperPlacement) -> tuple[Any, Any]:
     """(AppsV1Api, CoreV1Api) of the placement's cluster."""
     from kubernetes import client
 
-    api = api_client(ClusterRef.from_json(hp.cluster))
+    api = api_client(hp.cluster)
     return client.AppsV1Api(api), client.CoreV1Api(api)
 
 
@@ -51,9 +50,9 @@ def _chosen_pods(core: Any, selector: KubeNodeSelector, hp: HelperPlacement) -> 
     by_name = {p.metadata.name: p for p in running_pods(core, selector)}
     out = []
     for t in hp.pods():
-        pod = by_name.get(t["pod"])
+        pod = by_name.get(t.pod)
         if pod is None:
-            raise PreflightError(f"gpu.cuda_fault: pod {t['namespace']}/{t['pod']} is gone")
+            raise PreflightError(f"gpu.cuda_fault: pod {t.namespace}/{t.pod} is gone")
         out.append(pod)
     return out
 
@@ -89,7 +88,7 @@ def _interposed(pod: Any, container: str) -> bool:
 
 def _survey(injector: Injector) -> tuple[Any, Any, HelperPlacement, list[str], dict[str, Obj]]:
     """(apps, core, placement, the chosen pods' Deployments, those not prepared yet by name -> their Deployment)."""
-    hp = HelperPlacement.from_json(injector.ctx.placement or {})
+    hp = placed(injector)
     apps, core = _apis(hp)
     spec: Any = injector.spec
     names = owners(_chosen_pods(core, spec.kubernetes, hp))
@@ -112,10 +111,10 @@ def preflight(injector: Injector) -> None:
     spec: Any = injector.spec
     try:
         if not _restarts(injector):
-            hp = HelperPlacement.from_json(injector.ctx.placement or {})
+            hp = placed(injector)
             pods = _chosen_pods(_apis(hp)[1], spec.kubernetes, hp)
             for pod, target in zip(pods, hp.pods(), strict=True):
-                container = target["container"]
+                container = target.container
                 if not _interposed(pod, container):
                     raise PreflightError(
                         f"gpu.cuda_fault: pod {pod.metadata.namespace}/{pod.metadata.name} container {container} was "
@@ -189,8 +188,8 @@ def roll_out(injector: Injector, record: Obj, hp: HelperPlacement) -> tuple[Obj,
     bare = [f"{p.namespace}/{p.pod}" for p in pods if not p.container_id]
     if bare:
         raise RuntimeError(f"gpu.cuda_fault: after the rollout, pod(s) {', '.join(bare)} have no container ID yet")
-    new = replace(hp, node=pods[0].node, targets=[p.to_json() for p in pods])
-    return {"restart": r.model_copy(update={"deployments": done, "placement": new.to_json()}).model_dump()}, new
+    new = hp.model_copy(update={"node": pods[0].node, "targets": pods})
+    return {"restart": r.model_copy(update={"deployments": done, "placement": new}).to_json()}, new
 
 
 def read_restart(type_name: str, record: Obj) -> PodRestartRecord | None:
@@ -205,7 +204,7 @@ def after_restart(type_name: str, record: Obj, placement: Obj) -> tuple[PodResta
     """(the record's restart part, read_restart's; the placement to act on: the helpers' on the pods a restart
     chose, else `placement`)."""
     restart = read_restart(type_name, record)
-    return restart, (restart.placement if restart else None) or placement
+    return restart, (restart.placement.to_json() if restart and restart.placement else None) or placement
 
 
 def undo(restart: PodRestartRecord | None, hp: HelperPlacement) -> None:

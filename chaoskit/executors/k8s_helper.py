@@ -28,12 +28,14 @@ from chaoskit.executors.k8s_pods import (
     delete_quietly,
     grants,
     helper_pod,
+    placed,
     run_helpers,
 )
 from chaoskit.executors.k8s_records import SignedRecords, checked_faults
 from chaoskit.executors.revert_store import configmap_name
 from chaoskit.injectors import Injector
 from chaoskit.targets.kube import ClusterRef, api_client
+from chaoskit.targets.kube import Placement as Pod
 
 __all__ = ["GPU_ENV", "REQUEST_ENV", "HelperFailed", "HelperPlacement", "K8sHelperExecutor", "NodePart", "Replayed",
            "grants", "helper_pod", "replay_cluster", "revert_parts", "wire_spec"]
@@ -64,7 +66,7 @@ class K8sHelperExecutor:
         cuda_restart.preflight(injector)
 
     def plan(self, injector: Injector) -> list[str]:
-        hp = HelperPlacement.from_json(injector.ctx.placement or {})
+        hp = placed(injector)
         needs = injector.node_helper
         caps = ", ".join(needs.capabilities) or "none"
         host = "".join(f", the host's {p} mounted" for p in needs.host_paths)
@@ -158,7 +160,7 @@ class K8sHelperExecutor:
                 for pod, details in (out.get("details") or {}).get("pods", {}).items():
                     per_pod[f"{one.node}/{pod}"] = details
             else:
-                pod = (one.target or {}).get("pod", "")
+                pod = one.target.pod if one.target is not None else ""
                 per_pod[f"{one.node}/{pod}"] = {**out.get("details", {}), "in_effect": bool(out.get("in_effect"))}
         if failed:
             raise HelperFailed(_failures("observe", failed, len(jobs)))
@@ -198,7 +200,7 @@ class K8sHelperExecutor:
         if not placement:
             raise ValueError("k8s-helper: the ledger entry has no placement (node, cluster)")
         hp = HelperPlacement.from_json(placement)
-        return hp, client.CoreV1Api(api_client(ClusterRef.from_json(hp.cluster)))
+        return hp, client.CoreV1Api(api_client(hp.cluster))
 
 
 def revert_parts(core: Any, parts: list[NodePart]) -> dict[int, str]:
@@ -228,12 +230,12 @@ def _failures(verb: str, failed: list[str], of: int) -> str:
     return f"{verb} failed on {len(failed)} of {of} node(s): " + "; ".join(failed[:ERRORS_SHOWN]) + more
 
 
-def _pods_text(pods: list[dict[str, Any]]) -> str:
+def _pods_text(pods: list[Pod]) -> str:
     """`pod NS/POD container C`, or `3 pods NS/A, NS/B, NS/C container C`."""
     if not pods:
         return "its target"
-    names = ", ".join(f"{p.get('namespace')}/{p.get('pod')}" for p in pods)
-    return f"{'pod' if len(pods) == 1 else f'{len(pods)} pods'} {names} container {pods[0].get('container')}"
+    names = ", ".join(f"{p.namespace}/{p.pod}" for p in pods)
+    return f"{'pod' if len(pods) == 1 else f'{len(pods)} pods'} {names} container {pods[0].container}"
 
 
 @dataclass(frozen=True)

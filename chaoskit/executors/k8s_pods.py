@@ -16,13 +16,14 @@ import math
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 from chaoskit.executors.k8s_halt import CA_FILE, TOKEN_FILE
 from chaoskit.executors.revert_store import RUN_LABEL, dns_label
-from chaoskit.injectors import injector_class
+from chaoskit.injectors import Injector, injector_class
 from chaoskit.injectors.base import NodeHelper
+from chaoskit.injectors.placement import HelperPlacement
 
 REQUEST_ENV = "CHAOSKIT_REQUEST"
 ROLE_LABEL = "chaoskit.io/role"
@@ -38,52 +39,17 @@ API_ENV = "CHAOSKIT_API_CREDENTIALS"  # a holding agent's service account volume
 API_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the kubelet would mount the token: in-cluster tools
 TOKEN_TTL_S = 600  # of the projected token (the least the API server issues); the kubelet renews it at 80%
 STATE_DIR = "/var/lib/chaoskit"  # state_dir() of root: an emptyDir, as the root filesystem is read-only
-KEY_NODE_CHARS = 200  # of a node's name in its ConfigMap key (KEY-NODE.json stays within 253 characters)
 
 
 class HelperFailed(RuntimeError):
     """The helper pod did not run the verb to the end (failed, timed out, or answered an error)."""
 
 
-@dataclass(frozen=True)
-class HelperPlacement:
-    """Where and how a helper runs; the ledger entry's placement (plain JSON), enough for a fresh process."""
-
-    cluster: dict[str, Any]  # ClusterRef.to_json()
-    node: str
-    run_id: str
-    namespace: str = "chaoskit"  # where helper pods and the run's ConfigMap live
-    image: str = "chaoskit:latest"
-    service_account: str = "chaoskit-helper"
-    deadline_s: int = 120
-    key: str = field(default_factory=lambda: uuid.uuid4().hex[:10])  # this fault's key in the run's ConfigMap
-    target: dict[str, Any] | None = None  # one pod the fault acts on (a record written before helpers per node)
-    targets: list[dict[str, Any]] | None = None  # the chosen pods (targets.kube.Placement): of the fault, or
-    on_node: bool = False  # ... True: of this one node (one helper's share of the fault, its own key)
-    hold_s: float = 0.0  # > 0: the apply helper stays, and reverts on SIGTERM or once this long has passed
-    runtime_class: str | None = None  # of a GPU fault's helper (the NVIDIA container runtime's class)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def per_node(self) -> list[HelperPlacement]:
-        """One placement per node of the chosen pods (its pods, its own ConfigMap key KEY-NODE), nodes in the
-        order of their first pod; itself if it is one node's share already or names no pods."""
-        if not self.targets or self.on_node:
-            return [self]
-        by_node: dict[str, list[dict[str, Any]]] = {}
-        for t in self.targets:
-            by_node.setdefault(t["node"], []).append(t)
-        return [replace(self, node=node, targets=pods, target=None, on_node=True,
-                        key=f"{self.key}-{node[:KEY_NODE_CHARS]}") for node, pods in by_node.items()]
-
-    def pods(self) -> list[dict[str, Any]]:
-        """The pods this placement names (none for a fault on one node without a pod target)."""
-        return list(self.targets or ([self.target] if self.target else []))
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> HelperPlacement:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+def placed(injector: Injector) -> HelperPlacement:
+    """The helper placement the target layer gave a fault (executors.layer.place); ValueError if it gave none."""
+    if injector.ctx.placement is None:
+        raise ValueError(f"{injector.type}: no k8s-helper placement (the target layer did not place it on pods)")
+    return injector.ctx.placement
 
 
 def grants(type_name: str) -> NodeHelper:

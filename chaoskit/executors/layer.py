@@ -16,6 +16,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from pydantic import BaseModel
+
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import K8S_HELPER, Injector
 from chaoskit.targets.kube import KubeNodeSelector
@@ -45,7 +47,7 @@ def place(inj: Injector) -> None:
         return
     from kubernetes import client
 
-    from chaoskit.executors.k8s_helper import HelperPlacement
+    from chaoskit.injectors.placement import HelperPlacement
     from chaoskit.targets.kube import api_client, choose, resolve_cluster
 
     try:
@@ -60,10 +62,9 @@ def place(inj: Injector) -> None:
     helper = selector.helper
     inj.ctx.executor = K8S_HELPER
     inj.ctx.placement = HelperPlacement(
-        cluster=cluster.to_json(), node=pods[0].node, run_id=inj.ctx.run_id or "adhoc", namespace=helper.namespace,
+        cluster=cluster, node=pods[0].node, run_id=inj.ctx.run_id or "adhoc", namespace=helper.namespace,
         image=helper.image, service_account=helper.service_account, deadline_s=helper.deadline_s,
-        runtime_class=helper.runtime_class,
-        targets=[p.to_json() for p in pods], hold_s=inj.ctx.lifetime_s).to_json()
+        runtime_class=helper.runtime_class, targets=pods, hold_s=inj.ctx.lifetime_s)
 
 
 def localize(spec: dict[str, Any], pids: list[int] | None = None, cgroup: str | None = None,
@@ -96,20 +97,20 @@ def _default_field(spec: dict[str, Any]) -> str:
     return "target.kubernetes" if isinstance(target, dict) and "kubernetes" in target else "kubernetes"
 
 
-def localize_on_node(cls: type[Injector], spec: dict[str, Any], container_id: str) -> dict[str, Any]:
-    """localize() with what this node knows of the container: what the fault's own on_node() makes of it (its
-    GPU), else its cgroup for a fault that limits a whole cgroup, else its processes (ContainerNotFound if it
-    is not here)."""
+def localize_on_node(cls: type[Injector], spec: dict[str, Any], container_id: str) -> BaseModel:
+    """The fault's spec as applied on this node (its Spec), localize()d with what this node knows of the
+    container: what the fault's own on_node() makes of it (its GPU), else its cgroup for a fault that limits a
+    whole cgroup, else its processes (ContainerNotFound if it is not here)."""
     from chaoskit.targets.container import container_cgroup, container_pids
 
-    own = cls.on_node(spec, container_id)
+    own = cls.on_node(cls.Spec.model_validate(spec), container_id)
     if own is not None:
         return own
     hier = cls.cgroup_hierarchy()
     if hier is None:
-        return localize(spec, container_pids(container_id), field=cls.target_field)
+        return cls.Spec.model_validate(localize(spec, container_pids(container_id), field=cls.target_field))
     out = localize(spec, cgroup=str(container_cgroup(hier.root, container_id).relative_to(hier.root)),
                    field=cls.target_field)
     if isinstance(out.get("path"), str):  # a path as the container sees it: through its init's root
         out["path"] = f"/proc/{container_pids(container_id)[0]}/root/{out['path'].lstrip('/')}"
-    return out
+    return cls.Spec.model_validate(out)

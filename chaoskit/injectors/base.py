@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, Typ
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 if TYPE_CHECKING:
+    from chaoskit.injectors.placement import FaultPlacement, HelperPlacement
     from chaoskit.targets.cgroups import Hierarchy
     from chaoskit.targets.local import LocalTarget
     from chaoskit.targets.process import ProcessRef
@@ -49,14 +50,14 @@ class Forkserver(Protocol):
 @dataclass
 class FaultContext:
     """What the run tells one fault: its step, how long it may live, the run, and where it runs: the executor
-    and its plain-JSON placement, or the typed local target (set by the target layer, executors.layer.place, at
+    and its helper placement, or the typed local target (set by the target layer, executors.layer.place, at
     preflight and again when the step starts); the run's proxy forkserver."""
 
     step: str = ""
     lifetime_s: float = 3600.0  # duration + timeout + grace: helper processes also expire by themselves
     run_id: str = ""
     executor: str = LOCAL
-    placement: dict[str, Any] | None = None
+    placement: HelperPlacement | None = None
     target: LocalTarget | None = None
     forkserver: Forkserver | None = None  # the run's: its proxy helpers are forked from it (else each a new Python)
 
@@ -126,12 +127,14 @@ class Injector(ABC, Generic[SpecT, RecordT]):
         self.spec: SpecT = spec
         self.ctx = ctx if ctx is not None else FaultContext()
 
-    def placement(self) -> dict[str, Any] | None:
-        """Where the fault runs, for the ledger entry: the executor's placement, or {"target": the resolved
-        local target} (None: a fault with no target to resolve, such as host-wide pressure)."""
+    def placement(self) -> FaultPlacement | None:
+        """Where the fault runs, for the ledger entry: the executor's placement, or the resolved local target
+        (None: a fault with no target to resolve, such as host-wide pressure)."""
+        from chaoskit.injectors.placement import LocalPlacement
+
         if self.ctx.placement is not None:
             return self.ctx.placement
-        return {"target": self.ctx.target.to_json()} if self.ctx.target is not None else None
+        return LocalPlacement(self.ctx.target) if self.ctx.target is not None else None
 
     def resolve_target(self) -> LocalTarget | None:
         """What the spec's target means on this host now (PreflightError if it cannot mean anything); None for
@@ -158,9 +161,9 @@ class Injector(ABC, Generic[SpecT, RecordT]):
         return None
 
     @classmethod
-    def on_node(cls, spec: dict[str, Any], container_id: str) -> dict[str, Any] | None:
+    def on_node(cls, spec: SpecT, container_id: str) -> SpecT | None:
         """For a fault whose pod target means something other than the container's processes or cgroup (a GPU):
-        the spec to apply on the container's node, its `kubernetes:` target replaced; None for the others."""
+        its spec as applied on the container's node, its `kubernetes:` target replaced; None for the others."""
         return None
 
     def preflight(self) -> None:

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from chaoskit.model.events import Event, FaultApplied, FaultReverted
 from chaoskit.model.types import Duration, StrictModel, Url
-from chaoskit.probes.base import Probe, ProbeSpecBase
+from chaoskit.probes.base import AlertWatch, Probe, ProbeSpecBase
 
 ACTIVE = ("pending", "firing")
 DEFAULT_EXPECT = {"late": "~ ^$", "waiting": "== 0"}  # no deadline missed; nothing awaited
@@ -72,6 +72,10 @@ class AlertProbeSpec(ProbeSpecBase):
         if dupes := sorted({k for k in keys if keys.count(k) > 1}):
             raise ValueError(f"alerts: {', '.join(dupes)} expected twice; give each an id")
         return self
+
+    def alert_watch(self) -> AlertWatch:
+        return AlertWatch(self.name, tuple(a.key for a in self.alerts), self.detect_within, self.resolve_within,
+                          tuple(self.steps))
 
     def after_notes(self, within: float) -> list[str]:
         """resolve_within outlasting the after phase's wait: it gives up before the alerts had to resolve."""

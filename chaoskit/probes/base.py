@@ -24,6 +24,19 @@ class RequestTarget:
     url_path: bool = False
 
 
+@dataclass(frozen=True)
+class AlertWatch:
+    """The alerts a probe expects the faults to raise (the alert probe): the keys it reads them under, how soon
+    each must fire after a fault's apply and be gone after its revert, and the steps whose faults count (none:
+    every fault). The report scores each fault window against them (MTTD/MTTR)."""
+
+    probe: str
+    alerts: tuple[str, ...]
+    detect_within: float
+    resolve_within: float
+    steps: tuple[str, ...] = ()
+
+
 class ProbeSpecBase(StrictModel):
     """Fields every probe has, and what generic code asks of a probe's spec (each with a default for the probes
     it does not concern)."""
@@ -73,6 +86,10 @@ class ProbeSpecBase(StrictModel):
         """Notes for the run to show before it starts when the after phase waits at most `within` seconds for the
         steady state (e.g. a probe that needs longer than that to see it); none by default."""
         return []
+
+    def alert_watch(self) -> AlertWatch | None:
+        """For a probe that reads alerts the faults should raise: which, and their deadlines; None for the others."""
+        return None
 
     def flat_expect(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

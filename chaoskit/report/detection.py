@@ -11,7 +11,9 @@ from pydantic import ValidationError
 
 from chaoskit.model.events import Sample
 from chaoskit.model.faults import AppliedFault
-from chaoskit.probes.alert import ACTIVE, AlertProbeSpec, Track
+from chaoskit.probes import probe_class
+from chaoskit.probes.alert import ACTIVE, Track
+from chaoskit.probes.base import AlertWatch, ProbeSpecBase
 
 
 @dataclass(frozen=True)
@@ -71,17 +73,19 @@ class Detection:
                 "noisy": [asdict(n) for n in self.noisy]}
 
 
-def alert_specs(document: Any) -> list[AlertProbeSpec]:
-    """The alert probes of the experiment as run (a probe that does not read back is left out)."""
+def alert_watches(document: Any) -> list[AlertWatch]:
+    """The alerts the experiment's probes (as run) expect the faults to raise: each probe spec's alert_watch (a
+    probe of an unknown type, or one that does not read back, is left out)."""
     steady = document.get("steadyState") if isinstance(document, dict) else None
     probes = (steady.get("probes") if isinstance(steady, dict) else None) or []
     out = []
     for p in probes:
-        if isinstance(p, dict) and p.get("type") == "alert":
-            try:
-                out.append(AlertProbeSpec.model_validate(p))
-            except ValidationError:
-                continue
+        try:
+            spec = probe_class(p["type"]).Spec.model_validate(p)
+        except (TypeError, LookupError, ValidationError):  # not a probe map, an unknown type, a spec failing now
+            continue
+        if isinstance(spec, ProbeSpecBase) and (watch := spec.alert_watch()) is not None:
+            out.append(watch)
     return out
 
 
@@ -95,7 +99,7 @@ def readings(samples: list[Sample], probe: str, key: str) -> list[tuple[float, s
     return sorted(out)
 
 
-def _outcome(spec: AlertProbeSpec, track: Track, seen: list[tuple[float, str]]) -> AlertOutcome:
+def _outcome(watch: AlertWatch, track: Track, seen: list[tuple[float, str]]) -> AlertOutcome:
     last = seen[-1][0] if seen else 0.0
     if track.before == "firing":
         detected = "already firing"
@@ -111,7 +115,7 @@ def _outcome(spec: AlertProbeSpec, track: Track, seen: list[tuple[float, str]]) 
         resolved = "not reverted"
     else:
         resolved = "not resolved" if last > track.reverted_at + track.resolve_within else "not seen"
-    return AlertOutcome(spec.name, track.alert, track.fault, track.step, track.detect_within, track.resolve_within,
+    return AlertOutcome(watch.probe, track.alert, track.fault, track.step, track.detect_within, track.resolve_within,
                         track.detect_s, track.resolve_s, detected, resolved)
 
 
@@ -119,18 +123,18 @@ def detection(document: Any, faults: list[AppliedFault], samples: list[Sample]) 
     """Each alert probe's expected alerts against each fault window it watches."""
     first = min((f.applied_at for f in faults if f.applied_at is not None), default=None)
     outcomes, noisy = [], []
-    for spec in alert_specs(document):
-        windows = [f for f in faults if f.applied_at is not None and (not spec.steps or f.step in spec.steps)]
-        for alert in spec.alerts:
-            seen = readings(samples, spec.name, alert.key)
+    for watch in alert_watches(document):
+        windows = [f for f in faults if f.applied_at is not None and (not watch.steps or f.step in watch.steps)]
+        for key in watch.alerts:
+            seen = readings(samples, watch.probe, key)
             early = next(((t, s) for t, s in seen if s in ACTIVE and (first is None or t < first)), None)
             if early is not None:
-                noisy.append(Noisy(spec.name, alert.key, *early))
+                noisy.append(Noisy(watch.probe, key, *early))
             for f in windows:
                 assert f.applied_at is not None
-                track = Track(alert.key, f.id, f.step, f.applied_at, spec.detect_within, spec.resolve_within,
+                track = Track(key, f.id, f.step, f.applied_at, watch.detect_within, watch.resolve_within,
                               reverted_at=f.reverted_at)
                 for t, state in seen:
                     track.read(t, state)
-                outcomes.append(_outcome(spec, track, seen))
+                outcomes.append(_outcome(watch, track, seen))
     return Detection(outcomes, noisy)

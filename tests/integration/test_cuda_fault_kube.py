@@ -26,7 +26,7 @@ from chaoskit.executors.layer import place
 from chaoskit.gpu import cuda_fault_ctl as ctl
 from chaoskit.gpu.cuda_fault_install import CONTROL, LIBRARY, install
 from chaoskit.injectors.base import FaultContext
-from chaoskit.injectors.gpu.cuda_fault import CudaFault, CudaFaultRecord
+from chaoskit.injectors.gpu.cuda_fault import CudaFault, CudaFaultRecord, CudaFaultSpec
 from tests.conftest import ROOT
 from tests.helpers import standin_container
 from tests.helpers.cuda_workload import Driver
@@ -270,7 +270,9 @@ def test_a_container_without_the_interposer_is_refused_on_its_node(tmp_path):
         with pytest.raises(LookupError, match=f"no process of container {cid[:12]} was started with the CUDA "
                                               r"interposer: prepare its Deployment once with `chaoskit cuda-wrap "
                                               r"--deployment NAMESPACE/NAME` \(a rollout restarts its pods\)"):
-            CudaFault.on_node({"type": "gpu.cuda_fault", "kubernetes": {}}, f"containerd://{cid}")
+            CudaFault.on_node(CudaFaultSpec.model_validate({
+                "type": "gpu.cuda_fault", "alloc": {"share": 0.5},
+                "kubernetes": {"namespace": "prod", "selector": {"app": "llm"}}}), f"containerd://{cid}")
     finally:
         p.kill()
         p.wait()

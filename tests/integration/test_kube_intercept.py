@@ -175,7 +175,7 @@ def test_network_proxy_intercepts_a_pods_port_through_a_helper_pod_and_is_revert
     token = record["pods"][0]["record"]["token"]
     assert chaoskit_tables(pair) and marked(token) and peers_and_ms(pair, 1)[0] == {SERVER_IP}
     replayed = replay_cluster(resolve_cluster(spec.intercept.target.kubernetes))
-    assert [(r.key, r.error) for r in replayed] == [(f"{inj.ctx.placement['key']}-node-a", None)]
+    assert [(r.key, r.error) for r in replayed] == [(f"{inj.ctx.placement.key}-node-a", None)]
     assert chaoskit_tables(pair) == [] and marked(token) == [] and peers_and_ms(pair, 1)[0] == {CLIENT_IP}
     assert cluster_is_clean(api)
 

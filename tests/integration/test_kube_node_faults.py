@@ -188,7 +188,7 @@ def test_one_helper_per_node_stops_both_pods_of_its_node_and_a_vanished_pod_does
         os.killpg(containers[1].proc.pid, signal.SIGKILL)  # its container gone from the node (the fixture
         containers[1].proc.wait(timeout=10)                  # removes its cgroups)
         del api.state.pods[("prod", "web-1")]
-        key = inj.ctx.placement["key"]
+        key = inj.ctx.placement.key
         replayed = replay_cluster(resolve_cluster(spec.kubernetes))  # the host is gone: the cluster's record alone
         assert [(r.key, r.error) for r in replayed] == [(f"{key}-node-a", None)]
         assert all(proc_state(pid) in ("S", "R") for pid in containers[0].pids())
@@ -340,7 +340,7 @@ def test_a_holding_helper_reverts_at_its_deadline_and_on_sigterm_without_chaoski
         place(inj)
         executor.apply(inj, executor.prepare(inj), inj.ctx.placement)
         assert all(chaoskit_tables(pair, ns) for ns in (pair.srv, pair.cli))
-        key = inj.ctx.placement["key"]
+        key = inj.ctx.placement.key
         replayed = replay_cluster(resolve_cluster(spec.target.kubernetes))
         assert [(r.key, r.error) for r in replayed] == [(f"{key}-node-a", None), (f"{key}-node-b", None)]  # per node
         assert [chaoskit_tables(pair, ns) for ns in (pair.srv, pair.cli)] == [[], []]

@@ -82,7 +82,7 @@ def test_each_step_targets_the_process_running_when_it_starts(tmp_path, state_di
 def test_cgroup_target_records_each_process_where_it_was(sleeper):
     inj = CpuThrottle(CpuThrottleSpec(type="process.cpu_throttle", pid=sleeper.pid, cpu=0.5))
     place(inj)
-    target = inj.placement()["target"]
+    target = inj.placement().to_json()["target"]
     assert target["kind"] == "cgroup" and target["selector"] == f"PID {sleeper.pid}"
     (proc,) = target["procs"]
     assert (proc["pid"], proc["comm"]) == (sleeper.pid, "sleep")
@@ -98,7 +98,7 @@ def test_netns_target_names_the_namespace_by_inode():
     try:
         inj = Drop(DropSpec(type="network.drop", target={"netns": pair.srv}, percent="50%"))
         place(inj)
-        target = inj.placement()["target"]
+        target = inj.placement().to_json()["target"]
         assert target == {"kind": "netns", "ns": pair.path(pair.srv), "ns_inode": ns_inode(pair.path(pair.srv)),
                           "label": f"netns {pair.srv}", "ifname": None, "ifindex": None}
         assert inj.prepare().ns_inode == target["ns_inode"]
@@ -118,7 +118,7 @@ def test_gpu_target_without_asking_the_driver():
     """gpu.xid with a bus id needs no NVML: its target is that bus id (a GPU is not needed to test this)."""
     inj = XidEvent(XidSpec(type="gpu.xid", pci_bus_id="0000:3B:00.0", xid=79))
     place(inj)
-    assert inj.placement() == {"target": {"kind": "gpu", "device": None, "uuid": None, "name": None,
+    assert inj.placement().to_json() == {"target": {"kind": "gpu", "device": None, "uuid": None, "name": None,
                                           "pci_bus_id": "0000:3b:00.0"}}
 
 

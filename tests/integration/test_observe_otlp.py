@@ -237,6 +237,10 @@ def test_the_proxies_record_their_faults_as_children_of_the_load_requests_tracep
     req_attrs = {i: {a.key: a.value for a in sp.attributes} for i, sp in requests.items()}
     assert all(a["chaoskit.fault.applied"].bool_value and a["chaoskit.fault.share"].double_value == 0.3
                for a in aborts)
+    assert all(a["chaoskit.fault.param.status"].int_value == 503 and "chaoskit.fault.param.retry_after" not in a
+               for a in aborts)  # its parameters, the scalar ones (retry_after: none)
+    assert all(a["chaoskit.fault.param.after_tokens"].int_value == 2 and a["chaoskit.fault.param.clean"].bool_value
+               is False for a in cuts)
     answered = [a for a in req_attrs.values() if "chaoskit.proxy.answered_status" in a]
     assert len(answered) == len(aborts) and all(a["chaoskit.proxy.answered_status"].int_value == 503 for a in answered)
     applied = [a for a in cuts if a["chaoskit.fault.applied"].bool_value]

@@ -11,7 +11,8 @@ import pytest
 from chaoskit.errors import PreflightError
 from chaoskit.executors.layer import localize_on_node
 from chaoskit.gpu import nvml
-from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure
+from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure, GpuMemoryPressureSpec
+from chaoskit.injectors.gpu.xid import XidEvent, XidSpec
 from chaoskit.targets.container import ContainerNotFound, container_gpus
 from tests.helpers.nvml_double import SimulatedNvml
 
@@ -73,8 +74,9 @@ def test_on_the_node_the_spec_names_the_containers_gpu(tmp_path, monkeypatch: py
     monkeypatch.setattr("chaoskit.targets.container.container_gpus",
                         lambda cid, _proc=proc: container_gpus(cid, _proc))
     local = localize_on_node(GpuMemoryPressure, {**SPEC, "device": 1}, f"containerd://{CID}")
-    assert local == {"type": "gpu.memory_pressure", "bytes": "1GiB", "device": UUID_B}
-    GpuMemoryPressure.Spec.model_validate(local)  # what the agent applies validates
+    assert isinstance(local, GpuMemoryPressureSpec)  # what the agent applies
+    assert local.model_dump(by_alias=True, exclude_defaults=True) == {"type": "gpu.memory_pressure", "bytes": "1GiB",
+                                                                      "device": UUID_B}
 
 
 def test_a_device_node_is_mapped_to_its_uuid_by_nvml(tmp_path, monkeypatch: pytest.MonkeyPatch):
@@ -84,8 +86,20 @@ def test_a_device_node_is_mapped_to_its_uuid_by_nvml(tmp_path, monkeypatch: pyte
     double = SimulatedNvml()
     monkeypatch.setattr(nvml, "module", lambda: double)
     local = localize_on_node(GpuMemoryPressure, SPEC, CID)
-    assert local["device"] == "GPU-11111111-2222-3333-4444-555555555555"  # the double's GPU, minor 3
+    assert local.device == "GPU-11111111-2222-3333-4444-555555555555"  # the double's GPU, minor 3
     assert "minor(h0)" in double.calls
     (proc / "4242" / "root" / "dev" / "nvidia3").rename(proc / "4242" / "root" / "dev" / "nvidia4")
     with pytest.raises(PreflightError, match=r"no GPU has device node /dev/nvidia4 \(1 GPU\(s\) visible to NVML\)"):
         localize_on_node(GpuMemoryPressure, SPEC, CID)
+
+
+def test_on_the_node_an_xid_names_the_containers_gpu_or_the_bus_id_given(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    proc = fake_proc(tmp_path, {"NVIDIA_VISIBLE_DEVICES": f"{UUID_A},{UUID_B}"})
+    monkeypatch.setattr("chaoskit.targets.container.container_gpus",
+                        lambda cid, _proc=proc: container_gpus(cid, _proc))
+    kube = SPEC["kubernetes"]
+    first = localize_on_node(XidEvent, {"type": "gpu.xid", "xid": 79, "kubernetes": kube}, CID)  # no GPU named
+    assert isinstance(first, XidSpec) and (first.device, first.pci_bus_id, first.kubernetes) == (UUID_A, None, None)
+    bus = localize_on_node(XidEvent, {"type": "gpu.xid", "xid": 79, "pci_bus_id": "0000:3b:00.0", "kubernetes": kube},
+                           CID)
+    assert (bus.device, bus.pci_bus_id, bus.kubernetes) == (None, "0000:3b:00.0", None)

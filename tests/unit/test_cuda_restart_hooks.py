@@ -12,6 +12,7 @@ import pytest
 from chaoskit.executors import k8s_cuda_restart as hooks
 from chaoskit.executors.k8s_pods import HelperPlacement
 from chaoskit.injectors.gpu.cuda_fault import PodRestartRecord
+from chaoskit.targets.kube import Placement
 
 
 @pytest.fixture
@@ -31,8 +32,7 @@ def test_apply_waits_for_every_deployment_and_records_those_it_wrapped(monkeypat
     monkeypatch.setattr(hooks, "wrap", lambda apps, core, ns, name, image, containers, key_ns, owner:
                         calls.append(("wrap", ns, name, tuple(containers or ()))) or
                         ("change" if f"{ns}/{name}" in mine else None))
-    pod = SimpleNamespace(namespace="prod", pod="a-1", node="n2", container_id="containerd://x",
-                          to_json=lambda: {"pod": "a-1"})
+    pod = Placement(namespace="prod", pod="a-1", uid="u1", node="n2", container="vllm", container_id="containerd://x")
     monkeypatch.setattr(hooks, "choose", lambda core, selector: [pod])
     record = PodRestartRecord(owner="r1/k1", deployments=["prod/a", "prod/b"], timeout_s=5).model_dump()
     spec = SimpleNamespace(kubernetes=SimpleNamespace(container="vllm"))
@@ -40,6 +40,7 @@ def test_apply_waits_for_every_deployment_and_records_those_it_wrapped(monkeypat
     assert calls == [("wrap", "prod", "a", ("vllm",)), ("wrap", "prod", "b", ("vllm",)),
                      ("wait", "prod", "a"), ("wait", "prod", "b")]
     assert final["restart"]["deployments"] == ["prod/a"] and hp.node == "n2"
+    assert final["restart"]["placement"] == hp.to_json() and hp.targets == [pod]  # the helpers' on the new pods
 
 
 def test_revert_waits_only_for_the_rollouts_it_started(monkeypatch, calls):

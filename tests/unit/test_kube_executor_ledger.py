@@ -18,7 +18,9 @@ from chaoskit.engine.rollback import revert_entry, rollback
 from chaoskit.executors import UnknownExecutor, get_executor, route_of
 from chaoskit.executors.local import LocalExecutor
 from chaoskit.injectors.base import FaultContext
+from chaoskit.injectors.placement import HelperPlacement
 from chaoskit.injectors.process.fault import ProcessSignal
+from chaoskit.targets.kube import ClusterRef
 from chaoskit.targets.process import proc_ref
 from tests.conftest import proc_state, wait_for
 
@@ -140,5 +142,7 @@ def test_registry_and_routes():
         get_executor("nope")
     stop = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "pid": os.getpid()}))
     assert route_of(stop) == ("local", None)
-    placed = ProcessSignal(stop.spec, FaultContext(executor="k8s-helper", placement=PLACEMENT))
-    assert route_of(placed) == ("k8s-helper", PLACEMENT)
+    hp = HelperPlacement(cluster=ClusterRef(), node="node-a", run_id="r1", key="k1")
+    placed = ProcessSignal(stop.spec, FaultContext(executor="k8s-helper", placement=hp))
+    assert route_of(placed) == ("k8s-helper", hp.to_json())  # the ledger entry's: plain JSON
+    assert route_of(placed)[1]["node"] == "node-a" and HelperPlacement.from_json(route_of(placed)[1]) == hp

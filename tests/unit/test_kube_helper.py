@@ -3,14 +3,12 @@ round trip and cleanup, and loud failures (the agent really running: tests/integ
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from kubernetes import client
 
 from chaoskit.executors.k8s_helper import REQUEST_ENV, HelperFailed, K8sHelperExecutor, helper_pod
 from chaoskit.executors.revert_store import RevertStore, configmap_name, dns_label
-from chaoskit.targets.kube import api_client
+from chaoskit.targets.kube import Placement, api_client
 from tests.helpers.fake_kube import HELPER_RUN as RUN
 from tests.helpers.fake_kube import FakeKubeApi, helper_placement
 
@@ -75,7 +73,8 @@ def test_a_gpu_fault_gets_the_nodes_gpus_through_the_container_toolkit(cluster):
                             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
     assert c["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
-    three = replace(hp, targets=_pods_on({"node-7": 3}), on_node=True)  # a holder (CUDA context) per pod
+    pods = [Placement.from_json(p) for p in _pods_on({"node-7": 3})]
+    three = hp.model_copy(update={"targets": pods, "on_node": True})  # a holder (CUDA context) per pod
     limits = helper_pod("apply", "gpu.memory_pressure", {}, three).spec.containers[0].resources.limits
     assert limits == {"cpu": "3", "memory": "6Gi"}
     other = client.ApiClient().sanitize_for_serialization(helper_pod("apply", "network.netem", {}, hp))
@@ -185,11 +184,11 @@ def test_one_helper_per_node_applies_observes_and_reverts_every_pod_on_it(api, c
 
     api.kubelet = _node_agent()
     hp = helper_placement(cluster, targets=_pods_on({"node-a": 3, "node-b": 2}))
-    assert [(one.node, one.key, [p["pod"] for p in one.targets]) for one in hp.per_node()] == [
+    assert [(one.node, one.key, [p.pod for p in one.targets or []]) for one in hp.per_node()] == [
         ("node-a", "k1-node-a", ["web-0", "web-1", "web-2"]), ("node-b", "k1-node-b", ["web-3", "web-4"])]
     inj = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "signal": "SIGSTOP",
                                                            "kubernetes": {"namespace": "prod", "selector": {"app": "web"}}}),
-                        FaultContext(placement=hp.to_json(), executor="k8s-helper"))
+                        FaultContext(placement=hp, executor="k8s-helper"))
     executor = K8sHelperExecutor()
     plan = executor.plan(inj)
     assert len(plan) == 3 and plan[0].endswith("applies process.signal {} to 3 pods prod/web-0, prod/web-1, "
@@ -220,7 +219,7 @@ def test_a_node_whose_apply_failed_is_named_and_the_others_are_reverted_from_the
     hp = helper_placement(cluster, targets=_pods_on({"node-a": 2, "node-b": 2}))
     inj = ProcessSignal(ProcessSignal.Spec.model_validate({"type": "process.signal", "signal": "SIGSTOP",
                                                            "kubernetes": {"namespace": "prod", "selector": {"app": "web"}}}),
-                        FaultContext(placement=hp.to_json(), executor="k8s-helper"))
+                        FaultContext(placement=hp, executor="k8s-helper"))
     executor = K8sHelperExecutor()
     with pytest.raises(HelperFailed, match=r"apply failed on 1 of 2 node\(s\): helper pod chaoskit/chaoskit-apply-"
                                            r"k1-node-b-\w+ on node node-b: .* pod prod/web-9: ContainerNotFound"):

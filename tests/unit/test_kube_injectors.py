@@ -45,7 +45,7 @@ def test_pod_delete_deletes_the_chosen_pod_gracefully_with_its_uid(api):
     uid = api.state.pods[("prod", chosen["pod"])]["metadata"]["uid"]
     assert inj.plan() == [f"delete pod prod/{chosen['pod']} (uid {uid}, node {chosen['node']}) graceful (grace "
                           "period 30s); its controller recreates it, nothing to revert"]
-    assert record.to_json()["grace_period_s"] == 30 and inj.placement()["pods"] == record.to_json()["pods"]
+    assert record.to_json()["grace_period_s"] == 30 and inj.placement().to_json()["pods"] == record.to_json()["pods"]
     final = inj.apply(record)
     assert api.state.deleted == [("prod", chosen["pod"], 30)]
     (req,) = api.calls("DELETE", "/pods/")

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from chaoskit.injectors.llm_proxy.answers import Rewrite
-from chaoskit.injectors.llm_proxy.faults import FaultTable, Request
+from chaoskit.injectors.llm_proxy.faults import ErrorEventParams, FaultTable, Request
 from chaoskit.injectors.llm_proxy.sse import ARGUMENTS, DONE, TOKEN, error_event
 
 ARGS = '{"city": "Paris", "days": 3}'
@@ -38,7 +38,7 @@ def text_stream(pieces: list[str]) -> list[bytes]:
 
 
 def fault(type_: str, **params) -> object:
-    return FaultTable([{"name": type_, "type": type_, **params}], 0).faults[0]
+    return FaultTable([{"name": type_, "type": type_, "params": params}], 0).faults[0]
 
 
 def through(rw: Rewrite, events: list[bytes]) -> list[bytes]:
@@ -133,7 +133,7 @@ def test_schema_break_needs_a_json_schema_request_and_a_json_answer():
 
 
 def test_error_event_chunks_and_what_counts_toward_after_tokens():
-    params = {"message": "pop from empty list", "error_type": "InternalServerError", "code": 500}
+    params = ErrorEventParams(message="pop from empty list", error_type="InternalServerError", code=500)
     assert json.loads(error_event("/v1/chat/completions", params)) == {"error": {
         "message": "pop from empty list", "type": "InternalServerError", "param": None, "code": 500}}
     assert json.loads(error_event("/v2/models/m/generate_stream", params)) == {"error": "pop from empty list"}
@@ -143,7 +143,7 @@ def test_error_event_chunks_and_what_counts_toward_after_tokens():
 
 
 def test_the_plan_takes_the_new_faults_and_reads_whole_answers_only_for_rewrites():
-    wire = [{"name": n, "type": n, **p} for n, p in (("tool_args", {"mode": "cut"}), ("error_event", {
+    wire = [{"name": n, "type": n, "params": p} for n, p in (("tool_args", {"mode": "cut"}), ("error_event", {
         "after_tokens": 0, "done": True, "message": "m", "error_type": "t", "code": 500}),
         ("schema_break", {"mode": "wrong_type"}))]
     t = FaultTable(wire, 0)
@@ -192,7 +192,7 @@ def test_a_whole_answer_over_the_body_limit_is_relayed_unchanged_and_not_counted
     from chaoskit.injectors.llm_proxy import server
 
     monkeypatch.setattr(server, "MAX_BODY", limit)
-    table = FaultTable([{"name": "tool_args", "type": "tool_args", "mode": "finish_stop"}], 0)
+    table = FaultTable([{"name": "tool_args", "type": "tool_args", "params": {"mode": "finish_stop"}}], 0)
     req = Request(b"POST", "/v1/chat/completions", b"POST / HTTP/1.1\r\n\r\n", b"{}", "127.0.0.1")
     body = json.dumps({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
         "role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {

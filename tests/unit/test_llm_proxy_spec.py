@@ -98,7 +98,9 @@ def test_wire_format_fractions_names_defaults():
     assert w["seed"] == 9 and [f["name"] for f in w["faults"]] == ["abort-0", "few", "token_delay-2", "stall-3"]
     assert w["faults"][0]["share"] == pytest.approx(0.2) and w["faults"][1]["share"] == pytest.approx(0.05)
     assert w["faults"][0]["match"]["path"] == list(GENERATE_PATHS) and w["faults"][1]["match"]["path"] == ["/v1/*"]
-    assert w["faults"][2]["delay"] == pytest.approx(0.02) and w["faults"][3]["duration"] == 0
+    assert w["faults"][2]["params"] == {"delay": pytest.approx(0.02), "jitter": pytest.approx(0.005),
+                                        "distribution": "uniform"}
+    assert w["faults"][3]["params"] == {"after_tokens": 4, "duration": 0}
     assert spec(upstream="http://[::1]:9000").upstream == "[::1]:9000"
     assert spec(upstream="http://gw").upstream == "gw:80"
     plan = " ".join(LlmProxy(s).plan())

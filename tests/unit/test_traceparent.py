@@ -62,11 +62,11 @@ def test_network_proxy_reads_a_trace_only_from_an_http_request_head(first, found
 
 
 def test_a_counted_fault_counts_one_requests_effects_and_the_shared_total():
-    (f,) = FaultTable([{"name": "cut", "type": "truncate", "after_tokens": 2}], 0).faults
+    (f,) = FaultTable([{"name": "cut", "type": "truncate", "params": {"after_tokens": 2}}], 0).faults
     f.applied = 5
     c = Counted(f)
     c.applied += 1
-    assert (c.hits, f.applied, c.params["after_tokens"], c.name) == (1, 6, 2, "cut")
+    assert (c.hits, f.applied, c.params.after_tokens, c.name) == (1, 6, 2, "cut")
 
 
 def test_a_traced_request_goes_upstream_with_the_proxys_span_as_its_parent():

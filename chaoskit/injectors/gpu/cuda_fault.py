@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from chaoskit.errors import PreflightError
 from chaoskit.gpu.cuda_fault_ctl import KINDS, Control, Rule, named_by
 from chaoskit.injectors.base import NODE_EXECUTORS, Injector, NodeHelper, PodPreparation, RevertRecord
+from chaoskit.injectors.placement import HelperPlacement
 from chaoskit.injectors.process.fault import ProcessTargets, check_selector, check_targets
 from chaoskit.model.types import Duration, StrictModel
 from chaoskit.targets.kube import KubeNodeSelector
@@ -45,7 +46,6 @@ CUDA_ERRORS: MappingProxyType[str, int] = MappingProxyType({
     "CUDA_ERROR_LAUNCH_FAILED": 719,
     "CUDA_ERROR_UNKNOWN": 999,
 })
-KUBE_ONLY = ("kubernetes", "prepare", "rollout_timeout")  # the spec's fields that have no meaning on the node
 DEFAULT_ERRORS = MappingProxyType({"alloc": "CUDA_ERROR_OUT_OF_MEMORY", "launch": "CUDA_ERROR_LAUNCH_FAILED",
                                    "sync": "CUDA_ERROR_ILLEGAL_ADDRESS"})
 CALLS = MappingProxyType({
@@ -154,7 +154,7 @@ class PodRestartRecord(RevertRecord):
     owner: str = Field(min_length=1)  # RUN/KEY, written into the annotation of each Deployment this fault prepares
     deployments: list[str]  # NAMESPACE/NAME
     timeout_s: float = Field(gt=0)  # each rollout's limit (the revert's too)
-    placement: dict[str, Any] | None = None  # the HelperPlacement of the new pods (None: not applied yet)
+    placement: HelperPlacement | None = None  # the helpers' placement on the new pods (None: not applied yet)
 
 
 def reachable(pid: int, path: str) -> str:
@@ -191,7 +191,7 @@ class CudaFault(Injector[CudaFaultSpec, CudaFaultRecord]):
     node_helper: ClassVar[NodeHelper] = NodeHelper(capabilities=("SYS_PTRACE",))
 
     @classmethod
-    def on_node(cls, spec: dict[str, Any], container_id: str) -> dict[str, Any]:
+    def on_node(cls, spec: CudaFaultSpec, container_id: str) -> CudaFaultSpec:
         """The spec on a pod's node: the container's processes that were started with the interposer."""
         from chaoskit.targets.container import bare_id, container_pids
 
@@ -200,7 +200,7 @@ class CudaFault(Injector[CudaFaultSpec, CudaFaultRecord]):
             raise LookupError(f"no process of container {bare_id(container_id)[:12]} was started with the CUDA "
                               "interposer: prepare its Deployment once with `chaoskit cuda-wrap --deployment "
                               "NAMESPACE/NAME` (a rollout restarts its pods)")
-        return {**{k: v for k, v in spec.items() if k not in KUBE_ONLY}, "pid": pids}
+        return spec.model_copy(update={"kubernetes": None, "prepare": "none", "pid": pids})
 
     def pod_preparation(self) -> PodPreparation:
         """On pods: their containers must have been started with the interposer ("check"), or their Deployments

@@ -100,6 +100,17 @@ class GpuMemoryPressureSpec(StrictModel):
         return Target(kind, value, self.hold, self.ramp)
 
 
+def node_device(container_id: str, device: int | str) -> int | str:
+    """The node's name for a pod's container's GPU `device` (its index among the GPUs the container was given, or
+    one of their UUIDs): an index or a UUID, as a spec's `device` on the node."""
+    from chaoskit.targets.container import container_gpus
+
+    node_name = container_gpus(container_id).pick(device)
+    if node_name.startswith("minor:"):
+        node_name = nvml.uuid_of_minor(int(node_name.removeprefix("minor:")))
+    return int(node_name) if node_name.isdigit() else node_name
+
+
 HOLDER = "chaoskit.injectors.gpu.holder"  # the helper process: holds the memory (or probes the device)
 
 
@@ -181,17 +192,9 @@ class GpuMemoryPressure(helper_proc.HelperFault[GpuMemoryPressureSpec, GpuHolder
         self.unknown = "device not checked yet"
 
     @classmethod
-    def on_node(cls, spec: dict[str, Any], container_id: str) -> dict[str, Any]:
-        """The spec on a pod's node: `device` becomes the node's name for the container's GPU (`device` is its
-        index among the GPUs the container was given, or one of their UUIDs)."""
-        from chaoskit.targets.container import container_gpus
-
-        out = {k: v for k, v in spec.items() if k != "kubernetes"}
-        node_name = container_gpus(container_id).pick(spec.get("device", 0))
-        if node_name.startswith("minor:"):
-            node_name = nvml.uuid_of_minor(int(node_name.removeprefix("minor:")))
-        out["device"] = int(node_name) if node_name.isdigit() else node_name
-        return out
+    def on_node(cls, spec: GpuMemoryPressureSpec, container_id: str) -> GpuMemoryPressureSpec:
+        """The spec on a pod's node: `device` becomes the node's name for the container's GPU."""
+        return spec.model_copy(update={"kubernetes": None, "device": node_device(container_id, spec.device)})
 
     def resolve_target(self) -> GpuTarget:
         """The device as its CUDA driver names it (asked once: a device keeps its identity for the run)."""

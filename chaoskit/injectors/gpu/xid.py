@@ -232,14 +232,15 @@ class XidEvent(Injector[XidSpec, XidRecord]):
         self._bus: str | None = None
 
     @classmethod
-    def on_node(cls, spec: dict[str, Any], container_id: str) -> dict[str, Any]:
+    def on_node(cls, spec: XidSpec, container_id: str) -> XidSpec:
         """The spec on a pod's node: a pci_bus_id as given; a `device` becomes the node's name for the container's
         GPU (as gpu.memory_pressure does)."""
-        from chaoskit.injectors.gpu.memory_pressure import GpuMemoryPressure
+        from chaoskit.injectors.gpu.memory_pressure import node_device
 
-        if spec.get("pci_bus_id") is not None:
-            return {k: v for k, v in spec.items() if k != "kubernetes"}
-        return GpuMemoryPressure.on_node(spec, container_id)
+        if spec.pci_bus_id is not None:
+            return spec.model_copy(update={"kubernetes": None})
+        device = node_device(container_id, spec.device if spec.device is not None else 0)
+        return spec.model_copy(update={"kubernetes": None, "device": device})
 
     def bus_id(self) -> str:
         """The GPU's bus id, `dddd:bb:dd.f`; a `device` is resolved through NVML once."""

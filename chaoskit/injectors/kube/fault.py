@@ -15,6 +15,7 @@ from pydantic import Field
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import FaultContext, Injector, RevertRecord
+from chaoskit.injectors.placement import DeploymentPlacement, PodsPlacement
 from chaoskit.model.types import Duration, StrictModel
 from chaoskit.targets.kube import (
     ClusterRef,
@@ -114,8 +115,8 @@ class _PodDeletion(Injector[Any, PodDeletionRecord]):
         return [f"delete pod {p.namespace}/{p.pod} (uid {p.uid}, node {p.node}) {self._how()}; its controller "
                 "recreates it, nothing to revert" for p in self._targets()]
 
-    def placement(self) -> dict[str, Any]:
-        return {"cluster": self._cluster_ref().to_json(), "pods": [p.to_json() for p in self._targets()]}
+    def placement(self) -> PodsPlacement:
+        return PodsPlacement(cluster=self._cluster_ref(), pods=self._targets())
 
     def _cluster_ref(self) -> ClusterRef:
         self._targets()
@@ -258,9 +259,9 @@ class DeploymentScale(Injector[DeploymentScaleSpec, ScaleRecord]):
         return [f"scale deployment {t.namespace}/{t.deployment} from {before} to {self.spec.replicas} replicas; "
                 f"revert: back to {before}"]
 
-    def placement(self) -> dict[str, Any]:
+    def placement(self) -> DeploymentPlacement:
         t = self.spec.target.kubernetes
-        return {"cluster": self._current()[0].to_json(), "namespace": t.namespace, "deployment": t.deployment}
+        return DeploymentPlacement(cluster=self._current()[0], namespace=t.namespace, deployment=t.deployment)
 
     def prepare(self) -> ScaleRecord:
         ref, before = self._current()

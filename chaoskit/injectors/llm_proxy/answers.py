@@ -19,7 +19,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from chaoskit.injectors.llm_proxy.faults import Fault
+    from chaoskit.injectors.llm_proxy.faults import Fault, SchemaBreakParams, ToolArgsParams
 
 BAD_ESCAPE = "\\x41"
 _DATA = re.compile(rb"^data:[ ]?(.*)$", re.MULTILINE)
@@ -86,9 +86,10 @@ def break_schema(text: str, schema: dict[str, Any], mode: str) -> str | None:
 class Rewrite:
     """tool_args and/or schema_break on one answer; `applied` is called once per fault whose effect happened."""
 
-    def __init__(self, tool_args: Fault | None, schema_break: Fault | None, request_body: bytes):
+    def __init__(self, tool_args: Fault[ToolArgsParams] | None, schema_break: Fault[SchemaBreakParams] | None,
+                 request_body: bytes):
         self.tool_args, self.schema_break = tool_args, schema_break
-        self.mode = tool_args.params["mode"] if tool_args is not None else ""
+        self.mode = tool_args.params.mode if tool_args is not None else ""
         self.schema = request_schema(request_body) if schema_break is not None else None
         self.done: set[str] = set()  # the faults applied on this answer (each counted once)
         self.calls: dict[int, dict[str, Any]] = {}  # a streamed answer's tool calls so far: index -> id, name, args
@@ -97,7 +98,7 @@ class Rewrite:
         self.envelope: dict[str, Any] | None = None  # ... and the first event that held some (its id, model ...)
         self.touched = False  # the event being rewritten was changed (it is re-encoded)
 
-    def applied(self, f: Fault) -> None:
+    def applied(self, f: Fault[ToolArgsParams] | Fault[SchemaBreakParams]) -> None:
         if f.name not in self.done:
             self.done.add(f.name)
             f.applied += 1
@@ -118,7 +119,7 @@ class Rewrite:
             if self.tool_args is not None and msg.get("tool_calls"):
                 changed |= self._calls(choice, msg)
             if self.schema is not None and isinstance(msg.get("content"), str):
-                broken = break_schema(msg["content"], self.schema, self.schema_break.params["mode"])
+                broken = break_schema(msg["content"], self.schema, self.schema_break.params.mode)
                 if broken is not None:
                     msg["content"], changed = broken, True
                     self.applied(self.schema_break)
@@ -264,7 +265,7 @@ class Rewrite:
         if not text:
             return []
         assert self.schema_break is not None and self.schema is not None
-        broken = break_schema(text, self.schema, self.schema_break.params["mode"])
+        broken = break_schema(text, self.schema, self.schema_break.params.mode)
         if broken is not None:
             self.applied(self.schema_break)
         base = final or self.envelope or {}

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from chaoskit.injectors.llm_proxy.faults import ProxyStats
+from chaoskit.injectors.llm_proxy.faults import FaultJson, ProxyJson, ProxyStats
 from chaoskit.injectors.proxy.fault import (
     ListenTls,
     ProxyHelper,
@@ -77,11 +77,13 @@ class _Fault(StrictModel):
                          "the same seed gives the same requests)")
     match: Match = Field(default_factory=Match, description="which requests: path, model, headers")
 
-    def wire(self, index: int) -> dict[str, Any]:
-        out = self.model_dump()
-        out["name"] = self.name or f"{self.type}-{index}"  # type: ignore[attr-defined]
-        out["match"] = {**out["match"], "path": self.match.paths()}
-        return out
+    def wire(self, index: int) -> FaultJson:
+        """The fault as the helper takes it: its type's parameters apart (the fields of faults.PARAMS[type])."""
+        kind: str = self.type  # type: ignore[attr-defined]  # each subclass's Literal
+        m = self.match
+        return {"name": self.name or f"{kind}-{index}", "type": kind, "share": self.share,
+                "match": {"path": m.paths(), "model": m.model, "headers": dict(m.headers)},
+                "params": self.model_dump(exclude={"name", "type", "share", "match"})}
 
 
 class AbortFault(_Fault):
@@ -275,7 +277,7 @@ class LlmProxySpec(StrictModel):
             seen.add(name)
         return self
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> ProxyJson:
         """The faults as the helper takes them (the TLS part is the injector's tls_wire)."""
         return {"seed": self.seed, "faults": [f.wire(i) for i, f in enumerate(self.faults)]}
 

@@ -1,8 +1,9 @@
 """The faults of one llm.proxy process, as data: which requests each matches, the seeded share draws, the
 token buckets of rate_limit, what each fault did (counters), and the per-request Plan the server carries out.
 
-Wire format (from chaoskit.injectors.llm_proxy.fault): a list of dicts, each with `name`, `type`, `share`, `match`
-({path: [globs], model: glob|None, headers: {name: glob}}) and the type's parameters in seconds / counts."""
+Wire format (from chaoskit.injectors.llm_proxy.fault): a list of FaultJson, each with `name`, `type`, `share`,
+`match` ({path: [globs], model: glob|None, headers: {name: glob}}) and `params`, the type's parameters in seconds /
+counts, read into the type's parameter record (PARAMS)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from fnmatch import translate
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, NotRequired, TypedDict, TypeVar
 
 LOCAL = ("abort", "rate_limit")
 RESPONSE = ("token_delay", "stall", "truncate", "malformed", "corrupt_tokens", "tool_args", "error_event",
@@ -25,6 +26,128 @@ _TRITON_MODEL = re.compile(r"^/v2/models/([^/]+)/")
 
 if TYPE_CHECKING:
     from chaoskit.injectors.proxy.trace import SinkStats
+
+
+Scalar = str | int | float | bool | None
+
+
+class MatchJson(TypedDict, total=False):
+    """A fault's `match` on the wire (each part left out: any)."""
+
+    path: list[str]
+    model: str | None
+    headers: dict[str, str]
+
+
+class FaultJson(TypedDict):
+    """One fault on the wire: its name and type, share and match, and its type's parameters (PARAMS[type]'s
+    fields, scalars)."""
+
+    name: str
+    type: str
+    share: NotRequired[float]
+    match: NotRequired[MatchJson]
+    params: NotRequired[dict[str, Scalar]]
+
+
+class ProxyJson(TypedDict):
+    """llm.proxy's faults on the wire (LlmProxySpec.wire): the seed of its draws and the faults in order."""
+
+    seed: int
+    faults: list[FaultJson]
+
+
+# ---------------------------------------------------------------- each type's parameters (fault.py's specs' fields)
+
+@dataclass(frozen=True)
+class AbortParams:
+    status: int = 503
+    retry_after: int | None = None
+
+
+@dataclass(frozen=True)
+class DelayParams:
+    delay: float
+    jitter: float = 0.0
+
+
+@dataclass(frozen=True)
+class TokenDelayParams:
+    delay: float
+    jitter: float = 0.0
+    distribution: Literal["uniform", "normal", "exponential"] = "uniform"
+
+    def gap_s(self, draws: random.Random) -> float:
+        """One gap: fixed, or drawn from its distribution (never negative)."""
+        d, j = self.delay, self.jitter
+        if self.distribution == "exponential":
+            return draws.expovariate(1.0 / d)
+        if not j:
+            return d
+        g = draws.uniform(d - j, d + j) if self.distribution == "uniform" else draws.gauss(d, j)
+        return max(0.0, g)
+
+
+@dataclass(frozen=True)
+class StallParams:
+    after_tokens: int
+    duration: float = 0.0
+
+
+@dataclass(frozen=True)
+class TruncateParams:
+    after_tokens: int
+    clean: bool = False
+
+
+@dataclass(frozen=True)
+class CorruptTokensParams:
+    token_share: float = 1.0
+    text: str = "\ufffd"
+
+
+@dataclass(frozen=True)
+class MalformedParams:
+    corrupt: Literal["bad_json", "missing_data", "error_object"] = "bad_json"
+    after_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class RateLimitParams:
+    requests_per_s: float | None = None
+    tokens_per_s: float | None = None
+    burst: float | None = None
+    key: str = "client"  # client, or header:NAME
+    retry_after: bool = True
+
+
+@dataclass(frozen=True)
+class ToolArgsParams:
+    mode: Literal["cut", "invalid_json", "bad_escape", "wrong_tool_name", "duplicate_call", "finish_stop"]
+
+
+@dataclass(frozen=True)
+class ErrorEventParams:
+    after_tokens: int = 0
+    done: bool = True
+    message: str = "llm.proxy: injected error"
+    error_type: str = "InternalServerError"
+    code: int = 500
+
+
+@dataclass(frozen=True)
+class SchemaBreakParams:
+    mode: Literal["drop_required", "wrong_type"] = "drop_required"
+
+
+Params = (AbortParams | DelayParams | TokenDelayParams | StallParams | TruncateParams | CorruptTokensParams
+          | MalformedParams | RateLimitParams | ToolArgsParams | ErrorEventParams | SchemaBreakParams)
+PARAMS: dict[str, type[Params]] = {
+    "abort": AbortParams, "delay": DelayParams, "token_delay": TokenDelayParams, "stall": StallParams,
+    "truncate": TruncateParams, "corrupt_tokens": CorruptTokensParams, "malformed": MalformedParams,
+    "rate_limit": RateLimitParams, "tool_args": ToolArgsParams, "error_event": ErrorEventParams,
+    "schema_break": SchemaBreakParams}
+P = TypeVar("P", bound=Params)
 
 
 def _glob(pattern: str) -> re.Pattern[str]:
@@ -80,11 +203,11 @@ class Bucket:
 
 
 @dataclass
-class Fault:
+class Fault(Generic[P]):
     name: str
     type: str
     share: float
-    params: dict[str, Any]
+    params: P  # its type's parameter record
     paths: re.Pattern[str]
     model: re.Pattern[str] | None
     headers: list[tuple[str, re.Pattern[str]]]
@@ -106,31 +229,24 @@ class Fault:
                 return False
         return True
 
-    def gap_s(self) -> float:
-        """One token_delay gap: fixed, or drawn from its distribution (never negative)."""
-        p = self.params
-        d, j = p["delay"], p.get("jitter", 0.0)
-        dist = p.get("distribution", "uniform")
-        if dist == "exponential":
-            return self.gaps.expovariate(1.0 / d)
-        if not j:
-            return d
-        g = self.gaps.uniform(d - j, d + j) if dist == "uniform" else self.gaps.gauss(d, j)
-        return max(0.0, g)
+    def gap_s(self: Fault[TokenDelayParams]) -> float:
+        """One token_delay gap (its own seeded stream)."""
+        return self.params.gap_s(self.gaps)
 
-    def corrupts(self) -> bool:
+    def corrupts(self: Fault[CorruptTokensParams]) -> bool:
         """corrupt_tokens: whether this token event's text is replaced (its own seeded stream, like the gaps)."""
-        share = self.params.get("token_share", 1.0)
+        share = self.params.token_share
         return share >= 1.0 or (share > 0.0 and self.gaps.random() < share)
 
-    def bucket(self, req: Request) -> Bucket:
-        key = req.client if self.params["key"] == "client" else (req.header(self.params["key"][7:]) or "")
+    def bucket(self: Fault[RateLimitParams], req: Request) -> Bucket:
+        p = self.params
+        key = req.client if p.key == "client" else (req.header(p.key[7:]) or "")
         b = self.buckets.get(key)
         if b is None:
             if len(self.buckets) >= MAX_KEYS:
                 self.buckets.clear()
-            rate = self.params.get("requests_per_s") or self.params["tokens_per_s"]
-            b = self.buckets[key] = Bucket(rate, self.params.get("burst") or max(1.0, rate))
+            rate = p.requests_per_s or p.tokens_per_s or 1.0
+            b = self.buckets[key] = Bucket(rate, p.burst or max(1.0, rate))
         return b
 
 
@@ -141,7 +257,7 @@ class Local:
     status: int
     headers: list[tuple[str, str]]
     body: bytes
-    fault: Fault
+    fault: Fault[Params]
 
 
 @dataclass
@@ -150,17 +266,17 @@ class Plan:
 
     names: list[str] = field(default_factory=list)
     local: Local | None = None
-    delay: Fault | None = None
+    delay: Fault[DelayParams] | None = None
     delay_s: float = 0.0
-    token_delay: Fault | None = None
-    stall: Fault | None = None
-    truncate: Fault | None = None
-    malformed: Fault | None = None  # in-stream corruption (error_object of a non-streaming request is `local`)
-    corrupt_tokens: Fault | None = None  # token text replaced (SSE streams only; a JSON answer passes unchanged)
+    token_delay: Fault[TokenDelayParams] | None = None
+    stall: Fault[StallParams] | None = None
+    truncate: Fault[TruncateParams] | None = None
+    malformed: Fault[MalformedParams] | None = None  # in-stream corruption (a non-streaming error_object: `local`)
+    corrupt_tokens: Fault[CorruptTokensParams] | None = None  # token text replaced (SSE only; JSON passes unchanged)
     tokens: Bucket | None = None  # rate_limit tokens_per_s: the bucket each forwarded token is taken from
-    tool_args: Fault | None = None  # tool calls broken (chaoskit.injectors.llm_proxy.answers; streamed or whole)
-    error_event: Fault | None = None  # an error event inside a 200 stream (SSE streams only)
-    schema_break: Fault | None = None  # a json_schema answer that breaks its schema (streamed or whole)
+    tool_args: Fault[ToolArgsParams] | None = None  # tool calls broken (llm_proxy.answers; streamed or whole)
+    error_event: Fault[ErrorEventParams] | None = None  # an error event inside a 200 stream (SSE streams only)
+    schema_break: Fault[SchemaBreakParams] | None = None  # a json_schema answer breaking its schema (either form)
 
     def on_events(self) -> bool:
         return bool(self.token_delay or self.stall or self.truncate or self.malformed or self.corrupt_tokens
@@ -231,14 +347,14 @@ class ProxyStats(NamedTuple):
 
 
 class FaultTable:
-    def __init__(self, wire: list[dict[str, Any]], seed: int):
+    def __init__(self, wire: list[FaultJson], seed: int):
         self.faults = [self._fault(i, f, seed) for i, f in enumerate(wire)]
 
     @staticmethod
-    def _fault(i: int, f: dict[str, Any], seed: int) -> Fault:
+    def _fault(i: int, f: FaultJson, seed: int) -> Fault[Params]:
         match = f.get("match") or {}
         paths = match.get("path") or ["*"]
-        params = {k: v for k, v in f.items() if k not in ("name", "type", "share", "match")}
+        params = PARAMS[f["type"]](**f.get("params", {}))  # type: ignore[arg-type]  # the spec's own fields
         return Fault(f["name"], f["type"], float(f.get("share", 1.0)), params,
                      re.compile("|".join(f"(?:{translate(p)})" for p in paths)),
                      _glob(match["model"]) if match.get("model") else None,
@@ -263,32 +379,32 @@ class FaultTable:
         return plan
 
     @staticmethod
-    def _add(plan: Plan, f: Fault, req: Request) -> None:
+    def _add(plan: Plan, f: Fault[Any], req: Request) -> None:
         if plan.local is not None:
             return  # answered already by an earlier fault: selected, not applied
         p, t = f.params, f.type
-        if t == "abort":
-            headers = [("Retry-After", str(p["retry_after"]))] if p.get("retry_after") is not None else []
-            plan.local = Local(p["status"], headers, error_body(req.path, f"llm.proxy fault {f.name}: HTTP "
-                                                                           f"{p['status']}", p["status"]), f)
-        elif t == "rate_limit":
+        if isinstance(p, AbortParams):
+            headers = [("Retry-After", str(p.retry_after))] if p.retry_after is not None else []
+            plan.local = Local(p.status, headers, error_body(req.path, f"llm.proxy fault {f.name}: HTTP "
+                                                                       f"{p.status}", p.status), f)
+        elif isinstance(p, RateLimitParams):
             b = f.bucket(req)
             b.refill(time.monotonic())
             if b.level >= 1.0:
-                if p.get("requests_per_s"):
+                if p.requests_per_s:
                     b.level -= 1.0
                 else:
                     plan.tokens = b
                 return
-            headers = [("Retry-After", str(max(1, math.ceil(b.wait_s()))))] if p.get("retry_after", True) else []
+            headers = [("Retry-After", str(max(1, math.ceil(b.wait_s()))))] if p.retry_after else []
             plan.local = Local(429, headers, error_body(req.path, f"llm.proxy fault {f.name}: rate limit", 429), f)
-        elif t == "malformed" and p["corrupt"] == "error_object" and not req.streaming():
+        elif isinstance(p, MalformedParams) and p.corrupt == "error_object" and not req.streaming():
             plan.local = Local(200, [], error_body(req.path, f"llm.proxy fault {f.name}: injected error", 500), f)
-        elif t == "delay":
+        elif isinstance(p, DelayParams):
             if plan.delay is None:
                 plan.delay = f
-                j = p.get("jitter", 0.0)
-                plan.delay_s = max(0.0, p["delay"] + (f.gaps.uniform(-j, j) if j else 0.0))
+                j = p.jitter
+                plan.delay_s = max(0.0, p.delay + (f.gaps.uniform(-j, j) if j else 0.0))
         elif t in RESPONSE and getattr(plan, t) is None:
             setattr(plan, t, f)
 

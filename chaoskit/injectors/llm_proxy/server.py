@@ -516,7 +516,7 @@ class LlmConfig(NamedTuple):
 
     @classmethod
     def from_json(cls, data: Any) -> LlmConfig:
-        """From its argv's JSON: LlmProxySpec.wire(), with "tls" beside."""
+        """From its argv's JSON: LlmProxySpec.wire() (faults.ProxyJson), with "tls" beside."""
         return cls(FaultTable(data["faults"], data.get("seed", 0)), data.get("tls"))
 
 

@@ -18,7 +18,14 @@ import httptools
 from chaoskit.injectors.llm_proxy.answers import Rewrite
 
 if TYPE_CHECKING:
-    from chaoskit.injectors.llm_proxy.faults import Plan, Request
+    from chaoskit.injectors.llm_proxy.faults import (
+        CorruptTokensParams,
+        ErrorEventParams,
+        Fault,
+        Plan,
+        Request,
+        StallParams,
+    )
 
 
 class Exchange(Protocol):
@@ -147,7 +154,7 @@ class EventStream:
             head = _LENGTH_LINE.sub(b"", head)[:-2] + b"Transfer-Encoding: chunked\r\n\r\n"
         self.ex.down.t.write(head)
         self.ex.sent_any = True
-        if self.plan.stall is not None and self.plan.stall.params["after_tokens"] == 0:
+        if self.plan.stall is not None and self.plan.stall.params.after_tokens == 0:
             self._stall(self.plan.stall)
 
     def feed(self, data: bytes) -> None:
@@ -193,13 +200,13 @@ class EventStream:
         p, now = self.plan, time.monotonic()
         if p.error_event is not None:
             piece = TOKEN.search(ev) is not None or ARGUMENTS.search(ev) is not None
-            if DONE.search(ev) is not None or (piece and self.pieces >= p.error_event.params["after_tokens"]):
+            if DONE.search(ev) is not None or (piece and self.pieces >= p.error_event.params.after_tokens):
                 self._error(now, p.error_event)
                 return
             self.pieces += piece
-        if p.truncate is not None and self.tokens >= p.truncate.params["after_tokens"]:
+        if p.truncate is not None and self.tokens >= p.truncate.params.after_tokens:
             p.truncate.applied += 1
-            self._stop(now, END if p.truncate.params.get("clean") else CUT)
+            self._stop(now, END if p.truncate.params.clean else CUT)
             return
         token = TOKEN.search(ev) is not None
         if token:
@@ -209,9 +216,9 @@ class EventStream:
                 p.tokens.level -= 1.0
             if p.corrupt_tokens is not None and p.corrupt_tokens.corrupts():
                 ev = self._corrupt(ev, p.corrupt_tokens)
-            if p.malformed is not None and self.tokens == p.malformed.params["after_tokens"] + 1:
+            if p.malformed is not None and self.tokens == p.malformed.params.after_tokens + 1:
                 p.malformed.applied += 1
-                corrupt = p.malformed.params["corrupt"]
+                corrupt = p.malformed.params.corrupt
                 if corrupt == "error_object":
                     self._push(now + self.shift, b"data: " + error_event() + b"\n\n")
                     if not self.ex.req.path.startswith("/v2/"):
@@ -224,11 +231,11 @@ class EventStream:
                     p.token_delay.applied += 1
                 self.shift += p.token_delay.gap_s()
         self._push(now + self.shift, ev)
-        if token and p.stall is not None and self.tokens == p.stall.params["after_tokens"]:
+        if token and p.stall is not None and self.tokens == p.stall.params.after_tokens:
             self._stall(p.stall)
 
-    def _corrupt(self, ev: bytes, f: Any) -> bytes:
-        out = replace_text(ev, f.params["text"])
+    def _corrupt(self, ev: bytes, f: Fault[CorruptTokensParams]) -> bytes:
+        out = replace_text(ev, f.params.text)
         if out is None:
             return ev
         if not self.corrupted:  # applied: once per stream
@@ -236,18 +243,18 @@ class EventStream:
             f.applied += 1
         return out
 
-    def _stall(self, f: Any) -> None:
+    def _stall(self, f: Fault[StallParams]) -> None:
         f.applied += 1
-        if f.params["duration"] <= 0:
+        if f.params.duration <= 0:
             self.frozen = True
         else:
-            self.shift += f.params["duration"]
+            self.shift += f.params.duration
 
-    def _error(self, now: float, f: Any) -> None:
+    def _error(self, now: float, f: Fault[ErrorEventParams]) -> None:
         """error_event: the error chunk (then [DONE] where asked, on OpenAI paths) in place of the rest."""
         f.applied += 1
         self._push(now + self.shift, b"data: " + error_event(self.ex.req.path, f.params) + b"\n\n")
-        if f.params.get("done", True) and not self.ex.req.path.startswith("/v2/"):
+        if f.params.done and not self.ex.req.path.startswith("/v2/"):
             self._push(now + self.shift, b"data: [DONE]\n\n")
         self._stop(now, END)
 
@@ -266,9 +273,9 @@ class EventStream:
             return
         self.ended = True
         t = self.plan.truncate
-        if t is not None and self.tokens >= t.params["after_tokens"]:  # the final chunk is what gets cut
+        if t is not None and self.tokens >= t.params.after_tokens:  # the final chunk is what gets cut
             t.applied += 1
-            self._stop(time.monotonic(), END if t.params.get("clean") else CUT)
+            self._stop(time.monotonic(), END if t.params.clean else CUT)
         else:
             self._push(time.monotonic() + self.shift, END)
 
@@ -332,15 +339,15 @@ def length_line(head: bytes, n: int) -> bytes:
     return _LENGTH_LINE.sub(b"", head)[:-2] + b"Content-Length: %d\r\n\r\n" % n
 
 
-def error_event(path: str = "", params: dict[str, Any] | None = None) -> bytes:
+def error_event(path: str = "", params: ErrorEventParams | None = None) -> bytes:
     """An error chunk's JSON: malformed error_object's, or error_event's as vLLM words one (Triton's: a string)."""
     if params is None:
         return json.dumps({"error": {"message": "llm.proxy: injected error", "type": "chaoskit_fault",
                                      "code": 500}}).encode()
     if path.startswith("/v2/"):
-        return json.dumps({"error": params["message"]}).encode()
-    return json.dumps({"error": {"message": params["message"], "type": params["error_type"], "param": None,
-                                 "code": params["code"]}}).encode()
+        return json.dumps({"error": params.message}).encode()
+    return json.dumps({"error": {"message": params.message, "type": params.error_type, "param": None,
+                                 "code": params.code}}).encode()
 
 
 def replace_text(ev: bytes, text: str) -> bytes | None:

@@ -103,8 +103,9 @@ class LlmTracer:
             if f is None:
                 continue
             c = t.counted.get(name)
-            attrs: Attributes = {"chaoskit.fault.name": name, "chaoskit.fault.type": f.type, "chaoskit.fault.share": f.share,
-                     "chaoskit.fault.applied": bool(c and c.hits), **scalar_params("chaoskit.fault.param.", f.params)}
+            attrs: Attributes = {"chaoskit.fault.name": name, "chaoskit.fault.type": f.type,
+                                 "chaoskit.fault.share": f.share, "chaoskit.fault.applied": bool(c and c.hits),
+                                 **scalar_params("chaoskit.fault.param.", dataclasses.asdict(f.params))}
             if f.type == "delay" and c and c.hits:
                 attrs["chaoskit.proxy.delay_s"] = round(plan.delay_s, 6)
             children.append(SpanRecord(f"llm.proxy {f.type}", t.trace_id, t.span_id, t.start_ns, end, attrs))
