@@ -99,8 +99,8 @@ method:
 
 def test_every_field_of_the_published_schema_has_a_description():
     defs = experiment_schema()["$defs"]
-    for name in ("McpProxySpec", "McpMatch", "ErrorFault", "TimeoutFault", "SseCutFault", "SessionLostFault",
-                 "ToolsChangeFault"):
+    for name in ("McpProxySpec", "McpMatch", "McpErrorFault", "McpDelayFault", "McpTimeoutFault", "McpSseCutFault",
+                 "McpSessionLostFault", "McpToolsChangeFault"):
         missing = [k for k, v in defs[name]["properties"].items() if k != "type" and not v.get("description")]
         assert not missing, f"{name}: fields without a description: {missing}"
 

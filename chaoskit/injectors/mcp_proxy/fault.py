@@ -52,56 +52,56 @@ class _Fault(StrictModel):
         return out
 
 
-class ErrorFault(_Fault):
+class McpErrorFault(_Fault):
     type: Literal["error"]
     code: int = Field(-32603, ge=-2**31, le=2**31 - 1, description="the JSON-RPC error's code (-32603: internal "
                       "error; -32601 method not found, -32602 invalid params ...)")
     message: str = Field("mcp.proxy: injected error", min_length=1, description="the JSON-RPC error's message")
 
 
-class DelayFault(_Fault):
+class McpDelayFault(_Fault):
     type: Literal["delay"]
     delay: Duration = Field(gt=0, description="hold the request this long, then forward it (not at all if the "
                             "client gave up meanwhile: the server never sees it)")
     jitter: Duration = Field(0.0, ge=0, description="uniform +- this around delay")
 
     @model_validator(mode="after")
-    def _jitter(self) -> DelayFault:
+    def _jitter(self) -> McpDelayFault:
         if self.jitter > self.delay:
             raise ValueError(f"jitter ({self.jitter:g}s) is larger than delay ({self.delay:g}s): a hold cannot "
                              "be negative")
         return self
 
 
-class TimeoutFault(_Fault):
+class McpTimeoutFault(_Fault):
     type: Literal["timeout"]
 
 
-class SseCutFault(_Fault):
+class McpSseCutFault(_Fault):
     type: Literal["sse_cut"]
     after_events: int = Field(0, ge=0, description="relay this many events of an SSE answer, then drop the "
                               "connection (no further event, no last chunk); a JSON answer passes unchanged")
 
 
-class SessionLostFault(_Fault):
+class McpSessionLostFault(_Fault):
     type: Literal["session_lost"]
 
 
-class ToolsChangeFault(_Fault):
+class McpToolsChangeFault(_Fault):
     type: Literal["tools_change"]
     default_method: ClassVar[str] = "tools/list"
     remove: list[str] = Field(min_length=1, description="globs on tool names: tools/list answers lose these tools "
                               "(a tools/call naming one still reaches the server)")
 
     @model_validator(mode="after")
-    def _list(self) -> ToolsChangeFault:
+    def _list(self) -> McpToolsChangeFault:
         if self.match.method is not None and not any(m in ("tools/list", "*", "tools/*") for m in self.match.method):
             raise ValueError("tools_change rewrites tools/list answers: match.method must include tools/list")
         return self
 
 
-McpFault = Annotated[ErrorFault | DelayFault | TimeoutFault | SseCutFault | SessionLostFault | ToolsChangeFault,
-                     Field(discriminator="type")]
+McpFault = Annotated[McpErrorFault | McpDelayFault | McpTimeoutFault | McpSseCutFault | McpSessionLostFault
+                     | McpToolsChangeFault, Field(discriminator="type")]
 
 
 class McpProxySpec(StrictModel):
