@@ -204,7 +204,7 @@ class Tools:
             except Exception as e:  # noqa: BLE001 - whatever the MCP client raises
                 raise ToolFailed("session", f"a new MCP session: {leaf(e)}") from None
             self.opened.append(client)
-            try:  # as at the start: the client keeps the tools' output schemas (it checks each result against its)
+            try:  # as at the start: the client keeps the tools' output schemas (each result is checked against its tool's)
                 await session.list_tools()
             except Exception as e:  # noqa: BLE001 - whatever the MCP client raises
                 raise ToolFailed("session", f"tools/list on a new MCP session: {leaf(e)}") from None
@@ -277,17 +277,16 @@ class AgentProbe(Probe):
             session = await client.__aenter__()
         except Exception as e:  # noqa: BLE001 - whatever the MCP client raises
             return self.unreachable(e)
-        tools = None
         try:
             listed = (await session.list_tools()).tools
         except Exception as e:  # noqa: BLE001 - whatever the MCP client raises
             await end_quietly(client)
             return self.unreachable(e)
+        tools = Tools(session, listed, [client])
         try:
-            tools = Tools(session, listed, [client])
             return await self.run_all(tools, recording)
         finally:
-            for opened in tools.opened if tools is not None else [client]:
+            for opened in tools.opened:  # its own, and any a reconnect opened
                 await end_quietly(opened)
 
     def unreachable(self, e: BaseException) -> list[tuple[Task, float]]:
