@@ -72,6 +72,22 @@ class AgentProbeSpec(ProbeSpecBase):
     retries: int = Field(2, ge=1, le=10, description="with repair: how many times a model turn is sent again")
     request_timeout: Duration = Field(10.0, gt=0, description="per model turn")
     tool_timeout: Duration = Field(10.0, gt=0, description="per tool call")
+    mcp_mode: Literal["auto", "legacy"] = Field("auto", description="how the MCP client connects: auto (the "
+                                                "client's default: server/discover, the stateless protocol, JSON "
+                                                "answers; the initialize handshake where the server has no "
+                                                "discover) or legacy (the initialize handshake: a session named by "
+                                                "Mcp-Session-Id, answers as SSE streams)")
+    tool_retries: int = Field(0, ge=0, le=10, description="a tool call that fails (an error, a timeout, its session "
+                              "lost) is sent again up to this many times (each counted in retries)")
+    mcp_reconnect: bool = Field(False, description="a tool call whose session the server no longer knows (HTTP "
+                                "404, 'Session not found' or 'Session terminated', as after a server restart) first "
+                                "opens a new session (the handshake again) and is sent again on it (with "
+                                "tool_retries); without it every later call on the lost session fails too")
+    keep_toolset: bool = Field(True, description="false: what some agents do (hermes-agent #88661): the first tool "
+                               "call that times out drops the MCP server's whole toolset, every later model turn "
+                               "of the sample is offered no tools (its task fails no_tool_call) and that call is "
+                               "not retried; true: a timeout is that call's failure alone (retried with "
+                               "tool_retries)")
     task_timeout: Duration = Field(30.0, gt=0, description="per task: longer is a failure (timeout)")
     headers: dict[str, str] = Field(default_factory=dict, description="request headers (e.g. Authorization); "
                                     "each model turn also sends x-request-id NAME-SAMPLE-TASK-tTURN-aATTEMPT")
@@ -89,6 +105,9 @@ class AgentProbeSpec(ProbeSpecBase):
             rounds = math.ceil(self.tasks / self.concurrency)
             object.__setattr__(self, "timeout", self.task_timeout * rounds + spread + 5.0)
         if self.mcp_url is None:
+            for key, default in (("mcp_mode", "auto"), ("mcp_reconnect", False), ("keep_toolset", True)):
+                if getattr(self, key) != default:
+                    raise ValueError(f"{key}: the MCP client's behaviour, and without mcp_url the tools are local")
             for i, s in enumerate(self.scripts):
                 if s.tool not in LOCAL:
                     raise ValueError(f"scripts[{i}].tool: '{s.tool}' is not a local tool (local tools: "
@@ -97,6 +116,8 @@ class AgentProbeSpec(ProbeSpecBase):
                     args, why = parse_arguments(json.dumps(s.arguments), LOCAL[s.tool][1])
                     if args is None:
                         raise ValueError(f"scripts[{i}].arguments: {s.tool} would never accept them: {why}")
+        if self.mcp_reconnect and self.tool_retries == 0:
+            raise ValueError("mcp_reconnect sends a call again on a new session: give tool_retries (1 or more)")
         if "before" not in self.phases and any(s.answer is None for s in self.scripts):
             raise ValueError(f"scripts without an answer are recorded in the before phase, but phases "
                              f"({', '.join(self.phases)}) leave it out: add before, or give each script its answer")
@@ -144,17 +165,50 @@ class Task:
     failure: TaskFailed | None = None
 
 
-class Tools:
-    """The tools offered to the model and how each runs: locally, or on the MCP server of an open session."""
+class ToolFailed(TaskFailed):
+    """A tool call's failure (kind tool_error), and its cause: error, timeout or session (the server no longer
+    knows the MCP session)."""
 
-    def __init__(self, session: Any = None, listed: list[Any] | None = None):
+    def __init__(self, cause: str, why: str):
+        super().__init__("tool_error", why)
+        self.cause = cause
+
+
+class Tools:
+    """The tools offered to the model and how each runs: locally, or on the MCP server of an open session (a new
+    one opened by reconnect where the server lost it)."""
+
+    def __init__(self, session: Any = None, listed: list[Any] | None = None, opened: list[Any] | None = None):
         self.session = session
+        self.opened = opened if opened is not None else []  # every MCP client opened for the sample, to end
+        self.lock = asyncio.Lock()
         if session is None:
             self.schemas = {n: p for n, (_, p, _) in LOCAL.items()}
             self.offered = [openai_tool(n, d, p) for n, (d, p, _) in LOCAL.items()]
         else:
             self.schemas = {t.name: t.input_schema for t in listed or ()}
             self.offered = [openai_tool(t.name, t.description or "", t.input_schema) for t in listed or ()]
+
+    def drop(self) -> None:
+        """The whole toolset gone: later model turns are offered no tools."""
+        self.schemas, self.offered = {}, []
+
+    async def reconnect(self, lost: Any, client: Any) -> None:
+        """A new MCP session, its tools listed, in place of `lost` (once: a task that finds it replaced already
+        uses the new one)."""
+        async with self.lock:
+            if self.session is not lost:
+                return
+            try:
+                session = await client.__aenter__()
+            except Exception as e:  # noqa: BLE001 - whatever the MCP client raises
+                raise ToolFailed("session", f"a new MCP session: {leaf(e)}") from None
+            self.opened.append(client)
+            try:  # as at the start: the client keeps the tools' output schemas (each result is checked against its tool's)
+                await session.list_tools()
+            except Exception as e:  # noqa: BLE001 - whatever the MCP client raises
+                raise ToolFailed("session", f"tools/list on a new MCP session: {leaf(e)}") from None
+            self.session = session
 
     async def run(self, name: str, args: dict[str, Any], timeout: float) -> str:
         if self.session is None:
@@ -166,12 +220,12 @@ class Tools:
             async with asyncio.timeout(timeout):
                 result = await self.session.call_tool(name, args)
         except TimeoutError:
-            raise TaskFailed("tool_error", f"{name}: no result within {timeout:g}s") from None
+            raise ToolFailed("timeout", f"{name}: no result within {timeout:g}s") from None
         except Exception as e:  # noqa: BLE001 - whatever the MCP client raises is this tool call's failure
-            raise TaskFailed("tool_error", f"{name}: {leaf(e)}") from None
+            raise ToolFailed(cause(e), f"{name}: {leaf(e)}") from None
         text = "".join(getattr(c, "text", "") for c in result.content)
         if result.is_error:
-            raise TaskFailed("tool_error", f"{name}: error result: {text[:120]}")
+            raise ToolFailed("error", f"{name}: error result: {text[:120]}")
         return text
 
 
@@ -209,9 +263,12 @@ class AgentProbe(Probe):
         self._samples += 1
         if s.mcp_url is None:
             return self.summarize(await self.run_all(Tools(), recording))
+        return self.summarize(await self.with_mcp(self.mcp_client(), recording))
+
+    def mcp_client(self) -> Any:
         import mcp.client
-        return self.summarize(await self.with_mcp(mcp.client.Client(s.mcp_url, read_timeout_seconds=s.tool_timeout),
-                                                  recording))
+        return mcp.client.Client(self.spec.mcp_url, mode=self.spec.mcp_mode,
+                                 read_timeout_seconds=self.spec.tool_timeout)
 
     async def with_mcp(self, client: Any, recording: bool) -> list[tuple[Task, float]]:
         """The tasks on an MCP session; only the MCP client's own steps (the session's start, tools/list, its end)
@@ -225,10 +282,12 @@ class AgentProbe(Probe):
         except Exception as e:  # noqa: BLE001 - whatever the MCP client raises
             await end_quietly(client)
             return self.unreachable(e)
+        tools = Tools(session, listed, [client])
         try:
-            return await self.run_all(Tools(session, listed), recording)
+            return await self.run_all(tools, recording)
         finally:
-            await end_quietly(client)
+            for opened in tools.opened:  # its own, and any a reconnect opened
+                await end_quietly(opened)
 
     def unreachable(self, e: BaseException) -> list[tuple[Task, float]]:
         failed = TaskFailed("tool_error", f"MCP server {self.spec.mcp_url}: {leaf(e)}")
@@ -267,15 +326,32 @@ class AgentProbe(Probe):
                 return self.judge(k, task, reply.text, recording)
             messages.append(reply.message())
             for (call_id, name, _), a in zip((c for _, c in sorted(reply.calls.items())), args, strict=True):
-                task.tool_calls += 1
-                try:
-                    result = await tools.run(name, a, self.spec.tool_timeout)
-                except TaskFailed:
-                    task.tool_errors += 1
-                    raise
+                result = await self.tool_call(task, tools, name, a)
                 called = called or name == script.tool
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
         raise TaskFailed("no_tool_call" if not called else "empty_answer", f"no answer in {self.spec.max_turns} turns")
+
+    async def tool_call(self, task: Task, tools: Tools, name: str, args: dict[str, Any]) -> str:
+        """One tool call, sent again (tool_retries) while it fails: on a new session first where its was lost
+        (mcp_reconnect); a timeout drops the whole toolset instead where keep_toolset is false."""
+        s = self.spec
+        for attempt in range(s.tool_retries + 1):
+            task.tool_calls += 1
+            task.retries += attempt > 0
+            session = tools.session
+            try:
+                return await tools.run(name, args, s.tool_timeout)
+            except TaskFailed as e:
+                task.tool_errors += 1
+                why = getattr(e, "cause", "error")
+                if why == "timeout" and not s.keep_toolset:
+                    tools.drop()
+                    raise
+                if attempt == s.tool_retries:
+                    raise
+                if why == "session" and s.mcp_reconnect:
+                    await tools.reconnect(session, self.mcp_client())
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     def judge(self, k: int, task: Task, text: str, recording: bool) -> None:
         if not text:
@@ -309,8 +385,10 @@ class AgentProbe(Probe):
     async def model_turn(self, rid: str, messages: list[dict[str, Any]], tools: Tools) -> Turn:
         import openai
         s, turn = self.spec, Turn()
-        kw: dict[str, Any] = {"model": s.model, "messages": messages, "tools": tools.offered, "temperature": 0,
-                              "max_tokens": s.max_tokens, "extra_headers": {"x-request-id": rid}}
+        kw: dict[str, Any] = {"model": s.model, "messages": messages, "temperature": 0, "max_tokens": s.max_tokens,
+                              "extra_headers": {"x-request-id": rid}}
+        if tools.offered:  # none where the toolset was dropped (keep_toolset: false)
+            kw["tools"] = tools.offered
         try:
             if not s.stream:
                 read_whole(turn, await self._client.chat.completions.create(**kw))
@@ -354,6 +432,17 @@ async def end_quietly(client: Any) -> None:
         await client.__aexit__(None, None, None)
     except Exception:  # noqa: BLE001, S110 - the session's end; the tasks' outcomes are already known
         pass
+
+
+def cause(e: BaseException) -> str:
+    """Why the MCP client failed a call: timeout (its own read timeout, -32001), session (HTTP 404 to the
+    session's id: -32600 'Session not found' from the server, or the client's 'Session terminated'), error."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    code, message = getattr(e, "code", None), str(getattr(e, "message", ""))
+    if code == -32001:
+        return "timeout"
+    return "session" if code == -32600 and message.startswith("Session ") else "error"
 
 
 def leaf(e: BaseException) -> str:

@@ -1,5 +1,6 @@
 """The bundled agents/ scenarios: an agent probe's tasks (the official OpenAI SDK and MCP client) through an
-llm.proxy that breaks tool calls or sends error events inside the stream. Each ends with exactly its documented
+llm.proxy that breaks tool calls or sends error events inside the stream, or an mcp.proxy that forgets MCP
+sessions or leaves a tool's calls unanswered. Each ends with exactly its documented
 exit code without and with `--var fix=true`; what the probe counted matches tiny-mcp's and tiny-openai's own
 request logs; nothing is left running (the run brings its deployment up and takes it down)."""
 
@@ -22,9 +23,15 @@ def _log(tmp_path: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+KINDS = {"tool-args-broken": ("bad_arguments",), "error-event-mid-stream": ("model_error",),
+         "mcp-session-forgotten": ("tool_error",), "mcp-slow-tool": ("tool_error", "no_tool_call", "wrong_tool")}
+
+
 @pytest.mark.parametrize("name, fix, expected", [
     ("tool-args-broken", "false", 1), ("tool-args-broken", "true", 0),
-    ("error-event-mid-stream", "false", 1), ("error-event-mid-stream", "true", 0)])
+    ("error-event-mid-stream", "false", 1), ("error-event-mid-stream", "true", 0),
+    ("mcp-session-forgotten", "false", 1), ("mcp-session-forgotten", "true", 0),
+    ("mcp-slow-tool", "false", 1), ("mcp-slow-tool", "true", 0)])
 def test_an_agents_scenario_flips_with_its_fix(tmp_path, state_dir, name, fix, expected):
     assert re.search(r"^# Expected:", (SCENARIOS / f"{name}.yaml").read_text(), re.MULTILINE)
     p = chaoskit("run", str(SCENARIOS / f"{name}.yaml"), "--var", f"fix={fix}", "--var", f"proxy_port={free_port()}",
@@ -40,16 +47,24 @@ def test_an_agents_scenario_flips_with_its_fix(tmp_path, state_dir, name, fix, e
     assert during and all(x["verdict"] == "ok" for x in s["samples"] if x["probe"] == "agent-direct")
     if expected == 1:
         assert any(v["success_rate"] < 0.8 for v in during)
-        kind = "bad_arguments" if name == "tool-args-broken" else "model_error"
-        assert sum(v[f"failures.{kind}"] for v in during) == sum(v["failed"] for v in during) > 0
+        assert sum(v[f"failures.{k}"] for v in during for k in KINDS[name]) == sum(v["failed"] for v in during) > 0
     else:
         assert all(v["success_rate"] >= 0.8 for v in during) and sum(v["retries"] for v in during) > 0
     # the independent counts: every tool call the probe made is one tiny-mcp served, every model turn (retries
     # included) one tiny-openai served; a task whose tool call was broken never reached the tool
     calls = _log(tmp_path, "tiny-mcp")
     turns = [r for r in _log(tmp_path, "tiny-openai-0") if r["rid"].startswith("agent-")]  # not the health checks
-    assert len(calls) == sum(v["tool_calls"] for v in samples)
     assert len(turns) == sum(round(v["turns"] * v["tasks"]) for v in samples)
+    if name.startswith("mcp-"):  # a failed call (404, no answer) never reached tiny-mcp, and each task makes one
+        assert len(calls) == sum(v["tool_calls"] - v["tool_errors"] for v in samples) == \
+            sum(v["succeeded"] for v in samples)
+        assert all(c["outcome"] == "complete" for c in calls)
+        return _no_survivors(tmp_path, out + err)
+    assert len(calls) == sum(v["tool_calls"] for v in samples)
     if name == "tool-args-broken":
         assert len(calls) == sum(v["succeeded"] for v in samples)
-    assert survivors(tmp_path / "ref") == [], out + err  # the process list's (`down` empties the records)
+    _no_survivors(tmp_path, out + err)
+
+
+def _no_survivors(tmp_path: Path, output: str) -> None:
+    assert survivors(tmp_path / "ref") == [], output  # the process list's (`down` empties the records)

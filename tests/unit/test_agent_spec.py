@@ -15,6 +15,7 @@ from chaoskit.probes.agent import (
     AgentScript,
     Task,
     TaskFailed,
+    ToolFailed,
     Tools,
     Turn,
     check_calls,
@@ -47,6 +48,20 @@ def spec(**kw) -> AgentProbeSpec:
      'scripts[1].arguments: get_weather would never accept them: argument days: "3" is not integer'),
 ])
 def test_invalid_specs(kw, message):
+    with pytest.raises(ValidationError) as e:
+        spec(**kw)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"mcp_mode": "legacy"}, "mcp_mode: the MCP client's behaviour, and without mcp_url the tools are local"),
+    ({"keep_toolset": False}, "keep_toolset: the MCP client's behaviour"),
+    ({"mcp_url": "http://h:2/mcp", "mcp_reconnect": True}, "mcp_reconnect sends a call again on a new session: give "
+                                                           "tool_retries"),
+    ({"mcp_url": "http://h:2/mcp", "mcp_mode": "stateless"}, "Input should be 'auto' or 'legacy'"),
+    ({"tool_retries": 11}, "less than or equal to 10"),
+])
+def test_invalid_mcp_client_knobs(kw, message):
     with pytest.raises(ValidationError) as e:
         spec(**kw)
     assert message in str(e.value)
@@ -132,7 +147,8 @@ def test_the_bundled_agents_scenarios_validate_with_tiny_mcp_facts(tmp_path, mon
 
     monkeypatch.setenv("CHAOSKIT_REF_DIR", str(tmp_path / "none"))
     files = sorted(Path(__file__).resolve().parents[2].glob("experiments/agents/*.yaml"))
-    assert [f.stem for f in files] == ["error-event-mid-stream", "tool-args-broken"]
+    assert [f.stem for f in files] == ["error-event-mid-stream", "mcp-session-forgotten", "mcp-slow-tool",
+                                       "tool-args-broken"]
     for f in files:
         loaded = load_experiment(f, strict=False)
         assert [p.type for p in loaded.experiment.steady_state.probes] == ["agent", "agent"], f
@@ -220,3 +236,62 @@ def test_an_error_in_the_probes_own_code_propagates_and_the_session_still_ends(m
         with pytest.raises(KeyError, match="a bug of ours"):
             asyncio.run(probe.with_mcp(client, recording=True))
         assert client.ended == 1
+
+
+class FlakyTools(Tools):
+    """An MCP session's tool calls failing with the causes given, in order, then answering; reconnect counted."""
+
+    def __init__(self, causes: list[str]):
+        super().__init__(session="s0", listed=[NS(name="get_weather", description="", input_schema={})])
+        self.causes, self.reconnects, self.sessions = list(causes), 0, []
+
+    async def run(self, name, args, timeout):
+        self.sessions.append(self.session)
+        if self.causes:
+            raise ToolFailed(self.causes.pop(0), f"{name}: failed")
+        return "sunny"
+
+    async def reconnect(self, lost, client):
+        if self.session is lost:
+            self.reconnects += 1
+            self.session = f"s{self.reconnects}"
+
+
+@pytest.mark.parametrize("kw, causes, result, sessions, counts", [
+    # the session lost: without mcp_reconnect every retry goes to the dead session; with it, to a new one
+    ({"tool_retries": 2}, ["session"] * 3, "tool_error", ["s0"] * 3, (3, 3, 2)),
+    ({"tool_retries": 2, "mcp_reconnect": True}, ["session"], "sunny", ["s0", "s1"], (2, 1, 1)),
+    ({"tool_retries": 2, "mcp_reconnect": True}, ["session", "error"], "sunny", ["s0", "s1", "s1"], (3, 2, 2)),
+    # a timeout: the toolset dropped and no retry where keep_toolset is false; retried where it is kept
+    ({"tool_retries": 2, "keep_toolset": False}, ["timeout"], "tool_error", ["s0"], (1, 1, 0)),
+    ({"tool_retries": 2}, ["timeout", "timeout"], "sunny", ["s0"] * 3, (3, 2, 2)),
+    ({}, ["error"], "tool_error", ["s0"], (1, 1, 0)),
+])
+def test_a_tool_call_is_retried_reconnected_or_takes_the_toolset(kw, causes, result, sessions, counts):
+    import asyncio
+
+    probe = AgentProbe(spec(mcp_url="http://127.0.0.1:1/mcp", scripts=[{"prompt": "p", "tool": "get_weather",
+                                                                         "answer": "a"}], **kw))
+    tools, task = FlakyTools(causes), Task()
+    try:
+        got = asyncio.run(probe.tool_call(task, tools, "get_weather", {}))
+    except TaskFailed as e:
+        got = e.kind
+    assert (got, tools.sessions, (task.tool_calls, task.tool_errors, task.retries)) == (result, sessions, counts)
+    assert bool(tools.offered) == (kw.get("keep_toolset", True) or "timeout" not in causes)
+
+
+@pytest.mark.parametrize("error, cause", [
+    (NS(code=-32600, message="Session not found"), "session"),  # the server's 404 body
+    (NS(code=-32600, message="Session terminated"), "session"),  # the client's own, for a 404 without one
+    (NS(code=-32001, message="Timed out while waiting for response"), "timeout"),
+    (NS(code=-32600, message="Invalid request"), "error"),
+    (NS(code=-32603, message="Session not found"), "error"),
+])
+def test_why_the_mcp_client_failed_a_call(error, cause):
+    from chaoskit.probes.agent import cause as why
+
+    class McpErr(Exception):
+        code, message = error.code, error.message
+
+    assert why(McpErr()) == why(BaseExceptionGroup("g", [McpErr()])) == cause

@@ -38,6 +38,7 @@ def test_node_level_faults_declare_their_target_field_and_helper_pod_grants():
         "network.netem": ("target.kubernetes", ("NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"), False),
         "network.proxy": ("intercept.target.kubernetes", ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), False),
         "llm.proxy": ("intercept.target.kubernetes", ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), False),
+        "mcp.proxy": ("intercept.target.kubernetes", ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), False),
         "network.bandwidth": ("target.kubernetes", ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), False),
         "network.drop": ("target.kubernetes", ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), False),
         "network.partition": ("target.kubernetes", ("NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), False),

@@ -23,10 +23,11 @@ import setproctitle
 
 from chaoskit.injectors.kv_notify import server as kv_notify_server
 from chaoskit.injectors.llm_proxy import server as llm_proxy_server
+from chaoskit.injectors.mcp_proxy import server as mcp_proxy_server
 from chaoskit.injectors.proxy import helper as proxy_proc
 from chaoskit.injectors.proxy import server as proxy_server
 
-SERVERS = {m.__name__: m for m in (proxy_server, llm_proxy_server, kv_notify_server)}
+SERVERS = {m.__name__: m for m in (proxy_server, llm_proxy_server, mcp_proxy_server, kv_notify_server)}
 
 
 def child(request: dict, answer: socket.socket) -> int:

@@ -1,0 +1,1 @@
+"""mcp.proxy: the MCP (streamable HTTP) proxy fault, its server and its fault table."""
