@@ -8,23 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chaoskit.injectors.llm_proxy.fault import LlmProxy, stats_of
+from chaoskit.injectors.llm_proxy.fault import stats_of
 from chaoskit.probes.agent import AgentProbe, AgentProbeSpec
 from chaoskit.probes.agent_tools import weather
 from chaoskit.probes.correctness import CorrectnessProbe, CorrectnessProbeSpec
 from chaoskit.reference.tiny_tools import tokens
-from chaoskit.targets.process import all_pids, cmdline
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port
+from tests.helpers.agent_stack import agent_stack
 
 PROMPT = "use get_weather for city=Paris days=3"
 ANSWER = "".join(tokens("\n".join([PROMPT, "", weather("Paris", 3)]), 16))  # what tiny-openai answers the result
@@ -36,58 +32,11 @@ FAULTS = [{"name": "args", "type": "tool_args", "mode": "invalid_json", "share":
            "match": {"headers": {"X-Fault": "schema"}}}]
 
 
-def _answers(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[dict[str, Any]]:
     """tiny-openai, tiny-mcp (each logging its requests) and an llm.proxy in front of tiny-openai."""
-    logs = tmp_path_factory.mktemp("agent-probe")
-    up, mport = free_port(), free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "chaoskit.reference.tiny_openai", "--port", str(up),
-                               "--token-rate", "1000", "--log", str(logs / "replica.jsonl")]),
-             subprocess.Popen([sys.executable, "-m", "chaoskit.reference.tiny_mcp", "--port", str(mport),
-                               "--log", str(logs / "mcp.jsonl")])]
-    rec = None
-    try:
-        wait_for(lambda: _answers(up) and _answers(mport), timeout=30, every=0.1)
-        port = free_port()
-        inj = LlmProxy(LlmProxy.Spec(type="llm.proxy", listen=f"127.0.0.1:{port}", upstream=f"127.0.0.1:{up}",
-                                     faults=FAULTS, seed=5))
-        inj.ctx.lifetime_s = 300
-        inj.preflight()
-        rec = inj.apply(inj.prepare())
-        yield {"up": up, "proxy": port, "mcp": f"http://127.0.0.1:{mport}/mcp", "logs": logs}
-    finally:
-        try:
-            if rec is not None:
-                LlmProxy.revert(rec)
-        finally:  # tiny-openai and tiny-mcp stopped whatever the revert did, before any assertion
-            lingered = stop(procs)
-        if rec is not None:
-            assert not LlmProxy.observe(rec)
-            assert not [p for p in all_pids() if rec.token in cmdline(p)]
-        assert not lingered
-
-
-def stop(procs: list[subprocess.Popen]) -> list[int]:
-    """SIGTERM each; the pids of those still running 10 s later (then killed)."""
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    lingered = []
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            lingered.append(p.pid)
-            p.kill()
-            p.wait()
-    return lingered
+    with agent_stack(tmp_path_factory.mktemp("agent-probe"), FAULTS, seed=5, mcp=True) as st:
+        yield {"up": st.up, "proxy": st.proxy, "mcp": st.mcp, "logs": st.logs}
 
 
 def lines(path: Path) -> list[dict]:

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from chaoskit.injectors.mcp_proxy.fault import McpProxy, stats_of
 from chaoskit.probes.agent_tools import clock as tiny_clock
 from chaoskit.targets.process import all_pids, cmdline
 from tests.conftest import chaoskit, free_port, wait_for
+from tests.helpers.agent_stack import answers
 
 PARIS = {"city": "Paris", "days": 3}
 TOOLS = ["get_weather", "get_time", "slow_lookup"]
@@ -40,7 +40,7 @@ def tiny_mcp(tmp_path_factory) -> Iterator[tuple[int, Path]]:
     server = subprocess.Popen([sys.executable, "-m", "chaoskit.reference.tiny_mcp", "--port", str(port),
                                "--log", str(log)])
     try:
-        wait_for(lambda: _answers(port), timeout=20, every=0.1)
+        wait_for(lambda: answers(port), timeout=20, every=0.1)
         yield port, log
     finally:
         server.send_signal(signal.SIGTERM)
@@ -50,14 +50,6 @@ def tiny_mcp(tmp_path_factory) -> Iterator[tuple[int, Path]]:
             server.kill()
             server.wait()
             pytest.fail("tiny-mcp did not stop on SIGTERM")
-
-
-def _answers(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture
