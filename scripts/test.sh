@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # `make test`. A whole run in one process uses under half of 2 cores (it mostly waits on scenario durations), so
 # the suite runs as three pytest processes side by side, then one alone:
-#   unit         tests/unit (no namespace, port or other host state outside pytest's own temporary directory);
-#   scenarios    tests/e2e, tests/vllm, tests/integration/test_llm_proxy.py (every test on the shared vLLM
-#                pair in one process: it starts once) and test_matrix.py (the gateway matrix, ~3 min: it keeps the
-#                two foreground streams about as long); its reference deployments search for free ports from
-#                28000 (CHAOSKIT_REF_FIRST_PORT), the other stream's from 18000, so the two never race for a block;
-#   integration  the rest of tests/integration and tests/e2e/test_agents.py (its tiny-openai scenarios need no
-#                vLLM; here it keeps the two foreground streams about as long), in the foreground;
+#   side         tests/unit (~1 min, no host state outside pytest's own temporary directory), then the third-party
+#                gateways and the agent traffic (tests/e2e/test_agents.py and the gateway, tap, matrix, MCP and
+#                agent-SDK integration tests: mostly waiting on short scenarios and on installs); its reference
+#                deployments search for free ports from 23000 (CHAOSKIT_REF_FIRST_PORT);
+#   scenarios    tests/e2e, tests/vllm and tests/integration/test_llm_proxy.py (every test on the shared vLLM pair
+#                in one process: it starts once); its deployments search from 28000, so that no two streams race
+#                for a block;
+#   integration  the rest of tests/integration, in the foreground (its deployments from 18000);
 #   alone        tests/reliability (the torture test compares the whole host before and after),
 #                test_memory_pressure.py (it holds the host's used memory within 2% of a target) and the tests
 #                that hold timings to a few ms (the load generator's, the proxies' latency, the SLO windows', the
@@ -16,7 +17,7 @@
 # fixtures down) and skips the last one. Extra pytest arguments: PYTEST_ARGS (given to each; "no tests
 # collected" is then not a failure).
 # Time limits: each test has pytest-timeout's (pyproject.toml, 300 s unless it says more), and the whole run
-# CHAOSKIT_TEST_TIMEOUT_S (default 1800 s; clean runs take 14-21 min here): a stream still running then is stopped
+# CHAOSKIT_TEST_TIMEOUT_S (default 1800 s; clean runs took 14-21 min here with two foreground streams): a stream still running then is stopped
 # as Ctrl-C would (SIGINT, SIGKILL 60 s later) and the run fails naming it; the last stream gets what is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -81,20 +82,24 @@ alone=(tests/reliability tests/integration/test_memory_pressure.py tests/integra
 # single tests of other files that hold timings to ±1 ms: alone too (deselected from the integration stream)
 timed=(tests/integration/test_netem_queue.py::test_delay_with_uniform_jitter_adds_20ms_to_udp_and_tcp_round_trips
        tests/integration/test_netem_queue.py::test_normal_jitter_has_the_asked_standard_deviation)
+side_tests=(tests/e2e/test_agents.py tests/integration/test_gateways.py tests/integration/test_gateway_scenarios.py
+      tests/integration/test_tap.py tests/integration/test_matrix.py tests/integration/test_mcp_proxy.py
+      tests/integration/test_agent_probe.py tests/integration/test_llm_proxy_agents.py
+      tests/integration/test_agents_sdk.py tests/integration/test_tiny_mcp.py
+      tests/integration/test_tiny_openai_agent.py)
 start=$SECONDS
-stream unit "$budget" "$tmp/unit.log" -- tests/unit
+stream side "$budget" "$tmp/side.log" CHAOSKIT_REF_FIRST_PORT=23000 -- --durations=15 tests/unit "${side_tests[@]}"
 stream scenarios "$budget" "$tmp/scenarios.log" CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
-    tests/integration/test_llm_proxy.py tests/integration/test_matrix.py --ignore=tests/e2e/test_agents.py
-stream integration "$budget" - -- --durations=15 tests/integration tests/e2e/test_agents.py \
-    --ignore=tests/integration/test_llm_proxy.py \
-    --ignore=tests/integration/test_matrix.py \
+    tests/integration/test_llm_proxy.py --ignore=tests/e2e/test_agents.py
+stream integration "$budget" - -- --durations=15 tests/integration --ignore=tests/integration/test_llm_proxy.py \
+    $(printf -- '--ignore=%s ' "${side_tests[@]:1}") \
     $(printf -- '--ignore=%s ' "${alone[@]:1}") $(printf -- '--deselect=%s ' "${timed[@]}")
 finish "${pids[2]}"; integration=$?
 timed_out integration "$budget" "$integration"
 [ "$stopped" -eq 1 ] && stop_background
-finish "${pids[0]}"; unit=$?
+finish "${pids[0]}"; side=$?
 finish "${pids[1]}"; scenarios=$?
-for name in scenarios unit; do
+for name in scenarios side; do
     echo "--- $name (ran beside the integration tests above)"
     cat "$tmp/$name.log"
     timed_out "$name" "$budget" "${!name}"
@@ -119,6 +124,6 @@ if [ "$stopped" -eq 1 ]; then
     exit 130
 fi
 echo "--- make test: $((SECONDS - start)) s of tests; exit: integration $integration, scenarios $scenarios," \
-     "unit $unit, alone $lone"
+     "side $side, alone $lone"
 ok() { [ "$1" -eq 0 ] || { [ "$1" -eq 5 ] && [ ${#extra[@]} -gt 0 ]; }; }
-ok "$integration" && ok "$scenarios" && ok "$unit" && ok "$lone"
+ok "$integration" && ok "$scenarios" && ok "$side" && ok "$lone"

@@ -191,13 +191,17 @@ class Deployment:
         return facts
 
     @staticmethod
-    def subnet_base(count: int) -> int:
-        """First k such that no host address lies in 10.203.(8k .. 8k+count-1).0/24 (one /30 per replica)."""
+    def subnet_base(count: int, port: int) -> int:
+        """8k for the first k such that no host address lies in 10.203.(8k .. 8k+count-1).0/24 (one /30 per
+        replica). The search starts at a k the gateway's port picks: the check and the addresses' creation are not
+        one step, so deployments started at once on distinct port blocks (two CI jobs, two test streams with their
+        own CHAOSKIT_REF_FIRST_PORT) look at distinct subnets first."""
         from pyroute2 import IPRoute
 
         with IPRoute() as ipr:
             used = {a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=socket.AF_INET)}
-        for k in range(32):
+        first = port // 40 % 32  # scenario.PORT_STRIDE: one k per port block
+        for k in ((first + j) % 32 for j in range(32)):
             if not any(a and a.startswith(f"10.203.{8 * k + i}.") for a in used for i in range(count)):
                 return 8 * k
         raise PreflightError("no free 10.203.x.0/30 subnets for --netns replicas")
@@ -232,7 +236,7 @@ class Deployment:
         backends = triton.backend_dir(self.root / "backends")
         env = {**triton.env(), "CHAOSKIT_REF_DIR": str(self.root)}
         replicas = []
-        base = self.subnet_base(opts.replicas) if opts.netns else 0
+        base = self.subnet_base(opts.replicas, opts.port) if opts.netns else 0
         for i in range(opts.replicas):
             http, grpc, metrics = (opts.port + 1 + 3 * i + k for k in range(3))
             ns, host = (self.create_netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
@@ -256,7 +260,7 @@ class Deployment:
 
         model = vllm.model_dir(self.root)
         replicas = []
-        base = self.subnet_base(opts.replicas) if opts.netns else 0
+        base = self.subnet_base(opts.replicas, opts.port) if opts.netns else 0
         for i in range(opts.replicas):
             port = opts.port + 1 + 3 * i
             ns, host = (self.create_netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
@@ -281,7 +285,7 @@ class Deployment:
         assert opts.disaggregated is not None
         n_prefill, n_decode = opts.disaggregated
         params = json.dumps(opts.model_settings())
-        base = self.subnet_base(n_decode) if opts.netns else 0
+        base = self.subnet_base(n_decode, opts.port) if opts.netns else 0
         servers = []
         for i, (role, k) in enumerate([("decode", k) for k in range(n_decode)] + [("prefill", k) for k in range(n_prefill)]):
             port = opts.port + 1 + 3 * i

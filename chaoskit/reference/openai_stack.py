@@ -27,7 +27,7 @@ class Deployment(Protocol):
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]: ...
     def wait_ready(self, name: str, ready: Callable[[], bool], pid: int) -> None: ...
-    def subnet_base(self, count: int) -> int: ...
+    def subnet_base(self, count: int, port: int) -> int: ...
     def create_netns(self, i: int, octet: int) -> tuple[str, str]: ...
 
 
@@ -37,7 +37,7 @@ PROBE = {"model": SERVED_NAME, "prompt": "ready?", "max_tokens": 1}
 def start_replicas(dep: Deployment, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:
     """opts.replicas tiny-openai servers, each logging its requests to logs/NAME.requests.jsonl."""
     replicas = []
-    base = dep.subnet_base(opts.replicas) if opts.netns else 0
+    base = dep.subnet_base(opts.replicas, opts.port) if opts.netns else 0
     rate = opts.model_settings().get("token_rate", "200")
     context = opts.model_settings().get("max_context", "4096")
     for i in range(opts.replicas):
