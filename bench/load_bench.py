@@ -8,7 +8,10 @@ chunks and `data: [DONE]`) for POST /v1/completions; every tool drives the same 
 One trial policy for every tool: TRIALS (3) trials of BENCH_TRIAL_S seconds (whole seconds: wrk takes no less)
 per setting, a setting's value the median of its trials, a tool's value that of its best setting.
 - wrk (closed loop, as fast as it goes) at threads 1 and 2 x connections 16, 64 and 256: the best median req/s is
-  the anchor; its (max - min) / median over those trials is `wrk_spread`.
+  the anchor; its (max - min) / median over those trials is `wrk_spread`. Then wrk at that setting with a Lua
+  response() that checks every answer as chaoskit does (its SSE lines, `data: [DONE]`, 4 `"text": "<not
+  empty>"` events; a run with an answer that fails the check stops the bench): `rate_vs_wrk_parsing`. wrk by
+  itself reads the body without looking at it, chaoskit parses each answer; the goal is judged on plain wrk.
 - `vllm bench serve` (request rate inf) at max concurrency 16, 64 and 256, only when the vLLM engine venv exists
   (`make vllm`); each setting first sends a sizing batch so that its trials last BENCH_TRIAL_S.
 - chaoskit (constant arrivals, api openai, default sender) at 1 and 2 workers: a rate counts when, at some
@@ -29,9 +32,10 @@ backlog of ~100 requests drains after each stall, which can add up to ~1%); `co_
 (uncorrected vs 480 ms) must be large (~1), which shows the case tells a correct measurement from an
 omitting one.
 
-RESULT keys: rate_vs_wrk (chaoskit max rate / wrk req/s), rate_vs_vllm_bench (when vLLM is present),
-co_p99_error, co_uncorrected_p99_error (fractions), wrk_spread, chaoskit_max_rps, wrk_rps, sender (the chaoskit
-sender measured: native unless it cannot be built here), goal_met, missed= (the goals missed).
+RESULT keys: rate_vs_wrk (chaoskit max rate / wrk req/s), rate_vs_wrk_parsing (/ wrk req/s with the Lua check,
+unjudged), rate_vs_vllm_bench (when vLLM is present), co_p99_error, co_uncorrected_p99_error (fractions),
+wrk_spread, chaoskit_max_rps, wrk_rps, wrk_parsing_rps, sender (the chaoskit sender measured: native unless it
+cannot be built here), goal_met, missed= (the goals missed).
 
 Goals (GOALS below; exit 1 when one is missed; `--goal key=value` sets one for a run, see bench/goals.py):
 rate_vs_wrk >= 0.8; co_p99_error <= 0.05 (the bound tests/integration/test_load.py holds the sender to) and
@@ -83,6 +87,30 @@ KEEP_UP, LATE_MAX, P99_FACTOR, P99_FLOOR_MS = 0.97, 0.01, 10.0, 0.5
 CO_S, CO_T, CO_RATE, CO_CAP, CO_PERIODS = 0.5, 2.0, 200.0, 2, 2
 CO_ANALYTIC_MS = (CO_S - 0.01 * CO_T) * 1e3
 TOKENS = 4
+POST_LUA = ('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+            'wrk.body = \'{"model":"m","prompt":"hello","max_tokens":4,"stream":true}\'\n')
+PARSE_LUA = POST_LUA + """
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) ok = 0; bad = 0 end
+function response(status, headers, body)
+  local tokens, done = 0, false
+  for line in body:gmatch("[^\\n]+") do
+    local data = line:match("^%s*data:(.*)")
+    if data then
+      if data:find("[DONE]", 1, true) then done = true
+      elseif data:find('"error"%s*:') then tokens = -1
+      else for _ in data:gmatch('"text"%s*:%s*"[^"]') do tokens = tokens + 1 end end
+    end
+  end
+  if status == 200 and done and tokens == TOKENS then ok = ok + 1 else bad = bad + 1 end
+end
+function done(summary, latency, requests)
+  local o, b = 0, 0
+  for _, t in ipairs(threads) do o = o + t:get("ok"); b = b + t:get("bad") end
+  io.write(string.format("checked ok %d bad %d\\n", o, b))
+end
+"""
 SSE = "".join(f'data: {{"choices":[{{"text":"t{i}","index":0}}]}}\\n\\n' for i in range(TOKENS)) + \
     "data: [DONE]\\n\\n"
 
@@ -183,20 +211,37 @@ def best_setting(tool: str, settings: dict[str, Callable[[], float]]) -> Anchor:
 
 # ---------------------------------------------------------------- wrk
 
+def wrk_once(lua: Path, url: str, threads: int, conns: int) -> tuple[float, str]:
+    """One wrk trial: its req/s and its output."""
+    out = subprocess.run(["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{TRIAL_S}s", "-s", str(lua), url],
+                         capture_output=True, text=True, check=True).stdout
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not m:
+        raise SystemExit(f"wrk gave no rate: {out[-400:]}")
+    return float(m.group(1)), out
+
+
 def wrk_anchor(tmp: Path, url: str) -> Anchor:
     lua = tmp / "post.lua"
-    lua.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                   'wrk.body = \'{"model":"m","prompt":"hello","max_tokens":4,"stream":true}\'\n')
+    lua.write_text(POST_LUA)
+    return best_setting("wrk", {f"-t {t} -c {c}": (lambda t=t, c=c: wrk_once(lua, url, t, c)[0])
+                                for t, c in WRK_SETTINGS})
 
-    def once(threads: int, conns: int) -> float:
-        out = subprocess.run(["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{TRIAL_S}s", "-s", str(lua), url],
-                             capture_output=True, text=True, check=True).stdout
-        m = re.search(r"Requests/sec:\s+([\d.]+)", out)
-        if not m:
-            raise SystemExit(f"wrk gave no rate: {out[-400:]}")
-        return float(m.group(1))
 
-    return best_setting("wrk", {f"-t {t} -c {c}": (lambda t=t, c=c: once(t, c)) for t, c in WRK_SETTINGS})
+def wrk_parsing_anchor(tmp: Path, url: str, setting: str) -> Anchor:
+    """wrk at `setting` ("-t T -c C") with a Lua response() that checks every answer as chaoskit does."""
+    lua = tmp / "parse.lua"
+    lua.write_text(PARSE_LUA.replace("TOKENS", str(TOKENS)))
+    _, t, _, c = setting.split()
+
+    def once() -> float:
+        rps, out = wrk_once(lua, url, int(t), int(c))
+        m = re.search(r"checked ok (\d+) bad (\d+)", out)
+        if not m or int(m.group(2)) or not int(m.group(1)):
+            raise SystemExit(f"wrk's Lua check of the answers failed: {out[-400:]}")
+        return rps
+
+    return best_setting("wrk (answers checked in Lua)", {setting: once})
 
 
 # ---------------------------------------------------------------- chaoskit
@@ -331,6 +376,8 @@ def main() -> int:
             print(f"chaoskit load: measuring the {sender} sender (sender auto for {base})")
             wrk = wrk_anchor(tmp, base + "/v1/completions")
             print(wrk.line())
+            wrk_parse = wrk_parsing_anchor(tmp, base + "/v1/completions", wrk.setting)
+            print(wrk_parse.line())
             ref = low_rate_p99(base)
             bound = P99_FACTOR * max(ref, P99_FLOOR_MS)
             print(f"chaoskit load: p99 at {LOW_RATE:.0f}/s {ref:.2f} ms; a rate keeps up with p99 <= {bound:.2f} ms")
@@ -344,11 +391,13 @@ def main() -> int:
             nginx.wait()
     co, co_unc = co_errors()
     print(f"total {time.monotonic() - t0:.0f} s")
-    keys: dict[str, Any] = {"rate_vs_wrk": f"{best / wrk.median:.3f}"}
+    keys: dict[str, Any] = {"rate_vs_wrk": f"{best / wrk.median:.3f}",
+                            "rate_vs_wrk_parsing": f"{best / wrk_parse.median:.3f}"}
     if vb:
         keys["rate_vs_vllm_bench"] = f"{best / vb.median:.3f}"
     keys.update(co_p99_error=f"{co:.4f}", co_uncorrected_p99_error=f"{co_unc:.4f}", wrk_spread=f"{wrk.spread:.3f}",
-                chaoskit_max_rps=f"{best:.0f}", wrk_rps=f"{wrk.median:.0f}", sender=sender)
+                chaoskit_max_rps=f"{best:.0f}", wrk_rps=f"{wrk.median:.0f}",
+                wrk_parsing_rps=f"{wrk_parse.median:.0f}", sender=sender)
     return GOALS.result(keys)
 
 

@@ -15,7 +15,9 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -83,8 +85,9 @@ typedef struct conn {
 typedef struct {
     ck_config cfg;
     ck_stats st;
-    int ep, tfd;
-    double armed, last_sweep, lead; /* lead: how early the alarm wakes before a send */
+    int ep, tfd, pwait2;            /* pwait2: the alarm is epoll_pwait2's timeout (else the timerfd's) */
+    double armed, last_sweep, lead; /* armed: when the alarm is due (0: none); lead: how early it wakes before
+                                       a send */
     double last_intended, gap;      /* the latest send's intended time and its gap to the one before */
     conn **all, **idle;
     int n_all, n_idle;
@@ -267,7 +270,9 @@ static const char *find(const char *p, const char *end, const char *s, size_t n)
     while (end - p >= (ptrdiff_t)n) {
         p = memchr(p, s[0], (size_t)(end - p) - n + 1);
         if (!p) return NULL;
-        if (memcmp(p, s, n) == 0) return p;
+        /* the last byte first: the needles start with '"', which JSON has everywhere (a memcmp call at each
+           quote was 6% of the sender's CPU at 30k req/s) */
+        if (p[n - 1] == s[n - 1] && memcmp(p, s, n) == 0) return p;
         p++;
     }
     return NULL;
@@ -541,7 +546,7 @@ static void readable(ck *c, conn *k) {
             fail(c, k, E_STREAM);
             return;
         }
-        const char *h = memmem(k->hold, (size_t)k->hold_len, "\r\n\r\n", 4);
+        const char *h = find(k->hold, k->hold + k->hold_len, "\r\n\r\n", 4);
         if (!h) return;
         if (head(k, k->hold, h + 2) < 0) {
             fail(c, k, E_STREAM);
@@ -590,28 +595,57 @@ static void connected(ck *c, conn *k) {
 
 static void arm(ck *c, double when) {
     if (when == c->armed) return;
+    c->armed = when;
+    if (c->pwait2) return; /* the next wait's timeout: no system call to set it */
     struct itimerspec t = {0};
     int64_t ns = (int64_t)(when * 1e9);
     if (ns < 1) ns = 1;
     t.it_value.tv_sec = ns / 1000000000;
     t.it_value.tv_nsec = ns % 1000000000;
     timerfd_settime(c->tfd, TFD_TIMER_ABSTIME, &t, NULL);
-    c->armed = when;
+}
+
+static void rang(ck *c) { /* the alarm went off: learn how late wake-ups come */
+    if (c->armed > 0) {
+        double late = mono() - c->armed, lead = c->lead * LEAD_DECAY;
+        if (2 * late > lead) lead = 2 * late;
+        c->lead = lead < LEAD_MIN ? LEAD_MIN : lead > LEAD_MAX ? LEAD_MAX : lead;
+    }
+    c->armed = 0;
+}
+
+/* epoll_wait; timeout_ms < 0 waits for an event or the alarm. With epoll_pwait2 (Linux 5.11) the alarm is the
+ * wait's own timeout in nanoseconds: one system call a sleep where a timerfd takes three (settime, wait, read) */
+static int wait_events(ck *c, struct epoll_event *evs, int max, int timeout_ms) {
+#ifdef SYS_epoll_pwait2
+    if (c->pwait2 && c->armed > 0 && timeout_ms < 0) {
+        double left = c->armed - mono();
+        int64_t ns = left > 0 ? (int64_t)(left * 1e9) : 0;
+        struct timespec t = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+        int n = (int)syscall(SYS_epoll_pwait2, c->ep, evs, max, &t, NULL, 0);
+        if (n >= 0 || errno != ENOSYS) {
+            if (n >= 0 && mono() >= c->armed) rang(c); /* due by now, as a timerfd would have fired */
+            return n;
+        }
+        c->pwait2 = 0; /* an older kernel: the timerfd from now on */
+        double when = c->armed;
+        c->armed = 0;
+        arm(c, when);
+    }
+#endif
+    int n = epoll_wait(c->ep, evs, max, timeout_ms);
+    if (c->pwait2 && n >= 0 && c->armed > 0 && mono() >= c->armed) rang(c);
+    return n;
 }
 
 static void poll_once(ck *c, int timeout_ms) {
     struct epoll_event evs[256];
-    int n = epoll_wait(c->ep, evs, 256, timeout_ms);
+    int n = wait_events(c, evs, 256, timeout_ms);
     for (int i = 0; i < n; i++) {
         conn *k = evs[i].data.ptr;
-        if (!k) { /* the alarm: learn how late wake-ups come */
+        if (!k) { /* the timerfd alarm */
             uint64_t x;
-            if (read(c->tfd, &x, sizeof x) == sizeof x && c->armed > 0) {
-                double late = mono() - c->armed, lead = c->lead * LEAD_DECAY;
-                if (2 * late > lead) lead = 2 * late;
-                c->lead = lead < LEAD_MIN ? LEAD_MIN : lead > LEAD_MAX ? LEAD_MAX : lead;
-            }
-            c->armed = 0;
+            if (read(c->tfd, &x, sizeof x) == sizeof x) rang(c);
             continue;
         }
         if (k->fd < 0) continue; /* dropped earlier in this batch */
@@ -640,6 +674,11 @@ ck *ck_new(const ck_config *cfg) {
     if (!c) return NULL;
     c->cfg = *cfg;
     c->lead = LEAD_MAX; /* until wake-ups prove punctual */
+#ifdef SYS_epoll_pwait2
+    c->pwait2 = 1;
+    prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* this thread's timeouts exact, as a timerfd's (the default slack
+                                               lets a 100 us sleep end up to 50 us late) */
+#endif
     c->ep = epoll_create1(EPOLL_CLOEXEC);
     c->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     c->all = calloc((size_t)cfg->max_conns, sizeof *c->all);
