@@ -63,7 +63,7 @@ def test_wire_format_defaults_and_the_plan():
     assert [f["match"] for f in w["faults"]] == [
         {"method": ["tools/call"], "tool": ["get_*"]}, {"method": ["tools/call"], "tool": None},
         {"method": ["tools/list"], "tool": None}, {"method": ["tools/*", "resources/read"], "tool": None}]
-    assert w["faults"][0]["share"] == pytest.approx(0.2) and w["faults"][3]["delay"] == pytest.approx(0.25)
+    assert w["faults"][0]["share"] == pytest.approx(0.2) and w["faults"][3]["params"]["delay"] == pytest.approx(0.25)
     assert s.upstream == "127.0.0.1:8004" and spec(upstream="http://mcp-host").upstream == "mcp-host:80"
     plan = " ".join(McpProxy(s).plan())
     assert "start an MCP proxy 127.0.0.1:18090 -> 127.0.0.1:8004 (seed 9)" in plan

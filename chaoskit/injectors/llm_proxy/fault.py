@@ -6,8 +6,6 @@ fault did is in observe_details and /chaoskit/metrics."""
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
@@ -23,6 +21,7 @@ from chaoskit.injectors.proxy.fault import (
     check_intercept,
     https_upstream,
     intercept_listen,
+    stats_json,
 )
 from chaoskit.injectors.proxy.intercept import Intercept
 from chaoskit.injectors.proxy.server import split_addr
@@ -312,6 +311,7 @@ class LlmProxy(ProxyHelper[ProxyRecord]):
     server: ClassVar[str] = "chaoskit.injectors.llm_proxy.server"
     what: ClassVar[str] = "LLM proxy"
     token_prefix: ClassVar[str] = "chaoskit-llm-proxy-"
+    stats_type: ClassVar[type[ProxyStats]] = ProxyStats  # what each fault did so far (matched, selected, applied)
     summary: ClassVar[str] = ("LLM-aware HTTP proxy: abort (503/429 + Retry-After), delay, token_delay, stall, "
                               "truncate (cut or clean), malformed SSE, corrupt_tokens, rate_limit, tool_args, "
                               "error_event, schema_break")
@@ -334,36 +334,7 @@ class LlmProxy(ProxyHelper[ProxyRecord]):
         tls = self.tls_wire()
         return self.spec.wire() if tls is None else {**self.spec.wire(), "tls": tls.to_json()}
 
-    @classmethod
-    def observe_details(cls, record: ProxyRecord) -> dict[str, Any]:
-        """In effect or not, and what each fault did so far (matched, selected, applied, applied_share)."""
-        running = cls.observe(record)
-        out: dict[str, Any] = {"in_effect": running}
-        if running:
-            if record.ns:  # intercept: the proxy listens in the namespace
-                from chaoskit.targets.netns import run_in_netns
-
-                stats = run_in_netns(record.ns, lambda: stats_of(record.listen, tls=record.listen_tls))
-            else:
-                stats = stats_of(record.listen, tls=record.listen_tls)
-            if stats is not None:
-                out.update(stats.to_json())
-        return out
-
 
 def stats_of(listen: str, timeout: float = 2.0, tls: bool = False) -> ProxyStats | None:
-    """The proxy's own counters (GET /chaoskit/stats; over HTTPS where it ends TLS: our own helper on the address
-    we gave it, so its certificate is not checked); None when it does not answer."""
-    host, port = split_addr(listen)
-    host = "127.0.0.1" if host in ("::", "0.0.0.0") else f"[{host}]" if ":" in host else host  # (listening on all)
-    ctx = None
-    if tls:
-        import ssl
-
-        ctx = ssl._create_unverified_context()
-    try:
-        with urllib.request.urlopen(f"{'https' if tls else 'http'}://{host}:{port}/chaoskit/stats", timeout=timeout,
-                                    context=ctx) as r:
-            return ProxyStats.from_json(json.loads(r.read()))
-    except (OSError, ValueError, KeyError, TypeError):  # not an answer of ours
-        return None
+    """The proxy's own counters (GET /chaoskit/stats); None when it does not answer."""
+    return ProxyStats.read(stats_json(listen, timeout, tls))

@@ -336,6 +336,14 @@ class ProxyStats(NamedTuple):
         return out
 
     @classmethod
+    def read(cls, data: Any) -> ProxyStats | None:
+        """From a /chaoskit/stats answer; None for what is not one of ours (no answer, another server's)."""
+        try:
+            return cls.from_json(data)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    @classmethod
     def from_json(cls, data: Any) -> ProxyStats:
         """From the proxy's answer (to_json's form)."""
         from chaoskit.injectors.proxy.trace import SinkStats

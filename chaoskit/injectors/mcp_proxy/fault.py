@@ -6,16 +6,21 @@ chaoskit.injectors.mcp_proxy.server; what each fault did is in observe_details a
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
 from chaoskit.injectors.llm_proxy.fault import Share
-from chaoskit.injectors.mcp_proxy.faults import McpStats
-from chaoskit.injectors.proxy.fault import ProxyHelper, ProxyRecord, check_host_port, check_intercept, intercept_listen
+from chaoskit.injectors.mcp_proxy.faults import McpFaultJson, McpProxyJson, McpStats
+from chaoskit.injectors.proxy.fault import (
+    ProxyHelper,
+    ProxyRecord,
+    check_host_port,
+    check_intercept,
+    intercept_listen,
+    stats_json,
+)
 from chaoskit.injectors.proxy.intercept import Intercept
 from chaoskit.injectors.proxy.server import split_addr
 from chaoskit.model.types import Duration, StrictModel
@@ -45,11 +50,11 @@ class _Fault(StrictModel):
     match: McpMatch = Field(default_factory=McpMatch, description="which requests: JSON-RPC method, tool name")
     default_method: ClassVar[str] = "tools/call"
 
-    def wire(self, index: int) -> dict[str, Any]:
-        out = self.model_dump(exclude={"match"})
-        out["name"] = self.name or f"{self.type}-{index}"  # type: ignore[attr-defined]
-        out["match"] = {"method": self.match.method or [self.default_method], "tool": self.match.tool}
-        return out
+    def wire(self, index: int) -> McpFaultJson:
+        kind: str = self.type  # type: ignore[attr-defined]
+        return {"name": self.name or f"{kind}-{index}", "type": kind, "share": self.share,
+                "match": {"method": self.match.method or [self.default_method], "tool": self.match.tool},
+                "params": self.model_dump(exclude={"name", "type", "share", "match"})}
 
 
 class McpErrorFault(_Fault):
@@ -158,12 +163,12 @@ class McpProxySpec(StrictModel):
             seen.add(name)
         return self
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> McpProxyJson:
         """The faults as the helper takes them."""
         return {"seed": self.seed, "faults": [f.wire(i) for i, f in enumerate(self.faults)]}
 
 
-def _describe(f: Any, wire: dict[str, Any]) -> str:
+def _describe(f: Any, wire: McpFaultJson) -> str:
     what = {
         "error": lambda: f"answer JSON-RPC error {f.code} ({f.message!r})",
         "delay": lambda: f"hold {f.delay * 1e3:g} ms" + (f" +- {f.jitter * 1e3:g} ms" if f.jitter else "")
@@ -182,6 +187,7 @@ class McpProxy(ProxyHelper[ProxyRecord]):
     server: ClassVar[str] = "chaoskit.injectors.mcp_proxy.server"
     what: ClassVar[str] = "MCP proxy"
     token_prefix: ClassVar[str] = "chaoskit-mcp-proxy-"
+    stats_type: ClassVar[type[McpStats]] = McpStats  # what each fault did so far (matched, selected, applied)
     summary: ClassVar[str] = ("MCP (streamable HTTP) proxy: JSON-RPC errors by tool or method, delay, timeout, "
                               "sse_cut, session_lost (404 to a known Mcp-Session-Id), tools_change")
     Spec = McpProxySpec
@@ -200,29 +206,7 @@ class McpProxy(ProxyHelper[ProxyRecord]):
     def config(self) -> Any:
         return self.spec.wire()
 
-    @classmethod
-    def observe_details(cls, record: ProxyRecord) -> dict[str, Any]:
-        """In effect or not, and what each fault did so far (matched, selected, applied, applied_share)."""
-        running = cls.observe(record)
-        out: dict[str, Any] = {"in_effect": running}
-        if running:
-            if record.ns:  # intercept: the proxy listens in the namespace
-                from chaoskit.targets.netns import run_in_netns
-
-                stats = run_in_netns(record.ns, lambda: stats_of(record.listen))
-            else:
-                stats = stats_of(record.listen)
-            if stats is not None:
-                out.update(stats.to_json())
-        return out
-
 
 def stats_of(listen: str, timeout: float = 2.0) -> McpStats | None:
     """The proxy's own counters (GET /chaoskit/stats); None when it does not answer."""
-    host, port = split_addr(listen)
-    host = "127.0.0.1" if host in ("::", "0.0.0.0") else f"[{host}]" if ":" in host else host  # (listening on all)
-    try:
-        with urllib.request.urlopen(f"http://{host}:{port}/chaoskit/stats", timeout=timeout) as r:
-            return McpStats.from_json(json.loads(r.read()))
-    except (OSError, ValueError, KeyError, TypeError):  # not an answer of ours
-        return None
+    return McpStats.read(stats_json(listen, timeout))

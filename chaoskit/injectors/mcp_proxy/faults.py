@@ -2,8 +2,9 @@
 seeded share draws, the sessions forgotten, what each fault did (counters), and the per-request Plan the server
 carries out.
 
-Wire format (from chaoskit.injectors.mcp_proxy.fault): a list of dicts, each with `name`, `type`, `share`, `match`
-({method: [globs], tool: [globs] | None}) and the type's parameters in seconds / counts."""
+Wire format (from chaoskit.injectors.mcp_proxy.fault): a list of McpFaultJson, each with `name`, `type`, `share`,
+`match` ({method: [globs], tool: [globs] | None}) and `params`, the type's parameters in seconds / counts, read
+into the type's parameter record (PARAMS)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from fnmatch import translate
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 LOCAL = ("error", "timeout", "session_lost")  # answered (or held) by the proxy, the server never asked
 MAX_FORGOTTEN = 100_000  # session ids kept (a client making sessions without end would otherwise grow this)
@@ -40,6 +41,69 @@ class Call(NamedTuple):
         return cls(msg["method"], msg["id"], tool if isinstance(tool, str) else None, session)
 
 
+class McpMatchJson(TypedDict):
+    """A fault's `match` on the wire: globs on the JSON-RPC method, and on the tool name (None: any)."""
+
+    method: list[str]
+    tool: list[str] | None
+
+
+class McpFaultJson(TypedDict):
+    """One fault on the wire: its name, type, share and match, and its type's parameters (PARAMS[type]'s
+    fields)."""
+
+    name: str
+    type: str
+    share: float
+    match: McpMatchJson
+    params: dict[str, str | int | float | list[str]]
+
+
+class McpProxyJson(TypedDict):
+    """mcp.proxy's faults on the wire (McpProxySpec.wire): the seed of its draws and the faults in order."""
+
+    seed: int
+    faults: list[McpFaultJson]
+
+
+@dataclass(frozen=True)
+class ErrorParams:
+    code: int = -32603
+    message: str = "mcp.proxy: injected error"
+
+
+@dataclass(frozen=True)
+class DelayParams:
+    delay: float
+    jitter: float = 0.0
+
+
+@dataclass(frozen=True)
+class SseCutParams:
+    after_events: int = 0
+
+
+@dataclass(frozen=True)
+class ToolsChangeParams:
+    remove: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """timeout and session_lost: nothing to set."""
+
+
+Params = ErrorParams | DelayParams | SseCutParams | ToolsChangeParams | NoParams
+PARAMS: dict[str, type[Params]] = {"error": ErrorParams, "delay": DelayParams, "timeout": NoParams,
+                                   "sse_cut": SseCutParams, "session_lost": NoParams,
+                                   "tools_change": ToolsChangeParams}
+
+
+def read_params(type_: str, wire: dict[str, str | int | float | list[str]]) -> Params:
+    """The type's parameter record from its wire form (a list becomes a tuple: the record is frozen)."""
+    return PARAMS[type_](**{k: tuple(v) if isinstance(v, list) else v for k, v in wire.items()})
+
+
 def _globs(patterns: list[str]) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{translate(p)})" for p in patterns))
 
@@ -49,7 +113,7 @@ class Fault:
     name: str
     type: str
     share: float
-    params: dict[str, Any]
+    params: Params
     methods: re.Pattern[str]
     tools: re.Pattern[str] | None
     rng: random.Random
@@ -66,7 +130,8 @@ class Fault:
 
     def removes(self, tool: str) -> bool:
         """tools_change: whether a listed tool of this name is taken out of the list."""
-        return any(re.fullmatch(translate(p), tool) for p in self.params["remove"])
+        assert isinstance(self.params, ToolsChangeParams)
+        return any(re.fullmatch(translate(p), tool) for p in self.params.remove)
 
 
 @dataclass
@@ -116,23 +181,31 @@ class McpStats(NamedTuple):
                 "faults": {name: c.to_json() for name, c in self.faults.items()}}
 
     @classmethod
+    def read(cls, data: Any) -> McpStats | None:
+        """From a /chaoskit/stats answer; None for what is not one of ours (no answer, another server's)."""
+        try:
+            return cls.from_json(data)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    @classmethod
     def from_json(cls, data: Any) -> McpStats:
         return cls(data["requests"], data["upstream_errors"], data["sessions_forgotten"], data["session_404s"],
                    {name: FaultCounts(**c) for name, c in data["faults"].items()})
 
 
 class FaultTable:
-    def __init__(self, wire: list[dict[str, Any]], seed: int):
+    def __init__(self, wire: list[McpFaultJson], seed: int):
         self.faults = [self._fault(i, f, seed) for i, f in enumerate(wire)]
         self.forgotten: set[str] = set()
         self.session_404s = 0
 
     @staticmethod
-    def _fault(i: int, f: dict[str, Any], seed: int) -> Fault:
-        match = f.get("match") or {}
-        params = {k: v for k, v in f.items() if k not in ("name", "type", "share", "match")}
-        return Fault(f["name"], f["type"], float(f.get("share", 1.0)), params, _globs(match.get("method") or ["*"]),
-                     _globs(match["tool"]) if match.get("tool") else None, random.Random(f"{seed}:{i}:share"))
+    def _fault(i: int, f: McpFaultJson, seed: int) -> Fault:
+        match, tools = f["match"], f["match"]["tool"]
+        return Fault(f["name"], f["type"], float(f["share"]), read_params(f["type"], f["params"]),
+                     _globs(match["method"] or ["*"]), _globs(tools) if tools else None,
+                     random.Random(f"{seed}:{i}:share"))
 
     def lost(self, session: str | None) -> bool:
         """Whether this session was forgotten (every request naming it is answered 404)."""
@@ -161,10 +234,10 @@ class FaultTable:
                 continue  # answered already by an earlier fault: selected, not applied
             if f.type in LOCAL:
                 plan.local = f
-            elif f.type == "delay" and plan.delay is None:
+            elif isinstance(f.params, DelayParams) and plan.delay is None:
                 plan.delay = f
-                j = f.params.get("jitter", 0.0)
-                plan.delay_s = max(0.0, f.params["delay"] + (f.rng.uniform(-j, j) if j else 0.0))
+                j = f.params.jitter
+                plan.delay_s = max(0.0, f.params.delay + (f.rng.uniform(-j, j) if j else 0.0))
             elif f.type in ("sse_cut", "tools_change") and getattr(plan, f.type) is None:
                 setattr(plan, f.type, f)
         return plan

@@ -20,9 +20,11 @@ from typing import Any, NamedTuple
 from chaoskit.injectors.mcp_proxy.faults import (
     SESSION_NOT_FOUND,
     Call,
+    ErrorParams,
     Fault,
     FaultTable,
     Plan,
+    SseCutParams,
     change_tools,
     error_body,
 )
@@ -155,8 +157,8 @@ class Proxy:
 
     async def local(self, f: Fault, call: Call, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         f.applied += 1
-        if f.type == "error":
-            writer.write(answer(200, error_body(call.id, f.params["code"], f.params["message"])))
+        if isinstance(f.params, ErrorParams):
+            writer.write(answer(200, error_body(call.id, f.params.code, f.params.message)))
         elif f.type == "session_lost":
             self.faults.forget(call.session or "")
             self.faults.session_404s += 1
@@ -209,7 +211,8 @@ async def cut(resp: Head, up: asyncio.StreamReader, writer: asyncio.StreamWriter
     """sse_cut: the stream's first after_events events relayed (a chunk each), then the connection dropped: no
     further event, no last chunk."""
     writer.write(resp.encode([("Transfer-Encoding", "chunked")]))
-    left, buf = int(f.params.get("after_events", 0)), b""
+    assert isinstance(f.params, SseCutParams)
+    left, buf = f.params.after_events, b""
     pieces = chunks(up) if resp.chunked() else _reads(up)
     while left > 0:
         m = _EVENT_END.search(buf)

@@ -9,7 +9,7 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -227,6 +227,15 @@ class ProxyRecord(helper_proc.HelperRecord):
 ProxyRecordT = TypeVar("ProxyRecordT", bound=ProxyRecord)
 
 
+class HelperStats(Protocol):
+    """A proxy helper's counters as its /chaoskit/stats answers them."""
+
+    @classmethod
+    def read(cls, data: Any) -> HelperStats | None: ...  # None: not an answer of ours
+
+    def to_json(self) -> Any: ...
+
+
 class ProxyHelper(helper_proc.HelperFault[Any, ProxyRecordT]):
     """A proxy run as a helper process (its `helper` module) listening on spec.listen and relaying to
     spec.upstream; subclasses give its JSON configuration."""
@@ -243,6 +252,7 @@ class ProxyHelper(helper_proc.HelperFault[Any, ProxyRecordT]):
     server: ClassVar[str]  # the server module proxy_proc runs
     what: ClassVar[str]
     token_prefix: ClassVar[str]
+    stats_type: ClassVar[type[HelperStats] | None] = None  # its counters, where its server keeps some
 
     def config(self) -> Any:
         """What the helper server is started with (JSON)."""
@@ -397,6 +407,22 @@ class ProxyHelper(helper_proc.HelperFault[Any, ProxyRecordT]):
     def _helpers(r: ProxyRecord) -> list[ProcessRef]:
         return helper_proc.marked(r.token, r.proxy)
 
+    @classmethod
+    def observe_details(cls, record: ProxyRecordT) -> dict[str, Any]:
+        """In effect or not, and while it runs the helper's own counters (its /chaoskit/stats answer read as
+        `stats_type`, asked in its namespace where it intercepts) where its family keeps some."""
+        running = cls.observe(record)
+        stats = cls.stats_type.read(cls._stats_json(record)) if running and cls.stats_type is not None else None
+        return {"in_effect": running, **(stats.to_json() if stats is not None else {})}
+
+    @staticmethod
+    def _stats_json(record: ProxyRecord) -> Any:
+        if record.ns:
+            from chaoskit.targets.netns import run_in_netns
+
+            return run_in_netns(record.ns, lambda: stats_json(record.listen, tls=record.listen_tls))
+        return stats_json(record.listen, tls=record.listen_tls)
+
     def apply(self, record: ProxyRecordT) -> ProxyRecordT:
         """Start the helper (in the namespace, for intercept), then, for intercept, the redirect to it."""
         ns, table = record.ns, record.table  # intercept: prepare set both
@@ -448,3 +474,23 @@ class Proxy(ProxyHelper[ProxyRecord]):
         toxics = [t.wire().to_json() for t in self.spec.toxics]
         tls = self.tls_wire()
         return toxics if tls is None else {"toxics": toxics, "tls": tls.to_json()}
+
+
+def stats_json(listen: str, timeout: float = 2.0, tls: bool = False) -> Any:
+    """A proxy helper's own counters (GET /chaoskit/stats, JSON; over HTTPS where it ends TLS: our own helper on
+    the address we gave it, so its certificate is not checked); None when it does not answer."""
+    import urllib.request
+
+    host, port = split_addr(listen)
+    host = "127.0.0.1" if host in ("::", "0.0.0.0") else f"[{host}]" if ":" in host else host  # (listening on all)
+    ctx = None
+    if tls:
+        import ssl
+
+        ctx = ssl._create_unverified_context()
+    try:
+        with urllib.request.urlopen(f"{'https' if tls else 'http'}://{host}:{port}/chaoskit/stats", timeout=timeout,
+                                    context=ctx) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):  # not an answer of ours
+        return None
