@@ -56,8 +56,14 @@ def test_an_agents_scenario_flips_with_its_fix(tmp_path, state_dir, name, fix, e
     turns = [r for r in _log(tmp_path, "tiny-openai-0") if r["rid"].startswith("agent-")]  # not the health checks
     assert len(turns) == sum(round(v["turns"] * v["tasks"]) for v in samples)
     if name.startswith("mcp-"):  # a failed call (404, no answer) never reached tiny-mcp, and each task makes one
-        assert len(calls) == sum(v["tool_calls"] - v["tool_errors"] for v in samples) == \
-            sum(v["succeeded"] for v in samples)
+        ok = sum(v["tool_calls"] - v["tool_errors"] for v in samples)
+        assert ok == sum(v["succeeded"] for v in samples)
+        if name == "mcp-slow-tool":  # every success is a call tiny-mcp served; a call the client gave up on after
+            # its 100 ms may have reached tiny-mcp too when the host was slow to answer it (a clean-clone run: 52
+            # served, 50 successes), never more than the calls the probe counted failed
+            assert ok <= len(calls) <= ok + sum(v["tool_errors"] for v in samples), (len(calls), ok)
+        else:
+            assert len(calls) == ok
         assert all(c["outcome"] == "complete" for c in calls)
         return _no_survivors(tmp_path, out + err)
     assert len(calls) == sum(v["tool_calls"] for v in samples)
