@@ -3,8 +3,10 @@
 # the suite runs as three pytest processes side by side, then one alone:
 #   side         tests/unit (~1 min, no host state outside pytest's own temporary directory), then the third-party
 #                gateways and the agent traffic (tests/e2e/test_agents.py and the gateway, tap, matrix, MCP and
-#                agent-SDK integration tests: mostly waiting on short scenarios and on installs); its reference
-#                deployments search for free ports from 23000 (CHAOSKIT_REF_FIRST_PORT);
+#                agent-SDK integration tests: mostly waiting on short scenarios and on installs), the Kubernetes
+#                node-fault and CUDA-rollout tests (the fake API server) and test_reference.py's tests that hold no
+#                timing (so that the foreground streams end together); its reference deployments search for free
+#                ports from 23000 (CHAOSKIT_REF_FIRST_PORT);
 #   scenarios    tests/e2e, tests/vllm and tests/integration/test_llm_proxy.py (every test on the shared vLLM pair
 #                in one process: it starts once); its deployments search from 28000, so that no two streams race
 #                for a block;
@@ -86,9 +88,18 @@ side_tests=(tests/e2e/test_agents.py tests/integration/test_gateways.py tests/in
       tests/integration/test_tap.py tests/integration/test_matrix.py tests/integration/test_mcp_proxy.py
       tests/integration/test_agent_probe.py tests/integration/test_llm_proxy_agents.py
       tests/integration/test_agents_sdk.py tests/integration/test_tiny_mcp.py
-      tests/integration/test_tiny_openai_agent.py)
+      tests/integration/test_tiny_openai_agent.py tests/integration/test_kube_node_faults.py
+      tests/integration/test_cuda_fault_rollout.py)
+# test_reference.py's tests that hold no timing: beside the others, not alone (deselected from the alone stream)
+untimed=(tests/integration/test_reference.py::test_a_stub_that_dies_during_its_fault_is_reported_and_ref_status_says_not_ready
+         tests/integration/test_reference.py::test_a_dry_run_plans_the_targets_its_run_plans
+         tests/integration/test_reference.py::test_residue_exhausts_the_pool_like_an_oom
+         tests/integration/test_reference.py::test_down_after_a_killed_up_leaves_nothing
+         tests/integration/test_reference.py::test_down_removes_the_shared_memory_a_killed_tritonserver_left
+         tests/integration/test_reference.py::test_bad_options_are_clear_errors)
 start=$SECONDS
-stream side "$budget" "$tmp/side.log" CHAOSKIT_REF_FIRST_PORT=23000 -- --durations=15 tests/unit "${side_tests[@]}"
+stream side "$budget" "$tmp/side.log" CHAOSKIT_REF_FIRST_PORT=23000 -- --durations=15 tests/unit "${side_tests[@]}" \
+    "${untimed[@]}"
 stream scenarios "$budget" "$tmp/scenarios.log" CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
     tests/integration/test_llm_proxy.py --ignore=tests/e2e/test_agents.py
 stream integration "$budget" - -- --durations=15 tests/integration --ignore=tests/integration/test_llm_proxy.py \
@@ -112,7 +123,7 @@ left=$((budget - (SECONDS - start)))
 echo "--- alone (after $((SECONDS - start)) s; $left s left of the run's $budget)"
 if [ "$left" -gt 0 ]; then
     pids=()
-    stream alone "$left" - -- --durations=15 "${alone[@]}" "${timed[@]}"
+    stream alone "$left" - -- --durations=15 "${alone[@]}" "${timed[@]}" $(printf -- '--deselect=%s ' "${untimed[@]}")
     finish "${pids[0]}"; lone=$?
     timed_out alone "$left" "$lone"
 else
