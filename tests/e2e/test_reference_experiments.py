@@ -93,7 +93,7 @@ steadyState:
 method:
   - name: delay-200s
     inject: {type: network.netem, target: {netns: "{target.netns}"}, delay: 200s}
-    duration: 3s
+    duration: 5s  # a during sample (1 s of load, its 1 s timeout) ends inside it on a loaded host too
 """
 
 
