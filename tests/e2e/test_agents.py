@@ -54,19 +54,25 @@ def test_an_agents_scenario_flips_with_its_fix(tmp_path, state_dir, name, fix, e
     # included) one tiny-openai served; a task whose tool call was broken never reached the tool
     calls = _log(tmp_path, "tiny-mcp")
     turns = [r for r in _log(tmp_path, "tiny-openai-0") if r["rid"].startswith("agent-")]  # not the health checks
-    assert len(turns) == sum(round(v["turns"] * v["tasks"]) for v in samples)
+    counted = sum(round(v["turns"] * v["tasks"]) for v in samples)
+    # every turn the probe counted reached tiny-openai; tiny-openai may also have served turns of tasks that no
+    # sample reports (a sample cut at the end of its phase, on a loaded host: 89 served for 75 counted in one
+    # clean-clone run), never more than one sample's worth
+    assert counted <= len(turns) <= counted + max(round(v["turns"] * v["tasks"]) for v in samples), (len(turns),
+                                                                                                    counted)
     if name.startswith("mcp-"):  # a failed call (404, no answer) never reached tiny-mcp, and each task makes one
         ok = sum(v["tool_calls"] - v["tool_errors"] for v in samples)
         assert ok == sum(v["succeeded"] for v in samples)
-        if name == "mcp-slow-tool":  # every success is a call tiny-mcp served; a call the client gave up on after
-            # its 100 ms may have reached tiny-mcp too when the host was slow to answer it (a clean-clone run: 52
-            # served, 50 successes), never more than the calls the probe counted failed
-            assert ok <= len(calls) <= ok + sum(v["tool_errors"] for v in samples), (len(calls), ok)
-        else:
-            assert len(calls) == ok
+        # every success is a call tiny-mcp served; it may have served more: a call the client gave up on after its
+        # 100 ms (mcp-slow-tool, when the host was slow to answer: 52 served for 50 successes in a clean-clone
+        # run), and the calls of tasks no sample reports (a sample cut at the end of its phase): at most the calls
+        # the probe counted failed and one sample's tasks
+        slack = sum(v["tool_errors"] for v in samples) + max(v["tasks"] for v in samples)
+        assert ok <= len(calls) <= ok + slack, (len(calls), ok, slack)
         assert all(c["outcome"] == "complete" for c in calls)
         return _no_survivors(tmp_path, out + err)
-    assert len(calls) == sum(v["tool_calls"] for v in samples)
+    made = sum(v["tool_calls"] for v in samples)  # and the calls of tasks no sample reports (see above)
+    assert made <= len(calls) <= made + max(v["tasks"] for v in samples), (len(calls), made)
     if name == "tool-args-broken":
         assert len(calls) == sum(v["succeeded"] for v in samples)
     _no_survivors(tmp_path, out + err)

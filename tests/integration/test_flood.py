@@ -63,4 +63,6 @@ def test_the_flood_sends_and_a_fresh_process_stops_it_from_the_record(server):
     stopped_at = handler.hits
     Flood.revert(record)  # idempotent
     time.sleep(0.5)  # 25 requests at 50/s, had it gone on
-    assert handler.hits <= stopped_at + 1  # in flight at the stop at most
+    # in flight at the stop at most: a few when the server, slow on a loaded host, counts them once handled (a
+    # clean-clone run counted 2); far from the 25 a flood still going would have sent
+    assert handler.hits <= stopped_at + 5
