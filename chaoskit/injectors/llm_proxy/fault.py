@@ -18,13 +18,12 @@ from chaoskit.injectors.proxy.fault import (
     ProxyRecord,
     UpstreamTls,
     check_host_port,
-    check_intercept,
+    check_named_faults,
     https_upstream,
     intercept_listen,
     stats_json,
 )
 from chaoskit.injectors.proxy.intercept import Intercept
-from chaoskit.injectors.proxy.server import split_addr
 from chaoskit.model.types import Duration, StrictModel
 
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v2/models/*/generate", "/v2/models/*/generate_stream",
@@ -265,15 +264,7 @@ class LlmProxySpec(StrictModel):
 
     @model_validator(mode="after")
     def _names(self) -> LlmProxySpec:
-        check_intercept(self)
-        if self.upstream and split_addr(self.listen) == split_addr(self.upstream):
-            raise ValueError(f"listen and upstream are the same address ({self.listen}): the proxy would call itself")
-        seen: set[str] = set()
-        for i, f in enumerate(self.faults):
-            name = f.name or f"{f.type}-{i}"
-            if name in seen:
-                raise ValueError(f"faults[{i}]: name '{name}' is used twice")
-            seen.add(name)
+        check_named_faults(self)
         return self
 
     def wire(self) -> ProxyJson:

@@ -17,12 +17,11 @@ from chaoskit.injectors.proxy.fault import (
     ProxyHelper,
     ProxyRecord,
     check_host_port,
-    check_intercept,
+    check_named_faults,
     intercept_listen,
     stats_json,
 )
 from chaoskit.injectors.proxy.intercept import Intercept
-from chaoskit.injectors.proxy.server import split_addr
 from chaoskit.model.types import Duration, StrictModel
 
 
@@ -152,15 +151,7 @@ class McpProxySpec(StrictModel):
 
     @model_validator(mode="after")
     def _names(self) -> McpProxySpec:
-        check_intercept(self)
-        if self.upstream and split_addr(self.listen) == split_addr(self.upstream):
-            raise ValueError(f"listen and upstream are the same address ({self.listen}): the proxy would call itself")
-        seen: set[str] = set()
-        for i, f in enumerate(self.faults):
-            name = f.name or f"{f.type}-{i}"
-            if name in seen:
-                raise ValueError(f"faults[{i}]: name '{name}' is used twice")
-            seen.add(name)
+        check_named_faults(self)
         return self
 
     def wire(self) -> McpProxyJson:

@@ -145,6 +145,20 @@ def intercept_listen(data: Any) -> Any:
     return {**data, "listen": f"[::]:{listen.rpartition(':')[2]}" if isinstance(listen, str) else listen}
 
 
+def check_named_faults(spec: Any) -> None:
+    """An L7 proxy spec (llm.proxy, mcp.proxy): check_intercept, listen not its own upstream, fault names unique
+    (a fault without one is TYPE-INDEX)."""
+    check_intercept(spec)
+    if spec.upstream and split_addr(spec.listen) == split_addr(spec.upstream):
+        raise ValueError(f"listen and upstream are the same address ({spec.listen}): the proxy would call itself")
+    seen: set[str] = set()
+    for i, f in enumerate(spec.faults):
+        name = f.name or f"{f.type}-{i}"
+        if name in seen:
+            raise ValueError(f"faults[{i}]: name '{name}' is used twice")
+        seen.add(name)
+
+
 def check_intercept(spec: Any) -> None:
     """After validation: with intercept no upstream (each connection goes where it was meant to) and not the
     intercepted port as its own; without it, listen and upstream are both required."""
