@@ -39,7 +39,8 @@ class CellMeasures:
     amplification: float | None = None  # upstream attempts per client request sent in that span (rate x span)
     to_replica0: int | None = None  # of those, to the faulty replica
     time_to_eject_s: float | None = None  # None: never ejected while the fault lasted
-    time_to_readmit_s: float | None = None  # None: replica 0 answered no attempt after the revert
+    first_attempt_after_s: float | None = None  # from the revert to the tap's first attempt after it
+    time_to_readmit_s: float | None = None  # from that attempt; None: replica 0 answered none before the run ended
     recovered_s: float | None = None
     metastable: bool = False  # goodput did not come back within the recovery window
     deviations: list[str] = field(default_factory=list)
@@ -114,10 +115,17 @@ def _spread(m: CellMeasures, attempts: list[dict[str, Any]], replica0: str, star
     m.to_replica0 = sum(a["replica"] == replica0 for a in within)
     m.amplification = round(len(within) / (rate * (end - start)), 3) if end > start else None
     m.time_to_eject_s = time_to_eject(within, replica0, start, end)
-    # readmitted: the first attempt after the revert that replica 0 answered (one sent on a connection the revert
-    # cut, or refused by a replica that is gone, did not reach it: no status)
-    after = [a["t"] for a in attempts if a["t"] >= end and a["replica"] == replica0 and a.get("status")]
-    m.time_to_readmit_s = round(min(after) - end, 3) if after else None
+    # the clients' load starts again after the revert (every request of the fault's span is judged in it, so the
+    # span's load stops there and a new one starts: about a second here, more while requests in flight time out),
+    # so readmission is counted from the first attempt after the revert (a gateway may also forward requests it
+    # queued): the first attempt after that replica 0 answered (one sent on a connection the revert cut, or refused
+    # by a replica that is gone, did not reach it: no status)
+    resumed = min((a["t"] for a in attempts if a["t"] >= end), default=None)
+    if resumed is None:
+        return
+    m.first_attempt_after_s = round(resumed - end, 3)
+    back = [a["t"] for a in attempts if a["t"] >= end and a["replica"] == replica0 and a.get("status")]
+    m.time_to_readmit_s = round(min(back) - resumed, 3) if back else None
 
 
 def time_to_eject(attempts: list[dict[str, Any]], replica0: str, start: float, stop: float) -> float | None:

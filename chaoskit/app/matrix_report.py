@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 SHOWN = (("verdict", "verdict"), ("error_rate", "client error rate"), ("all_p99_ms", "p99 of all requests (ms)"),
-         ("time_to_eject_s", "time to eject replica 0 (s)"), ("time_to_readmit_s", "time to readmit it (s)"),
+         ("time_to_eject_s", "time to eject replica 0 (s)"),
+         ("first_attempt_after_s", "first upstream attempt after the revert (s)"),
+         ("time_to_readmit_s", "time to readmit it (s, from that attempt)"),
          ("amplification", "upstream attempts per client request"), ("metastable", "goodput not back"))
 
 
