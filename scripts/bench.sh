@@ -24,6 +24,7 @@ else
         bench/llm_proxy_bench.py
         bench/scale_bench.py
         bench/kube_scale.py
+        bench/gateway_matrix.py
         "bench/torture.py --runs 50"
         bench/fuzz.py
         bench/soak.py
