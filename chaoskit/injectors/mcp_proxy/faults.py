@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from fnmatch import translate
 from typing import Any, NamedTuple, TypedDict
 
+from chaoskit.injectors.llm_proxy.faults import FaultCounts  # the same counts, one record for both proxies
+
 LOCAL = ("error", "timeout", "session_lost")  # answered (or held) by the proxy, the server never asked
 MAX_FORGOTTEN = 100_000  # session ids kept (a client making sessions without end would otherwise grow this)
 
@@ -144,21 +146,6 @@ class Plan:
     delay_s: float = 0.0
     sse_cut: Fault | None = None
     tools_change: Fault | None = None
-
-
-class FaultCounts(NamedTuple):
-    """What one fault did so far: its type and share; the requests its match selected, those its share drew, those
-    its effect really happened on, and that as a share of the matched (None: none matched yet)."""
-
-    type: str
-    share: float
-    matched: int
-    selected: int
-    applied: int
-    applied_share: float | None
-
-    def to_json(self) -> dict[str, str | float | None]:
-        return dict(self._asdict())
 
 
 StatsJson = dict[str, int | dict[str, dict[str, str | float | None]]]
