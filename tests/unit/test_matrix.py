@@ -128,7 +128,7 @@ def test_measures_from_a_journal_and_a_tap_log(tmp_path: Path) -> None:
     assert (m.all_p99_ms, m.sent_on_time_ratio) == (2010.0, 0.97)
     assert m.stream_outcomes["stream_truncated"] == 2 and m.errors_by_kind["timeout"] == 8
     assert (m.upstream_attempts, m.to_replica0, m.amplification) == (90, 10, 1.125)
-    # the clients' first request after the revert at +0.2 s (cut), replica 0's first answer 1.3 s after it
+    # the first upstream attempt after the revert at +0.2 s (a cut one), replica 0's first answer 1.3 s after it
     assert (m.time_to_eject_s, m.first_attempt_after_s, m.time_to_readmit_s, m.metastable) == (1.0, 0.2, 1.3, True)
     assert (m.answers, m.answer_grades) == (16, {"restarted": 3, "gap": 1})
     text = markdown({"matrix": "m", "description": "", "chaoskit": "0", "engine": "tiny-openai", "replicas": 2,
