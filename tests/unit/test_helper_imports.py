@@ -48,7 +48,8 @@ def test_every_helper_is_declared_and_run_as_its_file():
 def test_a_proxy_server_runs_on_the_standard_library_and_what_it_shares(server):
     """What proxy_proc imports once it said ready: network.proxy's server its kernel relay alone of chaoskit;
     kv.notify's network.proxy's server (its listener); llm.proxy's its own modules, network.proxy's server and
-    the timerfd alarm; mcp.proxy's its own fault table and network.proxy's server."""
+    the timerfd alarm; mcp.proxy's its own fault table and network.proxy's server; both the fault counts they
+    share."""
     mods = imported_by(server)
     ours = sorted(m for m in mods if m.startswith("chaoskit."))
     assert not [m for m in mods if m.split(".")[0] in HEAVY]
@@ -58,12 +59,14 @@ def test_a_proxy_server_runs_on_the_standard_library_and_what_it_shares(server):
     assert ours == {"chaoskit.injectors.proxy.server": ["chaoskit.injectors", "chaoskit.injectors.proxy",
                                                         "chaoskit.injectors.proxy.splice"],
                     "chaoskit.injectors.kv_notify.server": l4,
-                    "chaoskit.injectors.llm_proxy.server": sorted([*l4, "chaoskit.injectors.llm_proxy",
+                    "chaoskit.injectors.llm_proxy.server": sorted([*l4, "chaoskit.injectors.proxy.counts",
+                                                                  "chaoskit.injectors.llm_proxy",
                                                                   "chaoskit.injectors.llm_proxy.answers",
                                                                   "chaoskit.injectors.llm_proxy.faults",
                                                                   "chaoskit.injectors.llm_proxy.sse", "chaoskit.load",
                                                                   "chaoskit.load.timer"]),
-                    "chaoskit.injectors.mcp_proxy.server": sorted([*l4, "chaoskit.injectors.mcp_proxy",
+                    "chaoskit.injectors.mcp_proxy.server": sorted([*l4, "chaoskit.injectors.proxy.counts",
+                                                                  "chaoskit.injectors.mcp_proxy",
                                                                   "chaoskit.injectors.mcp_proxy.faults"])}[server]
 
 

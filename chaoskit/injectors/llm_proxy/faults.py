@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from fnmatch import translate
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, NotRequired, TypedDict, TypeVar
 
+from chaoskit.injectors.proxy.counts import FaultCounts
+
 LOCAL = ("abort", "rate_limit")
 RESPONSE = ("token_delay", "stall", "truncate", "malformed", "corrupt_tokens", "tool_args", "error_event",
             "schema_break")
@@ -296,21 +298,6 @@ def error_body(path: str, message: str, code: int) -> bytes:
 
 CountsJson = dict[str, str | float | None]  # FaultCounts.to_json
 StatsJson = dict[str, int | str | dict[str, CountsJson] | dict[str, str | int | None]]  # ProxyStats.to_json
-
-
-class FaultCounts(NamedTuple):
-    """What one fault did so far: its type and share; the requests its match selected, those its share drew, those
-    its effect really happened on, and that as a share of the matched (None: none matched yet)."""
-
-    type: str
-    share: float
-    matched: int
-    selected: int
-    applied: int
-    applied_share: float | None
-
-    def to_json(self) -> dict[str, str | float | None]:
-        return dict(self._asdict())  # the fields in their order
 
 
 class ProxyStats(NamedTuple):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fnmatch import translate
 from typing import Any, NamedTuple, TypedDict
 
-from chaoskit.injectors.llm_proxy.faults import FaultCounts  # the same counts, one record for both proxies
+from chaoskit.injectors.proxy.counts import FaultCounts
 
 LOCAL = ("error", "timeout", "session_lost")  # answered (or held) by the proxy, the server never asked
 MAX_FORGOTTEN = 100_000  # session ids kept (a client making sessions without end would otherwise grow this)
