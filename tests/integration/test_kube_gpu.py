@@ -55,7 +55,7 @@ method:
       type: gpu.memory_pressure
       bytes: 2GiB
       kubernetes: {namespace: prod, selector: {app: llm}, mode: all}
-    duration: 2s
+    duration: 4s
 """
 
 

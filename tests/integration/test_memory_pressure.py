@@ -195,20 +195,23 @@ def test_target_used_holds_within_two_percent_while_a_child_allocates_and_frees(
         assert settled and not off, f"off the goal by > 192 MiB after settling: {off}; all {samples}"
         # Whether the host's MemAvailable followed the child is measured here, not taken from the holder's own
         # count of its corrections: the memory used by everything but the holder (/proc/meminfo less the holder's
-        # RSS) while the child holds its 384 MiB against while it holds none. Where it did not follow (seen twice in
-        # CI: a VM whose other memory moved with the child's) the holder had nothing to correct: a skip.
-        others = {mib: statistics.median(s[5] for s in settled if s[1] == mib) for mib in (0, 384)
-                  if any(s[1] == mib for s in settled)}
-        assert len(others) == 2, f"no settled sample while the child held 0 and 384 MiB: {samples}"
-        if others[384] - others[0] < 192:
-            pytest.skip(f"MemAvailable did not follow the child's 384 MiB (memory used besides the holder: "
-                        f"{others[0]:.0f} MiB with the child at 0, {others[384]:.0f} MiB at 384), so the holder had "
-                        f"nothing to correct: (since, child, error, held, holder RSS, others) {samples}")
-        # It followed: the holder gave back about what the child took (its RSS by /proc, and by its own count).
-        rss = {mib: statistics.median(s[4] for s in settled if s[1] == mib) for mib in (0, 384)}
-        print(f"\nchild at 0 / 384 MiB: used besides the holder {others[0]:.0f} / {others[384]:.0f} MiB, the holder's "
-              f"RSS {rss[0]:.0f} / {rss[384]:.0f} MiB (medians of the settled samples)")
-        assert rss[0] - rss[384] >= 192, f"the holder's RSS did not make room for the child: {rss}; {samples}"
+        # RSS), sample by sample. A settled sample while the child holds 384 MiB followed it where that is >= 192
+        # MiB above its median while the child holds none. Where none did (seen in CI: a VM whose other memory moved
+        # with the child's, in one of the two cycles or both) the holder had nothing to correct: a skip.
+        base = [s[5] for s in settled if s[1] == 0]
+        assert base and any(s[1] == 384 for s in settled), f"no settled sample while the child held 0 and 384 MiB: {samples}"
+        others0 = statistics.median(base)
+        followed = [s for s in settled if s[1] == 384 and s[5] - others0 >= 192]
+        if not followed:
+            pytest.skip(f"MemAvailable did not follow the child's 384 MiB (memory used besides the holder: median "
+                        f"{others0:.0f} MiB with the child at 0, less than 192 MiB more in every settled sample at 384), "
+                        f"so the holder had nothing to correct: (since, child, error, held, holder RSS, others) {samples}")
+        # Where it followed, the holder gave back about what the child took (its RSS by /proc, and by its own count).
+        rss0, rss384 = statistics.median(s[4] for s in settled if s[1] == 0), statistics.median(s[4] for s in followed)
+        print(f"\nchild at 0 / 384 MiB: used besides the holder {others0:.0f} / "
+              f"{statistics.median(s[5] for s in followed):.0f} MiB, the holder's RSS {rss0:.0f} / {rss384:.0f} MiB "
+              f"(medians of the settled samples; at 384 those {len(followed)} where MemAvailable followed the child)")
+        assert rss0 - rss384 >= 192, f"the holder's RSS did not make room for the child: {rss0} / {rss384}; {samples}"
         assert details["corrections"] >= 2 and details["holder"]["last_corrections"], details
     finally:
         if churn is not None:
