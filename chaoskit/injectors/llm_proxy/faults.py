@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from fnmatch import translate
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, NotRequired, TypedDict, TypeVar
 
-from chaoskit.injectors.proxy.counts import FaultCounts
+from chaoskit.injectors.proxy.counts import CountsJson, FaultCounts
 
 LOCAL = ("abort", "rate_limit")
 RESPONSE = ("token_delay", "stall", "truncate", "malformed", "corrupt_tokens", "tool_args", "error_event",
@@ -296,7 +296,6 @@ def error_body(path: str, message: str, code: int) -> bytes:
     return json.dumps({"error": {"message": message, "type": "chaoskit_fault", "code": code}}).encode()
 
 
-CountsJson = dict[str, str | float | None]  # FaultCounts.to_json
 StatsJson = dict[str, int | str | dict[str, CountsJson] | dict[str, str | int | None]]  # ProxyStats.to_json
 
 

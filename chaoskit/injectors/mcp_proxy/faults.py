@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fnmatch import translate
 from typing import Any, NamedTuple, TypedDict
 
-from chaoskit.injectors.proxy.counts import FaultCounts
+from chaoskit.injectors.proxy.counts import CountsJson, FaultCounts
 
 LOCAL = ("error", "timeout", "session_lost")  # answered (or held) by the proxy, the server never asked
 MAX_FORGOTTEN = 100_000  # session ids kept (a client making sessions without end would otherwise grow this)
@@ -148,7 +148,7 @@ class Plan:
     tools_change: Fault | None = None
 
 
-StatsJson = dict[str, int | dict[str, dict[str, str | float | None]]]
+StatsJson = dict[str, int | dict[str, CountsJson]]
 
 
 class McpStats(NamedTuple):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+CountsJson = dict[str, str | float | None]  # FaultCounts.to_json
+
 
 class FaultCounts(NamedTuple):
     """What one fault did so far: its type and share; the requests its match selected, those its share drew, those
@@ -16,5 +18,5 @@ class FaultCounts(NamedTuple):
     applied: int
     applied_share: float | None
 
-    def to_json(self) -> dict[str, str | float | None]:
+    def to_json(self) -> CountsJson:
         return dict(self._asdict())  # the fields in their order
