@@ -109,6 +109,7 @@ def summary(spec: MatrixSpec, results: list[dict[str, Any]]) -> dict[str, Any]:
     return {"matrix": spec.metadata.name, "description": spec.metadata.description, "chaoskit": __version__,
             "engine": spec.engine, "replicas": spec.replicas, "gateways": spec.gateways, "versions": versions,
             "faults": [{"name": f.name, "description": f.description} for f in spec.faults],
-            "load": spec.load.model_dump(), "duration_s": spec.duration, "recovery_s": spec.recovery,
+            "load": spec.load.model_dump(), "duration_s": spec.duration,
+            "readmit_window_s": spec.readmit_window, "recovery_s": spec.recovery,
             "host": os.uname().nodename, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "cells": results}

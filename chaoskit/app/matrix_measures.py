@@ -41,6 +41,7 @@ class CellMeasures:
     time_to_eject_s: float | None = None  # None: never ejected while the fault lasted
     first_attempt_after_s: float | None = None  # from the revert to the tap's first attempt after it
     time_to_readmit_s: float | None = None  # from that attempt; None: replica 0 answered none before the run ended
+    # (a matrix's readmit window keeps the run going that long after the revert)
     recovered_s: float | None = None
     metastable: bool = False  # goodput did not come back within the recovery window
     deviations: list[str] = field(default_factory=list)

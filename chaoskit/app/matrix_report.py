@@ -52,8 +52,9 @@ def text(key: str, m: dict[str, Any]) -> str:
 def markdown(summary: dict[str, Any]) -> str:
     lines = [f"# Matrix `{summary['matrix']}`", "", summary["description"], "",
              f"chaoskit {summary['chaoskit']}, engine {summary['engine']} x{summary['replicas']}, host "
-             f"{summary['host']}, {summary['date']}; each fault {summary['duration_s']} s on replica 0, recovery "
-             f"window {summary['recovery_s']} s; clients: {json.dumps(summary['load'])}", ""]
+             f"{summary['host']}, {summary['date']}; each fault {summary['duration_s']} s on replica 0, readmit "
+             f"window {summary.get('readmit_window_s', 0)} s, recovery window {summary['recovery_s']} s; clients: "
+             f"{json.dumps(summary['load'])}", ""]
     for key, title in (*SHOWN, ("stream_outcomes", "stream outcomes seen by the clients"),
                        ("answer_grades", "answers graded against the ones recorded before the fault")):
         faults, rows = grid(summary, key)

@@ -89,8 +89,11 @@ class MatrixSpec(StrictModel):
     hypothesis: MatrixHypothesis = Field(default_factory=MatrixHypothesis)
     answers: MatrixAnswers = Field(default_factory=MatrixAnswers)
     duration: Duration = Field(8.0, gt=0, description="how long each fault is in effect")
-    recovery: Duration = Field(10.0, gt=0, description="after the revert, goodput must come back within this "
-                               "(else the cell is flagged metastable)")
+    readmit_window: Duration = Field(0.0, ge=0, description="after the revert, the clients' load and the tap go on "
+                                     "this long before recovery is judged (recorded, not judged): the time in which "
+                                     "replica 0 may be readmitted. 0: until goodput is back")
+    recovery: Duration = Field(10.0, gt=0, description="goodput must come back within this after the readmit "
+                               "window (else the cell is flagged metastable)")
 
     @model_validator(mode="after")
     def _consistent(self) -> MatrixSpec:
@@ -131,8 +134,15 @@ def cells(spec: MatrixSpec) -> list[Cell]:
 
 def experiment(spec: MatrixSpec, cell: Cell) -> dict[str, Any]:
     """The plain experiment of one cell: its own deployment (replicas in namespaces, so that network and proxy
-    faults can act on replica 0 alone), the clients' SLO in every phase, the fault on replica 0."""
+    faults can act on replica 0 alone), the clients' SLO in every phase, the fault on replica 0, then the readmit
+    window (a pause whose samples are recorded, not judged) when the matrix has one."""
     load = spec.load
+    method: list[dict[str, Any]] = [{"name": cell.fault.name, "inject": cell.fault.inject,
+                                     "duration": f"{spec.duration}s"}]
+    during: dict[str, Any] = {"every": f"{load.window}s"}
+    if spec.readmit_window:
+        method.append({"name": "readmit-window", "pause": f"{spec.readmit_window}s"})
+        during["between"] = "record"
     probe = {"name": "clients", "type": "slo", "mode": "continuous", "window": f"{load.window}s",
              "load": {"url": "{target.url}", "api": "openai", "model": "{target.model}", "stream": load.stream,
                       "rate": load.rate, "duration": f"{load.window}s", "arrival": "constant",
@@ -156,7 +166,7 @@ def experiment(spec: MatrixSpec, cell: Cell) -> dict[str, Any]:
                      "description": f"{cell.fault.description or cell.fault.name} behind {cell.gateway}",
                      "tags": ["matrix", spec.metadata.name, cell.gateway, cell.fault.name]},
         "target": {"reference": reference, "may_exit": cell.fault.may_exit},
-        "steadyState": {"probes": [probe, answers], "during": {"every": f"{load.window}s"},
+        "steadyState": {"probes": [probe, answers], "during": during,
                         "after": {"within": f"{spec.recovery}s", "every": f"{load.window}s"}},
-        "method": [{"name": cell.fault.name, "inject": cell.fault.inject, "duration": f"{spec.duration}s"}],
+        "method": method,
     }

@@ -46,6 +46,18 @@ def test_cells_run_gateway_by_gateway_and_each_is_a_valid_experiment(tmp_path: P
         load_experiment(out / "cells" / c.id / "experiment.yaml", strict=False)
 
 
+def test_a_readmit_window_keeps_the_load_going_after_the_revert_recorded_not_judged(tmp_path: Path) -> None:
+    plain = load_matrix(write(tmp_path, HEAD + HANG))
+    doc = experiment(plain, cells(plain)[0])
+    assert len(doc["method"]) == 1 and "between" not in doc["steadyState"]["during"]
+    spec = load_matrix(write(tmp_path, HEAD + "readmit_window: 10s\n" + HANG))
+    (tmp_path / "cell.yaml").write_text(json.dumps(experiment(spec, cells(spec)[0])))
+    exp = load_experiment(tmp_path / "cell.yaml", strict=False).experiment
+    assert [(s.name, s.pause) for s in exp.method] == [("hang", None), ("readmit-window", 10.0)]
+    assert exp.steady_state.during is not None and exp.steady_state.during.between == "record"
+    assert exp.steady_state.after.within == spec.recovery
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     (HEAD.replace("haproxy", "traefik") + HANG, "m.yaml:4:"),
     (HEAD + HANG + HANG.removeprefix("faults:\n"), "faults: names must differ: hang"),
