@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from chaoskit import __version__
-from chaoskit.app.matrix_measures import measure
+from chaoskit.app.matrix_measures import UNSTEADY, measure
 from chaoskit.app.matrix_report import write_reports
 from chaoskit.errors import SpecError
 from chaoskit.experiment.loader import load_experiment
@@ -34,7 +34,8 @@ class MatrixOutcome:
 
     @property
     def incomplete(self) -> list[str]:
-        """Cells whose run gave no verdict (held or deviated): an error, a timeout, an interruption."""
+        """Cells whose run gave no verdict (held or deviated): an error, a timeout, an interruption, a steady
+        state that did not hold before the fault in both of the cell's runs."""
         return [r["cell"] for r in self.results if r["measures"]["verdict"] not in ("held", "deviated")]
 
 
@@ -74,6 +75,10 @@ def run_matrix(path: Path, out: Path, resume: bool, say: Callable[[str], None],
             continue
         say(f"[{k}/{len(todo)}] {cell.id}: running")
         results.append(run_cell(spec, cell, out))
+        if results[-1]["measures"]["verdict"] == UNSTEADY:  # a deployment that was not ready says nothing of the fault
+            say(f"[{k}/{len(todo)}] {cell.id}: the steady state did not hold before the fault (nothing injected; "
+                f"{set_aside(out, cell)}): running it once more")
+            results[-1] = {**run_cell(spec, cell, out), "unsteady_before": 1}
         saved.write_text(json.dumps(results[-1], indent=2))
         m = results[-1]["measures"]
         say(f"[{k}/{len(todo)}] {cell.id}: {m['verdict']} (error rate {m['error_rate']}, eject "
@@ -102,6 +107,17 @@ def run_cell(spec: MatrixSpec, cell: Cell, out: Path) -> dict[str, Any]:
 
 def cell_dir(out: Path, cell: Cell) -> Path:
     return out / "cells" / cell.id
+
+
+def set_aside(out: Path, cell: Cell) -> str:
+    """Move a cell's run, deployment and log into its unsteady/ folder (where its next run's do not go): where."""
+    d = cell_dir(out, cell)
+    aside = d / "unsteady"
+    aside.mkdir(exist_ok=True)
+    for p in [d / "run", d / "run.log", *d.glob("ref-*")]:
+        if p.exists():
+            p.rename(aside / p.name)
+    return f"kept in {aside}"
 
 
 def summary(spec: MatrixSpec, results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -26,7 +26,8 @@ def matrix(
     each (verdict, client error rate, p99, time to eject and readmit the faulty replica, retry amplification,
     stream outcomes, metastability) and write matrix.json, matrix.md and matrix.html. Exit 0 when every cell
     gave a verdict (held or deviated: the matrix measures, it does not gate), 1 when a cell gave none, 2 for a
-    wrong matrix file (nothing run)."""
+    wrong matrix file (nothing run). A cell whose steady state did not hold before its fault (nothing injected:
+    a deployment not ready yet measures nothing) runs once more; twice, and it has no verdict (`unsteady`)."""
     from chaoskit.app.matrix import run_matrix
     from chaoskit.paths import library
 

@@ -58,7 +58,7 @@ def test_a_small_matrix_measures_every_cell(installed, tmp_path: Path) -> None:
     assert len(cells) == 12 and {c["measures"]["verdict"] for c in cells.values()} <= {"held", "deviated"}
     for (_, fault), c in cells.items():
         m, d = c["measures"], out / "cells" / c["cell"]
-        assert m["amplification"] is not None and m["fault_s"] >= 4.0, (c["cell"], m)
+        assert m["amplification"] is not None and m["fault_s"] >= 4.0, (c["cell"], m["verdict"], m["deviations"])
         # the tap's count of what reached each replica against the replicas' own logs, over the whole cell
         tap = [a for a in lines(next(d.glob("ref-*/logs/tap.requests.jsonl"))) if a["path"].endswith("completions")]
         # some completions go straight to a replica, so only its own log has them: the readiness probe at the

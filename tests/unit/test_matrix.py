@@ -150,3 +150,32 @@ def test_measures_from_a_journal_and_a_tap_log(tmp_path: Path) -> None:
                      "cells": [{"gateway": "nginx", "fault": "hang", "measures": m.to_json()}]})
     assert "| nginx 1 | deviated |" in text and "| haproxy | - |" in text and "| nginx 1 | 12.5% |" in text
     assert "| nginx 1 | 12/16 whole, restarted 3, gap 1 |" in text
+
+
+def test_a_cell_unsteady_before_its_fault_runs_once_more_its_first_run_set_aside(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    from chaoskit.app import matrix as app
+
+    unsteady = tmp_path / "unsteady.jsonl"
+    unsteady.write_text(json.dumps({"t": 1.0, "event": "end", "verdict": "deviated", "exit_code": 1, "deviations": [
+        "steady state did not hold before the method; nothing was injected"]}) + "\n")
+    assert measure(unsteady, None, "r0", rate=20).verdict == "unsteady"
+    deviated = journal(tmp_path / "j.jsonl", 1000.0, 1004.0, [], recovered=True)
+    runs = iter([unsteady, deviated, unsteady, unsteady])
+
+    def fake_run_cell(spec, cell, out):  # what run_cell leaves in the cell's folder, and its measures
+        d = app.cell_dir(out, cell)
+        (d / "run").mkdir(exist_ok=True)
+        (d / "ref-1").mkdir(exist_ok=True)
+        return {"cell": cell.id, "gateway": cell.gateway, "fault": cell.fault.name,
+                "measures": measure(next(runs), None, "r0", rate=20).to_json()}
+
+    monkeypatch.setattr(app, "run_cell", fake_run_cell)
+    said: list[str] = []
+    outcome = app.run_matrix(write(tmp_path, HEAD + HANG), tmp_path / "out", resume=False, say=said.append)
+    first, second = outcome.results  # nginx--hang: unsteady, then deviated; haproxy--hang: unsteady twice
+    assert first["measures"]["verdict"] == "deviated" and first["unsteady_before"] == 1
+    assert outcome.incomplete == ["haproxy--hang"]
+    aside = tmp_path / "out" / "cells" / "nginx--hang" / "unsteady"
+    assert (aside / "run").is_dir() and (aside / "ref-1").is_dir()
+    assert any("nginx--hang: the steady state did not hold before the fault" in s for s in said)
