@@ -6,7 +6,8 @@ its matrix.json. docs/findings/gateways.md quotes such a run.
 
 RESULT keys: matrix_s (the matrix command's wall time), cells, gateways, faults (of the matrix run), no_verdict
 (cells that gave neither held nor deviated), held, deviated, metastable (cells whose goodput did not come back
-within the recovery window), goal_met, missed=.
+within the recovery window), run_again (cells whose steady state did not hold before their fault: run once
+more), goal_met, missed=.
 
 Goals (GOALS below; exit 1 when one is missed): the whole matrix within 30 minutes, every cell a verdict, at least
 5 gateways x 9 faults.
@@ -53,7 +54,8 @@ def run(out: Path) -> int:
         "matrix_s": round(seconds, 1), "cells": len(verdicts), "gateways": len(summary["gateways"]),
         "faults": len(summary["faults"]), "no_verdict": sum(v not in ("held", "deviated") for v in verdicts),
         "held": verdicts.count("held"), "deviated": verdicts.count("deviated"),
-        "metastable": sum(bool(c["measures"]["metastable"]) for c in summary["cells"])})
+        "metastable": sum(bool(c["measures"]["metastable"]) for c in summary["cells"]),
+        "run_again": sum(c.get("unsteady_before", 0) for c in summary["cells"])})
 
 
 def main() -> int:

@@ -2,9 +2,11 @@
 
 Each run applies every host-testable injector at once (process.signal SIGSTOP, host.memory_pressure,
 network.bandwidth egress + ingress (IFB), network.drop, network.proxy) in namespaces this script creates, and
-is killed at a seeded random moment between start-up and the end (validate, preflight, apply, hold, revert,
-rollback) by SIGINT, SIGTERM, SIGKILL, or a whole-cgroup kill (every process in the job's cgroups SIGKILLed,
-as a cancelled CI job). After the run is gone the host must match the baseline snapshot (qdiscs, ingress
+is killed at a seeded random moment by SIGINT, SIGTERM, SIGKILL, or a whole-cgroup kill (every process in the job's cgroups SIGKILLed,
+as a cancelled CI job). The moment is drawn from one of two anchors, the seed choosing: the run's start (0-5 s
+after it: validate, preflight, apply, hold, revert, rollback), or its first fault in effect (0-1.2 s after the
+ledger shows one, within the first step's 1.5 s: a kill with faults in effect however slow the box is to get
+there). After the run is gone the host must match the baseline snapshot (qdiscs, ingress
 filters, links, nft rulesets per namespace, chaoskit-* cgroups, chaoskit's helper processes and watchdogs,
 open ledgers, loop devices, mounts, the target's signal state) within 3 s.
 
@@ -40,6 +42,7 @@ from tests.helpers.jobcgroup import enter_job, kill_job, make_job_cgroups, remov
 from tests.helpers.netpair import Pair  # noqa: E402
 
 KINDS = ("sigint", "sigterm", "sigkill", "cgroup")
+ANCHORS = ("start", "applied")  # what a kill's moment is counted from
 CLEAN_WITHIN_S = 3.0
 EXPERIMENT = """\
 apiVersion: chaoskit/v1
@@ -97,7 +100,8 @@ def ledger_now(state: Path, before: set[Path], pid: int) -> dict[str, int] | Non
 
 
 def one_run(i: int, rng: random.Random, exp: Path, state: Path, sleeper: int, namespaces: list[str]) -> dict:
-    kind, at = rng.choice(KINDS), rng.uniform(0.0, 5.0)
+    kind, anchor = rng.choice(KINDS), rng.choice(ANCHORS)
+    at = rng.uniform(0.0, 5.0) if anchor == "start" else rng.uniform(0.0, 1.2)
     before = snapshot([sleeper], state, namespaces)
     job = make_job_cgroups() if kind == "cgroup" else []
     env = {**os.environ, "CHAOSKIT_STATE_DIR": str(state)}
@@ -105,6 +109,11 @@ def one_run(i: int, rng: random.Random, exp: Path, state: Path, sleeper: int, na
     run = subprocess.Popen([sys.executable, "-m", "chaoskit", "run", str(exp), "--plain", "--out",
                             str(state / f"run-{i}")], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, preexec_fn=(lambda: enter_job(job)) if job else None)
+    if anchor == "applied":
+        deadline = time.monotonic() + 60
+        while not ((k := ledger_now(state, ledgers_before, run.pid)) and k["in_effect"]) and run.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
     time.sleep(at)
     finished_first = run.poll() is not None
     at_kill = ledger_now(state, ledgers_before, run.pid)  # read just before the kill: what it finds in effect
@@ -118,7 +127,7 @@ def one_run(i: int, rng: random.Random, exp: Path, state: Path, sleeper: int, na
     t0 = time.monotonic()
     while (d := diff(before, snapshot([sleeper], state, namespaces))) and time.monotonic() - t0 < CLEAN_WITHIN_S:
         time.sleep(0.1)
-    return {"kind": kind, "at": at, "exit": run.returncode, "finished_first": finished_first, "diff": d,
+    return {"kind": kind, "anchor": anchor, "at": at, "exit": run.returncode, "finished_first": finished_first, "diff": d,
             "clean_s": time.monotonic() - t0, "at_kill": at_kill,
             "with_faults": not finished_first and at_kill is not None and at_kill["in_effect"] > 0}
 
@@ -150,7 +159,7 @@ def main() -> int:
                 k = r["at_kill"]
                 held = ("no open ledger" if k is None else
                         f"ledger: {k['in_effect']} in effect, {k['intended']} being applied, {k['reverted']} reverted")
-                print(f"run {i + 1:3d}: {r['kind']:7s} at {r['at']:.2f}s exit {r['exit']}"
+                print(f"run {i + 1:3d}: {r['kind']:7s} {r['at']:.2f}s after its {r['anchor']} exit {r['exit']}"
                       f"{' (finished before the kill)' if r['finished_first'] else f' ({held} at the kill)'}: "
                       + ("clean" if not r["diff"] else "LEFT BEHIND"), flush=True)
                 for line in r["diff"]:
@@ -163,7 +172,8 @@ def main() -> int:
     failed = [r for r in results if r["diff"]]
     print(f"{clean}/{len(results)} clean (seed {args.seed})")
     for r in failed:
-        print(f"  failure: seed {args.seed}, {r['kind']} at {r['at']:.3f}s: {len(r['diff'])} differences")
+        print(f"  failure: seed {args.seed}, {r['kind']} {r['at']:.3f}s after its {r['anchor']}: {len(r['diff'])} "
+              "differences")
     kinds = {k: sum(1 for r in results if r["kind"] == k) for k in KINDS}
     with_faults = sum(1 for r in results if r["with_faults"])
     print(f"kills by kind: {kinds}; runs that finished before their kill: "

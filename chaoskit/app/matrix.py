@@ -76,9 +76,10 @@ def run_matrix(path: Path, out: Path, resume: bool, say: Callable[[str], None],
         say(f"[{k}/{len(todo)}] {cell.id}: running")
         results.append(run_cell(spec, cell, out))
         if results[-1]["measures"]["verdict"] == UNSTEADY:  # a deployment that was not ready says nothing of the fault
+            aside = set_aside(out, cell)
             say(f"[{k}/{len(todo)}] {cell.id}: the steady state did not hold before the fault (nothing injected; "
-                f"{set_aside(out, cell)}): running it once more")
-            results[-1] = {**run_cell(spec, cell, out), "unsteady_before": 1}
+                f"kept in {aside}): running it once more")
+            results[-1] = {**run_cell(spec, cell, out), "unsteady_before": int(aside.name.removeprefix("unsteady-"))}
         saved.write_text(json.dumps(results[-1], indent=2))
         m = results[-1]["measures"]
         say(f"[{k}/{len(todo)}] {cell.id}: {m['verdict']} (error rate {m['error_rate']}, eject "
@@ -109,15 +110,16 @@ def cell_dir(out: Path, cell: Cell) -> Path:
     return out / "cells" / cell.id
 
 
-def set_aside(out: Path, cell: Cell) -> str:
-    """Move a cell's run, deployment and log into its unsteady/ folder (where its next run's do not go): where."""
+def set_aside(out: Path, cell: Cell) -> Path:
+    """Move a cell's run, deployment and log into a new folder unsteady-N of it (where its next run's do not go,
+    N counting the cell's unsteady runs, --resume included); that folder."""
     d = cell_dir(out, cell)
-    aside = d / "unsteady"
-    aside.mkdir(exist_ok=True)
+    aside = d / f"unsteady-{len(list(d.glob('unsteady-*'))) + 1}"
+    aside.mkdir()
     for p in [d / "run", d / "run.log", *d.glob("ref-*")]:
         if p.exists():
             p.rename(aside / p.name)
-    return f"kept in {aside}"
+    return aside
 
 
 def summary(spec: MatrixSpec, results: list[dict[str, Any]]) -> dict[str, Any]:

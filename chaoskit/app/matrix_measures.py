@@ -20,6 +20,7 @@ BIN_S = 0.5  # the share is counted in bins this long
 LOAD_PATH = "/v1/completions"  # the clients' load (the answers probe sends chat completions, not counted here)
 STREAM_ERRORS = ("stream_truncated", "stream_stalled", "stream_malformed", "stream_error")
 UNSTEADY = "unsteady"  # the steady state did not hold before the fault: nothing was injected, nothing measured
+NOT_STEADY_BEFORE = "steady state did not hold before the method"  # the run's deviation that says so
 
 
 @dataclass
@@ -74,7 +75,7 @@ def measure(journal: Path, tap_log: Path | None, replica0: str, rate: float) -> 
     applied = next((e for e in events if isinstance(e, FaultApplied)), None)
     reverted = next((e for e in events if isinstance(e, FaultReverted)), None)
     m.metastable = applied is not None and recovered is None and end is not None
-    if applied is None and m.verdict == "deviated":
+    if applied is None and m.verdict == "deviated" and any(d.startswith(NOT_STEADY_BEFORE) for d in m.deviations):
         m.verdict = UNSTEADY
     during = [e for e in events if isinstance(e, Sample) and e.phase == "during"]
     _clients(m, [e.values for e in during if e.probe == "clients"])

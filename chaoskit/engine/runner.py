@@ -111,7 +111,7 @@ class Runner:
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
         self._blocks = 0  # parallel blocks started (each names the group of its faults in the ledger)
         self._unapplied = 0  # inject steps of the method neither applied nor skipped yet
-        self._trailing_pause = False  # the method ends with a pause (during.between record: samplers go on in it)
+        self._trailing_pause = False  # the method's last top-level step is a pause (see _sample_loop)
         self._applying = 0  # applies under way
         self.spans = Spans()  # continuous probes judged in the current span of faults in effect
         self._deviated: set[str] = set()  # probes that deviated during the method (the first one is the news)
@@ -347,10 +347,13 @@ class Runner:
             await self._in_effect.wait()
         start = time.monotonic()
         continuous = probe if isinstance(probe, Continuous) and probe.is_continuous else None
+        # a probe stops at the last revert (the after phase judges what follows), but with between: record, one
+        # that goes on into the after phase is recorded through a pause that ends the method
+        stops_at_last_revert = judged and not guards and not (
+            between == "record" and self._trailing_pause and "after" in probe.spec.phases)
         while self._sampling and probe.spec.name not in self.spans.finished:
-            if judged and not guards and self._unapplied == 0 and self._active == 0 and not self._applying and not (
-                    between == "record" and self._trailing_pause):
-                return  # the last fault has ended: what follows is the after phase's to judge
+            if stops_at_last_revert and self._unapplied == 0 and self._active == 0 and not self._applying:
+                return
             in_effect, applies = self._active > 0, self._applies
             graced = in_effect and time.monotonic() - self._applied_at < grace
             judging = judged and not graced and (in_effect or between == "judge")
@@ -362,7 +365,7 @@ class Runner:
             # interim: judged once over the span, at its end (over: phase), not sample by sample
             phase = Phase.INTERIM if interim else (Phase.DURING if judging else (
                 Phase.GRACE if judged and graced else (Phase.BETWEEN if judged else Phase.SAFEGUARD)))
-            cuts = self.spans.cuts
+            loads = continuous.loads_started if continuous is not None else 0
             sample = await take_guarded(probe, phase, guards, self.baselines)
             if probe.spec.name in self.spans.finished and (isinstance(sample, str) or sample.verdict is Verdict.ERROR):
                 return  # its load stopped at the end of its last phase while this sample waited for a window
@@ -373,11 +376,11 @@ class Runner:
                 # a fault came in while it was taken (a continuous probe's span begins at its next sample)
                 sample = sample.model_copy(update={"phase": Phase.DURING})
                 judging = True
-            elif continuous is not None and judging and between == "record" and self.spans.cuts != cuts \
-                    and self._active == 0:
+            elif continuous is not None and judging and between == "record" and self._active == 0 and (
+                    continuous.loads_started != loads):
                 # its span was cut while it waited: it reports the load that started after the revert
                 sample = sample.model_copy(update={"phase": Phase.BETWEEN})
-                judging = interim = False
+                judging = False
             self._record(sample)
             if judging:  # an interim sample's requests are judged by its span's final sample
                 self._judged.append(_window(sample))

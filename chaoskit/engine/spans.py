@@ -28,7 +28,6 @@ class Cut:
 class Spans:
     open: dict[str, tuple[Probe, Continuous]] = field(default_factory=dict)  # judged in the current span
     finished: set[str] = field(default_factory=set)  # their last phase has ended (their load stopped)
-    cuts: int = 0  # spans cut so far: a sample taken across a cut reports a window of the load after it
 
     def begin(self, probe: Probe, continuous: Continuous) -> None:
         """What this sample and the later ones of `probe` report is the span's."""
@@ -41,7 +40,6 @@ class Spans:
         stop_last (the method's last fault has ended), a probe not in `sampled_after` also stops sending."""
         spans = sorted(self.open.items())
         self.open.clear()
-        self.cuts += 1
         stops = [stop_last and name not in sampled_after for name, _ in spans]
         self.finished.update(name for (name, _), stop in zip(spans, stops, strict=True) if stop)
         cuts = await asyncio.gather(*(c.cut(stop) for (_, (_, c)), stop in zip(spans, stops, strict=True)),

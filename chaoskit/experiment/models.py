@@ -148,8 +148,9 @@ class During(StrictModel):
     between: Literal["judge", "record"] = Field(
         "judge", description="samples taken during the method while no fault is in effect (before the first apply "
         "ends, in a pause between faults): judge (default: phase 'during', like the others) or record (phase "
-        "'between', not judged; with record, a pause that ends the method is sampled too by the probes that go on "
-        "into the after phase: a window after the last revert). A sample during which a fault was applied is a during sample either way")
+        "'between', not judged; with record, a pause step that ends the method (at its top level) is sampled too by "
+        "the probes that go on into the after phase: a window after the last revert). A sample during which a "
+        "fault was applied is a during sample either way")
 
 
 class After(StrictModel):

@@ -23,6 +23,11 @@ class Continuous(ABC):
         """Judged once over the whole span (`over: phase`) rather than per sample."""
         return False
 
+    @property
+    @abstractmethod
+    def loads_started(self) -> int:
+        """Loads started so far: a sample during which this changed reports a load started after a cut."""
+
     @abstractmethod
     def begin_phase(self) -> None:
         """The span's first judged sample is about to be taken: what it and later samples report belongs to it."""

@@ -143,6 +143,7 @@ class SloProbe(Probe, Continuous):
     def __init__(self, spec: SloProbeSpec):
         super().__init__(spec)
         self._continuous: ContinuousLoad | None = None
+        self._loads = 0  # loads started (the first one, then one after each cut)
         self._warm = False  # the warm-up windows are behind it
         self._stopped = False  # its load was stopped: its last phase has ended
         self._draining = False  # stopped by a cut: end_phase waits for the requests in flight
@@ -184,6 +185,7 @@ class SloProbe(Probe, Continuous):
             await self._drained.wait()
             if self._continuous is None:  # the first sample, or the first after a span's cut
                 self._continuous = await self._start()
+                self._loads += 1
                 if not self._warm:  # once: a load started again after a revert is measured from its first send
                     await self._warm_up()
             load = self._continuous
@@ -218,6 +220,10 @@ class SloProbe(Probe, Continuous):
     @property
     def over_phase(self) -> bool:
         return self.spec.over == "phase"
+
+    @property
+    def loads_started(self) -> int:
+        return self._loads
 
     def begin_phase(self) -> None:
         self._phase = Part(Recorder(), 0.0, 0) if self.over_phase else None

@@ -19,13 +19,17 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespace
 
 @pytest.mark.timeout(900)  # above the torture runs' own 600 s, which fail with their output
 def test_short_torture_leaves_nothing_behind():
-    out = subprocess.run([sys.executable, "bench/torture.py", "--runs", "6", "--seed", "2"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "bench/torture.py", "--runs", "6", "--seed", "4"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     result = out.stdout.strip().splitlines()[-1]
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     fields = dict(kv.split("=") for kv in result.removeprefix("RESULT ").split())
     assert fields["clean"] == fields["runs"] == "6" and int(fields["cgroup_kills"]) >= 1 and int(fields["sigkills"]) >= 1
-    assert int(fields["killed_with_faults_applied"]) >= 1  # some kills hit with a fault in effect (2 of 6 measured)
+    # seed 4: a SIGTERM, a cgroup kill, a SIGKILL and a SIGINT 0.12-0.94 s after the run's first fault is in effect
+    # (the first step's faults hold 1.5 s), a SIGINT and a SIGKILL 2.0 and 1.1 s after its start. Kills drawn from
+    # the start alone hit a fault in 2 of 6 runs on a quiet box and in none on a loaded one (the run is slower to
+    # apply), so a count of them could not tell a torture that never reached a fault from one that did
+    assert int(fields["killed_with_faults_applied"]) >= 4, out.stdout[-4000:]
 
 
 def test_the_snapshot_sees_a_left_over_fault(tmp_path):

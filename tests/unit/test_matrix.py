@@ -160,6 +160,9 @@ def test_a_cell_unsteady_before_its_fault_runs_once_more_its_first_run_set_aside
     unsteady.write_text(json.dumps({"t": 1.0, "event": "end", "verdict": "deviated", "exit_code": 1, "deviations": [
         "steady state did not hold before the method; nothing was injected"]}) + "\n")
     assert measure(unsteady, None, "r0", rate=20).verdict == "unsteady"
+    other = tmp_path / "other.jsonl"  # deviated before any apply, for another reason: a verdict like any other
+    other.write_text(unsteady.read_text().replace("steady state did not hold before the method", "a safeguard"))
+    assert measure(other, None, "r0", rate=20).verdict == "deviated"
     deviated = journal(tmp_path / "j.jsonl", 1000.0, 1004.0, [], recovered=True)
     runs = iter([unsteady, deviated, unsteady, unsteady])
 
@@ -176,6 +179,7 @@ def test_a_cell_unsteady_before_its_fault_runs_once_more_its_first_run_set_aside
     first, second = outcome.results  # nginx--hang: unsteady, then deviated; haproxy--hang: unsteady twice
     assert first["measures"]["verdict"] == "deviated" and first["unsteady_before"] == 1
     assert outcome.incomplete == ["haproxy--hang"]
-    aside = tmp_path / "out" / "cells" / "nginx--hang" / "unsteady"
+    aside = tmp_path / "out" / "cells" / "nginx--hang" / "unsteady-1"
     assert (aside / "run").is_dir() and (aside / "ref-1").is_dir()
+    assert second["unsteady_before"] == 1 and (aside.parent.parent / "haproxy--hang" / "unsteady-1").is_dir()
     assert any("nginx--hang: the steady state did not hold before the fault" in s for s in said)
