@@ -2,11 +2,11 @@
 
 Each run applies every host-testable injector at once (process.signal SIGSTOP, host.memory_pressure,
 network.bandwidth egress + ingress (IFB), network.drop, network.proxy) in namespaces this script creates, and
-is killed at a seeded random moment by SIGINT, SIGTERM, SIGKILL, or a whole-cgroup kill (every process in the job's cgroups SIGKILLed,
-as a cancelled CI job). The moment is drawn from one of two anchors, the seed choosing: the run's start (0-5 s
-after it: validate, preflight, apply, hold, revert, rollback), or its first fault in effect (0-1.2 s after the
-ledger shows one, within the first step's 1.5 s: a kill with faults in effect however slow the box is to get
-there). After the run is gone the host must match the baseline snapshot (qdiscs, ingress
+is killed at a seeded random moment by SIGINT, SIGTERM, SIGKILL, or a whole-cgroup kill (every process in the
+job's cgroups SIGKILLed, as a cancelled CI job). The moment is drawn from one of two anchors, the seed choosing:
+the run's start (0-5 s after it: validate, preflight, apply, hold, revert, rollback), or its first fault in
+effect (0-1.2 s after the ledger shows one, within the first step's 1.5 s: a kill with faults in effect however
+slow the box is to get there). After the run is gone the host must match the baseline snapshot (qdiscs, ingress
 filters, links, nft rulesets per namespace, chaoskit-* cgroups, chaoskit's helper processes and watchdogs,
 open ledgers, loop devices, mounts, the target's signal state) within 3 s.
 
@@ -127,8 +127,8 @@ def one_run(i: int, rng: random.Random, exp: Path, state: Path, sleeper: int, na
     t0 = time.monotonic()
     while (d := diff(before, snapshot([sleeper], state, namespaces))) and time.monotonic() - t0 < CLEAN_WITHIN_S:
         time.sleep(0.1)
-    return {"kind": kind, "anchor": anchor, "at": at, "exit": run.returncode, "finished_first": finished_first, "diff": d,
-            "clean_s": time.monotonic() - t0, "at_kill": at_kill,
+    return {"kind": kind, "anchor": anchor, "at": at, "exit": run.returncode, "finished_first": finished_first,
+            "diff": d, "clean_s": time.monotonic() - t0, "at_kill": at_kill,
             "with_faults": not finished_first and at_kill is not None and at_kill["in_effect"] > 0}
 
 

@@ -167,7 +167,8 @@ def test_over_phase_judges_each_span_of_faults_and_stops_after_the_last(tmp_path
 
 
 TRAILING_PAUSE = EXPERIMENT.replace("phases: [during]", "phases: [during, after]").replace(
-    "    duration: 3.5s\n", "    duration: 2.5s\n  - pause: 3s\n").replace("grace: 0s}}", "grace: 0s, between: record}}")
+    "    duration: 3.5s\n", "    duration: 2.5s\n  - pause: 3s\n").replace(
+    "grace: 0s}}", "grace: 0s, between: record}}")
 
 
 def test_a_pause_that_ends_the_method_is_sampled_and_recorded_after_the_revert(tmp_path, state_dir, bystander):
@@ -175,7 +176,8 @@ def test_a_pause_that_ends_the_method_is_sampled_and_recorded_after_the_revert(t
     assert code == 0, out
     reverted = max(f["reverted_at"] for f in s["faults"])
     between = [x for x in _samples(s, "between") if x["t"] > reverted]
-    print(f"\nafter the revert, in the pause: {[(round(x['t'] - reverted, 2), x['values']['requests']) for x in between]}")
+    seen = [(round(x["t"] - reverted, 2), x["values"]["requests"]) for x in between]
+    print(f"\nafter the revert, in the pause (s after it, requests): {seen}")
     assert between and all(x["values"]["requests"] > 0 for x in between), s["samples"]  # the load went on
     assert all(x["t"] < reverted + 3 for x in between)  # in the pause, not after it
     assert _samples(s, "after")
