@@ -163,13 +163,16 @@ def test_delay_holds_the_request_before_forwarding(triton, px):
 # ---------------------------------------------------------------- token-level faults
 
 def test_token_delay_adds_the_gap_between_tokens_not_before_the_first(triton, px):
-    direct = [call(triton["gateway_port"], STREAM, prompt(10)) for _ in range(2)]
-    through = [via(px, "itl", body=prompt(10)) for _ in range(2)]
+    direct = [call(triton["gateway_port"], STREAM, prompt(10)) for _ in range(4)]
+    through = [via(px, "itl", body=prompt(10)) for _ in range(4)]
     added = statistics.median(g for a in through for g in gaps(a)) - statistics.median(g for a in direct
                                                                                        for g in gaps(a))
     print(f"\ntoken_delay 30ms: added inter-token gap p50 {added * 1e3:.2f} ms")
     assert abs(added - 0.030) <= 0.003
-    assert through[0].token_times()[0] - direct[0].token_times()[0] < 0.025  # TTFT not delayed
+    # TTFT not delayed (a delay before the first token too would add 30 ms): the fastest of four each way, where
+    # one of each (43 vs 7 ms) failed it in a clean-clone run on a loaded box
+    ttft = min(a.token_times()[0] for a in through) - min(a.token_times()[0] for a in direct)
+    assert ttft < 0.025, ttft
     assert all(len(a.tokens()) == 10 and a.complete for a in through)
 
 
