@@ -111,7 +111,6 @@ class Runner:
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
         self._blocks = 0  # parallel blocks started (each names the group of its faults in the ledger)
         self._unapplied = 0  # inject steps of the method neither applied nor skipped yet
-        self._trailing_pause = False  # the method's last top-level step is a pause (see _sample_loop)
         self._applying = 0  # applies under way
         self.spans = Spans()  # continuous probes judged in the current span of faults in effect
         self._deviated: set[str] = set()  # probes that deviated during the method (the first one is the news)
@@ -255,7 +254,6 @@ class Runner:
         self._in_effect = asyncio.Event()
         self._sampling = True
         self._unapplied = len(inject_steps(self.exp.method))
-        self._trailing_pause = self.exp.method[-1].pause is not None
         samplers = self._start_samplers(abort)
         if self.faults is not None and self.opts.use_watchdog:
             samplers.append(asyncio.create_task(self.faults.supervise_watchdog()))
@@ -350,7 +348,7 @@ class Runner:
         # a probe stops at the last revert (the after phase judges what follows), but with between: record, one
         # that goes on into the after phase is recorded through a pause that ends the method
         stops_at_last_revert = judged and not guards and not (
-            between == "record" and self._trailing_pause and "after" in probe.spec.phases)
+            between == "record" and self.exp.method[-1].pause is not None and "after" in probe.spec.phases)
         while self._sampling and probe.spec.name not in self.spans.finished:
             if stops_at_last_revert and self._unapplied == 0 and self._active == 0 and not self._applying:
                 return
