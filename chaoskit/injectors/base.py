@@ -71,7 +71,7 @@ class RevertRecord(BaseModel):
     revert or observe: a torn or foreign record is refused with what is wrong instead of failing halfway through
     the undo. Keys the model does not name are left alone (a newer chaoskit may write more)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
     def to_json(self) -> dict[str, Any]:
         """The ledger's form of the record (plain JSON; read back by Injector.read_record)."""

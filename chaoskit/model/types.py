@@ -34,7 +34,7 @@ def written() -> dict[str, Any]:
 class StrictModel(BaseModel):
     """Base of every spec model: unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, defer_build=True)
 
 
 Port = Annotated[int, Field(gt=0, lt=65536, description="TCP/UDP port 1..65535")]

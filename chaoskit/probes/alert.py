@@ -7,14 +7,16 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import aiohttp
 from pydantic import Field, model_validator
 
 from chaoskit.model.events import Event, FaultApplied, FaultReverted
 from chaoskit.model.types import Duration, StrictModel, Url
 from chaoskit.probes.base import AlertWatch, Probe, ProbeSpecBase
+
+if TYPE_CHECKING:
+    import aiohttp  # imported where a session is made: it costs every chaoskit process ~0.1 s
 
 ACTIVE = ("pending", "firing")
 DEFAULT_EXPECT = {"late": "~ ^$", "waiting": "== 0"}  # no deadline missed; nothing awaited
@@ -209,6 +211,8 @@ class AlertProbe(Probe):
 
     async def _read(self) -> list[tuple[dict[str, str], str]]:
         if self._session is None:
+            import aiohttp
+
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.spec.timeout))
         path = "/api/v1/alerts" if self.spec.source == "prometheus" else "/api/v2/alerts"
         async with self._session.get(self.spec.url.rstrip("/") + path) as r:

@@ -9,15 +9,17 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import aiohttp
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.model.types import Duration, StrictModel, Url, check_url
 from chaoskit.probes.agent_tools import parse_object
 from chaoskit.probes.base import Probe, ProbeSpecBase, RequestTarget
+
+if TYPE_CHECKING:
+    import aiohttp  # imported where a session is made: it costs every chaoskit process ~0.1 s
 
 # a failed answer's kind (classify): error, empty, truncated, and against the expected answer: restarted (a prefix
 # of it, then all of it: a failover that started the stream again), duplicated (a piece of it twice), gap (a piece
@@ -228,6 +230,8 @@ class _Reader:
 async def fetch(session: aiohttp.ClientSession, s: CorrectnessProbeSpec, base: str, prompt: str,
                 stream: bool) -> Answer:
     """One request, read whole: a connection cut mid-stream is a truncated answer (what came before it)."""
+    import aiohttp
+
     url, body = request_for(s, base, prompt, stream)
     r = _Reader(s.api, s.max_tokens)
     try:
@@ -296,6 +300,8 @@ class CorrectnessProbe(Probe):
     async def measure(self) -> dict[str, Any]:
         s, prompts = self.spec, self.prompts()
         if self._session is None:
+            import aiohttp
+
             self._session = aiohttp.ClientSession()
         recording = self._samples == 0  # only the first sample (the before phase) records answers
         base = s.record_url if recording and s.record_url else s.url

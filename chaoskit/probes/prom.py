@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import Field, model_validator
 
 from chaoskit.model.types import Duration
 from chaoskit.probes.base import Probe, ProbeSpecBase
+
+if TYPE_CHECKING:
+    import aiohttp  # imported where a session is made: it costs every chaoskit process ~0.1 s
 
 
 class PromProbeSpec(ProbeSpecBase):
@@ -50,6 +51,8 @@ def _aggregate(values: list[float], how: str) -> float | None:
 
 def select(text: str, metric: str, labels: dict[str, str]) -> list[float]:
     """Values of the samples named `metric` whose labels include `labels`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out = []
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -70,6 +73,8 @@ class PromProbe(Probe):
 
     def _sess(self) -> aiohttp.ClientSession:
         if self._session is None:
+            import aiohttp
+
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.spec.timeout))
         return self._session
 

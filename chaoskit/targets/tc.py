@@ -1,4 +1,5 @@
-"""Snapshot, restore and delete root/ingress qdiscs byte-exactly, with pyroute2's tcmsg."""
+"""Snapshot, restore and delete root/ingress qdiscs byte-exactly, with pyroute2's tcmsg (imported where a message is
+made: pyroute2 costs ~0.08 s, and every chaoskit process loads the fault family that imports this module)."""
 
 from __future__ import annotations
 
@@ -6,46 +7,41 @@ import errno
 import os
 import socket
 import uuid
+from functools import cache
 from typing import Any
-
-from pyroute2.netlink import (
-    NLA_F_NESTED,
-    NLA_F_NET_BYTEORDER,
-    NLM_F_ACK,
-    NLM_F_CREATE,
-    NLM_F_DUMP,
-    NLM_F_REPLACE,
-    NLM_F_REQUEST,
-)
-from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl import RTM_DELQDISC, RTM_GETQDISC, RTM_NEWQDISC, TC_H_INGRESS, TC_H_ROOT
-from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from chaoskit.targets.netns import with_iproute
 
-__all__ = ["TC_H_INGRESS", "TC_H_ROOT", "QdiscMessage", "delete", "find", "is_default", "netem_missing_reason",
-           "qdisc_message", "qdiscs", "request", "restore", "restore_message", "snapshot"]  # TC_H_*: for callers
+__all__ = ["TC_H_INGRESS", "TC_H_ROOT", "delete", "find", "is_default", "netem_missing_reason", "qdisc_message",
+           "qdisc_message_class", "qdiscs", "replace", "request", "restore", "restore_message", "snapshot"]
 
+TC_H_ROOT = 0xFFFFFFFF  # the kernel's (linux/pkt_sched.h), as pyroute2.netlink.rtnl has them
+TC_H_INGRESS = 0xFFFFFFF1
 TCA_OPTIONS = 2  # the attribute type a snapshot records, with the flag bits the kernel dumped it with
 INGRESS_HANDLE = 0xFFFF0000
 
 
-class QdiscMessage(tcmsg):
+@cache
+def qdisc_message_class() -> type[Any]:
     """pyroute2's tcmsg, except that TCA_OPTIONS stays the kernel's own bytes both ways (pyroute2's `cdata` NLA):
     a snapshot keeps what the kernel dumped and a restore sends exactly that back. Decoding the options with
     pyroute2's per-kind classes and encoding them again is not byte-exact: they know only part of each qdisc's
     attributes, and drop the rest on encode (tbf's TCA_TBF_RATE64, dumped for rates of 2^32 bytes/s and up).
     pyroute2 caches the compiled attribute table on the class (name-mangled attributes of nlmsg_base); reset
     them so this subclass compiles its own instead of inheriting tcmsg's."""
+    from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-    _nlmsg_base__compiled_nla = False
-    _nlmsg_base__t_nla_map = None
-    _nlmsg_base__r_nla_map = None
-    nla_map = tuple((name, "cdata") if name == "TCA_OPTIONS" else (name, t) for name, t in tcmsg.nla_map)
+    class QdiscMessage(tcmsg):
+        _nlmsg_base__compiled_nla = False
+        _nlmsg_base__t_nla_map = None
+        _nlmsg_base__r_nla_map = None
+        nla_map = tuple((name, "cdata") if name == "TCA_OPTIONS" else (name, t) for name, t in tcmsg.nla_map)
+
+    return QdiscMessage
 
 
-def qdisc_message(ifindex: int, handle: int = 0, parent: int = 0) -> QdiscMessage:
-    msg = QdiscMessage()
+def qdisc_message(ifindex: int, handle: int = 0, parent: int = 0) -> Any:
+    msg = qdisc_message_class()()
     msg["family"], msg["info"] = socket.AF_UNSPEC, 0
     msg["index"], msg["handle"], msg["parent"] = ifindex, handle, parent
     return msg
@@ -55,6 +51,8 @@ def request(ipr: Any, msg: Any, msg_type: int, flags: int) -> list[Any]:
     """Send one tcmsg on an open pyroute2 IPRoute; the answers (OSError on a NACK, as the kernel's errno).
     Not IPRoute.nlm_request: the sync IPRoute of pyroute2 0.9.3 to 0.9.7 raises KeyError('nlm_generator') first;
     nlm_request_batch, with type and flags in the message header, is the sync path that works."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
     msg["header"]["type"], msg["header"]["flags"] = msg_type, flags
     try:
         return list(ipr.nlm_request_batch([msg]))
@@ -73,8 +71,11 @@ def snapshot(msg: Any) -> dict[str, Any]:
 def qdiscs(ns_path: str, ifindex: int = 0) -> list[dict[str, Any]]:
     """Every qdisc of the namespace (or of one interface): ifindex, handle, parent, kind, raw options."""
 
+    from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_GETQDISC, RTM_NEWQDISC
+
     def dump(ipr: Any) -> list[dict[str, Any]]:
-        ipr.register_policy(RTM_NEWQDISC, QdiscMessage)  # this socket's parser only
+        ipr.register_policy(RTM_NEWQDISC, qdisc_message_class())  # this socket's parser only
         return [snapshot(m) for m in request(ipr, qdisc_message(ifindex), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP)]
 
     return [q for q in with_iproute(ns_path, dump) if not ifindex or q["ifindex"] == ifindex]
@@ -86,6 +87,9 @@ def find(ns_path: str, ifindex: int, parent: int) -> dict[str, Any] | None:
 
 def delete(ns_path: str, ifindex: int, parent: int) -> bool:
     """Delete the qdisc at `parent` (TC_H_ROOT or TC_H_INGRESS). False if there was none to delete."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_DELQDISC
+
     msg = qdisc_message(ifindex, INGRESS_HANDLE if parent == TC_H_INGRESS else 0, parent)
     try:
         with_iproute(ns_path, lambda ipr: request(ipr, msg, RTM_DELQDISC, NLM_F_REQUEST | NLM_F_ACK))
@@ -96,8 +100,10 @@ def delete(ns_path: str, ifindex: int, parent: int) -> bool:
     return True
 
 
-def restore_message(ifindex: int, snap: dict[str, Any]) -> QdiscMessage:
+def restore_message(ifindex: int, snap: dict[str, Any]) -> Any:
     """The RTM_NEWQDISC that puts a snapshotted qdisc back: kind, handle, parent and the option bytes as dumped."""
+    from pyroute2.netlink import NLA_F_NESTED, NLA_F_NET_BYTEORDER
+
     msg = qdisc_message(ifindex, snap["handle"], snap["parent"])
     msg["attrs"] = [["TCA_KIND", snap["kind"]]]
     if snap.get("options") is not None:
@@ -108,8 +114,16 @@ def restore_message(ifindex: int, snap: dict[str, Any]) -> QdiscMessage:
 
 def restore(ns_path: str, ifindex: int, snap: dict[str, Any]) -> None:
     """Put back a qdisc exactly as snapshotted (kind, handle, parent, option bytes)."""
-    msg, flags = restore_message(ifindex, snap), NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
-    with_iproute(ns_path, lambda ipr: request(ipr, msg, RTM_NEWQDISC, flags))
+    msg = restore_message(ifindex, snap)
+    with_iproute(ns_path, lambda ipr: replace(ipr, msg))
+
+
+def replace(ipr: Any, msg: Any) -> None:
+    """Add the qdisc of an RTM_NEWQDISC message, or replace the one at its parent, on an open IPRoute."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_NEWQDISC
+
+    request(ipr, msg, RTM_NEWQDISC, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE)
 
 
 def is_default(snap: dict[str, Any] | None) -> bool:

@@ -284,6 +284,9 @@ def test_report_in_headless_chromium(run, tmp_path):
     window = fast["faults"][0]
     assert fast["deviating"], "the frozen server's samples are marked"
     assert all(window["x"] - 1 <= cx <= window["x"] + window["w"] + 1 for cx in fast["deviating"]), fast
-    assert not timelines["answer"]["deviating"]
+    answer_not_ok = [(e["phase"], e["verdict"], e["error"] or e["details"]) for e in journal
+                     if e["event"] == "sample" and e["probe"] == "answer" and e["verdict"] != "ok"]
+    # (one answer sample was marked once in a CI run, its error lost with the run: say what it was)
+    assert not timelines["answer"]["deviating"], answer_not_ok
     png = (tmp_path / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000

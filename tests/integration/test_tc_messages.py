@@ -34,7 +34,7 @@ def decode(msg, cls=tcmsg):
 
 def as_dumped(msg) -> dict:
     """The snapshot chaoskit would record if the kernel dumped exactly this message."""
-    return tc.snapshot(decode(msg, tc.QdiscMessage))
+    return tc.snapshot(decode(msg, tc.qdisc_message_class()))
 
 
 # ------------------------------------------------------------------ what is sent (no kernel needed)

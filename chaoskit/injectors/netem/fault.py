@@ -9,13 +9,10 @@ import uuid
 from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, field_validator, model_validator
-from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
-from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper, RevertRecord
 from chaoskit.injectors.netem import nfqueue as netem_queue
-from chaoskit.injectors.netem.netlink import dist_file, netem_message
 from chaoskit.model.types import Duration, Percent, Port, StrictModel
 from chaoskit.targets import tc
 from chaoskit.targets.local import NetnsTarget
@@ -314,9 +311,9 @@ class _TcFault(Injector[TcSpecT, TcRecordT]):
                    target=0x10000, keys=["0x0/0x0+0"],
                    action={"kind": "mirred", "direction": "egress", "action": "redirect", "ifindex": index})
         if self.spec.filter is None:
-            self._add_leaf(ipr, index, TC_H_ROOT, ROOT_HANDLE)
+            self._add_leaf(ipr, index, tc.TC_H_ROOT, ROOT_HANDLE)
         else:
-            ipr.tc("replace", "htb", index, handle=ROOT_HANDLE, parent=TC_H_ROOT, default=PASS_CLASS & 0xFFFF)
+            ipr.tc("replace", "htb", index, handle=ROOT_HANDLE, parent=tc.TC_H_ROOT, default=PASS_CLASS & 0xFFFF)
             for cls in (PASS_CLASS, FAULT_CLASS):
                 ipr.tc("add-class", "htb", index, handle=cls, parent=ROOT_HANDLE, rate=PASS_RATE, ceil=PASS_RATE)
             self._add_leaf(ipr, index, FAULT_CLASS, LEAF_HANDLE)
@@ -409,8 +406,10 @@ class Netem(_TcFault[NetemSpec, NetemRecord]):
             if reason:
                 raise PreflightError(f"network.netem: {reason}; mode: queue (or auto) works without it, "
                                      "network.proxy adds latency without it")
+        from chaoskit.injectors.netem import netlink  # pyroute2: imported where a netem qdisc is made
+
         if self.spec.distribution != "uniform":
-            dist_file(self.spec.distribution)
+            netlink.dist_file(self.spec.distribution)
         if mode == "queue":
             self._preflight_queue()
         else:
@@ -436,7 +435,9 @@ class Netem(_TcFault[NetemSpec, NetemRecord]):
 
     def apply(self, record: NetemRecord) -> NetemRecord:
         if isinstance(record, netem_queue.QueueRecord):
-            dist = str(dist_file(self.spec.distribution)) if self.spec.distribution != "uniform" else None
+            from chaoskit.injectors.netem import netlink  # pyroute2: imported where a netem qdisc is made
+
+            dist = str(netlink.dist_file(self.spec.distribution)) if self.spec.distribution != "uniform" else None
             return netem_queue.apply(self.spec, record, dist, self.ctx.lifetime_s)
         return self.apply_qdisc(record)
 
@@ -469,8 +470,9 @@ class Netem(_TcFault[NetemSpec, NetemRecord]):
         return details
 
     def _add_leaf(self, ipr: Any, ifindex: int, parent: int, handle: int) -> None:
-        tc.request(ipr, netem_message(self.spec, ifindex, parent, handle), RTM_NEWQDISC,
-                   NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE)
+        from chaoskit.injectors.netem import netlink  # pyroute2: imported where a netem qdisc is made
+
+        tc.replace(ipr, netlink.netem_message(self.spec, ifindex, parent, handle))
 
 
 class Bandwidth(_TcFault[BandwidthSpec, QdiscRecord]):
