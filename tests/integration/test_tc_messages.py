@@ -7,7 +7,7 @@ import errno
 import os
 
 import pytest
-from pyroute2.netlink import NLA_F_NESTED, NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
+from pyroute2.netlink import NLA_F_NESTED, NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, rtnl
 from pyroute2.netlink.rtnl import RTM_NEWQDISC
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
@@ -30,6 +30,11 @@ def decode(msg, cls=tcmsg):
     out = cls(bytes(msg.data))
     out.decode()
     return out
+
+
+def test_the_parents_chaoskit_names_are_pyroute2s():
+    """tc spells TC_H_ROOT and TC_H_INGRESS itself (it imports pyroute2 only where a message is made)."""
+    assert (tc.TC_H_ROOT, tc.TC_H_INGRESS) == (rtnl.TC_H_ROOT, rtnl.TC_H_INGRESS)
 
 
 def as_dumped(msg) -> dict:
