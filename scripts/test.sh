@@ -4,13 +4,14 @@
 #   side         tests/unit (~1 min, no host state outside pytest's own temporary directory), then the third-party
 #                gateways and the agent traffic (tests/e2e/test_agents.py and the gateway, tap, matrix, MCP and
 #                agent-SDK integration tests: mostly waiting on short scenarios and on installs), the Kubernetes
-#                node-fault and CUDA-rollout tests (the fake API server) and test_reference.py's tests that hold no
-#                timing (so that the foreground streams end together); its reference deployments search for free
-#                ports from 23000 (CHAOSKIT_REF_FIRST_PORT);
-#   scenarios    tests/e2e, tests/vllm and tests/integration/test_llm_proxy.py (every test on the shared vLLM pair
-#                in one process: it starts once); its deployments search from 28000, so that no two streams race
-#                for a block;
-#   integration  the rest of tests/integration, in the foreground (its deployments from 18000);
+#                node-fault tests (the fake API server) and test_reference.py's tests that hold no timing (so that
+#                the foreground streams end together); its reference deployments search for free ports from 23000
+#                (CHAOSKIT_REF_FIRST_PORT);
+#   scenarios    tests/e2e but the installed wheel's tests, tests/vllm, tests/integration/test_llm_proxy.py (every
+#                test on the shared vLLM pair in one process: it starts once) and the CUDA rollout's tests; its
+#                deployments search from 28000, so that no two streams race for a block;
+#   integration  the rest of tests/integration and the installed wheel's tests (test_ci_templates.py,
+#                test_installed_package.py: one build of the wheel), in the foreground (deployments from 18000);
 #   alone        tests/reliability (the torture test compares the whole host before and after),
 #                test_memory_pressure.py (it holds the host's used memory within 2% of a target) and the tests
 #                that hold timings to a few ms (the load generator's, the proxies' latency, the SLO windows', the
@@ -88,8 +89,10 @@ side_tests=(tests/e2e/test_agents.py tests/integration/test_gateways.py tests/in
       tests/integration/test_tap.py tests/integration/test_matrix.py tests/integration/test_mcp_proxy.py
       tests/integration/test_agent_probe.py tests/integration/test_llm_proxy_agents.py
       tests/integration/test_agents_sdk.py tests/integration/test_tiny_mcp.py
-      tests/integration/test_tiny_openai_agent.py tests/integration/test_kube_node_faults.py
-      tests/integration/test_cuda_fault_rollout.py)
+      tests/integration/test_tiny_openai_agent.py tests/integration/test_kube_node_faults.py)
+# moved between streams so that the three end together (in the clean-clone run of 9c4c015 the scenarios ended
+# 181 s after the integration tests)
+wheel_tests=(tests/e2e/test_ci_templates.py tests/e2e/test_installed_package.py)
 # test_reference.py's tests that hold no timing: beside the others, not alone (deselected from the alone stream)
 untimed=(tests/integration/test_reference.py::test_a_stub_that_dies_during_its_fault_is_reported_and_ref_status_says_not_ready
          tests/integration/test_reference.py::test_a_dry_run_plans_the_targets_its_run_plans
@@ -101,8 +104,10 @@ start=$SECONDS
 stream side "$budget" "$tmp/side.log" CHAOSKIT_REF_FIRST_PORT=23000 -- --durations=15 tests/unit "${side_tests[@]}" \
     "${untimed[@]}"
 stream scenarios "$budget" "$tmp/scenarios.log" CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
-    tests/integration/test_llm_proxy.py --ignore=tests/e2e/test_agents.py
-stream integration "$budget" - -- --durations=15 tests/integration --ignore=tests/integration/test_llm_proxy.py \
+    tests/integration/test_llm_proxy.py tests/integration/test_cuda_fault_rollout.py --ignore=tests/e2e/test_agents.py \
+    $(printf -- '--ignore=%s ' "${wheel_tests[@]}")
+stream integration "$budget" - -- --durations=15 tests/integration "${wheel_tests[@]}" \
+    --ignore=tests/integration/test_llm_proxy.py --ignore=tests/integration/test_cuda_fault_rollout.py \
     $(printf -- '--ignore=%s ' "${side_tests[@]:1}") \
     $(printf -- '--ignore=%s ' "${alone[@]:1}") $(printf -- '--deselect=%s ' "${timed[@]}")
 finish "${pids[2]}"; integration=$?
