@@ -15,7 +15,7 @@
 #   alone        tests/reliability (the torture test compares the whole host before and after),
 #                test_memory_pressure.py (it holds the host's used memory within 2% of a target) and the tests
 #                that hold timings to a few ms (the load generator's, the proxies' latency, the SLO windows', the
-#                gateway's token-by-token streaming, queue-mode netem's delay within ±1 ms).
+#                gateway's token-by-token streaming, queue-mode netem's delay within ±1 ms, SITS2026 netem-timeout's SLA).
 # Every output is shown, the background ones after the foreground's. Ctrl-C stops every stream (each tears its
 # fixtures down) and skips the last one. Extra pytest arguments: PYTEST_ARGS (given to each; "no tests
 # collected" is then not a failure).
@@ -82,9 +82,12 @@ timed_out() {  # NAME LIMIT_S STATUS: say so when timeout(1) stopped the stream 
 alone=(tests/reliability tests/integration/test_memory_pressure.py tests/integration/test_load.py
        tests/integration/test_load_senders.py tests/integration/test_slo_over_phase.py tests/integration/test_proxy.py
        tests/integration/test_reference.py tests/integration/test_slo_prom_probes.py)
-# single tests of other files that hold timings to ±1 ms: alone too (deselected from the integration stream)
+# single tests of other files that hold timings to ±1 ms, or an SLA a busy box breaks: alone too (deselected from
+# their streams; netem-timeout's 800 ms client timeout was missed by 17% of one window's requests in a clean-clone
+# run of 69b52db, its before p99 292 ms there, its after p99 147 ms)
 timed=(tests/integration/test_netem_queue.py::test_delay_with_uniform_jitter_adds_20ms_to_udp_and_tcp_round_trips
-       tests/integration/test_netem_queue.py::test_normal_jitter_has_the_asked_standard_deviation)
+       tests/integration/test_netem_queue.py::test_normal_jitter_has_the_asked_standard_deviation
+       tests/e2e/test_sits2026.py::test_netem_timeout_holds_and_names_its_variant)
 side_tests=(tests/e2e/test_agents.py tests/integration/test_gateways.py tests/integration/test_gateway_scenarios.py
       tests/integration/test_tap.py tests/integration/test_matrix.py tests/integration/test_mcp_proxy.py
       tests/integration/test_agent_probe.py tests/integration/test_llm_proxy_agents.py
@@ -105,7 +108,7 @@ stream side "$budget" "$tmp/side.log" CHAOSKIT_REF_FIRST_PORT=23000 -- --duratio
     "${untimed[@]}"
 stream scenarios "$budget" "$tmp/scenarios.log" CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
     tests/integration/test_llm_proxy.py tests/integration/test_cuda_fault_rollout.py --ignore=tests/e2e/test_agents.py \
-    $(printf -- '--ignore=%s ' "${wheel_tests[@]}")
+    $(printf -- '--ignore=%s ' "${wheel_tests[@]}") $(printf -- '--deselect=%s ' "${timed[@]:2}")
 stream integration "$budget" - -- --durations=15 tests/integration "${wheel_tests[@]}" \
     --ignore=tests/integration/test_llm_proxy.py --ignore=tests/integration/test_cuda_fault_rollout.py \
     $(printf -- '--ignore=%s ' "${side_tests[@]:1}") \
