@@ -190,8 +190,10 @@ def test_target_used_holds_within_two_percent_while_a_child_allocates_and_frees(
         assert worst <= 0.02, f"max |error| {worst:.2%} of MemTotal; (since, child, error, held) {samples}"
         # Half a second after each change of the child the holder has made up for it: a holder that did not
         # react would be 384 MiB off while the child holds (others freeing as much at once need no give-back).
+        # Over the goal with nothing held, the holder has given back all it can: the others took more than it had
+        # (seen in a clean-clone run: memory used besides the holder went from 983 to 2244 MiB, the holder to 0).
         settled = [s for s in samples if s[0] >= 0.5]
-        off = [s for s in settled if abs(s[2]) > 192]
+        off = [s for s in settled if abs(s[2]) > 192 and not (s[2] > 0 and s[3] == 0)]
         assert settled and not off, f"off the goal by > 192 MiB after settling: {off}; all {samples}"
         # Whether the host's MemAvailable followed the child is measured here, not taken from the holder's own
         # count of its corrections: the memory used by everything but the holder (/proc/meminfo less the holder's

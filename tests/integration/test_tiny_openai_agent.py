@@ -65,6 +65,7 @@ def _log(path: Path) -> list[dict]:
 
 def test_a_tool_call_streamed_and_whole_is_what_the_sdk_assembles(replica):
     client, log = replica
+    logged = len(_log(log))
     whole = client.chat.completions.create(model=SERVED_NAME, messages=ASK, tools=[CLOCK, WEATHER])
     call = whole.choices[0].message.tool_calls[0]
     assert whole.choices[0].finish_reason == "tool_calls" and whole.choices[0].message.content is None
@@ -86,6 +87,8 @@ def test_a_tool_call_streamed_and_whole_is_what_the_sdk_assembles(replica):
     assembled = final.choices[0].message.tool_calls
     assert [(c.id, c.function.name, c.function.arguments) for c in assembled] == \
         [(call.id, "get_weather", call.function.arguments)]
+    # the replica logs a request once its answer is sent: the client may have read the last one before that
+    wait_for(lambda: len(_log(log)) >= logged + 3, timeout=10)
     assert [(x["answer"], x.get("tool"), x["stream"], x["tokens"]) for x in _log(log)[-3:]] == \
         [("tool_call", "get_weather", False, len(frags)), ("tool_call", "get_weather", True, len(frags)),
          ("tool_call", "get_weather", True, len(frags))]
