@@ -22,7 +22,7 @@ from chaoskit.aio import run_fast
 from chaoskit.errors import ChaoskitError
 from chaoskit.load.fastclient import request_bytes
 from chaoskit.load.generator import PROGRESS_S, requests, run, trace_headers, warm_count
-from chaoskit.load.recorder import Recorder
+from chaoskit.load.recorder import Recorder, load_readers
 from chaoskit.load.schedule import schedule
 from chaoskit.load.spec import LoadSpec
 
@@ -58,6 +58,7 @@ def main() -> int:
     job = json.loads(sys.stdin.readline())
     spec = LoadSpec.model_validate(job["spec"])
     rec = Recorder()
+    load_readers()  # before the clock starts (the start epoch is SPAWN_LEAD_S after the launch)
     k, n = job["worker"], job["workers"]
     if k:
         spec = spec.model_copy(update={"poison": None})  # the first sender process sends it, once

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 
 import numpy as np
 
@@ -125,3 +128,34 @@ def test_all_requests_percentiles_count_a_failure_at_its_timeout_or_later():
     plain.failure("connect", 1.0)  # not streamed: no TTFT for it; and a kind alone counts in no histogram
     plain.failure("other")
     assert "all_ttft_p50_ms" not in plain.summary(1, 1, 2) and plain.hists["all_e2e"].get_total_count() == 1
+
+
+# A sender process's first window report used to import numpy (and run hdrh's encoder for the first time) while
+# it sent: the first window after it had sends 24-63 ms late where every other one had < 1 ms.
+FIRST_REPORT = """
+import json, sys
+from chaoskit.load import worker
+from chaoskit.load.recorder import Recorder
+
+loaded = []
+worker._asyncio = lambda *a, **k: None
+worker.run_fast = lambda _: loaded.append(set(sys.modules))  # where the sending would start
+sys.stdin = open(sys.argv[1])
+worker.main()
+rec = Recorder()
+rec.sent_at(0.0)
+rec.success(0.2, 0.2, None, [], 0, True)
+rec.failure("timeout", 1.0, False)
+rec.to_json()
+print(json.dumps(sorted(set(sys.modules) - loaded[0])))
+"""
+
+
+def test_a_sender_loads_what_its_window_reports_need_before_it_sends(tmp_path):
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"spec": {"url": "http://127.0.0.1:9/", "rate": 10, "duration": "1s",
+                                        "sender": "python"},
+                               "start_epoch": 0, "worker": 0, "workers": 1, "window_s": 1.0}) + "\n")
+    out = subprocess.run([sys.executable, "-c", FIRST_REPORT, str(job)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == []
