@@ -16,10 +16,10 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from chaoskit.errors import PreflightError
 from chaoskit.model.types import Duration, StrictModel, Url, check_url
 from chaoskit.probes.agent_tools import parse_object
-from chaoskit.probes.base import Probe, ProbeSpecBase, RequestTarget
+from chaoskit.probes.base import Probe, ProbeSpecBase, RequestTarget, http_session
 
 if TYPE_CHECKING:
-    import aiohttp  # imported where a session is made: it costs every chaoskit process ~0.1 s
+    import aiohttp  # for types: fetch and http_session import it where they run (~0.1 s a process)
 
 # a failed answer's kind (classify): error, empty, truncated, and against the expected answer: restarted (a prefix
 # of it, then all of it: a failover that started the stream again), duplicated (a piece of it twice), gap (a piece
@@ -300,9 +300,7 @@ class CorrectnessProbe(Probe):
     async def measure(self) -> dict[str, Any]:
         s, prompts = self.spec, self.prompts()
         if self._session is None:
-            import aiohttp
-
-            self._session = aiohttp.ClientSession()
+            self._session = http_session()
         recording = self._samples == 0  # only the first sample (the before phase) records answers
         base = s.record_url if recording and s.record_url else s.url
         self._samples += 1

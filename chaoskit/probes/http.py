@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field
 
 from chaoskit.model.types import Url
-from chaoskit.probes.base import Probe, ProbeSpecBase, RequestTarget
+from chaoskit.probes.base import Probe, ProbeSpecBase, RequestTarget, http_session
 
 if TYPE_CHECKING:
-    import aiohttp  # imported where a session is made: it costs every chaoskit process ~0.1 s
+    import aiohttp  # types only: http_session (probes.base) imports it where a session is made
 
 _PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
@@ -56,9 +56,7 @@ class HttpProbe(Probe):
     async def measure(self) -> dict[str, Any]:
         s = self.spec
         if self._session is None:
-            import aiohttp
-
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=s.timeout))
+            self._session = http_session(s.timeout)
         kwargs: dict[str, Any] = {"headers": s.headers}
         if isinstance(s.body, (dict, list)):
             kwargs["json"] = s.body

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from chaoskit.model.types import Duration
-from chaoskit.probes.base import Probe, ProbeSpecBase
+from chaoskit.probes.base import Probe, ProbeSpecBase, http_session
 
 if TYPE_CHECKING:
-    import aiohttp  # imported where a session is made: it costs every chaoskit process ~0.1 s
+    import aiohttp  # types only: http_session (probes.base) imports it where a session is made
 
 
 class PromProbeSpec(ProbeSpecBase):
@@ -73,9 +73,7 @@ class PromProbe(Probe):
 
     def _sess(self) -> aiohttp.ClientSession:
         if self._session is None:
-            import aiohttp
-
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.spec.timeout))
+            self._session = http_session(self.spec.timeout)
         return self._session
 
     async def _scrape(self) -> list[float]:

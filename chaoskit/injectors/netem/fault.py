@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.base import NETNS_HELPER, NODE_EXECUTORS, Injector, NodeHelper, RevertRecord
 from chaoskit.injectors.netem import nfqueue as netem_queue
+from chaoskit.injectors.netem.dist import dist_file
 from chaoskit.model.types import Duration, Percent, Port, StrictModel
 from chaoskit.targets import tc
 from chaoskit.targets.local import NetnsTarget
@@ -406,10 +407,8 @@ class Netem(_TcFault[NetemSpec, NetemRecord]):
             if reason:
                 raise PreflightError(f"network.netem: {reason}; mode: queue (or auto) works without it, "
                                      "network.proxy adds latency without it")
-        from chaoskit.injectors.netem import netlink  # pyroute2: imported where a netem qdisc is made
-
         if self.spec.distribution != "uniform":
-            netlink.dist_file(self.spec.distribution)
+            dist_file(self.spec.distribution)
         if mode == "queue":
             self._preflight_queue()
         else:
@@ -435,9 +434,7 @@ class Netem(_TcFault[NetemSpec, NetemRecord]):
 
     def apply(self, record: NetemRecord) -> NetemRecord:
         if isinstance(record, netem_queue.QueueRecord):
-            from chaoskit.injectors.netem import netlink  # pyroute2: imported where a netem qdisc is made
-
-            dist = str(netlink.dist_file(self.spec.distribution)) if self.spec.distribution != "uniform" else None
+            dist = str(dist_file(self.spec.distribution)) if self.spec.distribution != "uniform" else None
             return netem_queue.apply(self.spec, record, dist, self.ctx.lifetime_s)
         return self.apply_qdisc(record)
 

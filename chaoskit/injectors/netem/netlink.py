@@ -1,21 +1,17 @@
 """network.netem's RTM_NEWQDISC message, built with pyroute2's encoders (plus the delay-distribution table
-pyroute2 leaves out), and iproute2's distribution tables."""
+pyroute2 leaves out)."""
 
 from __future__ import annotations
 
 import socket
 import struct
-from pathlib import Path
 from typing import Any
 
 from pyroute2.netlink import nla
 from pyroute2.netlink.rtnl.tcmsg import sched_netem, tcmsg
 
-from chaoskit.errors import PreflightError
+from chaoskit.injectors.netem.dist import dist_file
 from chaoskit.units import parse_rate
-
-DIST_DIRS = ("/usr/lib/x86_64-linux-gnu/tc", "/usr/lib/aarch64-linux-gnu/tc", "/usr/lib64/tc", "/usr/lib/tc",
-             "/usr/share/tc")
 
 
 class _NetemOptions(nla):
@@ -40,16 +36,6 @@ class NetemMessage(tcmsg):
     @staticmethod
     def get_options(self, *argv, **kwarg):
         return _NetemOptions
-
-
-def dist_file(name: str) -> Path:
-    """Where iproute2 keeps the distribution table `name`."""
-    for d in DIST_DIRS:
-        f = Path(d) / f"{name}.dist"
-        if f.exists():
-            return f
-    raise PreflightError(f"network.netem: distribution table {name}.dist not found in {', '.join(DIST_DIRS)} "
-                         "(install iproute2)")
 
 
 def dist_table(name: str) -> bytes:
