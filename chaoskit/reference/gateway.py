@@ -1,6 +1,7 @@
 """The reference gateway: round-robin reverse proxy over replicas that stamps X-Model-Latency, streams SSE
 unbuffered, ejects replicas by active health checks (`status` or `latency` mode; latency mode also ejects a
-replica whose real responses are slower than the threshold, for ejection_s x its ejections) and exports /metrics.
+replica whose real responses are slower than the threshold, for ejection_s x its ejections; slowness alone never
+ejects the last healthy replica) and exports /metrics.
 With `retry` a failed request (connect error, the replica dying mid-request, a 5xx) is sent again to the next
 healthy replica, each replica once: a poison request then takes every replica down. `retry_on_death: false`
 keeps the retries but not for a request whose replica died while serving it (answered 502 at once): what
@@ -206,7 +207,7 @@ class Gateway:
         latency = time.perf_counter() - t0
         self.m_latency.labels(replica.name).observe(latency)
         slow = self.cfg.health_mode == "latency" and latency * 1e3 > self.cfg.latency_threshold_ms
-        if slow and sum(r.healthy for r in self.replicas) > 1:  # real traffic never ejects the last one
+        if slow and self._not_last(replica):
             self.eject(replica, f"served a request in {latency * 1e3:.0f} ms > {self.cfg.latency_threshold_ms:g} ms")
         if upstream.status >= 500:
             self.m_errors.labels(replica.name).inc()
@@ -256,6 +257,7 @@ class Gateway:
         if latency_mode and ms > self.cfg.latency_threshold_ms:
             ok = False
             info["reason"] = f"latency {ms:.0f} ms > {self.cfg.latency_threshold_ms:g} ms"
+            info["slow"] = True
         return ok, info
 
     async def health_loop(self) -> None:
@@ -263,15 +265,27 @@ class Gateway:
             every = [*self.replicas, *self.prefills]
             results = await asyncio.gather(*(self.check(r) for r in every))
             for r, (ok, info) in zip(every, results, strict=True):
-                r.last_check = {**info, "at": time.time()}
-                if not ok:
-                    self.eject(r, info.get("reason") or info.get("error") or f"HTTP {info.get('status')}")
-                elif not r.healthy:
-                    r.passes += 1
-                    if r.passes >= self.cfg.readmit_after and time.monotonic() >= r.ejected_until:
-                        r.healthy = True
-                self.m_healthy.labels(r.name).set(1 if r.healthy else 0)
+                self.checked(r, ok, info)
             await asyncio.sleep(self.cfg.check_every_s)
+
+    def checked(self, r: Replica, ok: bool, info: dict[str, Any]) -> None:
+        """One check's outcome: a failed one ejects, passing ones readmit. Slowness alone never ejects the last
+        healthy replica (of its pool), from a check as from real traffic: a slow replica serves, none cannot."""
+        r.last_check = {**info, "at": time.time()}
+        if not ok and info.get("slow") and r.healthy and not self._not_last(r):
+            r.last_check["kept"] = "the last healthy replica: slow, not ejected"
+        elif not ok:
+            self.eject(r, info.get("reason") or info.get("error") or f"HTTP {info.get('status')}")
+        elif not r.healthy:
+            r.passes += 1
+            if r.passes >= self.cfg.readmit_after and time.monotonic() >= r.ejected_until:
+                r.healthy = True
+        self.m_healthy.labels(r.name).set(1 if r.healthy else 0)
+
+    def _not_last(self, r: Replica) -> bool:
+        """Whether another replica of r's pool (the replicas, or the prefill servers) is healthy."""
+        pool = self.prefills if any(x is r for x in self.prefills) else self.replicas
+        return any(x.healthy for x in pool if x is not r)
 
     def eject(self, r: Replica, reason: str) -> None:
         """Out of rotation. In latency mode also for at least ejection_s x its ejections (like Envoy's outlier

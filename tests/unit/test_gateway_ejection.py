@@ -1,0 +1,41 @@
+"""The reference gateway's ejection rule (latency mode): a slow replica is ejected while another one serves;
+slowness alone never ejects the last healthy one (a check that fails outright still does)."""
+
+from __future__ import annotations
+
+from chaoskit.reference.gateway import Gateway, GatewayConfig
+
+SLOW = {"status": 200, "latency_ms": 812.0, "reason": "latency 812 ms > 500 ms", "slow": True}
+FAST = {"status": 200, "latency_ms": 40.0}
+
+
+def gateway() -> Gateway:
+    return Gateway(GatewayConfig(replicas=[{"name": "a", "url": "http://127.0.0.1:9"},
+                                           {"name": "b", "url": "http://127.0.0.1:10"}],
+                                 health_mode="latency", latency_check={"path": "/check"}))
+
+
+def test_a_slow_check_ejects_a_replica_but_not_the_last_healthy_one():
+    g = gateway()
+    a, b = g.replicas
+    g.checked(a, False, SLOW)
+    assert (a.healthy, a.ejections) == (False, 1) and a.last_check["ejected"] == SLOW["reason"]
+    g.checked(b, False, SLOW)  # a busy box: the one replica left answers slowly too
+    assert (b.healthy, b.ejections) == (True, 0) and "last healthy replica" in b.last_check["kept"]
+    assert g.pick() is b
+    g.checked(b, False, {"error": "ClientConnectorError: refused"})  # not slow: gone
+    assert not b.healthy and g.pick() is None
+
+
+def test_a_slow_check_keeps_an_ejected_replica_out():
+    g = gateway()
+    a, b = g.replicas
+    g.cfg.ejection_s = 0.0
+    g.checked(a, False, SLOW)
+    g.checked(a, True, FAST)
+    g.checked(b, False, SLOW)  # kept: a is out
+    g.checked(a, False, SLOW)  # a is out and slow: its passes start again
+    g.checked(a, True, FAST)
+    assert not a.healthy and a.passes == 1
+    g.checked(a, True, FAST)
+    assert a.healthy
