@@ -176,6 +176,8 @@ def test_load_flood_sends_the_runs_traceparent_from_its_helper(upstream, monkeyp
     assert set(_Upstream.seen) == {TRACEPARENT[:-2] + "01"}
 
 
+# the faults last 5 s: the sample (a load of 1 s sent 1 s after its worker starts, then its answers) took over 3 s
+# on a busy box once (a clean-clone run of 057975d: no sample judged while the faults were in effect)
 PROXIED = """\
 apiVersion: chaoskit/v1
 kind: Experiment
@@ -200,14 +202,14 @@ method:
         faults:
           - {{type: abort, status: 503, share: 30%}}
           - {{type: truncate, after_tokens: 2, share: 50%}}
-      duration: 3s
+      duration: 5s
     - name: slow
       inject:
         type: network.proxy
         listen: "127.0.0.1:{l4}"
         upstream: "127.0.0.1:{port}"
         toxics: [{{type: latency, latency: 20ms}}]
-      duration: 3s
+      duration: 5s
 """
 
 
