@@ -467,14 +467,18 @@ def test_vllm_openai_streams_under_each_fault(vllm_ref, proxies):
     assert d.status == 429 and d.headers["retry-after"] == "3" and d.json()["error"]["code"] == 429
     e = v("err", completion(2, stream=False))
     assert e.status == 200 and e.json()["error"]["type"] == "chaoskit_fault"
-    f = v("slow", completion(8))
+    f = v("slow", completion(16))
     g = gaps(f)  # each = the upstream's own gap (vLLM sends this one in bursts) + the 40 ms added
     print(f"\nvLLM: stall gap {(after - stalled_at) * 1e3:.1f} ms; token_delay 40ms: gaps {min(g) * 1e3:.1f}.."
           f"{max(g) * 1e3:.1f} ms, mean {statistics.mean(g) * 1e3:.1f} (direct p50 "
           f"{statistics.median(gaps(direct)) * 1e3:.1f} ms)")
-    # a late wake-up lengthens one gap and shortens the next; the mean cannot fall below 40 ms (the first token is
-    # never held, so the last one left at least (n - 1) x 40 ms after it)
-    assert f.complete and f.events[-1] == done and len(g) >= 3
+    # the first token is never held, so the last one left the proxy at least (n - 1) x 40 ms after it; the client's
+    # span is shorter by as much as it read the first one late (a late read lengthens one gap and shortens the
+    # next): 100 ms allowed for that (in a clean-clone run of 057975d the gaps were 0, 18, 46, 44, 37, 42 ms: the
+    # first two tokens read together, 52 ms short of 6 x 40); 16 tokens asked, so that a delay on every other
+    # token, or none, still falls short of the bound
+    assert f.complete and f.events[-1] == done and len(g) >= 10
+    assert sum(g) >= len(g) * 0.0395 - 0.1, g
     # below 250 ms: a delay applied twice, or per byte, would show; a finer upper bound measured this 2-core box
     # (vLLM's worker polls a core; once the gaps were 117-230 ms with the direct stream's 4.6 ms), not the proxy
-    assert 0.0395 <= statistics.mean(g) and statistics.median(g) < 0.25
+    assert statistics.median(g) < 0.25
