@@ -270,7 +270,7 @@ class Gateway:
 
     def checked(self, r: Replica, ok: bool, info: dict[str, Any]) -> None:
         """One check's outcome: a failed one ejects, passing ones readmit. Slowness alone never ejects the last
-        healthy replica (of its pool), from a check as from real traffic: a slow replica serves, none cannot."""
+        healthy replica, from a check as from real traffic: a slow replica serves, none cannot."""
         r.last_check = {**info, "at": time.time()}
         if not ok and info.get("slow") and r.healthy and not self._not_last(r):
             r.last_check["kept"] = "the last healthy replica: slow, not ejected"
@@ -283,9 +283,9 @@ class Gateway:
         self.m_healthy.labels(r.name).set(1 if r.healthy else 0)
 
     def _not_last(self, r: Replica) -> bool:
-        """Whether another replica of r's pool (the replicas, or the prefill servers) is healthy."""
-        pool = self.prefills if any(x is r for x in self.prefills) else self.replicas
-        return any(x.healthy for x in pool if x is not r)
+        """Whether another replica is healthy (only replicas are judged slow: prefill servers get no latency check
+        and serve no client's response)."""
+        return any(x.healthy for x in self.replicas if x is not r)
 
     def eject(self, r: Replica, reason: str) -> None:
         """Out of rotation. In latency mode also for at least ejection_s x its ejections (like Envoy's outlier

@@ -41,8 +41,8 @@ def measure(p: EbpfProbe) -> dict:
 @pytest.fixture
 def pair():
     # the netns filter keeps sockets by their IPv4 source address: addresses of this file's own (its tests run one
-    # at a time), not netpair's shared ones, which other streams' pairs have at the same time (a clean-clone run
-    # of d974d42 counted 32 connects of 30: two from another pair's 10.211.0.2)
+    # at a time), not netpair's shared ones, which other streams' pairs have at the same time. (Clean-clone runs
+    # counted 32 and, with these addresses, 31 connects of 30: the extra one's cause is still open.)
     p = Pair("10.212.0.1", "10.212.0.2")
     yield p
     p.close()
