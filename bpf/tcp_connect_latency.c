@@ -1,12 +1,15 @@
 /* tcp_connect_latency: SYN_SENT -> ESTABLISHED per socket (inet_sock_set_state, a BTF raw tracepoint), in us.
- * Filters (set by chaoskit): FILTER_ADDRS keeps sockets whose IPv4 source address (inet_sock.inet_saddr) is in
- * `addrs` (the target namespace's own addresses); FILTER_PIDS keeps connects made by a tgid in `pids`;
+ * Filters (set by chaoskit): FILTER_NETNS keeps sockets in the target network namespace (netns.h);
+ * FILTER_PIDS keeps connects made by a tgid in `pids`;
  * FILTER_CGROUP keeps connects made from that cgroup v2 id; FILTER_DPORT. The states are arguments, so the
  * transitions that do not involve SYN_SENT (most of them) return before touching the socket or a map.
- * SK_PROTOCOL, SK_DPORT, INET_SADDR: member offsets from the kernel's BTF. */
+ * SK_PROTOCOL, SK_DPORT: member offsets from the kernel's BTF. */
 #include "hist.h"
 #include "tp_btf.h"
 #include "pending.h"
+#if FILTER_NETNS
+#include "netns.h"
+#endif
 
 static __always_inline u16 ck_ntohs(u16 v) {
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -24,7 +27,6 @@ static __always_inline u16 ck_ntohs(u16 v) {
 #define IPPROTO_TCP 6
 #endif
 
-BPF_HASH(addrs, u32, u8);
 BPF_HASH(pids, u32, u8);
 BPF_PERCPU_ARRAY(hist, u64, CK_BUCKETS);
 
@@ -43,6 +45,10 @@ TP_BTF(inet_sock_set_state) { /* (sk, oldstate, newstate) */
         if (bpf_get_current_cgroup_id() != FILTER_CGROUP)
             return 0;
 #endif
+#if FILTER_NETNS
+        if (!in_netns(sk))
+            return 0;
+#endif
         pending_put(pending_key(sk), bpf_ktime_get_ns());
         return 0;
     }
@@ -54,12 +60,6 @@ TP_BTF(inet_sock_set_state) { /* (sk, oldstate, newstate) */
     u64 delta = (bpf_ktime_get_ns() - ts) / 1000;
     if (newstate != TCP_ESTABLISHED)
         return 0;
-#if FILTER_ADDRS
-    u32 saddr = 0;
-    CK_READ(saddr, sk, INET_SADDR);
-    if (!addrs.lookup(&saddr))
-        return 0;
-#endif
 #if FILTER_DPORT
     if (ck_ntohs(CK_MEMBER(u16, sk, SK_DPORT)) != FILTER_DPORT)
         return 0;

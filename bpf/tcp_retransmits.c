@@ -1,20 +1,19 @@
-/* tcp_retransmits: count per destination (tcp:tcp_retransmit_skb). FILTER_ADDRS keeps packets whose IPv4
- * source is one of the target namespace's addresses; FILTER_PORT keeps packets with that source or
- * destination port. */
+/* tcp_retransmits: count per destination (tcp:tcp_retransmit_skb). FILTER_NETNS keeps sockets in the target
+ * network namespace (netns.h); FILTER_PORT keeps packets with that source or destination port. */
+#if FILTER_NETNS
+#include "netns.h"
+#endif
 struct dest_t {
     u32 daddr;
     u16 dport;
     u16 family;
 };
-BPF_HASH(addrs, u32, u8);
 BPF_HASH(counts, struct dest_t, u64);
 
 TRACEPOINT_PROBE(tcp, tcp_retransmit_skb) {
     struct dest_t d = {};
-    u32 saddr = 0;
-    __builtin_memcpy(&saddr, args->saddr, 4);
-#if FILTER_ADDRS
-    if (!addrs.lookup(&saddr))
+#if FILTER_NETNS
+    if (!in_netns((u64)args->skaddr))
         return 0;
 #endif
 #if FILTER_PORT

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import ipaddress
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -33,12 +32,13 @@ MEMBERS: dict[str, dict[str, tuple[str, str, int]]] = {
                          "TASK_LAST_QUEUED": ("task_struct", "sched_info.last_queued", 8),
                          "TASK_CFS_RQ": ("task_struct", "se.cfs_rq", 8), "CFS_RQ_RQ": ("cfs_rq", "rq", 8),
                          "RQ_CLOCK": ("rq", "clock", 8)},
-    "tcp_connect_latency": {"SK_PROTOCOL": ("sock", "sk_protocol", 2), "SK_DPORT": ("sock", "__sk_common.skc_dport", 2),
-                            "INET_SADDR": ("inet_sock", "inet_saddr", 4)},
+    "tcp_connect_latency": {"SK_PROTOCOL": ("sock", "sk_protocol", 2), "SK_DPORT": ("sock", "__sk_common.skc_dport", 2)},
     "block_io_latency": {"RQ_Q": ("request", "q", 8), "Q_DISK": ("request_queue", "disk", 8),
                          "DISK_MAJOR": ("gendisk", "major", 4), "DISK_FIRST_MINOR": ("gendisk", "first_minor", 4),
                          "RQ_START_TIME_NS": ("request", "start_time_ns", 8)},
 }
+# What the netns filter reads (bpf/netns.h): a socket's network namespace, and that namespace's inode number.
+NETNS_MEMBERS = {"SK_NET": ("sock", "__sk_common.skc_net.net", 8), "NET_INUM": ("net", "ns.inum", 4)}
 RAW_ARGS: dict[str, tuple[tuple[str, int, str], ...]] = {
     "runqueue_latency": (("sched_switch", 2, "struct task_struct *"),),
     "tcp_connect_latency": (("inet_sock_set_state", 0, "struct sock *"), ("inet_sock_set_state", 1, "int"),
@@ -58,8 +58,9 @@ class EbpfProbeSpec(ProbeSpecBase):
     program: Literal["tcp_retransmits", "tcp_connect_latency", "oom_kills", "block_io_latency", "runqueue_latency"]
     pid: int | None = Field(None, gt=0, description="connect latency: connects by this process; runqueue: its "
                                                     "threads; oom_kills: victims in its process tree")
-    netns: str | None = Field(None, min_length=1, description="tcp_*: only sockets whose IPv4 source is an "
-                                                              "address of this namespace (name or path)")
+    netns: str | None = Field(None, min_length=1, description="tcp_*: only sockets in this network namespace "
+                                                              "(a name in /run/netns, or a path such as "
+                                                              "/proc/PID/ns/net)")
     port: int | None = Field(None, gt=0, lt=65536, description="tcp_retransmits: source or destination port; "
                                                                "tcp_connect_latency: destination port")
     device: str | None = Field(None, min_length=1, description="block_io_latency: a block device, a path on it, "
@@ -107,30 +108,35 @@ def hist_values(counts: dict[int, int]) -> dict[str, Any]:
     return out
 
 
-def kernel_btf(program: str) -> KernelBtf | None:
-    """The running kernel's BTF, for a program on BTF raw tracepoints (None for the others)."""
-    if program not in MEMBERS:
+def members(spec: EbpfProbeSpec) -> dict[str, tuple[str, str, int]]:
+    """The kernel struct members the program reads with these filters (macro: struct, member, size)."""
+    return MEMBERS.get(spec.program, {}) | (NETNS_MEMBERS if spec.netns is not None else {})
+
+
+def kernel_btf(spec: EbpfProbeSpec) -> KernelBtf | None:
+    """The running kernel's BTF, for a program that reads kernel structs (None for the others)."""
+    if not members(spec):
         return None
     if not VMLINUX.exists():
-        raise PreflightError(f"ebpf: {program} needs the kernel's BTF at {VMLINUX} (CONFIG_DEBUG_INFO_BTF)")
+        raise PreflightError(f"ebpf: {spec.program} needs the kernel's BTF at {VMLINUX} (CONFIG_DEBUG_INFO_BTF)")
     return KernelBtf.load()
 
 
-def layout_flags(program: str, btf: KernelBtf) -> list[str]:
-    """-D flags with the kernel layout a BTF raw tracepoint program reads; PreflightError if it is not as expected."""
+def layout_flags(spec: EbpfProbeSpec, btf: KernelBtf) -> list[str]:
+    """-D flags with the kernel layout the program reads; PreflightError if it is not as expected."""
     flags = []
     try:
-        for event, index, want in RAW_ARGS[program]:
+        for event, index, want in RAW_ARGS.get(spec.program, ()):
             args = btf.tracepoint_args(event)
             if len(args) <= index or args[index] != want:
                 raise LookupError(f"raw tracepoint {event} takes ({', '.join(args)}), argument {index} is not {want}")
-        for macro, (struct_name, path, size) in MEMBERS[program].items():
+        for macro, (struct_name, path, size) in members(spec).items():
             offset, got = btf.member(struct_name, path)
             if got != size:
                 raise LookupError(f"{struct_name}.{path} is {got} bytes, not {size}")
             flags.append(f"-D{macro}={offset}")
     except LookupError as e:
-        raise PreflightError(f"ebpf: {program} does not fit this kernel: {e}") from None
+        raise PreflightError(f"ebpf: {spec.program} does not fit this kernel: {e}") from None
     return flags
 
 
@@ -187,11 +193,11 @@ def cgroup_v2_id(path: str) -> int:
     return full.stat().st_ino
 
 
-def netns_ipv4(ns: str) -> list[str]:
-    from chaoskit.targets.netns import NETNS_RUN_DIR, with_iproute
+def netns_inode(ns: str) -> int:
+    """The inode number of a network namespace (a name in /run/netns, or a path), the kernel's net->ns.inum."""
+    from chaoskit.targets.netns import NETNS_RUN_DIR
 
-    path = ns if "/" in ns else str(NETNS_RUN_DIR / ns)
-    return with_iproute(path, lambda ipr: [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=socket.AF_INET)])
+    return os.stat(ns if "/" in ns else NETNS_RUN_DIR / ns).st_ino
 
 
 def process_tree(pid: int) -> set[int]:
@@ -248,11 +254,11 @@ class EbpfProbe(Probe):
     def cflags(self, btf: KernelBtf | None = None) -> list[str]:
         s = self.spec
         flags = [f"-I{bpf_dir()}",
-                 f"-DFILTER_ADDRS={int(s.netns is not None)}", f"-DFILTER_PIDS={int(s.pid is not None)}",
+                 f"-DFILTER_NETNS={int(s.netns is not None)}", f"-DFILTER_PIDS={int(s.pid is not None)}",
                  f"-DFILTER_DPORT={s.port or 0}", f"-DFILTER_PORT={s.port or 0}",
                  f"-DFILTER_DEV={kernel_dev(s.device) if s.device else 0}",
                  f"-DFILTER_CGROUP={cgroup_v2_id(s.cgroup) if s.cgroup else 0}ULL"]
-        return flags + (layout_flags(s.program, btf) if btf else [])
+        return flags + (layout_flags(s, btf) if btf else [])
 
     def preflight(self) -> None:
         if os.geteuid() != 0:
@@ -270,7 +276,12 @@ class EbpfProbe(Probe):
                 kernel_dev(self.spec.device)
             except (OSError, ValueError) as e:
                 raise PreflightError(f"ebpf: device {self.spec.device}: {e}") from None
-        btf = kernel_btf(self.spec.program)
+        if self.spec.netns:
+            try:
+                netns_inode(self.spec.netns)
+            except OSError as e:
+                raise PreflightError(f"ebpf: network namespace {self.spec.netns}: {e.strerror}") from None
+        btf = kernel_btf(self.spec)
         self._compile(source, btf)
         if btf is not None:
             try:
@@ -323,11 +334,8 @@ class EbpfProbe(Probe):
 
     def _refresh_filters(self) -> None:
         s = self.spec
-        if s.netns is not None:
-            m = self.bpf[b"addrs"]
-            m.clear()
-            for a in netns_ipv4(s.netns):
-                m[ctypes.c_uint32(int.from_bytes(ipaddress.IPv4Address(a).packed, "little"))] = ctypes.c_uint8(1)
+        if s.netns is not None:  # (a namespace made again under the same name is followed)
+            self.bpf[b"netns"][ctypes.c_int(0)] = ctypes.c_uint32(netns_inode(s.netns))
         if s.pid is not None and s.program in ("tcp_connect_latency", "runqueue_latency"):
             m = self.bpf[b"pids"]
             m.clear()

@@ -21,18 +21,16 @@ def sh(*argv: str) -> str:
 
 
 class Pair:
-    """Two namespaces joined by a veth pair: srv/eth0 = server_ip, cli/eth0 = client_ip (SERVER_IP and CLIENT_IP
-    unless a test needs addresses no other stream's pair has: a filter by source address sees every pair's)."""
+    """Two namespaces joined by a veth pair: srv/eth0 = SERVER_IP, cli/eth0 = CLIENT_IP."""
 
-    def __init__(self, server_ip: str = SERVER_IP, client_ip: str = CLIENT_IP) -> None:
-        self.server_ip, self.client_ip = server_ip, client_ip
+    def __init__(self) -> None:
         tag = uuid.uuid4().hex[:6]
         self.srv, self.cli = f"ckt-srv-{tag}", f"ckt-cli-{tag}"
         for ns in (self.srv, self.cli):
             sh("ip", "netns", "add", ns)
             sh("ip", "-n", ns, "link", "set", "lo", "up")
         sh("ip", "-n", self.srv, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", self.cli)
-        for ns, ip in ((self.srv, server_ip), (self.cli, client_ip)):
+        for ns, ip in ((self.srv, SERVER_IP), (self.cli, CLIENT_IP)):
             sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
             sh("ip", "-n", ns, "link", "set", "eth0", "up")
 
@@ -121,11 +119,11 @@ def download_rate(ns_path: str, port: int, nbytes: int) -> float:
     return run_in_netns(ns_path, go)
 
 
-def upload_rate(ns_path: str, port: int, nbytes: int, server_ip: str = SERVER_IP) -> float:
+def upload_rate(ns_path: str, port: int, nbytes: int) -> float:
     """Bytes/s of one upload to a sink server, from the first byte sent to the server's acknowledgement."""
 
     def go() -> float:
-        with socket.create_connection((server_ip, port), timeout=30) as s:
+        with socket.create_connection((SERVER_IP, port), timeout=30) as s:
             t0 = time.monotonic()
             s.sendall(b"u" * nbytes)
             s.shutdown(socket.SHUT_WR)

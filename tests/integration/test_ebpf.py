@@ -19,7 +19,7 @@ from chaoskit.probes.ebpf import EbpfProbe, EbpfProbeSpec, hist_values
 from chaoskit.probes.kernel_btf import VMLINUX, KernelBtf
 from chaoskit.targets.netns import run_in_netns
 from tests.conftest import ROOT, bcc_missing, chaoskit, write
-from tests.helpers.netpair import Pair, Server, upload_rate
+from tests.helpers.netpair import SERVER_IP, Pair, Server, upload_rate
 
 HELPERS = Path(__file__).resolve().parent.parent / "helpers"
 
@@ -40,10 +40,7 @@ def measure(p: EbpfProbe) -> dict:
 
 @pytest.fixture
 def pair():
-    # the netns filter keeps sockets by their IPv4 source address: addresses of this file's own (its tests run one
-    # at a time), not netpair's shared ones, which other streams' pairs have at the same time. (Clean-clone runs
-    # counted 32 and, with these addresses, 31 connects of 30: the extra one's cause is still open.)
-    p = Pair("10.212.0.1", "10.212.0.2")
+    p = Pair()
     yield p
     p.close()
 
@@ -55,19 +52,35 @@ def test_hist_percentiles_from_log_linear_buckets():
 
 
 def test_connect_latency_in_a_test_namespace(pair):
-    server = Server(pair.path(pair.srv))
+    """Connects made in the namespace count, to its peer and on its own loopback; those of another namespace with
+    the same addresses (another pair) and the host's loopback connects do not (every namespace has 127.0.0.1: a
+    filter by source address counted the host's, 33 of 30 with host connects running beside it)."""
+    server, twin = Server(pair.path(pair.srv)), Pair()
+    twin_server = Server(twin.path(twin.srv))
     p = probe("tcp_connect_latency", netns=pair.cli)
+
+    def connects(host: str, port: int, n: int) -> None:
+        for _ in range(n):
+            socket.create_connection((host, port), timeout=5).close()
+
+    def on_own_loopback() -> None:
+        with socket.create_server(("127.0.0.1", 0)) as local:
+            connects("127.0.0.1", local.getsockname()[1], 5)
+
     try:
         measure(p)  # start a fresh window
-        run_in_netns(pair.path(pair.cli),
-                     lambda: [socket.create_connection((pair.server_ip, server.port), timeout=5).close() for _ in range(30)])
-        socket.create_server(("127.0.0.1", 0)).close()  # host-namespace traffic is filtered out
+        run_in_netns(pair.path(pair.cli), lambda: connects(SERVER_IP, server.port, 30))
+        run_in_netns(pair.path(pair.cli), on_own_loopback)
+        run_in_netns(twin.path(twin.cli), lambda: connects(SERVER_IP, twin_server.port, 10))
+        on_own_loopback()  # in the host's namespace
         v = measure(p)
         print(f"\nconnect latency in {pair.cli}: {v}")
-        assert v["count"] == 30 and 0 < v["p50_us"] < 100_000
+        assert v["count"] == 35 and 0 < v["p50_us"] < 100_000
     finally:
         asyncio.run(p.close())
         server.close()
+        twin_server.close()
+        twin.close()
 
 
 def test_connect_latency_filtered_by_destination_port():
@@ -272,10 +285,10 @@ def test_retransmits_under_an_nftables_drop(pair):
     p = probe("tcp_retransmits", netns=pair.cli)
     try:
         measure(p)
-        upload_rate(pair.path(pair.cli), 7005, 300_000, pair.server_ip)
+        upload_rate(pair.path(pair.cli), 7005, 300_000)
         v = measure(p)
         print(f"\ntcp_retransmits from {pair.cli} with 30% input drop at the server: {v}")
-        assert v["count"] > 0 and v["top_destination"] == f"{pair.server_ip}:7005"
+        assert v["count"] > 0 and v["top_destination"] == f"{SERVER_IP}:7005"
     finally:
         Drop.revert(rec)
         asyncio.run(p.close())
