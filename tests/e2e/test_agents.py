@@ -73,8 +73,9 @@ def test_an_agents_scenario_flips_with_its_fix(tmp_path, state_dir, name, fix, e
         return _no_survivors(tmp_path, out + err)
     made = sum(v["tool_calls"] for v in samples)  # and the calls of tasks no sample reports (see above)
     assert made <= len(calls) <= made + max(v["tasks"] for v in samples), (len(calls), made)
-    if name == "tool-args-broken":
-        assert len(calls) == sum(v["succeeded"] for v in samples)
+    if name == "tool-args-broken":  # a task whose arguments came broken made no call: each call made succeeded
+        # (tiny-mcp's log also has the calls of tasks no sample reports, as above: 35 for 32 once in a clean-clone run)
+        assert made == sum(v["succeeded"] for v in samples), (made, samples)
     _no_survivors(tmp_path, out + err)
 
 
