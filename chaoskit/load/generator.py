@@ -48,10 +48,11 @@ def trace_headers(traceparent: str | None) -> dict[str, str] | None:
     return {"traceparent": traceparent} if traceparent else None
 
 
-async def _at(due: float, send: Callable[[], Awaitable[None]]) -> None:
-    """Run `send()` at monotonic time `due`."""
+async def _at(due: float, send: Callable[[], Awaitable[None]], stopped: Callable[[], bool] | None) -> None:
+    """Run `send()` at monotonic time `due`, unless the load was stopped by then."""
     await asyncio.sleep(max(0.0, due - time.monotonic()))
-    await send()
+    if stopped is None or not stopped():
+        await send()
 
 
 def warm_count(spec: LoadSpec) -> int:
@@ -197,9 +198,9 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
             await fast.warm(warm_count(spec))
         loop = asyncio.get_running_loop()
         alarm = Alarm(loop, pump)
-        poisoning, poison_at = None, t0 + (spec.poison.at if spec.poison is not None else 0.0)
-        if poison is not None:  # once, at its time (a task: waited for below)
-            poisoning = asyncio.create_task(_at(poison_at, lambda: one(-1, poison_at, poison)))
+        if poison is not None:  # once, at its time, unless stopped by then (a task: waited for below)
+            poison_at = t0 + (spec.poison.at if spec.poison is not None else 0.0)
+            poisoning = asyncio.create_task(_at(poison_at, lambda: one(-1, poison_at, poison), stopped))
             tasks.add(poisoning)
             poisoning.add_done_callback(tasks.discard)
         next_report = time.monotonic()
@@ -215,8 +216,6 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
                     next_report = time.monotonic() + PROGRESS_S
         finally:
             alarm.close()
-        if poisoning is not None and stopped is not None and stopped() and time.monotonic() < poison_at:
-            poisoning.cancel()  # the load was stopped before the poison's time: it is not sent
         while tasks or in_flight:
             if tasks:
                 await asyncio.wait(set(tasks), timeout=0.5)

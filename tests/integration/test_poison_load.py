@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
+from collections.abc import Callable
 
 import pytest
 from aiohttp import web
@@ -32,7 +34,7 @@ async def _serve(prompts: list[tuple[float, str]]) -> tuple[web.AppRunner, int]:
     return runner, port
 
 
-async def _load(tmp_path, stop: bool) -> tuple[list[tuple[float, str]], Recorder, float]:
+async def _load(tmp_path, stop: Callable[[], bool] | None) -> tuple[list[tuple[float, str]], Recorder, float]:
     prompts: list[tuple[float, str]] = []
     runner, port = await _serve(prompts)
     (tmp_path / "poison.txt").write_text("kill me: POISON\n")
@@ -42,20 +44,34 @@ async def _load(tmp_path, stop: bool) -> tuple[list[tuple[float, str]], Recorder
     assert native.choose(spec) == "python"
     rec, start = Recorder(), time.time() + 0.05
     try:
-        await generator.run(spec, [i / 20 for i in range(10)], start, rec, stopped=(lambda: True) if stop else None)
+        await generator.run(spec, [i / 20 for i in range(10)], start, rec, stopped=stop)
     finally:
         await runner.cleanup()
     return prompts, rec, time.monotonic() + (start - time.time())
 
 
 def test_the_poison_goes_once_at_its_time(tmp_path):
-    prompts, rec, t0 = asyncio.run(_load(tmp_path, stop=False))
+    prompts, rec, t0 = asyncio.run(_load(tmp_path, stop=None))
     poison = [t - t0 for t, p in prompts if p == "kill me: POISON"]
     assert len(poison) == 1 and 0.2 <= poison[0] < 0.3 and len(prompts) == 11 and rec.ok == rec.sent == 11
 
 
-def test_a_load_stopped_before_its_time_sends_no_poison(tmp_path):
-    prompts, rec, _ = asyncio.run(_load(tmp_path, stop=True))
+def late_once() -> Callable[[], bool]:
+    """Stopped from the start, and the first look at it holds the loop past the poison's time (0.2 s), as a busy
+    box did once: the poison was sent at its time all the same."""
+    calls = itertools.count()
+
+    def stopped() -> bool:
+        if next(calls) == 0:
+            time.sleep(0.4)
+        return True
+
+    return stopped
+
+
+@pytest.mark.parametrize("stop", [lambda: True, late_once()], ids=["at-once", "loop-late"])
+def test_a_load_stopped_before_its_time_sends_no_poison(tmp_path, stop):
+    prompts, rec, _ = asyncio.run(_load(tmp_path, stop=stop))
     assert prompts == [] and rec.sent == 0
 
 
