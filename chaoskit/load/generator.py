@@ -198,8 +198,8 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
             await fast.warm(warm_count(spec))
         loop = asyncio.get_running_loop()
         alarm = Alarm(loop, pump)
+        poisoning, poison_at = None, t0 + (spec.poison.at if spec.poison is not None else 0.0)
         if poison is not None:  # once, at its time, unless stopped by then (a task: waited for below)
-            poison_at = t0 + (spec.poison.at if spec.poison is not None else 0.0)
             poisoning = asyncio.create_task(_at(poison_at, lambda: one(-1, poison_at, poison), stopped))
             tasks.add(poisoning)
             poisoning.add_done_callback(tasks.discard)
@@ -216,6 +216,8 @@ async def run(spec: LoadSpec, offsets: Iterable[float], start_epoch: float, rec:
                     next_report = time.monotonic() + PROGRESS_S
         finally:
             alarm.close()
+        if poisoning is not None and stopped is not None and stopped() and time.monotonic() < poison_at:
+            poisoning.cancel()  # the load was stopped before the poison's time: it is not sent (nor waited for)
         while tasks or in_flight:
             if tasks:
                 await asyncio.wait(set(tasks), timeout=0.5)
