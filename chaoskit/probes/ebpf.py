@@ -195,9 +195,9 @@ def cgroup_v2_id(path: str) -> int:
 
 def netns_inode(ns: str) -> int:
     """The inode number of a network namespace (a name in /run/netns, or a path), the kernel's net->ns.inum."""
-    from chaoskit.targets.netns import NETNS_RUN_DIR
+    from chaoskit.targets.netns import netns_path, ns_inode
 
-    return os.stat(ns if "/" in ns else NETNS_RUN_DIR / ns).st_ino
+    return ns_inode(netns_path(ns))
 
 
 def process_tree(pid: int) -> set[int]:

@@ -46,7 +46,7 @@ class NetTargetSpec(StrictModel):
             return f"/proc/{self.pid}/ns/net"
         if self.netns is None:
             return "/proc/self/ns/net"
-        return self.netns if "/" in self.netns else str(NETNS_RUN_DIR / self.netns)
+        return netns_path(self.netns)
 
     def label(self) -> str:
         if self.kubernetes is not None:
@@ -54,6 +54,11 @@ class NetTargetSpec(StrictModel):
         if self.pid is not None:
             return f"netns of PID {self.pid}"
         return f"netns {self.netns}" if self.netns else "the host namespace"
+
+
+def netns_path(netns: str) -> str:
+    """A namespace given by name (in /run/netns) or by path, as a path."""
+    return netns if "/" in netns else str(NETNS_RUN_DIR / netns)
 
 
 def ns_inode(path: str) -> int:

@@ -19,7 +19,7 @@ from chaoskit.probes.ebpf import EbpfProbe, EbpfProbeSpec, hist_values
 from chaoskit.probes.kernel_btf import VMLINUX, KernelBtf
 from chaoskit.targets.netns import run_in_netns
 from tests.conftest import ROOT, bcc_missing, chaoskit, write
-from tests.helpers.netpair import SERVER_IP, Pair, Server, sh, upload_rate
+from tests.helpers.netpair import SERVER_IP, Pair, Server, snmp, upload_rate
 
 HELPERS = Path(__file__).resolve().parent.parent / "helpers"
 
@@ -279,9 +279,7 @@ def test_block_io_latency_filtered_by_cgroup(loopdev):
 
 def retransmitted(ns: str) -> int:
     """The namespace's own count of retransmitted TCP segments (RetransSegs in its /proc/net/snmp)."""
-    head, values = (line.split() for line in sh("ip", "netns", "exec", ns, "cat", "/proc/net/snmp").splitlines()
-                    if line.startswith("Tcp:"))
-    return int(values[head.index("RetransSegs")])
+    return snmp(ns, "Tcp")["RetransSegs"]
 
 
 def test_retransmits_under_an_nftables_drop(pair):
@@ -296,12 +294,12 @@ def test_retransmits_under_an_nftables_drop(pair):
     p = probe("tcp_retransmits", netns=pair.cli)
     try:
         measure(p)
-        before = retransmitted(pair.cli)
+        before = retransmitted(pair.path(pair.cli))
         for _ in range(5):
             upload_rate(pair.path(pair.cli), 7005, 300_000)
-            if retransmitted(pair.cli) > before:
+            if retransmitted(pair.path(pair.cli)) > before:
                 break
-        segments = retransmitted(pair.cli) - before
+        segments = retransmitted(pair.path(pair.cli)) - before
         v = measure(p)
         print(f"\ntcp_retransmits from {pair.cli} with 30% input drop at the server: {v}; RetransSegs +{segments}")
         assert 0 < v["count"] <= segments and v["top_destination"] == f"{SERVER_IP}:7005", (v, segments)

@@ -29,7 +29,7 @@ from chaoskit.injectors.netem.nfqueue import QueueRecord
 from chaoskit.targets.netns import run_in_netns
 from chaoskit.targets.tc import netem_missing_reason
 from tests.conftest import chaoskit, ledgers, wait_for, write
-from tests.helpers.netpair import SERVER_IP, Pair, Server, download_rate, queue_mode_missing, sh
+from tests.helpers.netpair import SERVER_IP, Pair, Server, download_rate, queue_mode_missing, sh, snmp
 
 MISSING = queue_mode_missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"queue mode cannot run here: {MISSING}")
@@ -204,14 +204,6 @@ def connect_ms(cli_path: str, port: int, n: int, threads: int = 5) -> list[float
     for t in ts:
         t.join()
     return out
-
-
-def snmp(ns_path: str, proto: str) -> dict[str, int]:
-    """/proc/net/snmp's `proto` counters of that namespace."""
-    def read() -> dict[str, int]:
-        rows = [ln.split() for ln in open("/proc/thread-self/net/snmp").read().splitlines() if ln.startswith(proto + ":")]
-        return {k: int(v) for k, v in zip(rows[0][1:], rows[1][1:], strict=True)}
-    return run_in_netns(ns_path, read)
 
 
 def kernel_queue(ns_path: str, queue: int) -> dict[str, int]:
