@@ -1,7 +1,8 @@
 """The reference gateway: round-robin reverse proxy over replicas that stamps X-Model-Latency, streams SSE
 unbuffered, ejects replicas by active health checks (`status` or `latency` mode; latency mode also ejects a
-replica whose real responses are slower than the threshold, for ejection_s x its ejections; slowness alone never
-ejects the last healthy replica) and exports /metrics.
+replica whose real responses are slower than the threshold, for ejection_s x its ejections, unless no replica left
+in rotation passes its checks; slowness alone, a check's timeout included, never ejects the last healthy replica)
+and exports /metrics. Each replica is checked on its own schedule; ejections and readmissions are logged.
 With `retry` a failed request (connect error, the replica dying mid-request, a 5xx) is sent again to the next
 healthy replica, each replica once: a poison request then takes every replica down. `retry_on_death: false`
 keeps the retries but not for a request whose replica died while serving it (answered 502 at once): what
@@ -45,7 +46,8 @@ class Replica:
     healthy: bool = True
     passes: int = 0
     ejections: int = 0
-    ejected_until: float = 0.0  # latency mode: not readmitted before this (monotonic), however checks go
+    ejected_until: float = 0.0  # latency mode: not readmitted before this (monotonic) while another passes checks
+    failing: bool = False  # its last check failed
     last_check: dict[str, Any] = field(default_factory=dict)
 
 
@@ -67,6 +69,11 @@ class GatewayConfig:
     retry_on_death: bool = True  # with retry: also a request whose replica died while serving it
     prefill: list[dict[str, str]] = field(default_factory=list)  # disaggregated: the prefill servers
     pd_abort: bool = False  # disaggregated: tell the decode server when a request's prefill failed
+
+
+def log(line: str) -> None:
+    """One line of the gateway's log (its stderr: the deployment's gateway.log)."""
+    print(f"{time.strftime('%H:%M:%S')} gateway: {line}", file=sys.stderr, flush=True)
 
 
 class ReplicaDied(Exception):
@@ -250,7 +257,10 @@ class Gateway:
                 await resp.read()
                 status = resp.status
         except (TimeoutError, aiohttp.ClientError) as e:
-            return False, {"error": f"{type(e).__name__}: {e}"}
+            info: dict[str, Any] = {"error": f"{type(e).__name__}: {e}"}
+            if latency_mode and isinstance(e, TimeoutError):  # slower than the timeout: slow, not gone
+                info |= {"reason": f"no answer within {self.cfg.check_timeout_s:g} s", "slow": True}
+            return False, info
         ms = (time.perf_counter() - t0) * 1e3
         info = {"status": status, "latency_ms": round(ms, 3)}
         ok = status == 200
@@ -261,17 +271,21 @@ class Gateway:
         return ok, info
 
     async def health_loop(self) -> None:
+        """Every replica checked every check_every_s, each on its own: one whose checks time out delays no other's."""
+        await asyncio.gather(*(self._check_loop(r) for r in [*self.replicas, *self.prefills]))
+
+    async def _check_loop(self, r: Replica) -> None:
         while True:
-            every = [*self.replicas, *self.prefills]
-            results = await asyncio.gather(*(self.check(r) for r in every))
-            for r, (ok, info) in zip(every, results, strict=True):
-                self.checked(r, ok, info)
+            self.checked(r, *await self.check(r))
             await asyncio.sleep(self.cfg.check_every_s)
 
     def checked(self, r: Replica, ok: bool, info: dict[str, Any]) -> None:
         """One check's outcome: a failed one ejects, passing ones readmit. Slowness alone never ejects the last
-        healthy replica, from a check as from real traffic: a slow replica serves, none cannot."""
+        healthy replica, from a check as from real traffic: a slow replica serves, none cannot. An ejected replica
+        whose checks pass comes back before its ejection time ends when no replica in rotation passes its own: one
+        ejected for a slow moment of a busy host is not kept out while the one left in rotation fails."""
         r.last_check = {**info, "at": time.time()}
+        r.failing = not ok
         if not ok and info.get("slow") and r.healthy and not self._not_last(r):
             r.last_check["kept"] = "the last healthy replica: slow, not ejected"
         elif not ok:
@@ -279,8 +293,24 @@ class Gateway:
         elif not r.healthy:
             r.passes += 1
             if r.passes >= self.cfg.readmit_after and time.monotonic() >= r.ejected_until:
-                r.healthy = True
+                self.readmit(r, "")
+            elif r.passes >= self.cfg.readmit_after and not self._passing_peer(r):
+                self.readmit(r, " before its ejection time: no replica in rotation passes its checks")
+                for x in self._peers(r):  # kept only as the last healthy ones: out now
+                    if x is not r and x.healthy and x.failing:
+                        self.eject(x, x.last_check.get("reason") or "failing its checks")
         self.m_healthy.labels(r.name).set(1 if r.healthy else 0)
+
+    def readmit(self, r: Replica, why: str) -> None:
+        r.healthy = True
+        log(f"{r.name} readmitted after {r.passes} passing checks{why}")
+
+    def _peers(self, r: Replica) -> list[Replica]:
+        return self.prefills if r in self.prefills else self.replicas
+
+    def _passing_peer(self, r: Replica) -> bool:
+        """Whether another replica of r's kind (replica or prefill server) is in rotation and passed its last check."""
+        return any(x.healthy and not x.failing for x in self._peers(r) if x is not r)
 
     def _not_last(self, r: Replica) -> bool:
         """Whether another replica is healthy (only replicas are judged slow: prefill servers get no latency check
@@ -295,8 +325,11 @@ class Gateway:
             return
         r.healthy = False
         r.ejections += 1
+        out = ""
         if self.cfg.health_mode == "latency":
             r.ejected_until = time.monotonic() + self.cfg.ejection_s * r.ejections
+            out = f"; out for at least {self.cfg.ejection_s * r.ejections:g} s while another replica passes checks"
+        log(f"{r.name} ejected ({reason}){out}")
         r.last_check = {**r.last_check, "ejected": reason}
         self.m_ejections.labels(r.name).inc()
         self.m_healthy.labels(r.name).set(0)
@@ -340,7 +373,7 @@ class Gateway:
         previous = self.health_settings()
         self.cfg.health_mode, self.cfg.latency_threshold_ms = mode, threshold
         for r in [*self.replicas, *self.prefills]:
-            r.healthy, r.passes, r.ejections, r.ejected_until = True, 0, 0, 0.0
+            r.healthy, r.passes, r.ejections, r.ejected_until, r.failing = True, 0, 0, 0.0, False
             self.m_healthy.labels(r.name).set(1)
         return web.json_response({"previous": previous, "now": self.health_settings()})
 

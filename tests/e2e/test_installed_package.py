@@ -156,7 +156,8 @@ def test_a_bundled_scenario_runs_by_name(user, tmp_path):
                  str(tmp_path / "o"), cwd=tmp_path, timeout=180)
     deployments = sorted((tmp_path / ".chaoskit").glob("ref-*"))
     alive = [x for d in deployments for x in Deployment(d).processes() if is_alive(ProcessRef.from_json(x))]
-    assert p.returncode == 0, p.stdout + p.stderr
+    gateway_logs = "".join(f.read_text() for d in deployments for f in [d / "logs" / "gateway.log"] if f.exists())
+    assert p.returncode == 0, p.stdout + p.stderr + "\ngateway.log:\n" + gateway_logs  # ejections, readmissions
     assert deployments and alive == []
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["verdict"] == "held" and summary["rollback_complete"]

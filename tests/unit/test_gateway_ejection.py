@@ -39,3 +39,28 @@ def test_a_slow_check_keeps_an_ejected_replica_out():
     assert not a.healthy and a.passes == 1
     g.checked(a, True, FAST)
     assert a.healthy
+
+
+def test_an_ejected_replica_comes_back_early_only_while_none_in_rotation_passes_its_checks():
+    g = gateway()
+    a, b = g.replicas
+    g.eject(b, "served a request in 612 ms > 500 ms")  # a slow moment of a busy host: out for 30 s
+    g.checked(b, True, FAST)
+    g.checked(b, True, FAST)
+    assert not b.healthy  # a, in rotation, has not failed a check: b waits out its ejection time
+    g.checked(a, False, SLOW)  # a fails: kept, the last healthy one
+    assert a.healthy and not b.healthy
+    g.checked(b, True, FAST)  # b passes while a fails: back before its time, and a, kept only as the last, out
+    assert b.healthy and not a.healthy and a.last_check["ejected"] == SLOW["reason"]
+    assert g.pick() is b and g.pick() is b
+    g.checked(a, True, FAST)
+    g.checked(a, True, FAST)
+    assert not a.healthy  # b passes (it never failed since): a waits out its own ejection time
+
+
+def test_a_check_that_times_out_is_slow_in_latency_mode():
+    g = gateway()
+    a, b = g.replicas
+    g.checked(a, False, SLOW)
+    g.checked(b, False, {"error": "TimeoutError: ", "reason": "no answer within 2 s", "slow": True})
+    assert b.healthy and "last healthy replica" in b.last_check["kept"]
