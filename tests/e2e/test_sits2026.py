@@ -83,6 +83,14 @@ def test_health_check_blindspot_flips_with_latency_health(tmp_path, state_dir, f
     assert s["rollback_complete"]
 
 
+def not_ok(summary: dict, probe: str) -> str:
+    """The probe's samples that were not ok: phase, requests and the errors by kind (what failed, for a red run)."""
+    return "".join(f"\n{x['phase']} {x['verdict']}: requests {x['values'].get('requests')}, carried "
+                   f"{x['values'].get('carried_requests')}, " +
+                   str({k: n for k, n in x["values"].items() if k.startswith("errors.") and n})
+                   for x in summary["samples"] if x["probe"] == probe and x["verdict"] != "ok")
+
+
 @requires_triton
 @pytest.mark.parametrize("fix, expected", [("false", 1), ("true", 0)])
 def test_kv_cache_pollution_flips_with_isolation(tmp_path, state_dir, fix, expected):
@@ -90,7 +98,7 @@ def test_kv_cache_pollution_flips_with_isolation(tmp_path, state_dir, fix, expec
     # saw 0.003 and 0.186: the residue builds with the flood's completions, slower on a loaded box
     code, s, out = run_scenario("kv-cache-pollution", tmp_path, state_dir, f"fix={fix}", "duration=8s",
                                 "recovery=6s")
-    assert code == expected, out
+    assert code == expected, out + not_ok(s, "short-requests")
     frag = values(s, "kv-fragmentation", "during", "value")
     print(f"\nisolate_kv_cache {fix}: fragmentation during the flood {frag}")
     assert (max(frag) > 0.3) == (fix == "false")
