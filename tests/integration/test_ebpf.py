@@ -294,12 +294,13 @@ def test_retransmits_under_an_nftables_drop(pair):
     p = probe("tcp_retransmits", netns=pair.cli)
     try:
         measure(p)
-        before = retransmitted(pair.path(pair.cli))
+        cli = pair.path(pair.cli)
+        before = retransmitted(cli)
         for _ in range(5):
-            upload_rate(pair.path(pair.cli), 7005, 300_000)
-            if retransmitted(pair.path(pair.cli)) > before:
+            upload_rate(cli, 7005, 300_000)
+            if retransmitted(cli) > before:
                 break
-        segments = retransmitted(pair.path(pair.cli)) - before
+        segments = retransmitted(cli) - before
         v = measure(p)
         print(f"\ntcp_retransmits from {pair.cli} with 30% input drop at the server: {v}; RetransSegs +{segments}")
         assert 0 < v["count"] <= segments and v["top_destination"] == f"{SERVER_IP}:7005", (v, segments)

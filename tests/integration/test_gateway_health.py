@@ -13,7 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from chaoskit.reference.gateway import Gateway, GatewayConfig, upstream_session
-from tests.conftest import free_port
+from tests.helpers.aioserve import catch_all, serve
 
 
 async def _replica(name: str, delay: dict[str, float]) -> tuple[web.AppRunner, str]:
@@ -23,13 +23,7 @@ async def _replica(name: str, delay: dict[str, float]) -> tuple[web.AppRunner, s
         await asyncio.sleep(delay[name])
         return web.Response(text=name)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve(catch_all(handle), shutdown_timeout=0.1)
 
 
 async def _ask(s: aiohttp.ClientSession, url: str) -> tuple[int, str]:
@@ -51,12 +45,9 @@ async def _scenario() -> tuple[list[tuple[float, int, str]], dict]:
                         latency_threshold_ms=200, check_every_s=0.2, check_timeout_s=0.5, ejection_s=30)
     gw = Gateway(cfg)
     gw.session = upstream_session(cfg)
-    runner = web.AppRunner(gw.app(), access_log=None, shutdown_timeout=0.1)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, base = await serve(gw.app(), shutdown_timeout=0.1)
     checker = asyncio.create_task(gw.health_loop())
-    url = f"http://127.0.0.1:{port}/v2/models/m/infer"
+    url = f"{base}/v2/models/m/infer"
     seen: list[tuple[float, int, str]] = []
     try:
         async with aiohttp.ClientSession() as s:
@@ -71,7 +62,7 @@ async def _scenario() -> tuple[list[tuple[float, int, str]], dict]:
                 status, name = await _ask(s, url)
                 seen.append((round(time.monotonic() - t0, 2), status, name))
                 await asyncio.sleep(0.1)
-            async with s.get(f"http://127.0.0.1:{port}/gateway/status") as r:
+            async with s.get(f"{base}/gateway/status") as r:
                 return seen, await r.json()
     finally:
         checker.cancel()

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from chaoskit.reference.gateway import Gateway, GatewayConfig, upstream_session
 from tests.conftest import free_port
+from tests.helpers.aioserve import catch_all, serve
 
 
 async def _replica(kind: str, hits: list[str]) -> tuple[web.AppRunner, str]:
@@ -23,13 +24,7 @@ async def _replica(kind: str, hits: list[str]) -> tuple[web.AppRunner, str]:
             request.transport.close()  # the engine died serving it: no answer, the connection breaks
         return web.Response(status=500 if kind == "5xx" else 200, text=kind)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve(catch_all(handle))
 
 
 async def _through(kinds: list[str], **cfg: bool) -> tuple[int, list[str]]:
@@ -40,12 +35,9 @@ async def _through(kinds: list[str], **cfg: bool) -> tuple[int, list[str]]:
     gw = Gateway(GatewayConfig(replicas=[{"name": f"r{i}", "url": url} for i, (_, url) in enumerate(replicas)],
                                **cfg))
     gw.session = aiohttp.ClientSession()
-    runner = web.AppRunner(gw.app(), access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, url = await serve(gw.app())
     try:
-        async with aiohttp.ClientSession() as s, s.post(f"http://127.0.0.1:{port}/v2/x", data=b"poison") as r:
+        async with aiohttp.ClientSession() as s, s.post(f"{url}/v2/x", data=b"poison") as r:
             return r.status, hits
     finally:
         await gw.session.close()
@@ -84,15 +76,10 @@ async def _idle_upstream_connection_closed() -> tuple[float | None, int]:
         conns.append(request.transport)  # type: ignore[arg-type]
         return web.Response(text="ok")
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None, keepalive_timeout=5.0)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    session = upstream_session(GatewayConfig(replicas=[{"name": "r0", "url": f"http://127.0.0.1:{port}"}]))
+    runner, url = await serve(catch_all(handle), keepalive_timeout=5.0)
+    session = upstream_session(GatewayConfig(replicas=[{"name": "r0", "url": url}]))
     try:
-        async with session.post(f"http://127.0.0.1:{port}/v1/x", data=b"{}") as r:
+        async with session.post(f"{url}/v1/x", data=b"{}") as r:
             status = r.status
             await r.read()
         t0 = asyncio.get_running_loop().time()

@@ -16,10 +16,10 @@ from pydantic import ValidationError
 from chaoskit.load import generator, native
 from chaoskit.load.recorder import Recorder
 from chaoskit.load.spec import LoadSpec
-from tests.conftest import free_port
+from tests.helpers.aioserve import serve
 
 
-async def _serve(prompts: list[tuple[float, str]]) -> tuple[web.AppRunner, int]:
+async def _serve(prompts: list[tuple[float, str]]) -> tuple[web.AppRunner, str]:
     async def handle(request: web.Request) -> web.Response:
         prompts.append((time.monotonic(), (await request.json())["inputs"][0]["data"][0]))  # KServe v2 infer
         return web.json_response({"outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [1, 1],
@@ -27,18 +27,14 @@ async def _serve(prompts: list[tuple[float, str]]) -> tuple[web.AppRunner, int]:
 
     app = web.Application()
     app.router.add_post("/v2/models/tiny_lm/infer", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, port
+    return await serve(app)
 
 
 async def _load(tmp_path, stop: Callable[[], bool] | None) -> tuple[list[tuple[float, str]], Recorder, float]:
     prompts: list[tuple[float, str]] = []
-    runner, port = await _serve(prompts)
+    runner, url = await _serve(prompts)
     (tmp_path / "poison.txt").write_text("kill me: POISON\n")
-    spec = LoadSpec(url=f"http://127.0.0.1:{port}", api="triton", model="tiny_lm", stream=False, rate=20,
+    spec = LoadSpec(url=url, api="triton", model="tiny_lm", stream=False, rate=20,
                     duration=0.5, arrival="constant", prompt_tokens=8,
                     poison={"file": str(tmp_path / "poison.txt"), "at": 0.2})
     assert native.choose(spec) == "python"
