@@ -4,6 +4,7 @@ after the revert is never called recovered)."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from chaoskit.reference.deploy import check_replica
 from chaoskit.targets.process import ProcessRef, is_alive, proc_ref
 
+EXIT_GRACE_S = 0.3  # after a failed check: how long a replica whose process is exiting may take to be gone
 
 @dataclass(frozen=True)
 class Replica:
@@ -36,14 +38,28 @@ class ReplicaCheck:
             return [p for problems in pool.map(lambda r: self._one(r, ended), self.replicas) for p in problems]
 
     def _one(self, replica: Replica, ended: frozenset[tuple[int, int]]) -> list[str]:
-        dead = [p for p in replica.processes if not is_alive(p)]
-        if dead and (self.may_exit or any((p.pid, p.start_time) in ended for p in replica.processes)):
+        dead = _dead(replica)
+        if not dead:
+            ready, check = check_replica(replica.url, self.engine)
+            if ready:
+                return []
+            dead = _dead(replica, EXIT_GRACE_S)  # a check that ran while the process died (its connection
+            # closed as it exited): the exit is what went wrong
+            if not dead:
+                return [f"{replica.name}: not ready ({check})"]
+        if self.may_exit or any((p.pid, p.start_time) in ended for p in replica.processes):
             return []
-        if dead:
-            return [f"{replica.name}: process not running (PID {p.pid}{' ' + p.comm if p.comm else ''})"
-                    for p in dead]
-        ready, check = check_replica(replica.url, self.engine)
-        return [] if ready else [f"{replica.name}: not ready ({check})"]
+        return [f"{replica.name}: process not running (PID {p.pid}{' ' + p.comm if p.comm else ''})" for p in dead]
+
+
+def _dead(replica: Replica, within: float = 0.0) -> list[ProcessRef]:
+    """The replica's processes that are gone, waiting up to `within` seconds for one to go."""
+    deadline = time.monotonic() + within
+    while True:
+        dead = [p for p in replica.processes if not is_alive(p)]
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.02)
 
 
 def _replica(facts: dict[str, Any]) -> Replica:
