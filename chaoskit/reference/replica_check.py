@@ -14,6 +14,7 @@ from chaoskit.targets.process import ProcessRef, is_alive, proc_ref
 
 EXIT_GRACE_S = 0.3  # after a failed check: how long a replica whose process is exiting may take to be gone
 
+
 @dataclass(frozen=True)
 class Replica:
     name: str
