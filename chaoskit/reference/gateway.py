@@ -88,6 +88,7 @@ class Gateway:
         self.prefills = [Replica(r["name"], r["url"].rstrip("/"), r.get("metrics_url", "")) for r in cfg.prefill]
         self._rr = itertools.cycle(range(len(self.replicas)))
         self._rr_prefill = itertools.cycle(range(len(self.prefills)))
+        self._settings = 0  # counts /gateway/config switches: a check started before one is not applied after it
         reg = self.registry = CollectorRegistry()
         self.m_requests = Counter("gateway_requests", "requests forwarded", ["replica"], registry=reg)
         self.m_errors = Counter("gateway_errors", "upstream errors (connect, timeout, 5xx)", ["replica"], registry=reg)
@@ -276,7 +277,11 @@ class Gateway:
 
     async def _check_loop(self, r: Replica) -> None:
         while True:
-            self.checked(r, *await self.check(r))
+            settings = self._settings
+            ok, info = await self.check(r)
+            if settings == self._settings:  # else it judged by the settings of the run before (a latency check
+                # ending after the switch back to status was judged by the new threshold and ejected the replica)
+                self.checked(r, ok, info)
             await asyncio.sleep(self.cfg.check_every_s)
 
     def checked(self, r: Replica, ok: bool, info: dict[str, Any]) -> None:
@@ -371,11 +376,16 @@ class Gateway:
         if mode not in ("status", "latency") or threshold <= 0:
             return web.json_response({"error": "health_mode: status|latency; latency_threshold_ms > 0"}, status=400)
         previous = self.health_settings()
-        self.cfg.health_mode, self.cfg.latency_threshold_ms = mode, threshold
+        self.switch(mode, threshold)
+        return web.json_response({"previous": previous, "now": self.health_settings()})
+
+    def switch(self, mode: str, threshold_ms: float) -> None:
+        """New health settings: every replica starts healthy again, and checks in flight are not applied."""
+        self.cfg.health_mode, self.cfg.latency_threshold_ms = mode, threshold_ms
+        self._settings += 1
         for r in [*self.replicas, *self.prefills]:
             r.healthy, r.passes, r.ejections, r.ejected_until, r.failing = True, 0, 0, 0.0, False
             self.m_healthy.labels(r.name).set(1)
-        return web.json_response({"previous": previous, "now": self.health_settings()})
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)

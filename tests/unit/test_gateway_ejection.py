@@ -3,6 +3,8 @@ slowness alone never ejects the last healthy one (a check that fails outright st
 
 from __future__ import annotations
 
+import asyncio
+
 from chaoskit.reference.gateway import Gateway, GatewayConfig
 
 SLOW = {"status": 200, "latency_ms": 812.0, "reason": "latency 812 ms > 500 ms", "slow": True}
@@ -64,3 +66,29 @@ def test_a_check_that_times_out_is_slow_in_latency_mode():
     g.checked(a, False, SLOW)
     g.checked(b, False, {"error": "TimeoutError: ", "reason": "no answer within 2 s", "slow": True})
     assert b.healthy and "last healthy replica" in b.last_check["kept"]
+
+
+def test_a_check_in_flight_across_a_settings_switch_is_not_applied():
+    """A latency check that ends after the switch back to status mode (and a lower threshold) ejected a replica
+    there (seen on a reused vLLM pair: `vllm-1 ejected (latency 588 ms > 500 ms)` after the run's end)."""
+    g = gateway()
+    a, _b = g.replicas
+    g.cfg.check_every_s = 60.0
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def check(r):
+        started.set()
+        await release.wait()
+        return False, SLOW
+
+    async def main() -> None:
+        g.check = check
+        loop = asyncio.create_task(g._check_loop(a))
+        await started.wait()
+        g.switch("status", 500.0)
+        release.set()
+        await asyncio.sleep(0.05)
+        loop.cancel()
+
+    asyncio.run(main())
+    assert a.healthy and a.ejections == 0 and a.last_check == {}
