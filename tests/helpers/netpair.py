@@ -133,10 +133,11 @@ def upload_rate(ns_path: str, port: int, nbytes: int) -> float:
     return run_in_netns(ns_path, go)
 
 
-def snmp(ns_path: str, proto: str) -> dict[str, int]:
-    """/proc/net/snmp's `proto` counters of that namespace."""
+def snmp(ns_path: str, proto: str, table: str = "snmp") -> dict[str, int]:
+    """/proc/net/snmp's `proto` counters of that namespace (table "netstat": /proc/net/netstat's, e.g. TcpExt)."""
     def read() -> dict[str, int]:
-        rows = [ln.split() for ln in open("/proc/thread-self/net/snmp").read().splitlines() if ln.startswith(proto + ":")]
+        rows = [ln.split() for ln in open(f"/proc/thread-self/net/{table}").read().splitlines()
+                if ln.startswith(proto + ":")]
         return {k: int(v) for k, v in zip(rows[0][1:], rows[1][1:], strict=True)}
     return run_in_netns(ns_path, read)
 
