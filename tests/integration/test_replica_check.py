@@ -6,11 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
+from chaoskit.reference.httpcheck import http_status
 from chaoskit.reference.replica_check import EXIT_GRACE_S, ReplicaCheck
 from tests.conftest import free_port, wait_for
 
@@ -35,14 +35,7 @@ def dying(request) -> Iterator[tuple[subprocess.Popen, str]]:
     port = free_port()
     p = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(request.param)])
     url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return urllib.request.urlopen(url, timeout=1).status == 200
-        except OSError:
-            return False
-
-    wait_for(up)
+    wait_for(lambda: http_status(url, timeout=1) == 200)
     yield p, url
     p.kill()
     p.wait()
