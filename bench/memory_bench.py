@@ -10,7 +10,8 @@ the first touch of guest memory the host has not backed yet costs several times 
 
 Hold accuracy: `target_used` = used now + 10% of MemTotal; once the holder is ready a churn process allocates
 (populates) CHURN_STEP at a time up to CHURN_MAX every CHURN_EVERY_S, then frees it step by step, for CHURN_S;
-used share sampled every 100 ms until the churn says `end` (it then keeps what it holds); error = (used - target) /
+used share (MemTotal - available memory: MemAvailable + the per-CPU lists' free pages, as the holder reads it)
+sampled every 100 ms until the churn says `end` (it then keeps what it holds); error = (used - target) /
 MemTotal. The goal is judged on these samples: each churn step changes used memory by CHURN_STEP (1.06% of a 23.5
 GiB MemTotal), which the holder answers at its next 100 ms tick, so a sample right after a step is off by about a
 step and no more (max 1.11%, 1.24% and 1.17% in three runs on 2026-12-06; a CHURN_STEP over 2% of MemTotal
@@ -54,6 +55,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from goals import Goal, Goals  # noqa: E402
+
+from chaoskit.injectors.memory.holder import meminfo  # noqa: E402  (the used memory a hold holds: MemTotal - available)
 
 GOALS = Goals(Goal("vs_memset_ratio", "<=", 1.5, "holder apply / malloc+memset of the same size"),
               Goal("hold_error", "<=", 0.02, "max |used - target| over the churn, fraction of MemTotal"))
@@ -105,15 +108,6 @@ while time.monotonic() < end:
 print("end", flush=True)  # the churn is over: it keeps what it holds until the bench kills it (the release)
 sys.stdin.read()
 """
-
-
-def meminfo() -> tuple[int, int]:
-    vals = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        k, _, rest = line.partition(":")
-        if k in ("MemTotal", "MemAvailable"):
-            vals[k] = int(rest.split()[0]) * 1024
-    return vals["MemTotal"], vals["MemAvailable"]
 
 
 def memset_s(exe: Path, n: int) -> float:

@@ -189,9 +189,8 @@ def _memory() -> Check:
     from chaoskit.injectors.memory.pressure import meminfo
     from chaoskit.units import format_size
 
-    m = meminfo()
-    return Check("host.memory_pressure", True,
-                 f"{format_size(m['MemAvailable'])} available of {format_size(m['MemTotal'])}",
+    total, avail = meminfo()
+    return Check("host.memory_pressure", True, f"{format_size(avail)} available of {format_size(total)}",
                  blocked("meminfo"))
 
 

@@ -24,7 +24,7 @@ def spec(**kw) -> MemoryPressureSpec:
 def host(monkeypatch: pytest.MonkeyPatch):
     """A 16 GiB host with `avail` bytes available (settable)."""
     state = {"MemTotal": 16 * GiB, "MemAvailable": 12 * GiB}
-    monkeypatch.setattr(memory, "meminfo", lambda: dict(state))
+    monkeypatch.setattr(memory, "meminfo", lambda: (state["MemTotal"], state["MemAvailable"]))
     return state
 
 
@@ -88,7 +88,7 @@ def test_hold_preflight_refuses_what_it_cannot_do(host):
         MemoryPressure(spec(target_used="90%")).preflight()
     MemoryPressure(spec(target_used="90%", allow_unsafe=True)).preflight()
     # the floor is max(5% of 16 GiB, 256 MiB) = 819 MiB, and allow_unsafe does not lift it
-    with pytest.raises(PreflightError, match=r"below the floor: a hold never pushes MemAvailable under 819.2MiB"):
+    with pytest.raises(PreflightError, match=r"below the floor: a hold never pushes available memory under 819.2MiB"):
         MemoryPressure(spec(leave_available="512MiB", allow_unsafe=True)).preflight()
     with pytest.raises(PreflightError, match="below the floor"):
         MemoryPressure(spec(target_used="96%", allow_unsafe=True)).preflight()
@@ -115,8 +115,8 @@ def test_plan_words_the_behaviour(host):
     assert "maps 1.0GiB of anonymous memory" in fixed[0] and "MADV_POPULATE_WRITE" in fixed[0]
     assert fixed[-1].startswith("revert: SIGTERM the holder")
     hold = " ".join(MemoryPressure(spec(target_used="75%")).plan())
-    assert "keeps used memory at 75.00% of MemTotal 16.0GiB (MemAvailable 4.0GiB)" in hold
-    assert "holding about 8.0GiB" in hold and "every 100 ms it re-reads /proc/meminfo" in hold
+    assert "keeps used memory at 75.00% of MemTotal 16.0GiB (available memory 4.0GiB)" in hold
+    assert "holding about 8.0GiB" in hold and "every 100 ms it re-reads available memory" in hold
     assert "never holds more than 9.6GiB (80% of the 12.0GiB available now)" in hold
-    assert "never pushes MemAvailable below 819.2MiB" in hold
-    assert "MemAvailable at 2.0GiB" in " ".join(MemoryPressure(spec(leave_available="2GiB")).plan())
+    assert "never pushes available memory below 819.2MiB" in hold
+    assert "available memory at 2.0GiB" in " ".join(MemoryPressure(spec(leave_available="2GiB")).plan())

@@ -1,5 +1,6 @@
 """host.memory_pressure: a holder process has the kernel populate N bytes of RAM and holds them, or holds the host's
-MemAvailable at a goal while other processes allocate and free; revert = it exits."""
+available memory (MemAvailable + the per-CPU lists' free pages) at a goal while others allocate and free; revert = it
+exits."""
 
 from __future__ import annotations
 
@@ -13,25 +14,15 @@ from pydantic import Field, field_validator, model_validator
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors import helper_proc
+from chaoskit.injectors.memory.holder import meminfo
 from chaoskit.model.types import Percent, StrictModel
 from chaoskit.paths import state_dir
 from chaoskit.targets.process import ProcessRef
 from chaoskit.units import format_size, is_percent, parse_size
 
 SAFE_SHARE_OF_AVAILABLE = 0.8
-FLOOR_SHARE, FLOOR_MIN = 0.05, 256 << 20  # a hold never pushes MemAvailable below max(5% of MemTotal, 256 MiB)
+FLOOR_SHARE, FLOOR_MIN = 0.05, 256 << 20  # a hold never pushes available memory below max(5% of MemTotal, 256 MiB)
 DEADBAND_SHARE, DEADBAND_MIN = 0.0025, 4 << 20  # corrections smaller than this are not made
-
-
-def meminfo() -> dict[str, int]:
-    """/proc/meminfo in bytes."""
-    out = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts:
-            out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
-    return out
 
 
 def _positive_size(v: str | int | None) -> str | int | None:
@@ -44,10 +35,12 @@ class MemoryPressureSpec(StrictModel):
     type: Literal["host.memory_pressure"]
     size: str | int | None = Field(None, description="bytes to hold: '512MiB', '2GiB' or a share of RAM like '40%' "
                                                      "(one of size, leave_available, target_used)")
-    leave_available: str | int | None = Field(None, description="hold so that MemAvailable stays at this, e.g. "
-                                                                "'1GiB' or '10%' of MemTotal, while other "
-                                                                "processes allocate and free")
-    target_used: Percent | None = Field(None, description="hold so that used memory (MemTotal - MemAvailable) "
+    leave_available: str | int | None = Field(None, description="hold so that available memory (MemAvailable "
+                                                                "plus the free pages on the kernel's per-CPU "
+                                                                "lists, which MemAvailable leaves out) stays at "
+                                                                "this, e.g. '1GiB' or '10%' of MemTotal, while "
+                                                                "other processes allocate and free")
+    target_used: Percent | None = Field(None, description="hold so that used memory (MemTotal - available memory) "
                                                           "stays at this share of MemTotal, e.g. '75%'")
     allow_unsafe: bool = Field(False, description=f"allow more than {SAFE_SHARE_OF_AVAILABLE:.0%} of "
                                                   "currently available memory (a hold still keeps the floor)")
@@ -68,8 +61,8 @@ class MemoryPressureSpec(StrictModel):
     def _one_mode(self) -> MemoryPressureSpec:
         given = [k for k in ("size", "leave_available", "target_used") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of size (hold a fixed amount), leave_available (keep MemAvailable "
-                             "at that) or target_used (keep used memory at that share of MemTotal)"
+            raise ValueError("give exactly one of size (hold a fixed amount), leave_available (keep available "
+                             "memory at that) or target_used (keep used memory at that share of MemTotal)"
                              + (f" (got {', '.join(given)})" if given else ""))
         if self.target_used is not None and not 0 < self.target_used < 1:
             raise ValueError("target_used must be between 0% and 100%, both excluded (e.g. '75%')")
@@ -82,11 +75,11 @@ class MemoryPressureSpec(StrictModel):
 
     def nbytes(self) -> int:
         """The fixed size in bytes (size mode only)."""
-        total = meminfo()["MemTotal"]
+        total, _ = meminfo()
         return parse_size(self.size, total=total) if is_percent(self.size) else parse_size(self.size)
 
     def goal_available(self, total: int) -> int:
-        """The MemAvailable a hold keeps (hold modes only)."""
+        """The available memory a hold keeps (hold modes only)."""
         if self.target_used is not None:
             return int(total * (1 - self.target_used))
         return parse_size(self.leave_available, total=total)
@@ -95,8 +88,8 @@ class MemoryPressureSpec(StrictModel):
         goal = self.goal_available(total)
         if self.target_used is not None:
             return (f"used memory at {self.target_used:.2%} of MemTotal {format_size(total)} "
-                    f"(MemAvailable {format_size(goal)})")
-        return f"MemAvailable at {format_size(goal)}"
+                    f"(available memory {format_size(goal)})")
+        return f"available memory at {format_size(goal)}"
 
 
 def floor_bytes(total: int) -> int:
@@ -109,7 +102,7 @@ def deadband_bytes(total: int) -> int:
 
 class HolderRecord(helper_proc.HelperFiles):
     """host.memory_pressure's record: the holder's token and status file, the most it may hold (bytes); for a hold,
-    the MemAvailable it keeps (goal_available), its floor and deadband; once started, the holder."""
+    the available memory it keeps (goal_available), its floor and deadband; once started, the holder."""
 
     bytes: int
     goal_available: int | None = None
@@ -127,7 +120,7 @@ class MemoryPressure(helper_proc.HelperFault[MemoryPressureSpec, HolderRecord]):
     host_needs: ClassVar[frozenset[str]] = frozenset({"meminfo"})
     Record = HolderRecord
     helper: ClassVar[str | None] = "chaoskit.injectors.memory.holder"
-    summary: ClassVar[str] = ("hold N bytes of host RAM, or hold MemAvailable at a goal, in a holder process "
+    summary: ClassVar[str] = ("hold N bytes of host RAM, or hold available memory at a goal, in a holder process "
                               "(revert: it exits)")
     Spec = MemoryPressureSpec
     spec: MemoryPressureSpec
@@ -137,8 +130,7 @@ class MemoryPressure(helper_proc.HelperFault[MemoryPressureSpec, HolderRecord]):
         return total if self.spec.allow_unsafe else int(SAFE_SHARE_OF_AVAILABLE * avail)
 
     def preflight(self) -> None:
-        m = meminfo()
-        total, avail = m["MemTotal"], m["MemAvailable"]
+        total, avail = meminfo()
         if not self.spec.holds:
             n = self.spec.nbytes()
             if n > SAFE_SHARE_OF_AVAILABLE * avail and not self.spec.allow_unsafe:
@@ -150,7 +142,7 @@ class MemoryPressure(helper_proc.HelperFault[MemoryPressureSpec, HolderRecord]):
         if goal < floor:
             raise PreflightError(
                 f"host.memory_pressure: the goal ({self.spec.describe_goal(total)}) is below the floor: a hold "
-                f"never pushes MemAvailable under {format_size(floor)} (max({FLOOR_SHARE:.0%} of MemTotal, "
+                f"never pushes available memory under {format_size(floor)} (max({FLOOR_SHARE:.0%} of MemTotal, "
                 f"{format_size(FLOOR_MIN)}))")
         need = avail - goal
         if need <= 0:
@@ -173,20 +165,21 @@ class MemoryPressure(helper_proc.HelperFault[MemoryPressureSpec, HolderRecord]):
         if not self.spec.holds:
             return [f"start a holder process that maps {format_size(self.spec.nbytes())} of anonymous memory; "
                     f"{populate}; ready once every page is resident, then held unchanged", revert]
-        m = meminfo()
-        total, avail = m["MemTotal"], m["MemAvailable"]
+        total, avail = meminfo()
         goal = self.spec.goal_available(total)
         cap = self.cap_bytes(total, avail)
         cap_why = ("MemTotal: allow_unsafe" if self.spec.allow_unsafe else
                    f"{SAFE_SHARE_OF_AVAILABLE:.0%} of the {format_size(avail)} available now")
         return [f"start a holder process that keeps {self.spec.describe_goal(total)}: now that means holding about "
-                f"{format_size(max(avail - goal, 0))}; {populate}; ready once MemAvailable is within "
+                f"{format_size(max(avail - goal, 0))}; {populate}; ready once available memory is within "
                 f"{format_size(deadband_bytes(total))} of the goal",
-                f"every 100 ms it re-reads /proc/meminfo: when MemAvailable is more than "
+                f"every 100 ms it re-reads available memory (MemAvailable in /proc/meminfo + the free pages on the "
+                f"per-CPU lists in /proc/zoneinfo): when it is more than "
                 f"{format_size(deadband_bytes(total))} above the goal it populates more, when more than that below "
                 f"it gives memory back (MADV_DONTNEED / munmap, newest first); it never holds more than "
-                f"{format_size(cap)} ({cap_why}) and never pushes MemAvailable below {format_size(floor_bytes(total))}"
-                f"; each correction is counted in its status file (held bytes, last MemAvailable, last corrections)",
+                f"{format_size(cap)} ({cap_why}) and never pushes available memory below "
+                f"{format_size(floor_bytes(total))}; each correction is counted in its status file (held bytes, last "
+                "available memory, last corrections)",
                 revert]
 
     def prepare(self) -> HolderRecord:
@@ -196,15 +189,14 @@ class MemoryPressure(helper_proc.HelperFault[MemoryPressureSpec, HolderRecord]):
         status = str(d / f"{token}.status.json")
         if not self.spec.holds:
             return HolderRecord(token=token, status=status, bytes=self.spec.nbytes())
-        m = meminfo()
-        total = m["MemTotal"]
-        return HolderRecord(token=token, status=status, bytes=self.cap_bytes(total, m["MemAvailable"]),
+        total, avail = meminfo()
+        return HolderRecord(token=token, status=status, bytes=self.cap_bytes(total, avail),
                             goal_available=self.spec.goal_available(total), floor=floor_bytes(total),
                             deadband=deadband_bytes(total))
 
     def apply(self, record: HolderRecord) -> HolderRecord:
         until = time.time() + self.ctx.lifetime_s
-        what = (f"memory holder keeping MemAvailable at {format_size(record.goal_available)}"
+        what = (f"memory holder keeping available memory at {format_size(record.goal_available)}"
                 if record.goal_available is not None else f"memory holder for {format_size(record.bytes)}")
         args = [str(record.bytes), f"{until:.3f}", record.config()]
         ref = helper_proc.spawn(self.helper, record.token, args, what)
