@@ -261,20 +261,22 @@ class Deployment:
         model = vllm.model_dir(self.root)
         replicas = []
         base = self.subnet_base(opts.replicas, opts.port) if opts.netns else 0
-        for i in range(opts.replicas):
+        for i, bind in enumerate(vllm.cpu_binds(opts.replicas)):
             port = opts.port + 1 + 3 * i
             ns, host = (self.create_netns(i, base + i) if opts.netns else (None, "127.0.0.1"))
             cmd = vllm.argv(model, host, port)
-            p = self.spawn(f"vllm-{i}", ["ip", "netns", "exec", ns, *cmd] if ns else cmd, vllm.env(self.root))
+            env = vllm.env(self.root) | ({"VLLM_CPU_OMP_THREADS_BIND": bind} if bind else {})
+            p = self.spawn(f"vllm-{i}", ["ip", "netns", "exec", ns, *cmd] if ns else cmd, env)
             url = f"http://{host}:{port}"
             replicas.append({"name": f"vllm-{i}", "pid": p["pid"], "host": host, "port": port, "url": url,
-                             "metrics_url": f"{url}/metrics", "netns": ns})
+                             "metrics_url": f"{url}/metrics", "netns": ns, "cpus": bind})
         probe = completion_probe("vllm")
         for r in replicas:  # readiness = a real 1-token completion, not /health
             self.wait_ready(r["name"], lambda r=r: http_status(f"{r['url']}/v1/completions", probe, 30) == 200,
                             r["pid"])
             r["engine_pid"] = vllm.engine_core_pid(r["pid"])
-            say(f"{r['name']} ready at {r['url']} (pid {r['pid']}, EngineCore {r['engine_pid']})")
+            say(f"{r['name']} ready at {r['url']} (pid {r['pid']}, EngineCore {r['engine_pid']}"
+                f"{', CPUs ' + r['cpus'] if r['cpus'] else ''})")
         return replicas
 
     def _start_pd(self, opts: RefOptions, say: Callable[[str], None]) -> list[dict[str, Any]]:

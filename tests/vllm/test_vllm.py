@@ -68,3 +68,20 @@ def test_each_replica_names_its_engine_core(ref):
     engine = ref["replicas"][0]["engine_pid"]
     assert engine and parent_pid(engine) == ref["replicas"][0]["pid"]
     assert proc_ref(engine).comm.startswith("VLLM::EngineCor")
+
+
+def test_each_replica_computes_on_cpus_of_its_own(ref):
+    """Each replica's model worker is bound to CPUs no other replica's is (vLLM's `auto` bound both to one core
+    of this 2-core host: one replica's work slowed the other's)."""
+    import os
+
+    import psutil
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("this host gives the tests one CPU: the replicas cannot have CPUs of their own")
+    bound = []
+    for r in ref["replicas"]:
+        workers = [p for p in psutil.Process(r["pid"]).children(recursive=True) if p.name().startswith("VLLM::Worker")]
+        assert workers, f"{r['name']}: no VLLM::Worker process"
+        bound.append(set().union(*(os.sched_getaffinity(t.id) for w in workers for t in w.threads())))
+    assert len(bound) == 2 and not bound[0] & bound[1], bound
