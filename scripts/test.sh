@@ -8,7 +8,8 @@
 #                the foreground streams end together); its reference deployments search for free ports from 23000
 #                (CHAOSKIT_REF_FIRST_PORT);
 #   scenarios    tests/e2e but the installed wheel's tests, tests/vllm, tests/integration/test_llm_proxy.py (every
-#                test on the shared vLLM pair in one process: it starts once) and the CUDA rollout's tests; its
+#                test on the shared vLLM pair in one process: it starts once), the CUDA rollout's tests and the
+#                Prometheus stack's (test_observe_stack.py, moved from the integration stream, the longest); its
 #                deployments search from 28000, so that no two streams race for a block;
 #   integration  the rest of tests/integration and the installed wheel's tests (test_ci_templates.py,
 #                test_installed_package.py: one build of the wheel), in the foreground (deployments from 18000);
@@ -110,11 +111,12 @@ start=$SECONDS
 stream side "$budget" "$tmp/side.log" CHAOSKIT_REF_FIRST_PORT=23000 -- --durations=15 tests/unit "${side_tests[@]}" \
     "${untimed[@]}"
 stream scenarios "$budget" "$tmp/scenarios.log" CHAOSKIT_REF_FIRST_PORT=28000 -- --durations=15 tests/e2e tests/vllm \
-    tests/integration/test_llm_proxy.py tests/integration/test_cuda_fault_rollout.py --ignore=tests/e2e/test_agents.py \
+    tests/integration/test_llm_proxy.py tests/integration/test_cuda_fault_rollout.py \
+    tests/integration/test_observe_stack.py --ignore=tests/e2e/test_agents.py \
     $(printf -- '--ignore=%s ' "${wheel_tests[@]}") $(printf -- '--deselect=%s ' "${sla[@]}")
 stream integration "$budget" - -- --durations=15 tests/integration "${wheel_tests[@]}" \
     --ignore=tests/integration/test_llm_proxy.py --ignore=tests/integration/test_cuda_fault_rollout.py \
-    $(printf -- '--ignore=%s ' "${side_tests[@]:1}") \
+    --ignore=tests/integration/test_observe_stack.py $(printf -- '--ignore=%s ' "${side_tests[@]:1}") \
     $(printf -- '--ignore=%s ' "${alone[@]:1}") $(printf -- '--deselect=%s ' "${timed[@]}")
 finish "${pids[2]}"; integration=$?
 timed_out integration "$budget" "$integration"
