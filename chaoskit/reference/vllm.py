@@ -141,9 +141,9 @@ def cpu_binds(replicas: int, cpus: list[int] | None = None) -> list[str | None]:
     """Each replica's VLLM_CPU_OMP_THREADS_BIND: the CPUs this process may use, split into one disjoint slice per
     replica (wrapping where there are fewer CPUs than replicas), as a real deployment gives each replica its own
     accelerator. vLLM's `auto` would bind every replica's engine to the same CPUs: on a 2-core host it reserves one
-    core and binds both engines to the other, so one replica's work slows the other (measured here: a 16-request
-    flood of one replica 2.2 s with `auto`, 0.4 s with one core each). None (vLLM's own choice) for one replica,
-    or where the user set VLLM_CPU_OMP_THREADS_BIND."""
+    core and binds both engines to the other, so one replica's work slows the other (the measurements, both ways:
+    docs/sits2026/reference-deployment.md). None (vLLM's own choice) for one replica, or where the user set
+    VLLM_CPU_OMP_THREADS_BIND."""
     if replicas < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return [None] * replicas
     cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))

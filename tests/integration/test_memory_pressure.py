@@ -18,7 +18,6 @@ import pytest
 
 from chaoskit.errors import PreflightError
 from chaoskit.injectors.memory import holder as memory_holder
-from chaoskit.injectors.memory.holder import meminfo
 from chaoskit.injectors.memory.pressure import MemoryPressure, MemoryPressureSpec, deadband_bytes
 from chaoskit.targets.process import find_by_token
 from tests.conftest import wait_for
@@ -126,9 +125,9 @@ def test_available_memory_counts_the_pages_a_process_just_gave_back():
     pages = memory_holder.Pages("populate_write", lambda: False)
     try:
         pages.grow(512 * MiB)
-        rss, (_, before) = rss_bytes(os.getpid()), meminfo()
+        rss, (_, before) = rss_bytes(os.getpid()), memory_holder.meminfo()
         pages.release()
-        _, after = meminfo()
+        _, after = memory_holder.meminfo()
         freed = rss - rss_bytes(os.getpid())
         assert freed >= 500 * MiB, f"the RSS fell by {freed // MiB} MiB only"
         assert after - before >= freed - 64 * MiB, (
@@ -140,7 +139,7 @@ def test_available_memory_counts_the_pages_a_process_just_gave_back():
 
 @pytest.mark.parametrize("bound", ["cap", "floor"])
 def test_a_hold_stops_growing_at_its_cap_and_at_the_floor(bound, tmp_path):
-    _, avail = meminfo()
+    _, avail = memory_holder.meminfo()
     # goal far below: the holder wants 1 GiB; the cap (64 MiB) or the floor (128 MiB below now) stops it first
     cap, floor = (64 * MiB, avail - 512 * MiB) if bound == "cap" else (1 << 30, avail - 128 * MiB)
     status = tmp_path / "st.json"
@@ -179,7 +178,7 @@ def test_sigterm_during_a_populate_stops_within_a_second():
 
 
 def test_target_used_holds_within_two_percent_while_a_child_allocates_and_frees(state_dir):
-    total, avail = meminfo()
+    total, avail = memory_holder.meminfo()
     if deadband_bytes(total) > 128 * MiB:
         pytest.skip(f"the hold's deadband (0.25% of MemTotal) is {deadband_bytes(total) // MiB} MiB here: a 384 MiB "
                     "churn cannot tell a holder that reacts from one that does not")
@@ -199,7 +198,7 @@ def test_target_used_holds_within_two_percent_while_a_child_allocates_and_frees(
             if select.select([churn.stdout], [], [], 0.1)[0]:
                 if line := churn.stdout.readline().strip():  # `-`: about to change; a number: done
                     child, changed = int(line) if line != "-" else child, time.monotonic()
-            used = total - meminfo()[1]
+            used = total - memory_holder.meminfo()[1]
             resident = rss_bytes(holder_pid)
             held = MemoryPressure.observe_details(final)["held"]
             samples.append((round(time.monotonic() - changed, 2), child, round((used / total - target) * total / MiB),
@@ -215,9 +214,9 @@ def test_target_used_holds_within_two_percent_while_a_child_allocates_and_frees(
         settled = [s for s in samples if s[0] >= 0.5]
         off = [s for s in settled if abs(s[2]) > 192 and not (s[2] > 0 and s[3] == 0)]
         assert settled and not off, f"off the goal by > 192 MiB after settling: {off}; all {samples}"
-        # Whether the host's MemAvailable followed the child is measured here, not taken from the holder's own
-        # count of its corrections: the memory used by everything but the holder (/proc/meminfo less the holder's
-        # RSS), sample by sample. A settled sample while the child holds 384 MiB followed it where that is >= 192
+        # Whether the host's available memory followed the child is measured here, not taken from the holder's own
+        # count of its corrections: the memory used by everything but the holder (MemTotal - available memory, less
+        # the holder's RSS), sample by sample. A settled sample while the child holds 384 MiB followed it where that is >= 192
         # MiB above its median while the child holds none. Where none did (seen in CI: a VM whose other memory moved
         # with the child's, in one of the two cycles or both) the holder had nothing to correct: a skip.
         base = [s[5] for s in settled if s[1] == 0]
