@@ -224,14 +224,14 @@ def test_target_used_holds_within_two_percent_while_a_child_allocates_and_frees(
         others0 = statistics.median(base)
         followed = [s for s in settled if s[1] == 384 and s[5] - others0 >= 192]
         if not followed:
-            pytest.skip(f"MemAvailable did not follow the child's 384 MiB (memory used besides the holder: median "
+            pytest.skip(f"available memory did not follow the child's 384 MiB (memory used besides the holder: median "
                         f"{others0:.0f} MiB with the child at 0, less than 192 MiB more in every settled sample at 384), "
                         f"so the holder had nothing to correct: (since, child, error, held, holder RSS, others) {samples}")
         # Where it followed, the holder gave back about what the child took (its RSS by /proc, and by its own count).
         rss0, rss384 = statistics.median(s[4] for s in settled if s[1] == 0), statistics.median(s[4] for s in followed)
         print(f"\nchild at 0 / 384 MiB: used besides the holder {others0:.0f} / "
               f"{statistics.median(s[5] for s in followed):.0f} MiB, the holder's RSS {rss0:.0f} / {rss384:.0f} MiB "
-              f"(medians of the settled samples; at 384 those {len(followed)} where MemAvailable followed the child)")
+              f"(medians of the settled samples; at 384 those {len(followed)} where available memory followed the child)")
         assert rss0 - rss384 >= 192, f"the holder's RSS did not make room for the child: {rss0} / {rss384}; {samples}"
         assert details["corrections"] >= 2 and details["holder"]["last_corrections"], details
     finally:
