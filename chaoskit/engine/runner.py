@@ -107,7 +107,7 @@ class Runner:
         self._active = 0  # faults in effect now: "during" samples are judged only while one is
         self._applied_at = 0.0  # monotonic time of the latest apply (steadyState.during.grace counts from it)
         self._applies = 0  # faults applied so far: a sample that saw this change saw a fault come in
-        self._judged: list[tuple[float, float]] = []  # wall-clock windows of the samples judged during the method
+        self._judged: list[tuple[str, float, float]] = []  # (probe, wall-clock window) of each judged sample
         self._sampling = False  # samplers loop while this holds, so a cancel a probe swallows still stops them
         self._blocks = 0  # parallel blocks started (each names the group of its faults in the ledger)
         self._unapplied = 0  # inject steps of the method neither applied nor skipped yet
@@ -267,12 +267,28 @@ class Runner:
                 t.cancel()
             await asyncio.gather(*samplers, return_exceptions=True)
             await self._stop_during_only()
-        if not abort and not self.status.stopped and self.status.failure is None and (
-                unjudged := self._unjudged_faults()):
-            self.status.deviate("no sample was judged while these faults were in effect, so the run cannot hold: "
-                                + ", ".join(unjudged) + " (sample more often: steadyState.during.every, or "
-                                "shorten steadyState.during.grace)")
+        if not abort and not self.status.stopped and self.status.failure is None:
+            self._deviate_unjudged()
         return abort[0] if abort else None
+
+    def _deviate_unjudged(self) -> None:
+        """A fault no sample judged, or a probe of the during phase that judged nothing while a fault was in
+        effect (its samples all in grace, or its only one still out when the method ended: it is dropped), cannot
+        let the run hold."""
+        spans = self._fault_spans()
+
+        def judged(span: tuple[str, float, float], probe: str | None = None) -> bool:
+            return any(t0 <= span[2] and t1 >= span[1] for name, t0, t1 in self._judged if probe in (None, name))
+
+        how = "sample more often: steadyState.during.every, or shorten steadyState.during.grace"
+        if unjudged := [f"{s[0]} ({s[2] - s[1]:.1f}s)" for s in spans if not judged(s)]:
+            self.status.deviate("no sample was judged while these faults were in effect, so the run cannot hold: "
+                                f"{', '.join(unjudged)} ({how})")
+        elif silent := [name for name, p in self.probes.items()
+                        if spans and "during" in p.spec.phases and not any(judged(s, name) for s in spans)]:
+            self.status.deviate("these probes of the during phase judged no sample while a fault was in effect, so "
+                                f"the run cannot hold: {', '.join(silent)} (a sample slower than "
+                                f"steadyState.during.every skips the slots it missed: let the faults last longer, {how})")
 
     async def _steps_then_end(self, abort: list[str]) -> None:
         await self._steps(self.exp.method, "method", abort)
@@ -381,7 +397,7 @@ class Runner:
                 judging = False
             self._record(sample)
             if judging:  # an interim sample's requests are judged by its span's final sample
-                self._judged.append(_window(sample))
+                self._judged.append((probe.spec.name, *_window(sample)))
             if judging and not interim and sample.verdict is not Verdict.OK:
                 self._deviate(sample)
             for g in guards:
@@ -393,20 +409,14 @@ class Runner:
             elapsed = time.monotonic() - start
             await asyncio.sleep((int(elapsed / every) + 1) * every - elapsed)
 
-    def _unjudged_faults(self) -> list[str]:
-        """The faults in effect (by their own observation at apply) during which no sample was judged, where the
-        experiment judges the during phase: a fault nobody judged cannot let the run hold."""
+    def _fault_spans(self) -> list[tuple[str, float, float]]:
+        """(step, applied, reverted or now) of each fault that was in effect (by its own observation at apply),
+        where the experiment judges the during phase."""
         during = self.exp.steady_state.during
         if self.faults is None or during is None or not any("during" in p.spec.phases for p in self.probes.values()):
             return []
-        out = []
-        for fault in self.faults.faults.values():
-            if fault.applied_at is None or fault.observed.get("applied", {}).get("in_effect", True) is False:
-                continue
-            end = fault.reverted_at or time.time()
-            if not any(t0 <= end and t1 >= fault.applied_at for t0, t1 in self._judged):
-                out.append(f"{fault.step} ({end - fault.applied_at:.1f}s)")
-        return out
+        return [(f.step, f.applied_at, f.reverted_at or time.time()) for f in self.faults.faults.values()
+                if f.applied_at is not None and f.observed.get("applied", {}).get("in_effect", True) is not False]
 
     def _deviate(self, sample: Sample) -> None:
         if sample.probe not in self._deviated:  # the first deviation of each probe is the news; the journal has all
@@ -425,7 +435,7 @@ class Runner:
         cuts, cut_at = span
         for sample in await final_samples(cuts, self.baselines):
             self._record(sample)
-            self._judged.append((cut_at, cut_at))
+            self._judged.append((sample.probe, cut_at, cut_at))
             if sample.verdict is not Verdict.OK:
                 self._deviate(sample)
 
