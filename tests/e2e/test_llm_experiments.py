@@ -44,6 +44,11 @@ def applied(summary: dict, fault: str) -> dict:
     return observed["faults"][fault]
 
 
+# The experiments' own 10 s: a continuous probe's first sample (in the grace) takes ~3 s here with its 2 s window,
+# and 4-5.3 s on a busy box; it skips the slots it missed, so with 6 s a probe could reach the fault's end without a
+# judged sample (truncated-stream in a clean-clone run of f856339: 5.3 s; mid-stream-stall in one of 0bfb6b3:
+# 4.07 s), which makes the run deviate. With 10 s a first sample may take up to ~8 s.
+LONG_ENOUGH = ("duration=10s",)
 JUDGED = ("before", "during", "after")  # `between` and `grace` samples are recorded, not judged
 
 
@@ -59,7 +64,7 @@ def failing(summary: dict, judged_only: bool = False) -> dict[str, set[str]]:
 def test_truncated_stream_experiment_holds_and_counts_the_cuts(ref, tmp_path, state_dir, monkeypatch):
     monkeypatch.setenv("CHAOSKIT_REF_DIR", str(ref))
     port = free_port()
-    code, summary, out = run_llm("truncated-stream", tmp_path, state_dir, port, "duration=6s")
+    code, summary, out = run_llm("truncated-stream", tmp_path, state_dir, port, *LONG_ENOUGH)
     assert code == 0, out  # held, as documented in the experiment's header
     assert summary["verdict"] == "held" and summary["rollback_complete"]
     fault = summary["faults"][0]
@@ -73,9 +78,7 @@ def test_truncated_stream_experiment_holds_and_counts_the_cuts(ref, tmp_path, st
 def test_mid_stream_stall_experiment_holds_and_tells_stalls_from_timeouts(ref, tmp_path, state_dir, monkeypatch):
     monkeypatch.setenv("CHAOSKIT_REF_DIR", str(ref))
     port = free_port()
-    # 8 s: past the 3 s grace a probe has two slots of 2 s before the cut. With 6 s, one: in a clean-clone run of
-    # 0bfb6b3 with-stall-timeout's first sample (grace) took 4.07 s on the busy box, missed it, and judged nothing
-    code, summary, out = run_llm("mid-stream-stall", tmp_path, state_dir, port, "duration=8s")
+    code, summary, out = run_llm("mid-stream-stall", tmp_path, state_dir, port, *LONG_ENOUGH)
     assert code == 0, out  # held, as documented in the experiment's header
     assert summary["verdict"] == "held" and summary["rollback_complete"]
     stall = applied(summary, "stall")
@@ -90,7 +93,7 @@ def test_mid_stream_stall_experiment_holds_and_tells_stalls_from_timeouts(ref, t
 def test_retry_storm_experiment_holds_with_retry_after_at_the_proxy_share(ref, tmp_path, state_dir, monkeypatch):
     monkeypatch.setenv("CHAOSKIT_REF_DIR", str(ref))
     port = free_port()
-    code, summary, out = run_llm("retry-storm", tmp_path, state_dir, port, "duration=6s")
+    code, summary, out = run_llm("retry-storm", tmp_path, state_dir, port, *LONG_ENOUGH)
     assert code == 0, out  # held, as documented in the experiment's header
     assert summary["verdict"] == "held" and summary["rollback_complete"]
     storm = applied(summary, "storm")
@@ -103,7 +106,7 @@ def test_retry_storm_experiment_holds_with_retry_after_at_the_proxy_share(ref, t
 def test_token_delay_tpot_experiment_deviates_on_tpot_alone(ref, tmp_path, state_dir, monkeypatch):
     monkeypatch.setenv("CHAOSKIT_REF_DIR", str(ref))
     port = free_port()
-    code, summary, out = run_llm("token-delay-tpot", tmp_path, state_dir, port, "duration=6s")
+    code, summary, out = run_llm("token-delay-tpot", tmp_path, state_dir, port, *LONG_ENOUGH)
     assert code == 1, out  # deviated, as documented in the experiment's header: the TPOT SLO catches the delay
     assert summary["verdict"] == "deviated" and summary["rollback_complete"]
     delay = applied(summary, "token_delay-0")
